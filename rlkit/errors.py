@@ -1,0 +1,9 @@
+"""Errors a user can fix. The CLI prints them as one message and exits with code 2."""
+
+
+class UserError(Exception):
+    """Bad input from the user (config, paths, data). The message must say what to change."""
+
+
+class ConfigError(UserError):
+    """A recipe or override that does not validate."""
