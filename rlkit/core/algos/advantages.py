@@ -1,0 +1,205 @@
+"""Advantage estimators: turn per-token rewards into per-token advantages and returns.
+
+Every estimator is registered by name in ``ADV_ESTIMATORS`` and called through
+:func:`compute_advantages`, so a recipe picks one with a string. Layout is response-only:
+``[B, R]`` tensors, right padded, ``response_mask`` 1 on real response tokens. Semantics follow
+verl (``verl/trainer/ppo/core_algos.py``); docs/algorithms.md lists formulas and differences.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from rlkit.core.registry import Registry
+
+ADV_ESTIMATORS = Registry("advantage estimator")
+
+# Variance epsilon used when whitening (verl's masked_whiten uses rsqrt(var + 1e-8)).
+WHITEN_EPS = 1e-8
+
+
+@dataclass
+class AdvantageInputs:
+    """What the trainer knows about a batch when it computes advantages."""
+
+    token_rewards: Tensor  # [B,R]; score on the last valid token, minus per-token KL when in-reward KL is on
+    response_mask: Tensor  # [B,R]
+    group_ids: Tensor  # [B]; samples of one prompt share an id
+    values: Tensor | None = None  # [B,R] critic values, for gae
+    baseline_scores: Tensor | None = None  # [B] greedy-rollout score of each sequence's prompt, for remax
+
+
+def compute_advantages(
+    name: str,
+    inputs: AdvantageInputs,
+    *,
+    gamma: float = 1.0,
+    lam: float = 1.0,
+    norm_adv_by_std: bool = True,
+    eps: float = 1e-6,
+) -> tuple[Tensor, Tensor]:
+    """Run the estimator ``name``; returns ``(advantages, returns)``, both ``[B,R]`` and 0 on padding.
+
+    Every option is forwarded to every estimator; each one uses only those it documents, so the
+    config layer can pass its values through without knowing which estimator is active.
+    """
+    estimator = ADV_ESTIMATORS.get(name)
+    return estimator(inputs, gamma=gamma, lam=lam, norm_adv_by_std=norm_adv_by_std, eps=eps)
+
+
+# --------------------------------------------------------------------------- helpers
+
+
+def group_index(group_ids: Tensor) -> tuple[Tensor, Tensor]:
+    """Map arbitrary group ids to ``0..G-1``; returns (index [B], group sizes [G])."""
+    _, index, counts = torch.unique(group_ids, return_inverse=True, return_counts=True)
+    return index, counts
+
+
+def group_mean_std(scores: Tensor, group_ids: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    """Per-sequence (group mean, unbiased group std, group size), each ``[B]``.
+
+    Like verl, a group of one sample gets mean 0 and std 1: it has no peers to compare with,
+    so its score passes through unchanged instead of becoming 0 (or NaN from an n-1 = 0 std).
+    """
+    index, counts = group_index(group_ids)
+    counts_f = counts.to(scores.dtype)
+    sums = torch.zeros_like(counts_f).index_add_(0, index, scores)
+    mean = sums / counts_f
+    sq_dev = torch.zeros_like(counts_f).index_add_(0, index, (scores - mean[index]) ** 2)
+    std = (sq_dev / (counts_f - 1).clamp(min=1)).sqrt()  # Bessel's correction, as torch.std
+    single = counts == 1
+    mean = torch.where(single, torch.zeros_like(mean), mean)
+    std = torch.where(single, torch.ones_like(std), std)
+    return mean[index], std[index], counts[index]
+
+
+def masked_whiten(values: Tensor, mask: Tensor) -> Tensor:
+    """Shift to mean 0 and scale to unit (unbiased) variance over the valid tokens only.
+
+    Padding is excluded from the statistics and set to 0. With a single valid token the
+    variance is 0 and the (already 0) centred value stays 0.
+    """
+    n = mask.sum()
+    mean = (values * mask).sum() / n.clamp(min=1)
+    var = (((values - mean) ** 2) * mask).sum() / (n - 1).clamp(min=1)
+    return (values - mean) * torch.rsqrt(var + WHITEN_EPS) * mask
+
+
+def _scores(inputs: AdvantageInputs) -> tuple[Tensor, Tensor]:
+    """(mask as float, per-sequence score = sum of valid token rewards)."""
+    mask = inputs.response_mask.to(inputs.token_rewards.dtype)
+    return mask, (inputs.token_rewards * mask).sum(-1)
+
+
+def _broadcast(seq_adv: Tensor, mask: Tensor) -> tuple[Tensor, Tensor]:
+    """Sequence-level estimators: the same scalar on every valid token; returns = advantages."""
+    adv = seq_adv.unsqueeze(-1) * mask
+    return adv, adv
+
+
+# --------------------------------------------------------------------------- estimators
+
+
+@ADV_ESTIMATORS.register("gae")
+def gae(inputs: AdvantageInputs, *, gamma: float, lam: float, **_: object) -> tuple[Tensor, Tensor]:
+    """Generalised Advantage Estimation (Schulman et al. 2016) with a critic.
+
+    delta_t = r_t + gamma * V_{t+1} - V_t ;  A_t = delta_t + gamma * lam * A_{t+1}, with V and A
+    after the last valid token taken as 0. returns = A + V (the critic's target, before
+    whitening); the advantages handed to the policy loss are then whitened over valid tokens.
+    """
+    if inputs.values is None:
+        raise ValueError("advantage estimator 'gae' needs critic values (AdvantageInputs.values)")
+    mask = inputs.response_mask.to(inputs.token_rewards.dtype)
+    rewards = inputs.token_rewards * mask
+    values = inputs.values * mask
+    next_value = torch.zeros_like(rewards[:, 0])
+    next_adv = torch.zeros_like(rewards[:, 0])
+    adv = torch.zeros_like(rewards)
+    for t in reversed(range(rewards.shape[1])):
+        delta = rewards[:, t] + gamma * next_value - values[:, t]
+        a_t = delta + gamma * lam * next_adv
+        # Padding must not move the recursion: keep the running value/advantage unchanged there.
+        m = mask[:, t]
+        next_adv = a_t * m + next_adv * (1 - m)
+        next_value = values[:, t] * m + next_value * (1 - m)
+        adv[:, t] = next_adv
+    returns = (adv + values) * mask
+    return masked_whiten(adv, mask), returns
+
+
+@ADV_ESTIMATORS.register("grpo")
+def grpo(inputs: AdvantageInputs, *, norm_adv_by_std: bool, eps: float, **_: object) -> tuple[Tensor, Tensor]:
+    """GRPO (Shao et al. 2024): (score - group mean) / (group std + eps).
+
+    ``norm_adv_by_std=False`` drops the std division: Dr.GRPO (Liu et al. 2025), which argues
+    the division over-weights groups whose scores barely differ.
+    """
+    mask, scores = _scores(inputs)
+    mean, std, _ = group_mean_std(scores, inputs.group_ids)
+    adv = scores - mean
+    if norm_adv_by_std:
+        adv = adv / (std + eps)
+    return _broadcast(adv, mask)
+
+
+@ADV_ESTIMATORS.register("rloo")
+def rloo(inputs: AdvantageInputs, **_: object) -> tuple[Tensor, Tensor]:
+    """RLOO (Ahmadian et al. 2024): score minus the mean score of the *other* samples of the group.
+
+    s_i - (S - s_i)/(n-1) equals n/(n-1) * (s_i - mean), which is how verl writes it. A group of
+    one has no others, so its advantage is its raw score (verl does the same).
+    """
+    mask, scores = _scores(inputs)
+    index, counts = group_index(inputs.group_ids)
+    sums = scores.new_zeros(counts.numel()).index_add_(0, index, scores)[index]
+    n = counts[index].to(scores.dtype)
+    loo_mean = (sums - scores) / (n - 1).clamp(min=1)
+    adv = torch.where(n > 1, scores - loo_mean, scores)
+    return _broadcast(adv, mask)
+
+
+@ADV_ESTIMATORS.register("remax")
+def remax(inputs: AdvantageInputs, **_: object) -> tuple[Tensor, Tensor]:
+    """ReMax (Li et al. 2023): score minus the score of a greedy rollout of the same prompt."""
+    if inputs.baseline_scores is None:
+        raise ValueError(
+            "advantage estimator 'remax' needs greedy-rollout scores (AdvantageInputs.baseline_scores)"
+        )
+    mask, scores = _scores(inputs)
+    return _broadcast(scores - inputs.baseline_scores.to(scores.dtype), mask)
+
+
+@ADV_ESTIMATORS.register("reinforce_plus_plus")
+def reinforce_plus_plus(inputs: AdvantageInputs, *, gamma: float, **_: object) -> tuple[Tensor, Tensor]:
+    """REINFORCE++ (Hu 2025): discounted return-to-go per token, whitened over the whole batch.
+
+    G_t = sum_{k>=t} gamma^(k-t) r_k. Whitening over all valid tokens of the batch (not per
+    group) is the paper's global normalisation; returns are the raw G_t.
+    """
+    mask = inputs.response_mask.to(inputs.token_rewards.dtype)
+    rewards = inputs.token_rewards * mask
+    returns = torch.zeros_like(rewards)
+    running = torch.zeros_like(rewards[:, 0])
+    for t in reversed(range(rewards.shape[1])):
+        running = rewards[:, t] + gamma * running  # padding is on the right with reward 0
+        returns[:, t] = running
+    returns = returns * mask
+    return masked_whiten(returns, mask), returns
+
+
+@ADV_ESTIMATORS.register("reinforce_plus_plus_baseline")
+def reinforce_plus_plus_baseline(inputs: AdvantageInputs, **_: object) -> tuple[Tensor, Tensor]:
+    """REINFORCE++-baseline: score minus group mean (size-1 groups: mean 0), whitened over the batch.
+
+    The whitening is over valid *tokens*, as in verl, so long sequences weigh more in the
+    batch mean/std than short ones.
+    """
+    mask, scores = _scores(inputs)
+    mean, _, _ = group_mean_std(scores, inputs.group_ids)
+    adv = masked_whiten((scores - mean).unsqueeze(-1) * mask, mask)
+    return adv, adv

@@ -1,0 +1,169 @@
+"""Advantage estimators against hand-computed numbers (arithmetic in the comments)."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from rlkit.core.algos import ADV_ESTIMATORS, AdvantageInputs, compute_advantages
+
+EPS = 1e-6
+
+
+def seq_inputs(scores: list[float], lengths: list[int], group_ids: list[int], r: int = 3) -> AdvantageInputs:
+    """Each score on the last valid token; 9.0 on every padding slot, which must be ignored."""
+    rewards = torch.full((len(scores), r), 9.0)
+    mask = torch.zeros(len(scores), r)
+    for i, (score, n) in enumerate(zip(scores, lengths, strict=True)):
+        rewards[i, :n] = 0.0
+        rewards[i, n - 1] = score
+        mask[i, :n] = 1.0
+    return AdvantageInputs(rewards, mask, torch.tensor(group_ids))
+
+
+def per_seq(adv: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """Sequence-level advantage: the value on the first token; also checks it is broadcast."""
+    for row, m in zip(adv, mask, strict=True):
+        assert torch.allclose(row[m.bool()], row[0].expand(int(m.sum())))
+    return adv[:, 0]
+
+
+def test_grpo_groups_by_id_with_unbiased_std() -> None:
+    # Ids 7 and 3, interleaved. Group 7 = seqs 0,2,4, scores 1,0,2: mean 1,
+    # var = (0 + 1 + 1) / (3-1) = 1, std 1 -> advantages 0, -1, 1.
+    # Group 3 = seqs 1,3, scores 3,1: mean 2, var = (1 + 1) / 1 = 2 -> +-1/sqrt(2).
+    inp = seq_inputs([1.0, 3.0, 0.0, 1.0, 2.0], [3, 1, 2, 3, 1], [7, 3, 7, 3, 7])
+    adv, ret = compute_advantages("grpo", inp)
+    s2 = math.sqrt(2.0)
+    expected = torch.tensor([0.0, 1 / (s2 + EPS), -1 / (1 + EPS), -1 / (s2 + EPS), 1 / (1 + EPS)])
+    assert torch.allclose(per_seq(adv, inp.response_mask), expected, atol=1e-6)
+    assert torch.equal(ret, adv)
+
+
+def test_dr_grpo_skips_std() -> None:
+    # Same groups as above without the std division: group 7 -> 0, -1, 1; group 3 -> 3-2, 1-2.
+    inp = seq_inputs([1.0, 3.0, 0.0, 1.0, 2.0], [3, 1, 2, 3, 1], [7, 3, 7, 3, 7])
+    adv, _ = compute_advantages("grpo", inp, norm_adv_by_std=False)
+    assert torch.allclose(per_seq(adv, inp.response_mask), torch.tensor([0.0, 1.0, -1.0, -1.0, 1.0]))
+
+
+def test_grpo_singleton_group_keeps_its_score() -> None:
+    # Group 0 = scores 1,3: mean 2, std sqrt(2). Group 5 is alone: mean 0, std 1 -> 4/(1+eps).
+    inp = seq_inputs([1.0, 3.0, 4.0], [2, 2, 1], [0, 0, 5])
+    adv, _ = compute_advantages("grpo", inp)
+    s2 = math.sqrt(2.0)
+    expected = torch.tensor([-1 / (s2 + EPS), 1 / (s2 + EPS), 4 / (1 + EPS)])
+    assert torch.allclose(per_seq(adv, inp.response_mask), expected, atol=1e-6)
+
+
+def test_rloo_leave_one_out_baseline() -> None:
+    # Group 1 = scores 1,0,2: baselines (0+2)/2=1, (1+2)/2=1.5, (1+0)/2=0.5 -> 0, -1.5, 1.5
+    # (= 3/2 * (s - mean 1)). Group 2 = scores 3,1 -> 3-1=2, 1-3=-2. Group 8 alone -> raw 5.
+    inp = seq_inputs([1.0, 3.0, 0.0, 2.0, 1.0, 5.0], [1, 2, 3, 1, 2, 3], [1, 2, 1, 1, 2, 8])
+    adv, ret = compute_advantages("rloo", inp)
+    expected = torch.tensor([0.0, 2.0, -1.5, 1.5, -2.0, 5.0])
+    assert torch.allclose(per_seq(adv, inp.response_mask), expected)
+    assert torch.equal(ret, adv)
+
+
+def test_remax_subtracts_greedy_baseline() -> None:
+    # Scores 1, 0 with greedy scores 0.5, 0.5 -> 0.5, -0.5; returns are the same.
+    inp = seq_inputs([1.0, 0.0], [3, 2], [0, 1])
+    inp.baseline_scores = torch.tensor([0.5, 0.5])
+    adv, ret = compute_advantages("remax", inp)
+    assert torch.allclose(per_seq(adv, inp.response_mask), torch.tensor([0.5, -0.5]))
+    assert torch.equal(ret, adv)
+
+
+def test_reinforce_plus_plus_discounts_then_whitens_batch() -> None:
+    # gamma = 0.5. Seq 0 rewards [1, 0, 2]: G = [1 + .5*1, 0 + .5*2, 2] = [1.5, 1, 2].
+    # Seq 1 rewards [0, 4 | pad]: G = [0 + .5*4, 4] = [2, 4].
+    # Valid G: 1.5, 1, 2, 2, 4: mean 10.5/5 = 2.1; deviations -.6, -1.1, -.1, -.1, 1.9;
+    # squares sum .36 + 1.21 + .01 + .01 + 3.61 = 5.2; unbiased var 5.2/4 = 1.3.
+    rewards = torch.tensor([[1.0, 0.0, 2.0], [0.0, 4.0, 9.0]])
+    mask = torch.tensor([[1.0, 1.0, 1.0], [1.0, 1.0, 0.0]])
+    adv, ret = compute_advantages(
+        "reinforce_plus_plus", AdvantageInputs(rewards, mask, torch.tensor([0, 0])), gamma=0.5
+    )
+    assert torch.allclose(ret, torch.tensor([[1.5, 1.0, 2.0], [2.0, 4.0, 0.0]]))
+    sd = math.sqrt(1.3)
+    expected = torch.tensor([[-0.6 / sd, -1.1 / sd, -0.1 / sd], [-0.1 / sd, 1.9 / sd, 0.0]])
+    assert torch.allclose(adv, expected, atol=1e-6)
+
+
+def test_reinforce_plus_plus_baseline_group_mean_then_batch_whiten() -> None:
+    # Group 1 = scores 2 (2 tokens), 0 (1 token): mean 1 -> 1, -1. Group 2 alone: mean 0 -> 5 (2 tokens).
+    # Tokens 1, 1, -1, 5, 5: mean 11/5 = 2.2; deviations -1.2, -1.2, -3.2, 2.8, 2.8;
+    # squares 1.44 + 1.44 + 10.24 + 7.84 + 7.84 = 28.8; unbiased var 28.8/4 = 7.2.
+    inp = seq_inputs([2.0, 0.0, 5.0], [2, 1, 2], [1, 1, 2])
+    adv, ret = compute_advantages("reinforce_plus_plus_baseline", inp)
+    sd = math.sqrt(7.2)
+    expected = torch.tensor([[-1.2, -1.2, 0.0], [-3.2, 0.0, 0.0], [2.8, 2.8, 0.0]]) / sd
+    assert torch.allclose(adv, expected, atol=1e-6)
+    assert torch.equal(ret, adv)
+
+
+def test_gae_recursion_and_whitening() -> None:
+    # gamma 0.9, lam 0.8 (gamma*lam = 0.72); V and A are 0 after the last valid token.
+    # Seq 0: r [0, 0, 1], V [.5, .4, .6]
+    #   t2: delta = 1 - .6 = .4;              A2 = .4
+    #   t1: delta = .9*.6 - .4 = .14;          A1 = .14 + .72*.4 = .428
+    #   t0: delta = .9*.4 - .5 = -.14;         A0 = -.14 + .72*.428 = .16816
+    #   returns = A + V = [.66816, .828, 1.0]
+    # Seq 1: r [0, 2 | pad], V [1, .5 | 7 garbage]
+    #   t1: delta = 2 - .5 = 1.5;              A1 = 1.5
+    #   t0: delta = .9*.5 - 1 = -.55;          A0 = -.55 + .72*1.5 = .53
+    #   returns = [1.53, 2.0, 0]
+    rewards = torch.tensor([[0.0, 0.0, 1.0], [0.0, 2.0, 9.0]])
+    mask = torch.tensor([[1.0, 1.0, 1.0], [1.0, 1.0, 0.0]])
+    values = torch.tensor([[0.5, 0.4, 0.6], [1.0, 0.5, 7.0]])
+    inp = AdvantageInputs(rewards, mask, torch.tensor([0, 1]), values=values)
+    adv, ret = compute_advantages("gae", inp, gamma=0.9, lam=0.8)
+    assert torch.allclose(ret, torch.tensor([[0.66816, 0.828, 1.0], [1.53, 2.0, 0.0]]), atol=1e-6)
+    # Whitening over the 5 valid raw advantages (unbiased std, like torch.std).
+    raw = torch.tensor([0.16816, 0.428, 0.4, 0.53, 1.5])
+    white = (raw - raw.mean()) / raw.std()
+    expected = torch.tensor([[white[0], white[1], white[2]], [white[3], white[4], 0.0]])
+    assert torch.allclose(adv, expected, atol=1e-5)
+
+
+def full_inputs() -> AdvantageInputs:
+    """A batch every estimator accepts, with garbage (1e3) in every padding slot."""
+    rewards = torch.tensor([[0.0, 1.0, 1e3], [0.5, 1e3, 1e3], [0.0, 0.0, 2.0], [1.0, 1e3, 1e3]])
+    mask = torch.tensor([[1, 1, 0], [1, 0, 0], [1, 1, 1], [1, 0, 0]], dtype=torch.bool)
+    values = torch.where(mask, torch.tensor(0.3), torch.tensor(1e3))
+    return AdvantageInputs(
+        rewards, mask, torch.tensor([5, 5, 2, 2]), values, torch.tensor([0.2, 0.2, 1.0, 1.0])
+    )
+
+
+@pytest.mark.parametrize("name", ADV_ESTIMATORS.names())
+def test_padding_is_exactly_zero(name: str) -> None:
+    inp = full_inputs()
+    adv, ret = compute_advantages(name, inp, gamma=0.9, lam=0.95)
+    pad = ~inp.response_mask
+    assert torch.all(adv[pad] == 0) and torch.all(ret[pad] == 0)
+    assert torch.isfinite(adv).all() and torch.isfinite(ret).all()
+
+
+def test_registry_names() -> None:
+    assert ADV_ESTIMATORS.names() == sorted(
+        ["gae", "grpo", "rloo", "remax", "reinforce_plus_plus", "reinforce_plus_plus_baseline"]
+    )
+
+
+def test_missing_inputs_raise_value_error() -> None:
+    inp = full_inputs()
+    inp.values = None
+    inp.baseline_scores = None
+    with pytest.raises(ValueError, match="values"):
+        compute_advantages("gae", inp)
+    with pytest.raises(ValueError, match="baseline_scores"):
+        compute_advantages("remax", inp)
+
+
+def test_unknown_estimator_suggests_closest() -> None:
+    with pytest.raises(KeyError, match="did you mean 'grpo'"):
+        compute_advantages("grp0", full_inputs())
