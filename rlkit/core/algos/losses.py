@@ -1,0 +1,225 @@
+"""Policy losses, loss aggregation, the PPO value loss and token entropy.
+
+Policy losses are registered by name in ``POLICY_LOSSES`` and called through :func:`policy_loss`.
+They return a *per-token* loss ``[B,R]``; turning it into a scalar is :func:`aggregate_loss`'s
+job, which is where micro-batching and data parallelism are made harmless (see its docstring).
+"""
+
+from __future__ import annotations
+
+import difflib
+
+import torch
+from torch import Tensor
+
+from rlkit.core.registry import Registry
+
+POLICY_LOSSES = Registry("policy loss")
+
+AGG_MODES = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm")
+
+# exp() of a log-ratio beyond these would overflow or dominate the batch; verl uses the same bounds.
+TOKEN_LOG_RATIO_BOUND = 20.0
+SEQ_LOG_RATIO_MAX = 10.0
+
+
+def policy_loss(
+    name: str,
+    log_probs: Tensor,
+    old_log_probs: Tensor,
+    advantages: Tensor,
+    response_mask: Tensor,
+    *,
+    clip_ratio_low: float = 0.2,
+    clip_ratio_high: float = 0.2,
+    clip_ratio_c: float | None = None,
+) -> tuple[Tensor, dict[str, Tensor]]:
+    """Per-token policy loss ``[B,R]`` (0 on padding) and metrics for this batch.
+
+    Metrics (masked token means, detached): ``pg_clipfrac`` (share of tokens where the ratio
+    clip is active), ``ppo_kl`` (mean of old_logp - logp), ``pg_clipfrac_lower`` (share of tokens
+    where the dual-clip cap is active; 0 without ``clip_ratio_c``).
+    """
+    if clip_ratio_c is not None and clip_ratio_c <= 1.0:
+        raise ValueError(f"clip_ratio_c must be > 1 for dual-clip PPO, got {clip_ratio_c}")
+    loss_fn = POLICY_LOSSES.get(name)
+    return loss_fn(
+        log_probs,
+        old_log_probs,
+        advantages,
+        response_mask,
+        clip_ratio_low=clip_ratio_low,
+        clip_ratio_high=clip_ratio_high,
+        clip_ratio_c=clip_ratio_c,
+    )
+
+
+def masked_mean(values: Tensor, mask: Tensor) -> Tensor:
+    """Mean over positions where ``mask`` is set; 0 (not NaN) when nothing is set."""
+    mask = mask.to(values.dtype)
+    return (values * mask).sum() / mask.sum().clamp(min=1)
+
+
+def _clipped_surrogate(
+    ratio: Tensor,
+    token_log_ratio: Tensor,
+    advantages: Tensor,
+    mask: Tensor,
+    *,
+    clip_ratio_low: float,
+    clip_ratio_high: float,
+    clip_ratio_c: float | None,
+) -> tuple[Tensor, dict[str, Tensor]]:
+    """PPO's pessimistic clipped objective, shared by the token-ratio and sequence-ratio losses.
+
+    loss = max(-A*r, -A*clip(r, 1-low, 1+high)); with dual clip, for A < 0 the loss is further
+    capped at -A*c so a huge ratio on a bad token cannot blow up the update (Ye et al. 2020).
+    """
+    unclipped = -advantages * ratio
+    clipped = -advantages * ratio.clamp(1.0 - clip_ratio_low, 1.0 + clip_ratio_high)
+    loss = torch.maximum(unclipped, clipped)
+    clipfrac = masked_mean((clipped > unclipped).float(), mask)
+    if clip_ratio_c is None:
+        clipfrac_lower = torch.zeros((), dtype=loss.dtype)
+    else:
+        cap = -advantages * clip_ratio_c
+        negative = advantages < 0
+        clipfrac_lower = masked_mean(((loss > cap) & negative).float(), mask)
+        loss = torch.where(negative, torch.minimum(loss, cap), loss)
+    loss = torch.where(mask, loss, torch.zeros_like(loss))
+    metrics = {
+        "pg_clipfrac": clipfrac.detach(),
+        "ppo_kl": masked_mean(-token_log_ratio, mask).detach(),
+        "pg_clipfrac_lower": clipfrac_lower.detach(),
+    }
+    return loss, metrics
+
+
+@POLICY_LOSSES.register("vanilla")
+def vanilla(
+    log_probs: Tensor,
+    old_log_probs: Tensor,
+    advantages: Tensor,
+    response_mask: Tensor,
+    **clip: float | None,
+) -> tuple[Tensor, dict[str, Tensor]]:
+    """PPO-clip with a token-level ratio r_t = pi(y_t) / pi_old(y_t) (Schulman et al. 2017).
+
+    Separate low/high bounds give DAPO's clip-higher (Yu et al. 2025): a larger high bound lets
+    rare, positively rewarded tokens grow further before the clip stops their gradient.
+    """
+    mask = response_mask.bool()
+    log_ratio = torch.where(mask, log_probs - old_log_probs, torch.zeros_like(log_probs))
+    log_ratio = log_ratio.clamp(-TOKEN_LOG_RATIO_BOUND, TOKEN_LOG_RATIO_BOUND)
+    return _clipped_surrogate(log_ratio.exp(), log_ratio, advantages, mask, **clip)
+
+
+@POLICY_LOSSES.register("gspo")
+def gspo(
+    log_probs: Tensor,
+    old_log_probs: Tensor,
+    advantages: Tensor,
+    response_mask: Tensor,
+    **clip: float | None,
+) -> tuple[Tensor, dict[str, Tensor]]:
+    """GSPO (Zheng et al. 2025): clip a length-normalised *sequence* ratio instead of token ratios.
+
+    s_i = exp(mean_t(logp_t - old_logp_t)). The per-token ratio is written as
+    s_i,t = sg(s_i) * pi(y_t) / sg(pi(y_t)) (GSPO-token): its value is s_i on every token, and
+    its gradient w.r.t. logp_t is s_i, so with equal advantages on a sequence and
+    ``seq-mean-token-mean`` aggregation the gradient is exactly GSPO's.
+    """
+    mask = response_mask.bool()
+    zeros = torch.zeros_like(log_probs)
+    log_probs = torch.where(mask, log_probs, zeros)  # padding may hold garbage (even inf)
+    token_log_ratio = torch.where(mask, log_probs - old_log_probs, zeros)
+    lengths = mask.sum(-1).clamp(min=1)
+    seq_log_ratio = token_log_ratio.sum(-1) / lengths
+    log_ratio = log_probs - log_probs.detach() + seq_log_ratio.detach().unsqueeze(-1)
+    ratio = log_ratio.clamp(max=SEQ_LOG_RATIO_MAX).exp()
+    return _clipped_surrogate(ratio, token_log_ratio, advantages, mask, **clip)
+
+
+def aggregate_loss(
+    per_token_loss: Tensor,
+    response_mask: Tensor,
+    mode: str,
+    *,
+    global_num_tokens: float | None = None,
+    global_num_seqs: float | None = None,
+    norm_length: int | None = None,
+) -> Tensor:
+    """Reduce a per-token loss ``[B,R]`` to a scalar.
+
+    The trainer splits an optimizer mini-batch into micro-batches (and ranks) and *sums* their
+    gradients. For that sum to equal the unsplit loss, every micro-batch must divide by the
+    normaliser of the whole mini-batch: pass ``global_num_tokens`` (valid tokens) and
+    ``global_num_seqs`` (sequences with at least one valid token) of the mini-batch. Left as
+    None, this batch's own counts are used, which is right only when the batch is not split.
+
+    - token-mean:              sum(loss) / num_tokens
+    - seq-mean-token-mean:     sum_i mean_t(loss_i,t) / num_seqs
+    - seq-mean-token-sum:      sum(loss) / num_seqs
+    - seq-mean-token-sum-norm: sum(loss) / (num_seqs * norm_length), norm_length defaulting to R
+      (Dr.GRPO: a constant length normaliser, so long answers are not down-weighted per token)
+    """
+    mask = response_mask.bool()
+    mask_f = mask.to(per_token_loss.dtype)
+    loss = torch.where(mask, per_token_loss, torch.zeros_like(per_token_loss))
+    if mode == "token-mean":
+        num_tokens = mask_f.sum().clamp(min=1) if global_num_tokens is None else global_num_tokens
+        return loss.sum() / num_tokens
+    if mode not in AGG_MODES:
+        close = difflib.get_close_matches(mode, AGG_MODES, n=1)
+        hint = f"; did you mean {close[0]!r}?" if close else ""
+        raise KeyError(f"unknown loss aggregation mode {mode!r} (known: {', '.join(AGG_MODES)}){hint}")
+    if global_num_seqs is None:
+        num_seqs = (mask_f.sum(-1) > 0).sum().clamp(min=1).to(loss.dtype)
+    else:
+        num_seqs = global_num_seqs
+    if mode == "seq-mean-token-mean":
+        return (loss.sum(-1) / mask_f.sum(-1).clamp(min=1)).sum() / num_seqs
+    if mode == "seq-mean-token-sum":
+        return loss.sum() / num_seqs
+    length = loss.shape[-1] if norm_length is None else norm_length
+    return loss.sum() / (num_seqs * length)
+
+
+def value_loss(
+    values: Tensor,
+    old_values: Tensor,
+    returns: Tensor,
+    response_mask: Tensor,
+    *,
+    cliprange_value: float | None,
+) -> tuple[Tensor, dict[str, Tensor]]:
+    """PPO critic loss per token: 0.5 * max((v - R)^2, (clip(v, v_old - c, v_old + c) - R)^2).
+
+    Taking the max makes the clip pessimistic: the critic cannot lower its loss by jumping more
+    than ``c`` away from the values it had at rollout time. ``None`` disables clipping.
+    Metric ``vf_clipfrac``: share of valid tokens where the clipped term is the larger one.
+    """
+    mask = response_mask.bool()
+    loss = (values - returns) ** 2
+    if cliprange_value is None:
+        clipfrac = torch.zeros((), dtype=loss.dtype)
+    else:
+        clipped_values = old_values + (values - old_values).clamp(-cliprange_value, cliprange_value)
+        clipped_loss = (clipped_values - returns) ** 2
+        clipfrac = masked_mean((clipped_loss > loss).float(), mask)
+        loss = torch.maximum(loss, clipped_loss)
+    loss = torch.where(mask, 0.5 * loss, torch.zeros_like(loss))
+    return loss, {"vf_clipfrac": clipfrac.detach()}
+
+
+def entropy_from_logits(logits: Tensor) -> Tensor:
+    """Entropy of softmax(logits) over the last dim: H = logsumexp(z) - sum_v p_v z_v.
+
+    Equal to -sum p log p, but never takes log of a tiny probability. Logits are first shifted
+    so their max is 0 (H is shift-invariant, so the detached shift changes neither value nor
+    gradient): otherwise with logits near 1000 the two terms are ~1000 each and float32
+    cancellation loses the ~1 that is left. Logits must be finite.
+    """
+    shifted = logits - logits.max(dim=-1, keepdim=True).values.detach()
+    probs = torch.softmax(shifted, dim=-1)
+    return torch.logsumexp(shifted, dim=-1) - (probs * shifted).sum(-1)
