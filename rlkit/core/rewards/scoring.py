@@ -1,0 +1,300 @@
+"""Batched, guarded reward scoring: every row's function runs in a persistent process pool.
+
+Each worker process runs one call at a time, so the controller knows when every call
+started: a call that outlives `reward.timeout_s` has its worker killed and replaced
+(the rest of the batch goes on), and the row is reported as failed. An exception, a NaN,
+a non-number, a timeout or a dead worker all fail the row, with its index, data_source,
+function and error; `reward.on_error` says whether that stops the run (before any update)
+or scores the row 0 and counts it in `reward/errors`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import inspect
+import math
+import os
+import pickle
+import signal
+import socket
+import subprocess
+import sys
+import time
+import traceback
+from collections import deque
+from dataclasses import dataclass, field
+from multiprocessing.connection import Connection, wait
+from typing import Any, Callable
+
+import rlkit.core.data.synthetic  # noqa: F401  (registers the synthetic tasks' reward)
+import rlkit.core.rewards.gsm8k  # noqa: F401  (registers gsm8k)
+import rlkit.core.rewards.math  # noqa: F401  (registers math)
+from rlkit.core.rewards.config import RewardConfig
+from rlkit.core.rewards.custom import FileFunction
+from rlkit.core.rewards.registry import reward_fn_for
+from rlkit.errors import UserError
+
+RULE_OPTIONS = ("gsm8k_method", "format_score")  # reward.* options passed to rules declaring them
+_STARTUP_TIMEOUT_S = 120.0
+# fn(data_source, response, ground_truth, extra_info) -> float | dict
+Call = tuple[Callable[..., Any], tuple[str, str, str, dict[str, Any]]]
+
+
+@dataclass
+class ScoredBatch:
+    """One score per response, plus what to log."""
+
+    scores: list[float]
+    metrics: dict[str, float]  # reward/errors, reward/<key> means of extra dict keys, call times
+    details: list[dict[str, float]] = field(default_factory=list)  # per row: its extra dict keys
+    errors: list[str] = field(default_factory=list)  # failed rows' messages (on_error=zero)
+
+
+class RewardError(UserError):
+    """A reward call failed; the message names the row, data_source, function and error."""
+
+
+@dataclass
+class _Outcome:
+    score: float | None
+    details: dict[str, float]
+    error: str | None
+    seconds: float
+
+
+def _number(value: Any, what: str) -> float:
+    if isinstance(value, (str, bytes)) or not hasattr(value, "__float__"):
+        raise TypeError(f"{what} is {value!r:.80} ({type(value).__name__}), not a number")
+    number = float(value)
+    if not math.isfinite(number):
+        raise ValueError(f"{what} is {number}, not a finite number")
+    return number
+
+
+def _normalize(result: Any) -> tuple[float, dict[str, float]]:
+    if isinstance(result, dict):
+        if "score" not in result:
+            raise ValueError(f"returned a dict without a 'score' key (keys: {sorted(map(str, result))})")
+        details = {str(k): _number(v, f"key {k!r}") for k, v in result.items() if k != "score"}
+        return _number(result["score"], "'score'"), details
+    return _number(result, "the return value"), {}
+
+
+def _describe(exc: BaseException) -> str:
+    frames = traceback.extract_tb(exc.__traceback__)
+    where = f" (at {frames[-1].filename}:{frames[-1].lineno} in {frames[-1].name})" if frames else ""
+    return f"{type(exc).__name__}: {exc}{where}"
+
+
+def _run(call: Call) -> _Outcome:
+    fn, args = call
+    start = time.perf_counter()
+    try:
+        result = fn(*args)
+    except Exception as exc:
+        return _Outcome(None, {}, _describe(exc), time.perf_counter() - start)
+    seconds = time.perf_counter() - start
+    try:
+        return _Outcome(*_normalize(result), None, seconds)
+    except (TypeError, ValueError) as exc:
+        return _Outcome(None, {}, f"bad return value: {exc}", seconds)
+
+
+def _call_rule(rule: Callable[..., Any], options: dict[str, Any], data_source: str, response: str,
+               ground_truth: str, extra_info: dict[str, Any]) -> Any:
+    return rule(response, ground_truth, extra_info, **options)
+
+
+def _worker_main(fd: int) -> None:
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the controller's to handle
+    conn = Connection(fd)
+    conn.send("ready")
+    while True:
+        try:
+            call = pickle.loads(conn.recv_bytes())
+        except EOFError:
+            return
+        except Exception as exc:  # the function cannot be imported here
+            conn.send(_Outcome(None, {}, f"cannot load the function in a reward worker: {_describe(exc)}", 0.0))
+            continue
+        if call is None:
+            return
+        conn.send(_run(call))
+
+
+class _Worker:
+    """A `python -c` child on one end of a socket pair. Not multiprocessing: that re-imports the
+    caller's __main__ script in every child (and fails without an `if __name__` guard)."""
+
+    def __init__(self) -> None:
+        parent, child = socket.socketpair()
+        command = f"from rlkit.core.rewards.scoring import _worker_main; _worker_main({child.fileno()})"
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
+        self.process = subprocess.Popen([sys.executable, "-c", command], pass_fds=[child.fileno()],
+                                        stdin=subprocess.DEVNULL, env=env)
+        child.close()
+        self.conn = Connection(parent.detach())
+        self.ready = False
+        self.row: int | None = None  # the row it is scoring
+        self.started = 0.0
+
+    def kill(self) -> None:
+        self.process.kill()
+        self.process.wait()
+        self.conn.close()
+
+
+class _Pool:
+    """Worker processes that each score one call at a time; hung or dead ones are replaced."""
+
+    def __init__(self, size: int, timeout_s: float) -> None:
+        self.timeout_s = timeout_s
+        self.workers = [_Worker() for _ in range(size)]
+
+    def run(self, calls: list[Call], names: list[str]) -> list[_Outcome]:
+        try:
+            return self._run(calls, names)
+        except BaseException:  # Ctrl-C or a call that cannot be sent: drop calls still running
+            for i, worker in enumerate(self.workers):
+                if worker.row is not None:
+                    self._replace(i)
+            raise
+
+    def _run(self, calls: list[Call], names: list[str]) -> list[_Outcome]:
+        outcomes: list[_Outcome | None] = [None] * len(calls)
+        todo = deque(range(len(calls)))
+        startup_deadline = time.monotonic() + _STARTUP_TIMEOUT_S
+        while todo or any(w.row is not None for w in self.workers):
+            for worker in self.workers:
+                if worker.ready and worker.row is None and todo:
+                    row = todo.popleft()
+                    try:
+                        worker.conn.send(calls[row])
+                    except Exception as exc:
+                        raise RewardError(
+                            f"reward function {names[row]} cannot be sent to the reward worker processes "
+                            f"({_describe(exc)}); define it at module level of an importable file, or set "
+                            "reward.num_workers=0") from exc
+                    worker.row, worker.started = row, time.monotonic()
+            busy = {w.conn: w for w in self.workers if not w.ready or w.row is not None}
+            now = time.monotonic()
+            ends = [w.started + self.timeout_s for w in busy.values() if w.row is not None]
+            if not ends and now > startup_deadline:
+                raise RewardError(f"reward worker processes did not start in {_STARTUP_TIMEOUT_S:.0f} s; "
+                                  "set reward.num_workers=0 to score in the controller process")
+            for conn in wait(list(busy), timeout=max(0.0, min(ends, default=startup_deadline) - now)):
+                self._receive(busy[conn], outcomes)
+            now = time.monotonic()
+            for i, worker in enumerate(self.workers):
+                if worker.row is not None and now - worker.started > self.timeout_s:
+                    outcomes[worker.row] = _Outcome(
+                        None, {}, f"timed out after {self.timeout_s:g} s (reward.timeout_s); its worker was "
+                        "killed", now - worker.started)
+                    self._replace(i)
+        return outcomes  # type: ignore[return-value]  (every row is filled above)
+
+    def _receive(self, worker: _Worker, outcomes: list[_Outcome | None]) -> None:
+        try:
+            message = worker.conn.recv()
+        except (EOFError, OSError):
+            code = worker.process.wait()
+            if worker.row is None:
+                raise RewardError(f"a reward worker process exited while starting (exit code {code}); "
+                                  "set reward.num_workers=0 to score in the controller process") from None
+            outcomes[worker.row] = _Outcome(None, {}, f"the reward worker process died (exit code {code})", 0.0)
+            self._replace(self.workers.index(worker))
+            return
+        if message == "ready":
+            worker.ready = True
+        else:
+            outcomes[worker.row] = message  # type: ignore[index]
+            worker.row = None
+
+    def _replace(self, i: int) -> None:
+        self.workers[i].kill()
+        self.workers[i] = _Worker()
+
+    def close(self) -> None:
+        for worker in self.workers:
+            with contextlib.suppress(OSError):
+                worker.conn.send(None)
+        for worker in self.workers:
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                worker.process.wait(timeout=1.0)  # a clean exit first; kill() reaps either way
+            worker.kill()
+        self.workers = []
+
+
+class RewardScorer:
+    """Scores batches of responses; keep one per run (its worker processes persist)."""
+
+    def __init__(self, config: RewardConfig) -> None:
+        self.config = config
+        self._custom = FileFunction(config.function, "reward.function") if config.function else None
+        self._rules: dict[str, tuple[Callable[..., Any], str]] = {}
+        self._pool = _Pool(config.num_workers, config.timeout_s) if config.num_workers > 0 else None
+
+    def _function_for(self, data_source: str, row: int) -> tuple[Callable[..., Any], str]:
+        if self._custom is not None:
+            return self._custom, self._custom.spec
+        if data_source not in self._rules:
+            try:
+                rule = reward_fn_for(data_source)
+            except KeyError as exc:
+                raise RewardError(f"row {row}: {exc.args[0]}; set reward.function=path/file.py:fn to score "
+                                  "it with your own function") from None
+            declared = inspect.signature(rule).parameters
+            options = {k: getattr(self.config, k) for k in RULE_OPTIONS if k in declared}
+            fn = functools.partial(_call_rule, rule, options)
+            self._rules[data_source] = (fn, f"{rule.__module__}.{rule.__qualname__}")
+        return self._rules[data_source]
+
+    def score(self, responses: list[str], data_sources: list[str], ground_truths: list[str],
+              extra_infos: list[dict]) -> ScoredBatch:
+        """One score per response; raises RewardError on a failed call unless on_error=zero."""
+        if not len(responses) == len(data_sources) == len(ground_truths) == len(extra_infos):
+            raise ValueError("responses, data_sources, ground_truths and extra_infos differ in length")
+        functions = [self._function_for(ds, i) for i, ds in enumerate(data_sources)]
+        rows = zip(data_sources, responses, ground_truths, extra_infos, strict=True)
+        calls = [(fn, args) for (fn, _), args in zip(functions, rows, strict=True)]
+        names = [name for _, name in functions]
+        outcomes = self._pool.run(calls, names) if self._pool else [_run(call) for call in calls]
+        return self._collect(outcomes, names, data_sources, extra_infos)
+
+    def _collect(self, outcomes: list[_Outcome], names: list[str], data_sources: list[str],
+                 extra_infos: list[dict]) -> ScoredBatch:
+        errors = []
+        for i, outcome in enumerate(outcomes):
+            if outcome.error is not None:
+                index = (extra_infos[i] or {}).get("index")
+                dataset_row = f", dataset index {index}" if index is not None else ""
+                errors.append(f"reward failed on row {i} (data_source {data_sources[i]!r}{dataset_row}, "
+                              f"function {names[i]}): {outcome.error}")
+        if errors and self.config.on_error == "raise":
+            more = f" ({len(errors) - 1} more rows failed)" if len(errors) > 1 else ""
+            raise RewardError(f"{errors[0]}{more}. Fix the function, or set reward.on_error=zero to score "
+                              "failed rows 0 and count them in reward/errors")
+        details = [o.details for o in outcomes]
+        metrics = {"reward/errors": float(len(errors))}
+        for key in sorted({k for d in details for k in d}):
+            values = [d[key] for d in details if key in d]
+            metrics[f"reward/{key}"] = sum(values) / len(values)
+        if outcomes:
+            seconds = [o.seconds for o in outcomes]
+            metrics["reward/call_seconds_mean"] = sum(seconds) / len(seconds)
+            metrics["reward/call_seconds_max"] = max(seconds)
+        scores = [o.score if o.score is not None else 0.0 for o in outcomes]
+        return ScoredBatch(scores, metrics, details, errors)
+
+    def close(self) -> None:
+        """Stop the worker processes (idempotent)."""
+        if self._pool is not None:
+            self._pool.close()
+            self._pool = None
+
+    def __enter__(self) -> RewardScorer:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

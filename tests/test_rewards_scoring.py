@@ -1,0 +1,169 @@
+"""RewardScorer: rules by data_source, custom functions, and every way a reward call can fail."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import pytest
+
+from rlkit.core.rewards.config import RewardConfig
+from rlkit.core.rewards.scoring import RewardError, RewardScorer
+from rlkit.errors import UserError
+
+# One custom function whose behaviour the response picks, so one scorer covers every failure.
+CUSTOM = '''
+import os, re, time
+
+def behave(data_source, response, ground_truth, extra_info):
+    if response == "raise":
+        raise RuntimeError("kaboom")
+    if response == "nan":
+        return float("nan")
+    if response == "text":
+        return "1.0"
+    if response == "no-score":
+        return {"value": 1.0}
+    if response == "sleep":
+        time.sleep(60)
+    if response == "regex":  # catastrophic backtracking: stuck inside C code, deaf to signals
+        re.match(r"(a+)+$", "a" * 40 + "b")
+    if response == "exit":
+        os._exit(3)
+    return {"score": float(response == ground_truth), "pid": os.getpid(), "length": len(response)}
+
+not_a_function = 3
+'''
+
+
+@pytest.fixture(scope="module")
+def custom_file(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    path = tmp_path_factory.mktemp("reward") / "my_reward.py"
+    path.write_text(CUSTOM)
+    return path
+
+
+@pytest.fixture(scope="module")
+def pooled(custom_file: Path):
+    """One persistent pool for the whole module: every test after a failure also checks recovery."""
+    with RewardScorer(RewardConfig(function=f"{custom_file}:behave", num_workers=2, timeout_s=0.5,
+                                   on_error="zero")) as scorer:
+        yield scorer
+
+
+def run(scorer: RewardScorer, responses: list[str], truth: str = "ok"):
+    n = len(responses)
+    return scorer.score(responses, ["my/data"] * n, [truth] * n, [{"index": 100 + i} for i in range(n)])
+
+
+def test_rules_are_picked_by_data_source() -> None:
+    with RewardScorer(RewardConfig(num_workers=0, gsm8k_method="flexible", format_score=0.1)) as scorer:
+        scored = scorer.score(
+            ["#### 72", "it is 71", r"\boxed{\frac12}", "3", "4"],
+            ["openai/gsm8k", "gsm8k", "lighteval/MATH", "synthetic/echo", "synthetic/add"],
+            ["72", "72", "0.5", "3", "5"], [{}] * 5)
+    assert scored.scores == [1.0, 0.1, 1.0, 1.0, 0.0]  # flexible extraction and format_score reach the rule
+    assert scored.metrics["reward/answer_found"] == 1.0 and scored.metrics["reward/errors"] == 0.0
+
+
+def test_unknown_data_source_names_the_row_and_the_fix() -> None:
+    with RewardScorer(RewardConfig(num_workers=0)) as scorer:
+        with pytest.raises(RewardError, match=r"row 1: unknown reward function for data_source 'gsm9k'.*"
+                                              r"did you mean 'gsm8k'.*reward.function="):
+            scorer.score(["a", "b"], ["gsm8k", "gsm9k"], ["1", "1"], [{}, {}])
+
+
+def test_custom_function_dict_keys_become_metrics(pooled: RewardScorer) -> None:
+    scored = run(pooled, ["ok", "no", "okay"])
+    assert scored.scores == [1.0, 0.0, 0.0]
+    assert scored.metrics["reward/length"] == pytest.approx(8 / 3)
+    assert [d["length"] for d in scored.details] == [2.0, 2.0, 4.0]
+    assert scored.metrics["reward/call_seconds_max"] < 0.5
+
+
+def test_the_pool_persists_across_calls(pooled: RewardScorer) -> None:
+    pids = {d["pid"] for d in run(pooled, ["ok"] * 8).details}
+    assert len(pids) <= 2 and pids == {d["pid"] for d in run(pooled, ["ok"] * 8).details}
+
+
+@pytest.mark.parametrize("num_workers", [0, 1])
+@pytest.mark.parametrize("response, error", [
+    ("raise", r"RuntimeError: kaboom \(at .*my_reward.py:\d+ in behave\)"),
+    ("nan", "is nan, not a finite number"),
+    ("text", r"'1.0' \(str\), not a number"),
+    ("no-score", "without a 'score' key"),
+])
+def test_a_failing_call_stops_with_row_data_source_function_and_error(
+        custom_file: Path, num_workers: int, response: str, error: str) -> None:
+    config = RewardConfig(function=f"{custom_file}:behave", num_workers=num_workers)
+    with RewardScorer(config) as scorer, pytest.raises(RewardError) as caught:
+        run(scorer, ["ok", response])
+    message = str(caught.value)
+    assert "reward failed on row 1 (data_source 'my/data', dataset index 101, function " in message
+    assert f"{custom_file}:behave" in message and "reward.on_error=zero" in message
+    assert __import__("re").search(error, message), message
+
+
+def test_on_error_zero_scores_zero_and_counts(pooled: RewardScorer) -> None:
+    scored = run(pooled, ["ok", "raise", "nan", "ok"])
+    assert scored.scores == [1.0, 0.0, 0.0, 1.0]
+    assert scored.metrics["reward/errors"] == 2.0
+    assert "row 1" in scored.errors[0] and "kaboom" in scored.errors[0] and "row 2" in scored.errors[1]
+
+
+@pytest.mark.parametrize("hang", ["sleep", "regex"])
+def test_a_hung_call_is_killed_and_the_next_call_works(pooled: RewardScorer, hang: str) -> None:
+    start = time.monotonic()
+    scored = run(pooled, ["ok", hang, "ok", "ok"])
+    assert time.monotonic() - start < 5
+    assert scored.scores == [1.0, 0.0, 1.0, 1.0]
+    assert scored.metrics["reward/errors"] == 1.0
+    assert "row 1" in scored.errors[0] and "timed out after 0.5 s (reward.timeout_s)" in scored.errors[0]
+    assert run(pooled, ["ok", "ok"]).scores == [1.0, 1.0]
+
+
+def test_a_hung_call_stops_the_run_by_default(custom_file: Path) -> None:
+    with RewardScorer(RewardConfig(function=f"{custom_file}:behave", num_workers=1, timeout_s=0.5)) as scorer:
+        with pytest.raises(RewardError, match="row 0 .* timed out after 0.5 s"):
+            run(scorer, ["sleep"])
+        assert run(scorer, ["ok"]).scores == [1.0]
+
+
+def test_a_dying_worker_fails_its_row_only(pooled: RewardScorer) -> None:
+    scored = run(pooled, ["exit", "ok"])
+    assert scored.scores == [0.0, 1.0]
+    assert "reward worker process died (exit code 3)" in scored.errors[0]
+
+
+def test_a_batch_of_128_cheap_rewards_costs_well_under_a_tenth_of_a_second() -> None:
+    with RewardScorer(RewardConfig()) as scorer:  # the default pool
+        args = (["3"] * 128, ["synthetic/echo"] * 128, ["3"] * 128, [{}] * 128)
+        scorer.score(*args)  # the first call waits for the workers to start
+        timings = []
+        for _ in range(5):
+            start = time.perf_counter()
+            assert sum(scorer.score(*args).scores) == 128
+            timings.append(time.perf_counter() - start)
+    assert sorted(timings)[2] < 0.1
+
+
+@pytest.mark.parametrize("spec, message", [
+    ("my_reward.py", "must look like 'path/to/file.py:function_name'"),
+    ("missing.py:fn", "does not exist"),
+    ("{file}:nope", r"'nope' is not defined there; functions in my_reward.py: \['behave'\]"),
+    ("{file}:not_a_function", "'not_a_function' is not callable"),
+])
+def test_a_bad_function_spec_is_a_user_error(custom_file: Path, spec: str, message: str) -> None:
+    with pytest.raises(UserError, match=message):
+        RewardScorer(RewardConfig(function=spec.format(file=custom_file), num_workers=0))
+
+
+def test_a_custom_file_that_fails_to_import_names_the_error(tmp_path: Path) -> None:
+    (tmp_path / "broken.py").write_text("import not_a_module_anywhere\n")
+    with pytest.raises(UserError, match="importing .*broken.py failed: ModuleNotFoundError"):
+        RewardScorer(RewardConfig(function=f"{tmp_path}/broken.py:fn", num_workers=0))
+
+
+def test_config_rejects_unknown_keys() -> None:
+    with pytest.raises(ValueError, match="timeout"):
+        RewardConfig(timeout=3)
