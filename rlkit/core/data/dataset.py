@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -12,6 +13,7 @@ import torch
 from rlkit.errors import UserError
 
 REQUIRED_COLUMNS = ("data_source", "prompt", "reward_model")
+logger = logging.getLogger(__name__)
 
 
 @dataclass
@@ -78,6 +80,9 @@ def load_prompt_dataset(files: list[str], tokenizer, *, max_prompt_length: int,
             ))
     if not rows:
         raise UserError(f"no usable rows in {files} ({dropped} dropped as too long)")
+    if dropped:
+        logger.warning("dropped %d of %d prompts longer than data.max_prompt_length=%d (data.overlong_prompts=filter)",
+                       dropped, dropped + len(rows), max_prompt_length)
     return rows
 
 
