@@ -1,0 +1,121 @@
+"""`rlkit eval-reward`: score responses to a dataset and summarise what the reward did."""
+
+from __future__ import annotations
+
+import json
+import time
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+from rlkit.core.rewards.config import RewardConfig
+from rlkit.core.rewards.scoring import RewardScorer
+from rlkit.errors import UserError
+
+_TAIL_CHARS = 200  # how much of a response an example shows
+
+
+def read_responses(path: str | Path, num_rows: int) -> list[list[str]]:
+    """Responses per data row from a jsonl file: each line a JSON string, {"response": str}
+    or {"responses": [str, ...]} (the same count on every line); blank lines are skipped."""
+    path = Path(path).expanduser()
+    if not path.is_file():
+        raise UserError(f"responses file {path} does not exist")
+    per_row: list[list[str]] = []
+    for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            value = json.loads(line)
+        except json.JSONDecodeError as exc:
+            raise UserError(f"{path}, line {number}: not valid JSON ({exc})") from None
+        if isinstance(value, dict):
+            value = value.get("responses", value.get("response"))
+        texts = value if isinstance(value, list) else [value]
+        if not texts or not all(isinstance(t, str) for t in texts):
+            raise UserError(f'{path}, line {number}: expected a JSON string, {{"response": "..."}} or '
+                            '{"responses": ["...", ...]}')
+        if per_row and len(texts) != len(per_row[0]):
+            raise UserError(f"{path}, line {number}: {len(texts)} responses, but line 1 has {len(per_row[0])}; "
+                            "every line needs the same number")
+        per_row.append(texts)
+    if len(per_row) != num_rows:
+        raise UserError(f"the data has {num_rows} rows but {path} has {len(per_row)} response lines; "
+                        "it needs one line per data row, in the same order")
+    return per_row
+
+
+def sample_responses(model_path: str, rows: list[dict[str, Any]], *, n: int, max_new_tokens: int,
+                     temperature: float, seed: int) -> list[list[str]]:
+    """n sampled responses per row from the model at `model_path` (transformers engine, CPU or GPU)."""
+    import torch
+    from transformers import AutoTokenizer
+
+    from rlkit.core.data.dataset import tokenize_prompt
+    from rlkit.core.rollout.base import Sampling, make_engine
+
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(model_path)
+    except OSError as exc:
+        raise UserError(f"--model {model_path}: cannot load a tokenizer ({exc})") from None
+    prompts = [tokenize_prompt(tokenizer, row["prompt"]) for row in rows]
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    engine = make_engine("hf", model_path, dtype="float32", seed=seed, device=device,
+                         max_model_len=max(map(len, prompts)) + max_new_tokens)
+    sampling = Sampling(n=n, max_tokens=max_new_tokens, temperature=temperature, seed=seed,
+                        greedy=temperature == 0)
+    responses: list[list[str]] = [[] for _ in rows]
+    for sample in engine.generate(prompts, sampling):
+        responses[sample.prompt_index].append(tokenizer.decode(sample.token_ids, skip_special_tokens=True))
+    return responses
+
+
+def _histogram(scores: list[float]) -> list[dict[str, float]]:
+    """Counts per distinct score when there are at most 10, else 10 equal-width bins."""
+    distinct = Counter(scores)
+    if len(distinct) <= 10:
+        return [{"low": s, "high": s, "count": c} for s, c in sorted(distinct.items())]
+    low, high = min(scores), max(scores)
+    width = (high - low) / 10
+    counts = Counter(min(int((s - low) / width), 9) for s in scores)
+    return [{"low": low + i * width, "high": low + (i + 1) * width, "count": counts[i]} for i in range(10)]
+
+
+def evaluate(rows: list[dict[str, Any]], responses: list[list[str]], config: RewardConfig, *,
+             examples: int = 3) -> dict[str, Any]:
+    """Score every response and summarise: mean, accuracy, histogram, extraction failures, timing."""
+    flat = [(i, text) for i, texts in enumerate(responses) for text in texts]
+    ground_truths = [str((row.get("reward_model") or {}).get("ground_truth", "")) for row in rows]
+    extra_infos = [dict(row.get("extra_info") or {}) for row in rows]
+    start = time.perf_counter()
+    with RewardScorer(config) as scorer:
+        scored = scorer.score([text for _, text in flat], [str(rows[i]["data_source"]) for i, _ in flat],
+                              [ground_truths[i] for i, _ in flat], [extra_infos[i] for i, _ in flat])
+    seconds = time.perf_counter() - start
+    scores = scored.scores
+    binary = all(0.0 <= s <= 1.0 for s in scores)
+    not_found = [k for k, d in enumerate(scored.details) if d.get("answer_found") == 0.0]
+    reports_extraction = any("answer_found" in d for d in scored.details)
+    n = max(len(texts) for texts in responses) if responses else 0
+    report: dict[str, Any] = {
+        "rows": len(rows),
+        "responses_per_row": n,
+        "scored": len(scores),
+        "mean_score": sum(scores) / len(scores) if scores else None,
+        "accuracy": sum(s >= 1.0 for s in scores) / len(scores) if scores and binary else None,
+        "histogram": _histogram(scores) if scores else [],
+        "extraction_failures": len(not_found) if reports_extraction else None,
+        "extraction_failure_examples": [
+            {"row": flat[k][0], "ground_truth": ground_truths[flat[k][0]], "response_tail": flat[k][1][-_TAIL_CHARS:]}
+            for k in not_found[:examples]],
+        "errors": len(scored.errors),
+        "error_examples": scored.errors[:examples],
+        "seconds_per_call_mean": scored.metrics.get("reward/call_seconds_mean"),
+        "seconds_per_call_max": scored.metrics.get("reward/call_seconds_max"),
+        "seconds_total": seconds,
+        "metrics": scored.metrics,
+    }
+    if n > 1 and binary:
+        by_row = Counter(flat[k][0] for k, s in enumerate(scores) if s >= 1.0)
+        report[f"pass@{n}"] = len(by_row) / len(rows)
+    return report
