@@ -1,0 +1,66 @@
+"""One rollout interface, two engines: token ids in, token ids and log-probs out."""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+from typing import Iterable
+
+import torch
+
+
+@dataclass
+class Sampling:
+    n: int = 1
+    max_tokens: int = 16
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = -1
+    seed: int = 0          # makes a call reproducible: sample j of prompt i uses seed + i * n + j
+    greedy: bool = False
+
+
+@dataclass
+class RolloutSample:
+    prompt_index: int      # position of the prompt in the call's list
+    token_ids: list[int]   # response tokens, ending with EOS when the model stopped
+    log_probs: list[float]  # engine's log-prob of each response token (temperature-1 logits)
+    finished: bool         # stopped by EOS (False: cut at max_tokens)
+
+
+class RolloutEngine(ABC):
+    """Holds a full copy of the policy's weights for generation; `load_weights` keeps it in sync."""
+
+    @abstractmethod
+    def generate(self, prompts: list[list[int]], sampling: Sampling) -> list[RolloutSample]:
+        """len(prompts) * n samples, prompt-major (prompt 0's n samples first)."""
+
+    @abstractmethod
+    def load_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
+        """Replace the weights with HF-named full tensors (the training policy's)."""
+
+    @abstractmethod
+    def score(self, sequences: list[list[int]], prompt_len: int) -> list[list[float]]:
+        """Log-probs (temperature 1) of each sequence's tokens after the first `prompt_len`."""
+
+    def sleep(self) -> None:
+        """Free device memory between rollouts (no-op where unsupported)."""
+
+    def wake_up(self) -> None:
+        """Take device memory back before a rollout."""
+
+
+def make_engine(name: str, model_path: str, *, dtype: str, seed: int, max_model_len: int,
+                device: torch.device, gpu_memory_utilization: float = 0.5, enforce_eager: bool = True,
+                max_num_seqs: int = 256) -> RolloutEngine:
+    if name == "vllm":
+        from rlkit.core.rollout.vllm_engine import VLLMEngine
+
+        return VLLMEngine(model_path, dtype=dtype, seed=seed, max_model_len=max_model_len, device=device,
+                          gpu_memory_utilization=gpu_memory_utilization, enforce_eager=enforce_eager,
+                          max_num_seqs=max_num_seqs)
+    if name == "hf":
+        from rlkit.core.rollout.hf_engine import HFEngine
+
+        return HFEngine(model_path, dtype=dtype, device=device)
+    raise ValueError(f"unknown rollout engine {name!r} (vllm, hf)")

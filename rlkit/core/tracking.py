@@ -1,0 +1,102 @@
+"""Metrics sinks: a live rich table on the console, metrics.jsonl, TensorBoard, wandb."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console, Group
+from rich.live import Live
+from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+from rich.table import Table
+
+# The columns a person watches; everything else goes to the files.
+CONSOLE_KEYS = [
+    ("reward/mean", "reward"), ("response/length_mean", "resp len"), ("actor/pg_loss", "pg loss"),
+    ("actor/entropy", "entropy"), ("actor/grad_norm", "grad norm"), ("rollout/log_prob_diff", "|Δlogp|"),
+    ("perf/tokens_per_s", "tok/s"), ("timing/step", "step s"),
+]
+
+
+class Tracker:
+    def __init__(self, run_dir: Path, loggers: list[str], *, total_steps: int, start_step: int,
+                 project: str, name: str, config: dict[str, Any], console: Console | None = None) -> None:
+        self.loggers = loggers
+        self.jsonl = (run_dir / "metrics.jsonl").open("a") if "jsonl" in loggers else None
+        self.tb = None
+        if "tensorboard" in loggers:
+            from torch.utils.tensorboard import SummaryWriter
+
+            self.tb = SummaryWriter(log_dir=str(run_dir / "tensorboard"))
+        self.wandb = None
+        if "wandb" in loggers:
+            import wandb  # optional dependency: only when asked for
+
+            self.wandb = wandb.init(project=project, name=name, config=config, dir=str(run_dir), resume="allow")
+        self.console = console or Console()
+        self.rows: list[dict[str, Any]] = []
+        self.live = None
+        if "console" in loggers:
+            self.progress = Progress(TextColumn("[bold]step {task.completed}/{task.total}"), BarColumn(),
+                                     TimeElapsedColumn(), TextColumn("eta"), TimeRemainingColumn(),
+                                     console=self.console)
+            self.task = self.progress.add_task("train", total=total_steps, completed=start_step)
+            self.live = Live(self._render(), console=self.console, refresh_per_second=2, transient=False)
+            self.live.start()
+
+    def _render(self) -> Group:
+        table = Table(box=None, pad_edge=False, header_style="bold cyan")
+        table.add_column("step", justify="right")
+        for _, title in CONSOLE_KEYS:
+            table.add_column(title, justify="right")
+        for row in self.rows[-12:]:
+            table.add_row(str(row["step"]), *[_fmt(row.get(key)) for key, _ in CONSOLE_KEYS])
+        return Group(table, self.progress)
+
+    def log(self, metrics: dict[str, Any], step: int) -> None:
+        record = {"step": step, **{k: _plain(v) for k, v in sorted(metrics.items())}}
+        if self.jsonl:
+            self.jsonl.write(json.dumps(record) + "\n")
+            self.jsonl.flush()
+        if self.tb:
+            for key, value in record.items():
+                if isinstance(value, (int, float)) and key != "step":
+                    self.tb.add_scalar(key, value, step)
+            self.tb.flush()
+        if self.wandb:
+            self.wandb.log(record, step=step)
+        if self.live:
+            self.rows.append(record)
+            self.progress.update(self.task, completed=step)
+            self.live.update(self._render())
+
+    def message(self, text: str) -> None:
+        self.console.print(text)
+
+    def close(self) -> None:
+        if self.live:
+            self.live.stop()
+        if self.jsonl:
+            self.jsonl.close()
+        if self.tb:
+            self.tb.close()
+        if self.wandb:
+            self.wandb.finish()
+
+
+def _plain(value: Any) -> Any:
+    if hasattr(value, "item"):
+        value = value.item()
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    return value
+
+
+def _fmt(value: Any) -> str:
+    if value is None:
+        return "-"
+    if isinstance(value, float):
+        return f"{value:.3g}" if abs(value) < 1e4 else f"{value:,.0f}"
+    return str(value)

@@ -1,0 +1,105 @@
+"""Ray worker groups: start one actor per device, fan calls out, and never wait forever.
+
+Every call has a deadline (trainer.phase_timeout_s). A dead actor or a missed deadline
+becomes a WorkerFailure that names the phase, the ranks and Ray's reason.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from typing import Any, Callable, Sequence
+
+import ray
+from ray.util.placement_group import placement_group, remove_placement_group
+from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+from rlkit.recipes.schema import RLConfig
+
+# NVLink multicast stays off on the lent GPU machines (see ../shared/gpu/README.md).
+WORKER_ENV = {
+    "VLLM_ENABLE_V1_MULTIPROCESSING": "0",
+    "TOKENIZERS_PARALLELISM": "false",
+    "NCCL_NVLS_ENABLE": "0",
+    "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1",
+    "NVSHMEM_DISABLE_NVLS": "1",
+}
+
+
+class WorkerFailure(RuntimeError):
+    """A worker died or missed its deadline; the message says which, where and why."""
+
+
+def init_ray(config: RLConfig) -> None:
+    if ray.is_initialized():
+        return
+    env = {**WORKER_ENV, **{k: v for k, v in os.environ.items() if k.startswith(("VLLM_", "RLKIT_"))}}
+    address = os.environ.get("RAY_ADDRESS")
+    kwargs: dict[str, Any] = dict(runtime_env={"env_vars": env}, include_dashboard=False,
+                                  log_to_driver=True, logging_level="WARNING")
+    if not address:  # a local cluster sized so that every CPU worker gets its slot
+        kwargs["num_cpus"] = max(os.cpu_count() or 1, config.world_size + 1)
+    ray.init(address=address, **kwargs)
+
+
+class WorkerGroup:
+    """`world_size` actors of `worker_cls`, rank r on node r // n_gpus_per_node."""
+
+    def __init__(self, worker_cls: type, config: RLConfig, *args: Any, name: str = "worker") -> None:
+        self.config, self.name = config, name
+        trainer = config.trainer
+        use_gpu = trainer.device == "cuda" or (trainer.device == "auto" and ray.cluster_resources().get("GPU", 0) > 0)
+        bundle = {"CPU": 1, "GPU": 1} if use_gpu else {"CPU": 1}
+        self.placement_groups = [placement_group([bundle] * trainer.n_gpus_per_node, strategy="STRICT_PACK")
+                                 for _ in range(trainer.nnodes)]
+        self._wait(lambda: [pg.ready() for pg in self.placement_groups], "placement (reserving devices)",
+                   timeout=trainer.phase_timeout_s)
+        remote_cls = ray.remote(num_cpus=1, num_gpus=1 if use_gpu else 0)(worker_cls)
+        self.actors = []
+        for rank in range(config.world_size):
+            node, local = divmod(rank, trainer.n_gpus_per_node)
+            strategy = PlacementGroupSchedulingStrategy(self.placement_groups[node], placement_group_bundle_index=local)
+            self.actors.append(remote_cls.options(scheduling_strategy=strategy, name=None).remote(
+                config, *args, rank, config.world_size))
+
+    def call(self, method: str, *args: Any, phase: str | None = None, timeout: float | None = None,
+             per_rank: Sequence[tuple] | None = None) -> list[Any]:
+        """Call `method` on every rank (same args, or per_rank[r]) and gather the results in rank order."""
+        phase = phase or method
+        if per_rank is not None:
+            refs = [getattr(a, method).remote(*per_rank[r]) for r, a in enumerate(self.actors)]
+        else:
+            refs = [getattr(a, method).remote(*args) for a in self.actors]
+        return self._wait(lambda: refs, phase, timeout=timeout or self.config.trainer.phase_timeout_s)
+
+    def _wait(self, make_refs: Callable[[], list], phase: str, timeout: float) -> list[Any]:
+        refs = make_refs()
+        deadline = time.monotonic() + timeout
+        pending = list(refs)
+        while pending:
+            done, pending = ray.wait(pending, num_returns=1, timeout=max(0.0, deadline - time.monotonic()))
+            if not done:
+                late = [refs.index(r) for r in pending]
+                raise WorkerFailure(f"{self.name}s {late} did not finish phase '{phase}' within {timeout:.0f} s "
+                                    f"(trainer.phase_timeout_s); the run stops instead of waiting forever")
+            try:
+                ray.get(done[0])
+            except ray.exceptions.RayActorError as exc:
+                rank = refs.index(done[0])
+                raise WorkerFailure(f"{self.name} rank {rank} (node {rank // self.config.trainer.n_gpus_per_node}) "
+                                    f"died during phase '{phase}': {_reason(exc)}") from None
+        return ray.get(refs)
+
+    def shutdown(self) -> None:
+        for actor in self.actors:
+            ray.kill(actor, no_restart=True)
+        for pg in self.placement_groups:
+            remove_placement_group(pg)
+
+
+def _reason(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()
+    for line in text:  # Ray's message is long; the cause line is the useful one
+        if "exit" in line.lower() or "killed" in line.lower() or "oom" in line.lower() or "signal" in line.lower():
+            return line.strip()
+    return text[0] if text else type(exc).__name__

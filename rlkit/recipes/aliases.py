@@ -1,0 +1,65 @@
+"""verl's long key spellings, so a verl command line runs (or is answered with ours)."""
+
+from __future__ import annotations
+
+from rlkit.errors import ConfigError
+
+_ARR = "actor_rollout_ref"
+VERL_ALIASES: dict[str, str] = {
+    f"{_ARR}.model.path": "model.path",
+    f"{_ARR}.model.enable_gradient_checkpointing": "model.gradient_checkpointing",
+    f"{_ARR}.rollout.name": "rollout.name",
+    f"{_ARR}.rollout.n": "rollout.n",
+    f"{_ARR}.rollout.temperature": "rollout.temperature",
+    f"{_ARR}.rollout.top_p": "rollout.top_p",
+    f"{_ARR}.rollout.top_k": "rollout.top_k",
+    f"{_ARR}.rollout.gpu_memory_utilization": "rollout.gpu_memory_utilization",
+    f"{_ARR}.rollout.enforce_eager": "rollout.enforce_eager",
+    f"{_ARR}.rollout.max_num_seqs": "rollout.max_num_seqs",
+    f"{_ARR}.actor.optim.lr": "actor.lr",
+    f"{_ARR}.actor.optim.weight_decay": "actor.weight_decay",
+    f"{_ARR}.actor.optim.lr_warmup_steps": "actor.warmup_steps",
+    f"{_ARR}.actor.ppo_mini_batch_size": "actor.mini_batch_size",
+    f"{_ARR}.actor.ppo_epochs": "actor.ppo_epochs",
+    f"{_ARR}.actor.ppo_max_token_len_per_gpu": "actor.micro_batch_tokens",
+    f"{_ARR}.actor.grad_clip": "actor.grad_clip",
+    f"{_ARR}.actor.clip_ratio_low": "actor.clip_ratio_low",
+    f"{_ARR}.actor.clip_ratio_high": "actor.clip_ratio_high",
+    f"{_ARR}.actor.clip_ratio_c": "actor.clip_ratio_c",
+    f"{_ARR}.actor.loss_agg_mode": "actor.loss_agg_mode",
+    f"{_ARR}.actor.policy_loss.loss_mode": "actor.policy_loss",
+    f"{_ARR}.actor.entropy_coeff": "actor.entropy_coeff",
+    f"{_ARR}.actor.use_kl_loss": "actor.use_kl_loss",
+    f"{_ARR}.actor.kl_loss_coef": "actor.kl_loss_coef",
+    f"{_ARR}.actor.kl_loss_type": "actor.kl_loss_type",
+    "critic.optim.lr": "critic.lr",
+    "trainer.total_training_steps": "trainer.total_steps",
+    "trainer.test_freq": "trainer.val_freq",
+    "trainer.default_local_dir": "trainer.runs_dir",
+    "trainer.max_actor_ckpt_to_keep": "trainer.keep_last",
+}
+
+# verl keys with no rlkit equivalent: the answer a user gets instead of "unknown key".
+VERL_ANSWERS: dict[str, str] = {
+    f"{_ARR}.actor.clip_ratio": "set actor.clip_ratio_low and actor.clip_ratio_high",
+    f"{_ARR}.actor.ppo_micro_batch_size_per_gpu": "micro-batches are sized in tokens: actor.micro_batch_tokens",
+    f"{_ARR}.actor.ppo_micro_batch_size": "micro-batches are sized in tokens: actor.micro_batch_tokens",
+    f"{_ARR}.rollout.log_prob_micro_batch_size_per_gpu": "log-prob passes use actor.micro_batch_tokens",
+    f"{_ARR}.ref.log_prob_micro_batch_size_per_gpu": "log-prob passes use actor.micro_batch_tokens",
+    f"{_ARR}.rollout.tensor_model_parallel_size": "rollout tensor parallelism is not supported yet; each worker runs its own engine",
+    f"{_ARR}.actor.fsdp_config.param_offload": "CPU offload is not supported yet",
+    f"{_ARR}.actor.fsdp_config.optimizer_offload": "CPU offload is not supported yet",
+    "custom_reward_function.path": "use reward.function=PATH.py:FUNCTION",
+    "custom_reward_function.name": "use reward.function=PATH.py:FUNCTION",
+    "trainer.total_epochs": "set trainer.total_steps (steps per epoch = rows // data.train_batch_size)",
+    "trainer.val_before_train": "validation runs every trainer.val_freq steps",
+}
+
+
+def translate_key(key: str, origin: str) -> str:
+    """Map a verl spelling to ours; refuse known-but-unsupported verl keys with our spelling."""
+    if key in VERL_ALIASES:
+        return VERL_ALIASES[key]
+    if key in VERL_ANSWERS:
+        raise ConfigError(f"{key} ({origin}) is verl's key: {VERL_ANSWERS[key]}")
+    return key

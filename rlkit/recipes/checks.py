@@ -1,0 +1,76 @@
+"""Cross-field checks pydantic cannot express per field: each names the keys and the fix."""
+
+from __future__ import annotations
+
+from rlkit.errors import ConfigError
+from rlkit.recipes.schema import RLConfig
+
+
+def check_config(config: RLConfig, origins: dict[str, str] | None = None) -> None:
+    from rlkit.core.algos.advantages import ADV_ESTIMATORS
+    from rlkit.core.algos.kl import KL_ESTIMATORS
+    from rlkit.core.algos.losses import POLICY_LOSSES
+
+    origins = origins or {}
+
+    def fail(key: str, message: str) -> None:
+        where = origins.get(key)
+        raise ConfigError(f"{key}" + (f" ({where})" if where else "") + f": {message}")
+
+    algo, actor, data, rollout = config.algorithm, config.actor, config.data, config.rollout
+    for key, name, registry in (("algorithm.adv_estimator", algo.adv_estimator, ADV_ESTIMATORS),
+                                ("actor.policy_loss", actor.policy_loss, POLICY_LOSSES),
+                                ("actor.kl_loss_type", actor.kl_loss_type, KL_ESTIMATORS),
+                                ("algorithm.kl_penalty", algo.kl_penalty, KL_ESTIMATORS)):
+        if name not in registry:
+            fail(key, registry.unknown_message(name))
+    if not config.model.path:
+        fail("model.path", "no model given; pass --model PATH_OR_HUB_ID or model.path=... "
+             "('rlkit:tiny-qwen2' builds a tiny offline model)")
+    if not data.train_files and not data.synthetic_task:
+        fail("data.train_files", "no training data; set data.train_files=[train.parquet] "
+             "(see `rlkit prep-data`) or data.synthetic_task=echo")
+    if algo.adv_estimator in ("grpo", "rloo", "reinforce_plus_plus_baseline") and rollout.n < 2:
+        fail("rollout.n", f"{algo.adv_estimator} compares samples of one prompt, so it needs rollout.n >= 2 "
+             f"(got {rollout.n})")
+    if algo.adv_estimator == "gae" and config.critic.enable is False:
+        fail("critic.enable", "algorithm.adv_estimator=gae needs a critic; set critic.enable=true or pick "
+             "a critic-free estimator (grpo, rloo, ...)")
+    if config.critic_enabled and algo.adv_estimator != "gae":
+        fail("critic.enable", f"a critic is only used by adv_estimator=gae (got {algo.adv_estimator})")
+    if data.train_batch_size % actor.mini_batch_size:
+        fail("actor.mini_batch_size", f"must divide data.train_batch_size={data.train_batch_size} "
+             f"(got {actor.mini_batch_size})")
+    sequences_per_minibatch = actor.mini_batch_size * rollout.n
+    if sequences_per_minibatch % config.world_size:
+        fail("actor.mini_batch_size", f"{actor.mini_batch_size} prompts x rollout.n={rollout.n} = "
+             f"{sequences_per_minibatch} sequences cannot be split evenly over {config.world_size} workers")
+    if data.train_batch_size * rollout.n % config.world_size:
+        fail("data.train_batch_size", f"{data.train_batch_size} x rollout.n={rollout.n} sequences cannot be "
+             f"split evenly over {config.world_size} workers")
+    if data.max_prompt_length + data.max_response_length > actor.micro_batch_tokens:
+        fail("actor.micro_batch_tokens", f"{actor.micro_batch_tokens} tokens cannot hold one sequence of "
+             f"max_prompt_length + max_response_length = {data.max_prompt_length + data.max_response_length}")
+    if not actor.recompute_old_log_probs and (actor.ppo_epochs > 1 or actor.mini_batch_size != data.train_batch_size):
+        fail("actor.recompute_old_log_probs", "rollout log-probs stand in for old log-probs only with one "
+             "optimizer step per RL step (ppo_epochs=1, mini_batch_size == data.train_batch_size)")
+
+
+def batch_arithmetic(config: RLConfig) -> list[str]:
+    """The derived batch numbers, in words, for --dry-run."""
+    d, a, r, w = config.data, config.actor, config.rollout, config.world_size
+    sequences = d.train_batch_size * r.n
+    updates = d.train_batch_size // a.mini_batch_size * a.ppo_epochs
+    longest = d.max_prompt_length + d.max_response_length
+    per_micro = max(1, a.micro_batch_tokens // longest)
+    per_worker = a.mini_batch_size * r.n // w
+    return [
+        f"each step samples {d.train_batch_size} prompts x rollout.n={r.n} = {sequences} sequences",
+        f"the {sequences} sequences are split over {w} worker(s): {sequences // w} each",
+        f"{updates} optimizer step(s) per RL step: {d.train_batch_size // a.mini_batch_size} mini-batch(es) "
+        f"of {a.mini_batch_size} prompts ({a.mini_batch_size * r.n} sequences) x {a.ppo_epochs} epoch(s)",
+        f"each worker takes {per_worker} sequences per optimizer step, in micro-batches of up to "
+        f"{a.micro_batch_tokens} tokens (at least {per_micro} full-length sequences, "
+        f"so at most {-(-per_worker // per_micro)} micro-batch(es))",
+        f"{config.trainer.total_steps} RL steps in all = {config.trainer.total_steps * sequences} sampled sequences",
+    ]

@@ -1,0 +1,168 @@
+"""Recipe -> overrides -> one validated RLConfig, with errors that say what to change."""
+
+from __future__ import annotations
+
+import difflib
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import BaseModel, ValidationError
+
+from rlkit.errors import ConfigError
+from rlkit.recipes.aliases import translate_key
+from rlkit.recipes.schema import RLConfig
+
+BUILTIN_DIR = Path(__file__).parent / "builtin"
+META_KEYS = ("description", "base")
+
+
+def list_recipes() -> dict[str, str]:
+    """Built-in recipe names and their one-line descriptions."""
+    return {p.stem: (_read_yaml(p).get("description") or "").strip() for p in sorted(BUILTIN_DIR.glob("*.yaml"))}
+
+
+def find_recipe(name_or_path: str) -> Path:
+    path = Path(name_or_path).expanduser()
+    if path.suffix in (".yaml", ".yml") or path.exists():
+        if not path.is_file():
+            raise ConfigError(f"recipe file {path} does not exist")
+        return path
+    builtin = BUILTIN_DIR / f"{name_or_path}.yaml"
+    if builtin.is_file():
+        return builtin
+    names = list(list_recipes())
+    close = difflib.get_close_matches(name_or_path, names, n=1)
+    hint = f"; did you mean {close[0]!r}?" if close else ""
+    raise ConfigError(f"no recipe named {name_or_path!r} (built-in: {', '.join(names)}){hint}; "
+                      "or pass a path to a .yaml file")
+
+
+def _read_yaml(path: Path) -> dict[str, Any]:
+    try:
+        data = yaml.safe_load(path.read_text()) or {}
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"{path} is not valid YAML: {exc}") from None
+    if not isinstance(data, dict):
+        raise ConfigError(f"{path} must hold a mapping of config groups, not {type(data).__name__}")
+    return data
+
+
+def recipe_layers(name_or_path: str) -> list[tuple[Path, dict[str, Any]]]:
+    """The recipe and its `base:` chain, base first."""
+    layers: list[tuple[Path, dict[str, Any]]] = []
+    seen: set[Path] = set()
+    current: str | None = name_or_path
+    while current:
+        path = find_recipe(current)
+        if path in seen:
+            raise ConfigError(f"recipe {path} has a `base:` cycle")
+        seen.add(path)
+        data = _read_yaml(path)
+        layers.insert(0, (path, data))
+        current = data.get("base")
+    return layers
+
+
+def parse_override(text: str) -> tuple[str, Any]:
+    """'rollout.n=8' -> ('rollout.n', 8); the value is read as YAML (lists, numbers, null)."""
+    key, sep, raw = text.partition("=")
+    if not sep or not key.strip():
+        raise ConfigError(f"override {text!r} is not KEY=VALUE (e.g. rollout.n=8)")
+    try:
+        value = yaml.safe_load(raw) if raw.strip() else ""
+    except yaml.YAMLError:
+        value = raw
+    return key.strip().lstrip("+"), value
+
+
+def _set_dotted(tree: dict[str, Any], key: str, value: Any, origin: str, origins: dict[str, str]) -> None:
+    parts = key.split(".")
+    node = tree
+    for i, part in enumerate(parts[:-1]):
+        child = node.setdefault(part, {})
+        if not isinstance(child, dict):
+            raise ConfigError(f"{key} ({origin}): {'.'.join(parts[:i + 1])} is a value, not a group")
+        node = child
+    node[parts[-1]] = value
+    origins[key] = origin
+
+
+def _flatten(tree: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    flat: dict[str, Any] = {}
+    for key, value in tree.items():
+        dotted = f"{prefix}{key}"
+        if isinstance(value, dict) and value:
+            flat.update(_flatten(value, dotted + "."))
+        else:
+            flat[dotted] = value
+    return flat
+
+
+def valid_keys(model: type[BaseModel] = RLConfig, prefix: str = "") -> list[str]:
+    keys = []
+    for name, field in model.model_fields.items():
+        annotation = field.annotation
+        if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+            keys += valid_keys(annotation, f"{prefix}{name}.")
+        else:
+            keys.append(f"{prefix}{name}")
+    return keys
+
+
+def _field_description(key: str) -> str:
+    model: type[BaseModel] = RLConfig
+    parts = key.split(".")
+    for part in parts[:-1]:
+        field = model.model_fields.get(part)
+        if field is None or not (isinstance(field.annotation, type) and issubclass(field.annotation, BaseModel)):
+            return ""
+        model = field.annotation
+    field = model.model_fields.get(parts[-1])
+    return (field.description or "") if field else ""
+
+
+def _explain(exc: ValidationError, origins: dict[str, str], flat: dict[str, Any]) -> str:
+    lines = []
+    keys = valid_keys()
+    for err in exc.errors():
+        key = ".".join(str(p) for p in err["loc"] if not isinstance(p, int))
+        origin = origins.get(key, "recipe")
+        if err["type"] == "extra_forbidden":
+            close = difflib.get_close_matches(key, keys, n=1, cutoff=0.6)
+            hint = f"did you mean {close[0]!r}?" if close else "`rlkit recipes show NAME` lists the keys"
+            lines.append(f"unknown key {key!r} ({origin}); {hint}")
+        else:
+            value = flat.get(key, err.get("input"))
+            about = _field_description(key)
+            lines.append(f"{key}={value!r} ({origin}): {err['msg']}" + (f". {key}: {about}" if about else ""))
+    return "\n".join(lines)
+
+
+def load_config(recipe: str, overrides: list[str] | None = None, *, model: str | None = None) -> RLConfig:
+    """Resolve a recipe (name or path), its bases, then KEY=VALUE overrides, into one RLConfig."""
+    tree: dict[str, Any] = {}
+    origins: dict[str, str] = {}
+    layers = recipe_layers(recipe)
+    for path, data in layers:
+        body = {k: v for k, v in data.items() if k not in META_KEYS}
+        for key, value in _flatten(body).items():
+            _set_dotted(tree, translate_key(key, f"{path.name}"), value, path.name, origins)
+    for text in overrides or []:
+        key, value = parse_override(text)
+        _set_dotted(tree, translate_key(key, "command line"), value, "command line", origins)
+    if model:
+        _set_dotted(tree, "model.path", model, "--model", origins)
+    tree["recipe"] = layers[-1][0].stem
+    try:
+        config = RLConfig.model_validate(tree)
+    except ValidationError as exc:
+        raise ConfigError(_explain(exc, origins, _flatten(tree))) from None
+    from rlkit.recipes.checks import check_config
+
+    check_config(config, origins)
+    return config
+
+
+def config_to_yaml(config: RLConfig) -> str:
+    return yaml.safe_dump(config.model_dump(mode="json"), sort_keys=False)

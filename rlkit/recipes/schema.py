@@ -1,0 +1,137 @@
+"""The one typed schema of a run. Defaults live here, once; recipes state what differs.
+
+Groups follow verl's names (`data`, `actor`, `rollout`, `algorithm`, `critic`, `trainer`)
+so its users find their keys; `rlkit.recipes.aliases` maps verl's long spellings here.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from rlkit.core.rewards.config import RewardConfig, RewardModelConfig
+
+
+class Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+
+class DataConfig(Section):
+    train_files: list[str] = Field(default_factory=list, description="Parquet files of training prompts (see `rlkit prep-data`).")
+    val_files: list[str] = Field(default_factory=list, description="Parquet files scored every trainer.val_freq steps (greedy).")
+    synthetic_task: str | None = Field(None, description="Built-in task (echo, succ, add) generated into the run dir when train_files is empty.")
+    train_batch_size: int = Field(16, ge=1, description="Prompts per RL step (before rollout.n samples each).")
+    max_prompt_length: int = Field(512, ge=1, description="Longest prompt in tokens; longer ones error or are dropped (overlong_prompts).")
+    max_response_length: int = Field(512, ge=1, description="Most tokens generated per response.")
+    overlong_prompts: Literal["error", "filter"] = Field("error", description="What to do with prompts over max_prompt_length.")
+    shuffle: bool = Field(True, description="Shuffle prompts each epoch (seeded by trainer.seed).")
+
+
+class ModelConfig(Section):
+    path: str = Field("", description="Hub id or local directory of the policy (also `--model`). 'rlkit:tiny-qwen2' builds a tiny offline model.")
+    dtype: Literal["float32", "bfloat16"] = Field("float32", description="Compute dtype of forward/backward (parameters and optimizer stay fp32).")
+    gradient_checkpointing: bool = Field(False, description="Recompute activations in backward: less memory, ~30% more compute.")
+
+
+class RolloutConfig(Section):
+    name: Literal["vllm", "hf"] = Field("vllm", description="Generation engine: vLLM, or transformers `generate` as the fallback.")
+    n: int = Field(8, ge=1, description="Samples per prompt (the group size for GRPO/RLOO).")
+    temperature: float = Field(1.0, gt=0, description="Sampling temperature (1.0 keeps rollouts on-policy).")
+    top_p: float = Field(1.0, gt=0, le=1, description="Nucleus sampling; < 1 makes the rollout policy differ from the trained one.")
+    top_k: int = Field(-1, description="Top-k sampling; -1 disables.")
+    gpu_memory_utilization: float = Field(0.5, gt=0, le=1, description="vLLM: fraction of device memory for weights + KV cache.")
+    enforce_eager: bool = Field(True, description="vLLM: skip CUDA graphs/compile (faster start, slower decode).")
+    max_num_seqs: int = Field(256, ge=1, description="vLLM: sequences decoded at once.")
+
+
+class ActorConfig(Section):
+    lr: float = Field(1e-6, gt=0, description="AdamW learning rate.")
+    weight_decay: float = Field(0.0, ge=0, description="AdamW weight decay.")
+    betas: tuple[float, float] = Field((0.9, 0.999), description="AdamW betas.")
+    warmup_steps: int = Field(0, ge=0, description="Linear LR warm-up, in optimizer steps.")
+    lr_schedule: Literal["constant", "cosine"] = Field("constant", description="LR after warm-up.")
+    mini_batch_size: int = Field(16, ge=1, description="Prompts per optimizer step (global); with rollout.n samples each.")
+    ppo_epochs: int = Field(1, ge=1, description="Passes over each step's batch.")
+    micro_batch_tokens: int = Field(16384, ge=1, description="Per-device token budget of one forward/backward (performance only, never the math).")
+    grad_clip: float = Field(1.0, gt=0, description="Global gradient-norm clip.")
+    policy_loss: str = Field("vanilla", description="Registered policy loss: vanilla (PPO clip), gspo.")
+    clip_ratio_low: float = Field(0.2, ge=0, description="PPO clip: ratio lower bound is 1 - clip_ratio_low.")
+    clip_ratio_high: float = Field(0.2, ge=0, description="PPO clip: ratio upper bound is 1 + clip_ratio_high (DAPO clip-higher raises it).")
+    clip_ratio_c: float | None = Field(None, gt=1, description="Dual-clip bound for negative advantages (e.g. 3.0); None disables.")
+    loss_agg_mode: Literal["token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm"] = Field(
+        "token-mean", description="How per-token losses become one number.")
+    entropy_coeff: float = Field(0.0, ge=0, description="Entropy bonus weight (0 = off).")
+    use_kl_loss: bool = Field(False, description="Add a KL(policy || reference) term to the loss (GRPO-style).")
+    kl_loss_coef: float = Field(0.001, ge=0, description="Weight of the KL loss term.")
+    kl_loss_type: str = Field("low_var_kl", description="KL estimator of the loss term: k1, k2, k3/low_var_kl, abs.")
+    recompute_old_log_probs: bool = Field(True, description="Recompute old log-probs with the trainer; false uses the rollout's (only exact when on-policy and mini_batch_size == train_batch_size).")
+
+
+class CriticConfig(Section):
+    enable: bool | None = Field(None, description="Train a value model; None = on exactly when algorithm.adv_estimator is gae.")
+    lr: float = Field(1e-5, gt=0, description="Critic AdamW learning rate.")
+    cliprange_value: float | None = Field(0.5, description="PPO value clipping range; None disables.")
+    warmup_steps: int = Field(0, ge=0, description="RL steps that train only the critic before the actor updates.")
+
+
+class KLControlConfig(Section):
+    type: Literal["fixed", "adaptive"] = Field("fixed", description="Fixed coefficient or the Ziegler et al. adaptive controller.")
+    kl_coef: float = Field(0.001, ge=0, description="(Initial) KL-in-reward coefficient.")
+    target_kl: float = Field(0.1, gt=0, description="Adaptive controller's target KL per sequence.")
+    horizon: int = Field(10000, gt=0, description="Adaptive controller's horizon in samples.")
+
+
+class AlgorithmConfig(Section):
+    adv_estimator: str = Field("grpo", description="Registered advantage estimator: grpo, gae, rloo, remax, reinforce_plus_plus, ...")
+    norm_adv_by_std: bool = Field(True, description="GRPO: divide by the group std (false = Dr.GRPO).")
+    gamma: float = Field(1.0, ge=0, le=1, description="Discount (gae, reinforce_plus_plus).")
+    lam: float = Field(1.0, ge=0, le=1, description="GAE lambda.")
+    use_kl_in_reward: bool = Field(False, description="Subtract a per-token KL penalty from the reward (PPO-style).")
+    kl_penalty: str = Field("k1", description="KL estimator for the in-reward penalty.")
+    kl_ctrl: KLControlConfig = Field(default_factory=KLControlConfig)
+
+
+class TrainerConfig(Section):
+    total_steps: int = Field(100, ge=1, description="RL steps to train.")
+    n_gpus_per_node: int = Field(1, ge=1, description="Workers per node: GPUs, or CPU worker processes on a machine without GPUs.")
+    nnodes: int = Field(1, ge=1, description="Nodes in the Ray cluster.")
+    device: Literal["auto", "cpu", "cuda"] = Field("auto", description="auto = cuda when GPUs are visible, else cpu (gloo).")
+    seed: int = Field(0, description="Seeds data order, initialisation of new heads and sampling.")
+    runs_dir: str = Field("runs", description="Parent folder of run directories.")
+    logger: list[Literal["console", "jsonl", "tensorboard", "wandb"]] = Field(
+        default_factory=lambda: ["console", "jsonl", "tensorboard"], description="Where metrics go.")
+    project_name: str = Field("rlkit", description="Grouping name for trackers.")
+    experiment_name: str | None = Field(None, description="Run name for trackers (default: the run id).")
+    save_freq: int = Field(0, ge=0, description="Checkpoint every N steps (0 = only at the end).")
+    keep_last: int = Field(2, ge=1, description="Checkpoints kept on disk.")
+    val_freq: int = Field(0, ge=0, description="Score data.val_files every N steps (0 = never).")
+    phase_timeout_s: float = Field(1800.0, gt=0, description="Deadline of one controller -> worker call (engine start gets 2x).")
+    cpu_threads_per_worker: int = Field(1, ge=1, description="Torch threads per CPU worker process.")
+
+
+class RLConfig(Section):
+    """A whole run. `rlkit train --dry-run` prints it resolved."""
+
+    recipe: str = Field("", description="Name of the recipe this config came from.")
+    data: DataConfig = Field(default_factory=DataConfig)
+    model: ModelConfig = Field(default_factory=ModelConfig)
+    rollout: RolloutConfig = Field(default_factory=RolloutConfig)
+    actor: ActorConfig = Field(default_factory=ActorConfig)
+    critic: CriticConfig = Field(default_factory=CriticConfig)
+    algorithm: AlgorithmConfig = Field(default_factory=AlgorithmConfig)
+    reward: RewardConfig = Field(default_factory=RewardConfig)
+    reward_model: RewardModelConfig = Field(default_factory=RewardModelConfig)
+    trainer: TrainerConfig = Field(default_factory=TrainerConfig)
+
+    @property
+    def world_size(self) -> int:
+        return self.trainer.n_gpus_per_node * self.trainer.nnodes
+
+    @property
+    def critic_enabled(self) -> bool:
+        return self.critic.enable if self.critic.enable is not None else self.algorithm.adv_estimator == "gae"
+
+    @property
+    def needs_reference(self) -> bool:
+        return self.actor.use_kl_loss or self.algorithm.use_kl_in_reward
