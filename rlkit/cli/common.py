@@ -11,7 +11,7 @@ from rich.console import Console
 from rlkit.errors import UserError
 
 console = Console()
-err_console = Console(stderr=True)
+err_console = Console(stderr=True, soft_wrap=True)
 F = TypeVar("F", bound=Callable)
 
 
