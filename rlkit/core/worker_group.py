@@ -23,6 +23,13 @@ WORKER_ENV = {
     "NCCL_NVLS_ENABLE": "0",
     "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1",
     "NVSHMEM_DISABLE_NVLS": "1",
+    # vLLM logs every weight reload; the live metrics table is what a person watches.
+    "VLLM_LOGGING_LEVEL": "ERROR",
+    "TRANSFORMERS_VERBOSITY": "error",
+    # vLLM's CPU build (no effect on GPUs): a small KV cache instead of a share of all RAM,
+    # and no core pinning, so several workers on one host don't pin to the same cores.
+    "VLLM_CPU_KVCACHE_SPACE": "1",
+    "VLLM_CPU_OMP_THREADS_BIND": "nobind",
 }
 
 
