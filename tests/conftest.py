@@ -9,6 +9,8 @@ import pytest
 
 os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")  # GiB; the default takes a share of all RAM
+os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", "nobind")
 
 REPO = Path(__file__).resolve().parents[1]
 SHARED = REPO.parent / "shared"

@@ -33,6 +33,20 @@ def test_grpo_demo_learns_through_the_cli(tmp_path):
     assert last - first >= 0.4, (first, last, rewards)
 
 
+def test_hf_rollout_with_kl_loss_runs_through_the_cli(tmp_path):
+    """The transformers fallback engine, and the reference policy loaded for a KL loss."""
+    proc = subprocess.run(
+        [sys.executable, "-m", "rlkit.cli.main", "train", "grpo-demo", "trainer.total_steps=2", "rollout.name=hf",
+         "actor.use_kl_loss=true", f"trainer.runs_dir={tmp_path}", "trainer.logger=[jsonl]", "--run-id", "hf"],
+        capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    rows, _ = _rewards(tmp_path / "hf")
+    assert len(rows) == 2
+    assert rows[0]["actor/kl_ref"] == pytest.approx(0.0, abs=1e-6)   # step 1: policy == reference
+    assert rows[1]["actor/kl_ref"] > 0                                  # after one update it moved
+    assert rows[1]["rollout/log_prob_diff"] < 1e-4                      # HF engine synced exactly
+
+
 def test_two_workers_hold_shards_generate_and_stay_in_sync(tmp_path):
     """n_gpus_per_node=2: sharded policy, one vLLM engine per worker, exact sync after an update."""
     from rlkit.core.rollout.base import RolloutSample
