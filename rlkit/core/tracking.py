@@ -73,11 +73,12 @@ class Tracker:
             self.live.update(self._render())
 
     def message(self, text: str) -> None:
-        self.console.print(text)
+        self.console.print(text, soft_wrap=True)
 
     def close(self) -> None:
         if self.live:
             self.live.stop()
+            self.console.line()
         if self.jsonl:
             self.jsonl.close()
         if self.tb:

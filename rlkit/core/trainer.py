@@ -224,10 +224,16 @@ def train_run(config: RLConfig, run_id: str | None = None) -> Path:
     tracker = Tracker(run.path, config.trainer.logger, total_steps=config.trainer.total_steps, start_step=0,
                       project=config.trainer.project_name, name=config.trainer.experiment_name or run.run_id,
                       config=config.model_dump(mode="json"))
+    rewards: list[float] = []
     try:
         for step in range(1, config.trainer.total_steps + 1):
-            tracker.log(controller.step(step), step)
+            metrics = controller.step(step)
+            rewards.append(metrics["reward/mean"])
+            tracker.log(metrics, step)
     finally:
         tracker.close()
         controller.close()
+    window = min(5, len(rewards))
+    tracker.message(f"[bold green]done:[/] {len(rewards)} steps; reward/mean {sum(rewards[:window]) / window:.3f} "
+                    f"(first {window}) -> {sum(rewards[-window:]) / window:.3f} (last {window}); run dir {run.path}")
     return run.path

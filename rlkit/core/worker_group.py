@@ -42,8 +42,11 @@ def init_ray(config: RLConfig) -> None:
         return
     env = {**WORKER_ENV, **{k: v for k, v in os.environ.items() if k.startswith(("VLLM_", "RLKIT_"))}}
     address = os.environ.get("RAY_ADDRESS")
+    # Worker output (library warnings, load bars) stays in Ray's log files unless asked for:
+    # the console belongs to the live metrics table. Worker exceptions still surface here.
+    verbose = os.environ.get("RLKIT_WORKER_LOGS", "0") == "1"
     kwargs: dict[str, Any] = dict(runtime_env={"env_vars": env}, include_dashboard=False,
-                                  log_to_driver=True, logging_level="WARNING")
+                                  log_to_driver=verbose, logging_level="WARNING")
     if not address:  # a local cluster sized so that every CPU worker gets its slot
         kwargs["num_cpus"] = max(os.cpu_count() or 1, config.world_size + 1)
     ray.init(address=address, **kwargs)
