@@ -1,4 +1,4 @@
-"""What every command shares: one console, and user errors as one line + exit code 2."""
+"""What every command shares: one console; user errors as one line + exit code 2, run failures + exit code 1."""
 
 from __future__ import annotations
 
@@ -7,7 +7,9 @@ from typing import Callable, TypeVar
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 
+from rlkit.core.failures import RunFailure
 from rlkit.errors import UserError
 
 console = Console()
@@ -25,5 +27,22 @@ def user_errors(fn: F) -> F:
         except UserError as exc:
             err_console.print(f"[bold red]error:[/] {exc}", markup=True, highlight=False)
             raise typer.Exit(2) from None
+
+    return wrapper  # type: ignore[return-value]
+
+
+def run_failures(fn: F) -> F:
+    """Turn RunFailure (a dead, hung or crashed worker, an unwritable checkpoint) into its message
+    and exit code 1; the detail (a worker's traceback) follows, dimmed, for bug reports."""
+
+    @functools.wraps(fn)
+    def wrapper(*args, **kwargs):
+        try:
+            return fn(*args, **kwargs)
+        except RunFailure as exc:
+            err_console.print(f"[bold red]error:[/] {escape(str(exc))}", markup=True, highlight=False)
+            if exc.detail:
+                err_console.print(exc.detail.rstrip(), style="dim", markup=False, highlight=False)
+            raise typer.Exit(1) from None
 
     return wrapper  # type: ignore[return-value]

@@ -9,7 +9,7 @@ from rich.syntax import Syntax
 from rich.table import Table
 
 from rlkit.cli import data_cmds
-from rlkit.cli.common import console, user_errors
+from rlkit.cli.common import console, run_failures, user_errors
 
 app = typer.Typer(
     name="rlkit",
@@ -24,6 +24,7 @@ app.add_typer(recipes_app, name="recipes")
 
 @app.command(context_settings={"allow_extra_args": True, "ignore_unknown_options": False})
 @user_errors
+@run_failures
 def train(
     recipe: str = typer.Argument(..., help="Recipe name (`rlkit recipes list`) or path to a .yaml file."),
     overrides: Optional[list[str]] = typer.Argument(None, help="KEY=VALUE overrides, e.g. rollout.n=8 actor.lr=1e-6."),

@@ -17,6 +17,7 @@ from rlkit.core.algos.advantages import AdvantageInputs, compute_advantages
 from rlkit.core.algos.kl import AdaptiveKLController, FixedKLController, apply_kl_penalty, kl_estimate
 from rlkit.core.batch import Batch
 from rlkit.core.data.dataset import PromptRow, PromptSampler, load_prompt_dataset
+from rlkit.core.preflight import check_inputs
 from rlkit.core.rewards.scoring import RewardScorer
 from rlkit.core.rollout.base import RolloutSample, Sampling
 from rlkit.core.run import RunDir, prepare_data_files, resolve_model_path
@@ -52,7 +53,7 @@ class Controller:
         self.workers = WorkerGroup(PolicyWorker, config, self.model_path, name="worker")
         master = self.workers.call("address", phase="address")[0]
         self.setup_info = self.workers.call("setup", *master, phase="setup (model load + engine start)",
-                                            timeout=2 * config.trainer.phase_timeout_s)
+                                            startup=True)
 
     # -- the step -----------------------------------------------------------------------
     def step(self, step: int) -> dict[str, Any]:
@@ -218,7 +219,8 @@ def timed(timing: dict[str, float], name: str) -> Iterator[None]:
 
 
 def train_run(config: RLConfig, run_id: str | None = None) -> Path:
-    """Create the run directory, train config.trainer.total_steps steps, return the run dir."""
+    """Check the inputs, create the run directory, train config.trainer.total_steps steps, return the run dir."""
+    check_inputs(config)
     run = RunDir.create(config, run_id)
     controller = Controller(config, run)
     tracker = Tracker(run.path, config.trainer.logger, total_steps=config.trainer.total_steps, start_step=0,

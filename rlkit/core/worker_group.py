@@ -1,11 +1,13 @@
 """Ray worker groups: start one actor per device, fan calls out, and never wait forever.
 
-Every call has a deadline (trainer.phase_timeout_s). A dead actor or a missed deadline
-becomes a WorkerFailure that names the phase, the ranks and Ray's reason.
+Every call has a deadline (trainer.phase_timeout_s; start-up: trainer.setup_timeout_s). A dead
+actor, a missed deadline or an exception in a worker becomes a WorkerFailure that names the
+phase, the ranks, where they run and what they were doing (rlkit.core.phases), and the cause.
 """
 
 from __future__ import annotations
 
+import logging
 import os
 import time
 from typing import Any, Callable, Sequence
@@ -14,7 +16,14 @@ import ray
 from ray.util.placement_group import placement_group, remove_placement_group
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
+from rlkit.core.failures import WorkerFailure, late_worker, worker_died, worker_raised, workers_late
+from rlkit.core.phases import PhaseBoard, PhaseReporter, WorkerPlace
+from rlkit.errors import UserError
 from rlkit.recipes.schema import RLConfig
+
+logger = logging.getLogger("rlkit.workers")
+POLL_S = 1.0           # how often a waiting controller looks at the phase board
+PROGRESS_EVERY_S = 30  # during start-up, a "still in phase X" line this often
 
 # NVLink multicast stays off on the lent GPU machines (see ../shared/gpu/README.md).
 WORKER_ENV = {
@@ -33,10 +42,6 @@ WORKER_ENV = {
 }
 
 
-class WorkerFailure(RuntimeError):
-    """A worker died or missed its deadline; the message says which, where and why."""
-
-
 def init_ray(config: RLConfig) -> None:
     if ray.is_initialized():
         return
@@ -50,6 +55,10 @@ def init_ray(config: RLConfig) -> None:
     if not address:  # a local cluster sized so that every CPU worker gets its slot
         kwargs["num_cpus"] = max(os.cpu_count() or 1, config.world_size + 1)
     ray.init(address=address, **kwargs)
+    if address:  # a cluster: its nodes must fit the run before any worker is placed
+        from rlkit.core.preflight import check_cluster
+
+        check_cluster(config, ray.nodes())
 
 
 class WorkerGroup:
@@ -57,6 +66,8 @@ class WorkerGroup:
 
     def __init__(self, worker_cls: type, config: RLConfig, *args: Any, name: str = "worker") -> None:
         self.config, self.name = config, name
+        self.actors: list[Any] = []
+        self.board: Any = None  # the PhaseBoard, for worker classes that report phases
         trainer = config.trainer
         use_gpu = trainer.device == "cuda" or (trainer.device == "auto" and ray.cluster_resources().get("GPU", 0) > 0)
         bundle = {"CPU": 1, "GPU": 1} if use_gpu else {"CPU": 1}
@@ -71,34 +82,93 @@ class WorkerGroup:
             strategy = PlacementGroupSchedulingStrategy(self.placement_groups[node], placement_group_bundle_index=local)
             self.actors.append(remote_cls.options(scheduling_strategy=strategy, name=None).remote(
                 config, *args, rank, config.world_size))
+        if issubclass(worker_cls, PhaseReporter):
+            self.board = ray.remote(num_cpus=0)(PhaseBoard).remote()
+            self.call("attach_board", self.board, phase="start (worker processes)", startup=True)
 
-    def call(self, method: str, *args: Any, phase: str | None = None, timeout: float | None = None,
-             per_rank: Sequence[tuple] | None = None) -> list[Any]:
-        """Call `method` on every rank (same args, or per_rank[r]) and gather the results in rank order."""
+    def call(self, method: str, *args: Any, phase: str | None = None, per_rank: Sequence[tuple] | None = None,
+             startup: bool = False, timeout: float | None = None) -> list[Any]:
+        """Call `method` on every rank (same args, or per_rank[r]) and gather the results in rank order.
+
+        The deadline is trainer.phase_timeout_s, or trainer.setup_timeout_s for start-up calls
+        (startup=True: model load, engine start), which also log each rank's progress; `timeout`
+        overrides both.
+        """
         phase = phase or method
+        trainer = self.config.trainer
         if per_rank is not None:
             refs = [getattr(a, method).remote(*per_rank[r]) for r, a in enumerate(self.actors)]
         else:
             refs = [getattr(a, method).remote(*args) for a in self.actors]
-        return self._wait(lambda: refs, phase, timeout=timeout or self.config.trainer.phase_timeout_s)
+        key = "trainer.setup_timeout_s" if startup else "trainer.phase_timeout_s"
+        if timeout is None:
+            timeout = trainer.setup_timeout_s if startup else trainer.phase_timeout_s
+        return self._wait(lambda: refs, phase, timeout=timeout, timeout_key=key, progress=startup)
 
-    def _wait(self, make_refs: Callable[[], list], phase: str, timeout: float) -> list[Any]:
+    def _wait(self, make_refs: Callable[[], list], phase: str, timeout: float,
+              timeout_key: str = "trainer.phase_timeout_s", progress: bool = False) -> list[Any]:
         refs = make_refs()
-        deadline = time.monotonic() + timeout
+        start = time.monotonic()
+        deadline = start + timeout
         pending = list(refs)
+        shown: dict[int, tuple[str, int]] = {}
         while pending:
-            done, pending = ray.wait(pending, num_returns=1, timeout=max(0.0, deadline - time.monotonic()))
-            if not done:
-                late = [refs.index(r) for r in pending]
-                raise WorkerFailure(f"{self.name}s {late} did not finish phase '{phase}' within {timeout:.0f} s "
-                                    f"(trainer.phase_timeout_s); the run stops instead of waiting forever")
-            try:
-                ray.get(done[0])
-            except ray.exceptions.RayActorError as exc:
-                rank = refs.index(done[0])
-                raise WorkerFailure(f"{self.name} rank {rank} (node {rank // self.config.trainer.n_gpus_per_node}) "
-                                    f"died during phase '{phase}': {_reason(exc)}") from None
+            done, pending = ray.wait(pending, num_returns=1, timeout=max(0.0, min(POLL_S, deadline - time.monotonic())))
+            if progress:
+                self._log_progress(phase, shown)
+            for ref in done:
+                self._raise_if_failed(ref, refs.index(ref), phase)
+            if pending and not done and time.monotonic() >= deadline:
+                raise self._late(refs, pending, phase, timeout, timeout_key)
+        if progress:
+            logger.info("%s: all %d %ss done in %.0f s", phase, len(refs), self.name, time.monotonic() - start)
         return ray.get(refs)
+
+    def _raise_if_failed(self, ref: Any, rank: int, phase: str) -> None:
+        try:
+            ray.get(ref)
+        except ray.exceptions.RayActorError as exc:
+            raise worker_died(self.name, rank, self._node(rank), phase, self.places().get(rank), str(exc)) from None
+        except ray.exceptions.RayTaskError as exc:
+            cause = exc.cause if exc.cause is not None else exc
+            if isinstance(cause, UserError):  # a fixable input the worker was first to see
+                raise UserError(f"{self.name} rank {rank}: {cause}") from None
+            raise worker_raised(self.name, rank, self._node(rank), phase, self.places().get(rank), cause,
+                                str(exc)) from None
+
+    def _late(self, refs: list, pending: list, phase: str, timeout: float, timeout_key: str) -> WorkerFailure:
+        trainer = self.config.trainer
+        if not self.actors:  # still reserving devices: one placement group per node
+            nodes = [i for i, ref in enumerate(refs) if ref in pending]
+            return WorkerFailure(
+                f"could not reserve {trainer.n_gpus_per_node} device slot(s) on node(s) {nodes} within {timeout:g} s "
+                f"({timeout_key}); the Ray cluster offers {ray.available_resources()}. Lower "
+                "trainer.n_gpus_per_node / trainer.nnodes, or free the devices other jobs hold")
+        places = self.places()
+        late = [late_worker(r, self._node(r), places.get(r)) for r, ref in enumerate(refs) if ref in pending]
+        finished = [r for r, ref in enumerate(refs) if ref not in pending]
+        return workers_late(self.name, phase, timeout, timeout_key, late, finished)
+
+    def places(self) -> dict[int, WorkerPlace]:
+        """Each rank's host, pid and last reported phase (empty if the board cannot be read)."""
+        if self.board is None:
+            return {}
+        try:
+            return ray.get(self.board.read.remote(), timeout=POLL_S)
+        except Exception:  # noqa: BLE001 - a failure message must not fail for want of detail
+            return {}
+
+    def _log_progress(self, phase: str, shown: dict[int, tuple[str, int]]) -> None:
+        """One line per phase change of each rank, and a reminder every PROGRESS_EVERY_S seconds."""
+        for rank, place in sorted(self.places().items()):
+            tick = int(place.seconds_in_phase // PROGRESS_EVERY_S)
+            if shown.get(rank) != (place.phase, tick):
+                shown[rank] = (place.phase, tick)
+                logger.info("%s: %s rank %d %s (%.0f s)", phase, self.name, rank,
+                            "still in " + place.phase if tick else place.phase, place.seconds_in_phase)
+
+    def _node(self, rank: int) -> int:
+        return rank // self.config.trainer.n_gpus_per_node
 
     def shutdown(self) -> None:
         for actor in self.actors:
@@ -106,10 +176,3 @@ class WorkerGroup:
         for pg in self.placement_groups:
             remove_placement_group(pg)
 
-
-def _reason(exc: BaseException) -> str:
-    text = str(exc).strip().splitlines()
-    for line in text:  # Ray's message is long; the cause line is the useful one
-        if "exit" in line.lower() or "killed" in line.lower() or "oom" in line.lower() or "signal" in line.lower():
-            return line.strip()
-    return text[0] if text else type(exc).__name__

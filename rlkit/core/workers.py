@@ -17,6 +17,7 @@ from rlkit.core import fsdp
 from rlkit.core.algos.kl import kl_estimate
 from rlkit.core.algos.losses import aggregate_loss, entropy_from_logits, policy_loss
 from rlkit.core.batch import Batch
+from rlkit.core.phases import PhaseReporter
 from rlkit.core.rollout.base import RolloutSample, Sampling, make_engine
 from rlkit.recipes.schema import RLConfig
 
@@ -27,7 +28,7 @@ def _free_port() -> int:
         return sock.getsockname()[1]
 
 
-class PolicyWorker:
+class PolicyWorker(PhaseReporter):
     """Rank `rank` of the training group. Method names are the controller's phases."""
 
     def __init__(self, config: RLConfig, model_path: str, rank: int, world_size: int) -> None:
@@ -46,7 +47,7 @@ class PolicyWorker:
         return {"rank": self.rank, "pid": os.getpid(), "host": socket.gethostname(), "phase": self.phase}
 
     def setup(self, master_addr: str, master_port: int) -> dict[str, Any]:
-        self.phase = "setup"
+        self.phase = "setup/process-group"
         os.environ.update(MASTER_ADDR=master_addr, MASTER_PORT=str(master_port), RANK=str(self.rank),
                           WORLD_SIZE=str(self.world_size), LOCAL_RANK="0")
         if self.use_cuda:
@@ -54,6 +55,7 @@ class PolicyWorker:
         dist.init_process_group("nccl" if self.use_cuda else "gloo", rank=self.rank, world_size=self.world_size)
         self._seed(self.config.trainer.seed)
         cfg = self.config
+        self.phase = "setup/load-models"
         self.actor = fsdp.load_sharded_model(self.model_path, device=self.device, compute_dtype=cfg.model.dtype,
                                              gradient_checkpointing=cfg.model.gradient_checkpointing)
         self.optimizer = torch.optim.AdamW(self.actor.parameters(), lr=cfg.actor.lr, betas=cfg.actor.betas,
@@ -66,6 +68,7 @@ class PolicyWorker:
             if cfg.needs_reference else None
         if self.ref is not None:
             self.ref.eval().requires_grad_(False)
+        self.phase = "setup/rollout-engine"
         self.engine = make_engine(
             cfg.rollout.name, self.model_path, dtype=cfg.model.dtype, seed=cfg.trainer.seed + self.rank,
             max_model_len=cfg.data.max_prompt_length + cfg.data.max_response_length, device=self.device,

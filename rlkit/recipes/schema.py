@@ -106,7 +106,9 @@ class TrainerConfig(Section):
     save_freq: int = Field(0, ge=0, description="Checkpoint every N steps (0 = only at the end).")
     keep_last: int = Field(2, ge=1, description="Checkpoints kept on disk.")
     val_freq: int = Field(0, ge=0, description="Score data.val_files every N steps (0 = never).")
-    phase_timeout_s: float = Field(1800.0, gt=0, description="Deadline of one controller -> worker call (engine start gets 2x).")
+    phase_timeout_s: float = Field(1800.0, gt=0, description="Deadline of one controller -> worker call in a step (generate, update, sync, save); past it the run stops and names the late workers.")
+    setup_timeout_s: float = Field(3600.0, gt=0, description="Deadline of worker start-up (model load, rollout-engine start), whose progress is logged as it goes.")
+    save_on_interrupt: bool = Field(True, description="On Ctrl-C/SIGTERM, finish the current step and checkpoint it before stopping (a second Ctrl-C stops at once).")
     cpu_threads_per_worker: int = Field(1, ge=1, description="Torch threads per CPU worker process.")
 
 

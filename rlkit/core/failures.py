@@ -1,0 +1,105 @@
+"""Failures that stop a run, worded for the person who has to act on them.
+
+These are not user errors (rlkit.errors.UserError, exit code 2): a worker died, hung or
+raised, or a checkpoint could not be written. The CLI prints the message, then `detail`
+(e.g. the worker's own traceback, which is what a bug report needs), and exits with code 1.
+"""
+
+from __future__ import annotations
+
+import re
+
+from rlkit.core.phases import WorkerPlace
+
+TROUBLESHOOTING = "docs/troubleshooting.md"
+
+
+class RunFailure(RuntimeError):
+    """The run cannot go on, through no fault in its inputs."""
+
+    def __init__(self, message: str, *, detail: str = "", cause: BaseException | None = None) -> None:
+        super().__init__(message)
+        self.detail = detail  # long text kept for bug reports (a worker's traceback)
+        self.cause = cause    # a worker's own exception, when it raised one
+
+
+class WorkerFailure(RunFailure):
+    """A worker died, missed its deadline, or raised; the message says which, where and why."""
+
+
+def describe_worker(rank: int, node: int, place: WorkerPlace | None) -> str:
+    where = f"node {node}" + (f", host {place.host}, pid {place.pid}" if place else "")
+    return f"rank {rank} ({where})"
+
+
+def worker_died(group: str, rank: int, node: int, call_phase: str, place: WorkerPlace | None,
+                ray_message: str) -> WorkerFailure:
+    inside = f" in its phase '{place.phase}'" if place and place.phase != call_phase else ""
+    return WorkerFailure(
+        f"{group} {describe_worker(rank, node, place)} died during '{call_phase}'{inside}: "
+        f"{death_cause(ray_message)}. The run stops; it can continue from its last complete checkpoint "
+        f"(see {TROUBLESHOOTING}, 'A worker died').",
+        # Ray's full text only when it holds the worker's traceback (an error in its __init__).
+        detail=_strip_ansi(ray_message) if "creation task" in ray_message else "")
+
+
+def worker_raised(group: str, rank: int, node: int, call_phase: str, place: WorkerPlace | None,
+                  cause: BaseException, traceback_text: str) -> WorkerFailure:
+    inside = f" (worker phase '{place.phase}')" if place and place.phase != call_phase else ""
+    first_line = (str(cause).strip().splitlines() or [""])[0]
+    return WorkerFailure(
+        f"{group} {describe_worker(rank, node, place)} raised {type(cause).__name__} during "
+        f"'{call_phase}'{inside}: {first_line}",
+        detail=_strip_ansi(traceback_text), cause=cause)
+
+
+def workers_late(group: str, phase: str, timeout: float, timeout_key: str, late: list[str],
+                 finished: list[int]) -> WorkerFailure:
+    done = f"; rank(s) {finished} finished" if finished else ""
+    return WorkerFailure(
+        f"'{phase}' did not finish within {timeout:g} s ({timeout_key}): {group} {'; '.join(late)}{done}. "
+        f"The run stops instead of waiting forever. If this phase is only slow, raise {timeout_key}; "
+        f"if a worker hangs, see {TROUBLESHOOTING}, 'A phase timed out'.")
+
+
+def late_worker(rank: int, node: int, place: WorkerPlace | None) -> str:
+    if place is None:
+        return f"{describe_worker(rank, node, place)} never reported a phase"
+    return f"{describe_worker(rank, node, place)} still in '{place.phase}' after {place.seconds_in_phase:.0f} s"
+
+
+# Ray's "Worker exit type" of a dead actor, in plain words.
+_EXIT_TYPES = {
+    "SYSTEM_ERROR": "its process ended unexpectedly: killed by a signal (SIGKILL, the kernel's out-of-memory "
+                    "killer) or crashed (e.g. SIGSEGV)",
+    "NODE_OUT_OF_MEMORY": "Ray killed it because its node ran out of memory",
+    "USER_ERROR": "its process exited because of an error",
+    "INTENDED_USER_EXIT": "its process exited on request",
+    "INTENDED_SYSTEM_EXIT": "Ray shut it down",
+}
+
+
+def death_cause(ray_message: str) -> str:
+    """The cause of an actor's death in one sentence, with Ray's own wording in brackets."""
+    text = _strip_ansi(ray_message)
+    detail = re.search(r"Worker exit detail: (.+?\.)(?:\s|$)", text)
+    ray_words = f" (Ray: {detail.group(1)})" if detail else ""
+    exit_type = re.search(r"Worker exit type: (\w+)", text)
+    if "creation task" in text:
+        return "its start-up (__init__) raised an error; the worker's traceback follows"
+    if "OutOfMemoryError" in text or ("out of memory" in text.lower() and not exit_type):
+        return "it ran out of memory" + ray_words
+    if exit_type:
+        name = exit_type.group(1)
+        return _EXIT_TYPES.get(name, f"it exited ({name})") + ray_words
+    if "node has died" in text or "node died" in text.lower():
+        return "its node went away (machine down or Ray's node process died)"
+    lines = [line.strip() for line in text.splitlines() if line.strip()]
+    return lines[0] if lines else "Ray gave no reason"
+
+
+_ANSI = re.compile(r"\x1b\[[0-9;]*m")
+
+
+def _strip_ansi(text: str) -> str:
+    return _ANSI.sub("", text)

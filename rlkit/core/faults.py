@@ -1,0 +1,88 @@
+"""Fault injection, so tests can break a run at an exact point the way real runs break.
+
+Set `RLKIT_FAULT` to one or more comma-separated `ACTION:POINT:N` rules (Ray workers inherit
+it). Rule `ACTION:POINT:N` fires the N-th time the process reaches POINT (1-based); for the
+per-step points that is step N. Unset, every hook is a no-op.
+
+Points:
+  worker<RANK>.<PHASE>  a worker entering a phase, e.g. worker1.update_actor, worker0.generate,
+                        worker0.setup/rollout-engine (the phases in `rlkit.core.workers`)
+Actions:
+  kill         SIGKILL the process (what the OOM killer does)
+  sleep=SECS   stall that long, then go on (a slow or hung phase)
+  raise        raise a RuntimeError (a bug in a worker)
+  hang         stall until killed
+
+Example: RLKIT_FAULT=kill:worker0.update_actor:2 kills rank 0 in the second step's update.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+import time
+from collections import Counter
+from dataclasses import dataclass
+
+ENV = "RLKIT_FAULT"
+MESSAGE = "rlkit fault injection:"
+
+
+class InjectedFault(RuntimeError):
+    """What the `raise` action raises."""
+
+
+@dataclass(frozen=True)
+class Rule:
+    action: str
+    point: str
+    occurrence: int
+
+
+def parse(spec: str) -> list[Rule]:
+    rules = []
+    for text in filter(None, (part.strip() for part in spec.split(","))):
+        action, _, rest = text.partition(":")
+        point, _, occurrence = rest.rpartition(":")
+        if not point or not occurrence.isdigit() or not _valid_action(action):
+            raise ValueError(f"{ENV}={spec!r}: rule {text!r} is not ACTION:POINT:N "
+                             "(ACTION one of kill, sleep=SECS, raise, hang)")
+        rules.append(Rule(action, point, int(occurrence)))
+    return rules
+
+
+def _valid_action(action: str) -> bool:
+    if action.startswith("sleep="):
+        try:
+            return float(action[len("sleep="):]) >= 0
+        except ValueError:
+            return False
+    return action in ("kill", "raise", "hang")
+
+
+_reached: Counter[str] = Counter()
+
+
+def reached(point: str) -> None:
+    """Count one arrival at `point` and carry out the rule for this arrival, if there is one."""
+    spec = os.environ.get(ENV)
+    if not spec:
+        return
+    _reached[point] += 1
+    for rule in parse(spec):
+        if rule.point == point and rule.occurrence == _reached[point]:
+            _act(rule)
+
+
+def _act(rule: Rule) -> None:
+    print(f"{MESSAGE} {rule.action} at {rule.point} #{rule.occurrence}", file=sys.stderr, flush=True)
+    if rule.action == "kill":
+        os.kill(os.getpid(), signal.SIGKILL)
+    elif rule.action == "raise":
+        raise InjectedFault(f"{MESSAGE} raise at {rule.point} #{rule.occurrence}")
+    elif rule.action == "hang":
+        while True:
+            time.sleep(60)
+    else:
+        time.sleep(float(rule.action[len("sleep="):]))

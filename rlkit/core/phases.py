@@ -1,0 +1,80 @@
+"""What each worker is doing right now, readable by the controller while the worker is busy.
+
+A Ray actor runs one call at a time, so the controller cannot ask a busy worker where it is.
+Instead every worker posts each phase change to a small shared `PhaseBoard` actor. The
+controller reads the board to show start-up progress, and to say where a worker was when it
+died or stopped answering.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from rlkit.core import faults
+
+POST_TIMEOUT_S = 5.0  # a board that does not answer must never stall the worker
+
+
+@dataclass
+class WorkerPlace:
+    """Where a worker lives and what it last reported."""
+
+    rank: int
+    host: str
+    pid: int
+    phase: str
+    seconds_in_phase: float
+
+
+class PhaseBoard:
+    """Ray actor (no CPU): the last phase each rank posted, and when."""
+
+    def __init__(self) -> None:
+        self.entries: dict[int, tuple[str, int, str, float]] = {}
+
+    def post(self, rank: int, host: str, pid: int, phase: str) -> None:
+        self.entries[rank] = (host, pid, phase, time.monotonic())
+
+    def read(self) -> dict[int, WorkerPlace]:
+        now = time.monotonic()
+        return {rank: WorkerPlace(rank, host, pid, phase, now - since)
+                for rank, (host, pid, phase, since) in self.entries.items()}
+
+
+class PhaseReporter:
+    """Mixin for worker classes: assigning `self.phase` posts it to the board.
+
+    Entering a phase is also the fault-injection point `worker<rank>.<phase>` (rlkit.core.faults).
+    """
+
+    rank: int
+    _board: Any = None
+    _phase: str = "starting"
+
+    def attach_board(self, board: Any) -> dict[str, Any]:
+        """Called by the WorkerGroup once the actor exists; returns where it runs."""
+        self._board = board
+        self.phase = "started"
+        return {"rank": self.rank, "host": socket.gethostname(), "pid": os.getpid()}
+
+    @property
+    def phase(self) -> str:
+        return self._phase
+
+    @phase.setter
+    def phase(self, value: str) -> None:
+        self._phase = value
+        if self._board is not None:
+            import ray
+
+            # Synchronous, so the last phase is on the board even if this process dies right after.
+            try:
+                ray.get(self._board.post.remote(self.rank, socket.gethostname(), os.getpid(), value),
+                        timeout=POST_TIMEOUT_S)
+            except Exception:  # noqa: BLE001 - progress reporting must never break the work itself
+                pass
+        faults.reached(f"worker{self.rank}.{value}")

@@ -1,0 +1,77 @@
+"""Fault-injection rules, and Ray's death reports turned into one plain sentence (no Ray started)."""
+
+from __future__ import annotations
+
+import pytest
+
+from rlkit.core import faults
+from rlkit.core.failures import death_cause, late_worker, worker_died, workers_late
+from rlkit.core.phases import WorkerPlace
+
+# What Ray 2.x reports for an actor whose process got SIGKILL (copied from a real run).
+KILLED = """The actor died unexpectedly before finishing this task.
+\tclass_name: PolicyWorker
+\tpid: 28065
+The actor is dead because its worker process has died. Worker exit type: SYSTEM_ERROR Worker exit detail: \
+Worker unexpectedly exits with a connection error code 2. End of file. Some common causes include: (1) the \
+process was killed by the OOM killer due to high memory usage, (2) ray stop --force was called."""
+
+
+def test_rules_parse_action_point_and_occurrence():
+    rules = faults.parse("kill:worker1.update_actor:2, sleep=2.5:worker0.setup/rollout-engine:1")
+    assert rules == [faults.Rule("kill", "worker1.update_actor", 2),
+                     faults.Rule("sleep=2.5", "worker0.setup/rollout-engine", 1)]
+
+
+@pytest.mark.parametrize("spec", ["kill:worker0.generate", "explode:worker0.generate:1", "sleep=x:w:1", "kill::1"])
+def test_malformed_rules_are_refused(spec):
+    with pytest.raises(ValueError, match="is not ACTION:POINT:N"):
+        faults.parse(spec)
+
+
+def test_a_rule_fires_on_its_occurrence_only(monkeypatch):
+    monkeypatch.setenv(faults.ENV, "raise:test.point:2")
+    monkeypatch.setattr(faults, "_reached", type(faults._reached)())
+    faults.reached("test.point")                     # first arrival: nothing
+    faults.reached("other.point")
+    with pytest.raises(faults.InjectedFault, match="raise at test.point #2"):
+        faults.reached("test.point")
+    faults.reached("test.point")                     # third: nothing again
+
+
+def test_no_rule_no_effect(monkeypatch):
+    monkeypatch.delenv(faults.ENV, raising=False)
+    faults.reached("worker0.update_actor")
+
+
+def test_killed_actor_cause_in_plain_words():
+    cause = death_cause(KILLED)
+    assert cause.startswith("its process ended unexpectedly: killed by a signal (SIGKILL, the kernel's "
+                            "out-of-memory killer) or crashed")
+    assert cause.endswith("(Ray: Worker unexpectedly exits with a connection error code 2.)")
+
+
+def test_memory_monitor_and_node_loss_causes():
+    assert death_cause("Worker exit type: NODE_OUT_OF_MEMORY Worker exit detail: Task was killed due to the "
+                       "node running low on memory. ").startswith("Ray killed it because its node ran out of memory")
+    assert death_cause("The actor died because its node has died. Node Id: 123") == \
+        "its node went away (machine down or Ray's node process died)"
+
+
+def test_died_message_names_rank_node_host_phase_and_what_to_read():
+    place = WorkerPlace(rank=3, host="gpu-7", pid=4242, phase="log_probs/ref", seconds_in_phase=1.0)
+    failure = worker_died("worker", 3, 1, "ref log-probs", place, KILLED)
+    assert str(failure).startswith("worker rank 3 (node 1, host gpu-7, pid 4242) died during 'ref log-probs' "
+                                   "in its phase 'log_probs/ref': its process ended unexpectedly")
+    assert "docs/troubleshooting.md" in str(failure)
+    assert failure.detail == ""  # Ray's long text adds nothing here
+
+
+def test_late_message_names_each_late_rank_and_the_key_to_raise():
+    place = WorkerPlace(rank=1, host="h", pid=9, phase="generate", seconds_in_phase=61.4)
+    late = [late_worker(1, 0, place), late_worker(2, 1, None)]
+    message = str(workers_late("worker", "generate", 60, "trainer.phase_timeout_s", late, [0, 3]))
+    assert message.startswith("'generate' did not finish within 60 s (trainer.phase_timeout_s): worker rank 1 "
+                              "(node 0, host h, pid 9) still in 'generate' after 61 s; rank 2 (node 1) never "
+                              "reported a phase; rank(s) [0, 3] finished.")
+    assert "raise trainer.phase_timeout_s" in message
