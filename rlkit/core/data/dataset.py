@@ -27,19 +27,24 @@ class PromptRow:
     extra_info: dict[str, Any] = field(default_factory=dict)
 
 
-def read_rows(path: str | Path) -> list[dict[str, Any]]:
+def open_parquet(path: str | Path) -> pq.ParquetFile:
+    """The file, opened (footer and schema read); UserError if it is missing, not parquet, or lacks columns."""
     path = Path(path).expanduser()
     if not path.exists():
         raise UserError(f"data file {path} does not exist (run `rlkit prep-data ...` or fix data.train_files)")
     try:
-        table = pq.read_table(path)
+        file = pq.ParquetFile(path)
     except Exception as exc:  # pyarrow raises several types for "not parquet"
         raise UserError(f"data file {path} is not a readable parquet file: {exc}") from None
-    missing = [c for c in REQUIRED_COLUMNS if c not in table.column_names]
+    missing = [c for c in REQUIRED_COLUMNS if c not in file.schema_arrow.names]
     if missing:
         raise UserError(f"data file {path} lacks column(s) {missing}; rows need {list(REQUIRED_COLUMNS)} "
                         "(see `rlkit prep-data --help` for the schema)")
-    return table.to_pylist()
+    return file
+
+
+def read_rows(path: str | Path) -> list[dict[str, Any]]:
+    return open_parquet(path).read().to_pylist()
 
 
 def tokenize_prompt(tokenizer, messages: Any) -> list[int]:
