@@ -1,0 +1,74 @@
+"""Ctrl-C and SIGTERM: the first lets the current step finish, the second stops at once.
+
+A step is many controller -> worker calls; cutting one in half leaves the workers' weights
+ahead of the data position, so it could not be checkpointed. The first signal therefore only
+sets a flag the run loop reads between steps: it then saves a checkpoint (when
+trainer.save_on_interrupt) and stops. A second signal raises KeyboardInterrupt wherever the
+controller is, abandoning the step: a resume continues from the last complete checkpoint.
+Before the first step starts (model load, engine start) there is nothing to finish, so one
+signal stops at once.
+
+Ray workers run in their own process groups with SIGINT blocked, so a terminal's Ctrl-C
+reaches only the controller, which shuts them down.
+"""
+
+from __future__ import annotations
+
+import signal
+import threading
+from types import FrameType
+from typing import Any, Callable
+
+SIGNALS = (signal.SIGINT, signal.SIGTERM)
+
+
+class RunInterrupted(Exception):
+    """The run stopped on a signal; the message says where, and how to continue."""
+
+    def __init__(self, message: str, *, run_id: str) -> None:
+        super().__init__(message)
+        self.run_id = run_id
+
+
+class StopOnSignal:
+    """Context manager owning SIGINT/SIGTERM for the run's lifetime (main thread only).
+
+    `finish_steps()` switches from "stop now" (start-up) to "finish the step first"; call it
+    once the workers are up, which also takes SIGTERM back from `ray.init`'s own handler.
+    """
+
+    def __init__(self, notify: Callable[[str], None], *, save_on_interrupt: bool) -> None:
+        self.notify, self.save_on_interrupt = notify, save_on_interrupt
+        self.requested: str | None = None  # name of the first signal, once one arrived
+        self.finishing = False
+        self._previous: dict[int, Any] = {}
+
+    def __enter__(self) -> StopOnSignal:
+        self._install()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        for signum, handler in self._previous.items():
+            signal.signal(signum, handler)
+        self._previous.clear()
+
+    def finish_steps(self) -> None:
+        self.finishing = True
+        self._install()
+
+    def _install(self) -> None:
+        if threading.current_thread() is not threading.main_thread():
+            return  # signals only reach the main thread; an embedding application keeps its own handling
+        for signum in SIGNALS:
+            previous = signal.signal(signum, self._handle)
+            self._previous.setdefault(signum, previous)
+
+    def _handle(self, signum: int, frame: FrameType | None) -> None:
+        name = signal.Signals(signum).name
+        if self.requested is None and self.finishing:
+            self.requested = name
+            then = "save a checkpoint and stop" if self.save_on_interrupt else "stop (trainer.save_on_interrupt=false)"
+            self.notify(f"{name}: finishing the current step, then I {then}; press Ctrl-C again to stop at once")
+            return
+        self.requested = self.requested or name
+        raise KeyboardInterrupt(name)
