@@ -47,7 +47,10 @@ def init_ray(config: RLConfig) -> None:
     verbose = os.environ.get("RLKIT_WORKER_LOGS", "0") == "1"
     kwargs: dict[str, Any] = dict(runtime_env={"env_vars": env}, include_dashboard=False,
                                   log_to_driver=verbose, logging_level="WARNING")
-    if not address:  # a local cluster sized so that every CPU worker gets its slot
+    if not address:
+        # A fresh local cluster ("local" never attaches to another one found on this host),
+        # sized so that every CPU worker gets its slot.
+        address = "local"
         kwargs["num_cpus"] = max(os.cpu_count() or 1, config.world_size + 1)
     ray.init(address=address, **kwargs)
 
