@@ -103,6 +103,12 @@ def test_dry_run_prints_resolved_config_and_batch_arithmetic():
     assert "split over 2 worker(s): 64 each" in result.output
 
 
+def test_dry_run_needs_no_model_or_data_but_training_does():
+    assert runner.invoke(app, ["train", "grpo", "--dry-run"]).exit_code == 0
+    with pytest.raises(ConfigError, match="no model given"):
+        load_config("grpo")
+
+
 def test_batch_arithmetic_counts_optimizer_steps():
     config = load_config("grpo-demo", ["data.train_batch_size=32", "actor.mini_batch_size=8", "actor.ppo_epochs=2"])
     lines = batch_arithmetic(config)

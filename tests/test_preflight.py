@@ -48,6 +48,12 @@ def test_unknown_hub_id_says_not_local_and_not_on_the_hub(tmp_path, monkeypatch)
     assert "model.path='no-such-org/no-such-model' is not a local directory and not found on the hub" in line
 
 
+def test_unknown_reward_model_is_named(tmp_path, monkeypatch):
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    line = _one_line_error(_train(tmp_path, "reward_model.path=no-such-org/rm"))
+    assert "reward_model.path='no-such-org/rm' is not a local directory and not found on the hub" in line
+
+
 def test_missing_local_path_is_named(tmp_path):
     line = _one_line_error(_train(tmp_path, f"model.path={tmp_path}/models/my-sft"))
     assert f"model.path={tmp_path}/models/my-sft: no such directory" in line

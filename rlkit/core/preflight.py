@@ -23,17 +23,23 @@ HUB_TIMEOUT_S = 10.0
 def check_inputs(config: RLConfig) -> None:
     """Model, tokenizer, data files and devices; raises UserError naming the key and the fix."""
     spec = config.model.path
-    if not spec.startswith(TINY_PREFIX) and not Path(spec).expanduser().exists():
-        check_hub_model(spec)
-    model_path = resolve_model_path(spec)
-    tokenizer = load_tokenizer(model_path, spec)
+    tokenizer = load_tokenizer(check_model(spec), spec)
+    if config.reward_model.path:
+        check_model(config.reward_model.path, key="reward_model.path")
     for key, files in (("data.train_files", config.data.train_files), ("data.val_files", config.data.val_files)):
         for file in files:
             check_data_file(file, key, tokenizer, spec)
     check_devices(config)
 
 
-def check_hub_model(spec: str) -> None:
+def check_model(spec: str, key: str = "model.path") -> str:
+    """A built-in, local or hub model that exists; returns what to load it from."""
+    if not spec.startswith(TINY_PREFIX) and not Path(spec).expanduser().exists():
+        check_hub_model(spec, key)
+    return resolve_model_path(spec)
+
+
+def check_hub_model(spec: str, key: str = "model.path") -> None:
     """`spec` is not a local path: it must be a hub id that is cached or that the hub knows."""
     from huggingface_hub import HfApi, try_to_load_from_cache
     from huggingface_hub.errors import GatedRepoError, HFValidationError, RepositoryNotFoundError
@@ -42,18 +48,18 @@ def check_hub_model(spec: str) -> None:
     try:
         validate_repo_id(spec)
     except HFValidationError:
-        raise UserError(f"model.path={spec}: no such directory (and not a hub id); pass an existing "
+        raise UserError(f"{key}={spec}: no such directory (and not a hub id); pass an existing "
                         "model directory or a hub id such as Qwen/Qwen2.5-0.5B-Instruct") from None
     if isinstance(try_to_load_from_cache(spec, "config.json"), str):
         return
-    prefix = f"model.path={spec!r} is not a local directory and not found on the hub"
+    prefix = f"{key}={spec!r} is not a local directory and not found on the hub"
     if os.environ.get("HF_HUB_OFFLINE", "0").lower() in ("1", "true", "yes", "on"):
         raise UserError(f"{prefix}: HF_HUB_OFFLINE is set and it is not in the local hub cache; "
                         "check the spelling, or pass the model's local directory")
     try:
         HfApi().model_info(spec, timeout=HUB_TIMEOUT_S)
     except GatedRepoError:
-        raise UserError(f"model.path={spec!r} is a gated hub model: accept its licence on huggingface.co, "
+        raise UserError(f"{key}={spec!r} is a gated hub model: accept its licence on huggingface.co, "
                         "then log in (`hf auth login`) or set HF_TOKEN") from None
     except RepositoryNotFoundError:
         raise UserError(f"{prefix} (check the spelling; a private model needs HF_TOKEN)") from None

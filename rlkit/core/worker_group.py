@@ -52,10 +52,13 @@ def init_ray(config: RLConfig) -> None:
     verbose = os.environ.get("RLKIT_WORKER_LOGS", "0") == "1"
     kwargs: dict[str, Any] = dict(runtime_env={"env_vars": env}, include_dashboard=False,
                                   log_to_driver=verbose, logging_level="WARNING")
-    if not address:  # a local cluster sized so that every CPU worker gets its slot
+    if not address:
+        # A fresh local cluster ("local" never attaches to another one found on this host),
+        # sized so that every CPU worker gets its slot.
+        address = "local"
         kwargs["num_cpus"] = max(os.cpu_count() or 1, config.world_size + 1)
     ray.init(address=address, **kwargs)
-    if address:  # a cluster: its nodes must fit the run before any worker is placed
+    if address != "local":  # a cluster: its nodes must fit the run before any worker is placed
         from rlkit.core.preflight import check_cluster
 
         check_cluster(config, ray.nodes())
