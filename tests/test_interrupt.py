@@ -24,7 +24,7 @@ def test_while_training_the_first_signal_asks_to_finish_the_step_and_the_second_
         stop.finish_steps()
         signal.raise_signal(signum)
         assert stop.requested == signum.name
-        assert notes == [f"{signum.name}: finishing the current step, then I save a checkpoint and stop; "
+        assert notes == [f"{signum.name}: finishing the current step, then saving a checkpoint and stopping; "
                          "press Ctrl-C again to stop at once"]
         with pytest.raises(KeyboardInterrupt):
             signal.raise_signal(signal.SIGINT)
@@ -35,7 +35,7 @@ def test_notice_says_when_no_checkpoint_will_be_saved():
     with StopOnSignal(notes.append, save_on_interrupt=False) as stop:
         stop.finish_steps()
         signal.raise_signal(signal.SIGTERM)
-    assert "then I stop (trainer.save_on_interrupt=false)" in notes[0]
+    assert "then stopping without a checkpoint (trainer.save_on_interrupt=false)" in notes[0]
 
 
 def test_previous_handlers_come_back():

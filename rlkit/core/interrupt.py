@@ -67,8 +67,9 @@ class StopOnSignal:
         name = signal.Signals(signum).name
         if self.requested is None and self.finishing:
             self.requested = name
-            then = "save a checkpoint and stop" if self.save_on_interrupt else "stop (trainer.save_on_interrupt=false)"
-            self.notify(f"{name}: finishing the current step, then I {then}; press Ctrl-C again to stop at once")
+            then = "saving a checkpoint and stopping" if self.save_on_interrupt else \
+                "stopping without a checkpoint (trainer.save_on_interrupt=false)"
+            self.notify(f"{name}: finishing the current step, then {then}; press Ctrl-C again to stop at once")
             return
         self.requested = self.requested or name
         raise KeyboardInterrupt(name)
