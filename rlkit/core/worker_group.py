@@ -65,20 +65,30 @@ def init_ray(config: RLConfig) -> None:
 
 
 class WorkerGroup:
-    """`world_size` actors of `worker_cls`, rank r on node r // n_gpus_per_node."""
+    """`world_size` actors of `worker_cls`, rank r on node r // n_gpus_per_node.
 
-    def __init__(self, worker_cls: type, config: RLConfig, *args: Any, name: str = "worker") -> None:
+    `colocate_with` puts this group's rank r on the same device as that group's rank r (the
+    critic beside the policy); every group of the run then takes an equal share of each device.
+    """
+
+    def __init__(self, worker_cls: type, config: RLConfig, *args: Any, name: str = "worker",
+                 colocate_with: WorkerGroup | None = None) -> None:
         self.config, self.name = config, name
         self.actors: list[Any] = []
         self.board: Any = None  # the PhaseBoard, for worker classes that report phases
         trainer = config.trainer
         use_gpu = trainer.device == "cuda" or (trainer.device == "auto" and ray.cluster_resources().get("GPU", 0) > 0)
         bundle = {"CPU": 1, "GPU": 1} if use_gpu else {"CPU": 1}
-        self.placement_groups = [placement_group([bundle] * trainer.n_gpus_per_node, strategy="STRICT_PACK")
-                                 for _ in range(trainer.nnodes)]
-        self._wait(lambda: [pg.ready() for pg in self.placement_groups], "placement (reserving devices)",
-                   timeout=trainer.phase_timeout_s)
-        remote_cls = ray.remote(num_cpus=1, num_gpus=1 if use_gpu else 0)(worker_cls)
+        self.owns_placement = colocate_with is None
+        if colocate_with is not None:
+            self.placement_groups = colocate_with.placement_groups
+        else:
+            self.placement_groups = [placement_group([bundle] * trainer.n_gpus_per_node, strategy="STRICT_PACK")
+                                     for _ in range(trainer.nnodes)]
+            self._wait(lambda: [pg.ready() for pg in self.placement_groups], "placement (reserving devices)",
+                       timeout=trainer.phase_timeout_s)
+        share = 1.0 / groups_per_device(config)
+        remote_cls = ray.remote(num_cpus=share, num_gpus=share if use_gpu else 0)(worker_cls)
         self.actors = []
         for rank in range(config.world_size):
             node, local = divmod(rank, trainer.n_gpus_per_node)
@@ -90,12 +100,11 @@ class WorkerGroup:
             self.call("attach_board", self.board, phase="start (worker processes)", startup=True)
 
     def call(self, method: str, *args: Any, phase: str | None = None, per_rank: Sequence[tuple] | None = None,
-             startup: bool = False, timeout: float | None = None) -> list[Any]:
+             startup: bool = False) -> list[Any]:
         """Call `method` on every rank (same args, or per_rank[r]) and gather the results in rank order.
 
         The deadline is trainer.phase_timeout_s, or trainer.setup_timeout_s for start-up calls
-        (startup=True: model load, engine start), which also log each rank's progress; `timeout`
-        overrides both.
+        (startup=True: model load, engine start), which also log each rank's progress.
         """
         phase = phase or method
         trainer = self.config.trainer
@@ -104,8 +113,7 @@ class WorkerGroup:
         else:
             refs = [getattr(a, method).remote(*args) for a in self.actors]
         key = "trainer.setup_timeout_s" if startup else "trainer.phase_timeout_s"
-        if timeout is None:
-            timeout = trainer.setup_timeout_s if startup else trainer.phase_timeout_s
+        timeout = trainer.setup_timeout_s if startup else trainer.phase_timeout_s
         return self._wait(lambda: refs, phase, timeout=timeout, timeout_key=key, progress=startup)
 
     def _wait(self, make_refs: Callable[[], list], phase: str, timeout: float,
@@ -176,6 +184,12 @@ class WorkerGroup:
     def shutdown(self) -> None:
         for actor in self.actors:
             ray.kill(actor, no_restart=True)
-        for pg in self.placement_groups:
-            remove_placement_group(pg)
+        if self.owns_placement:
+            for pg in self.placement_groups:
+                remove_placement_group(pg)
+
+
+def groups_per_device(config: RLConfig) -> int:
+    """Worker groups sharing each device: the policy group, and the critic group when there is one."""
+    return 2 if config.critic_enabled else 1
 
