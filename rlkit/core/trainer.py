@@ -13,16 +13,19 @@ from typing import Any, Iterator
 
 import torch
 
+from rlkit.core import checkpoint
 from rlkit.core.algos.advantages import AdvantageInputs, compute_advantages
 from rlkit.core.algos.kl import AdaptiveKLController, FixedKLController, apply_kl_penalty, kl_estimate
 from rlkit.core.batch import Batch
+from rlkit.core.checkpoint_shards import rng_state, set_rng_state
 from rlkit.core.data.dataset import PromptRow, PromptSampler, load_prompt_dataset
 from rlkit.core.rewards.scoring import RewardScorer
 from rlkit.core.rollout.base import RolloutSample, Sampling
 from rlkit.core.run import RunDir, prepare_data_files, resolve_model_path
-from rlkit.core.tracking import Tracker
 from rlkit.core.worker_group import WorkerGroup, init_ray
 from rlkit.core.workers import PolicyWorker
+from rlkit.errors import UserError
+from rlkit.recipes.loader import config_to_yaml
 from rlkit.recipes.schema import RLConfig
 
 
@@ -53,6 +56,7 @@ class Controller:
         master = self.workers.call("address", phase="address")[0]
         self.setup_info = self.workers.call("setup", *master, phase="setup (model load + engine start)",
                                             timeout=2 * config.trainer.phase_timeout_s)
+        self.completed_steps = 0  # the run loop advances it; a checkpoint saves this step
 
     # -- the step -----------------------------------------------------------------------
     def step(self, step: int) -> dict[str, Any]:
@@ -175,6 +179,41 @@ class Controller:
         return {"perf/tokens_per_s": tokens / seconds, "perf/tokens_per_s_per_device": tokens / seconds / self.config.world_size,
                 "perf/response_tokens": float(batch["response_mask"].sum())}
 
+    # -- checkpoints (layout and atomic writes: rlkit.core.checkpoint) -------------------
+    def checkpoint_groups(self) -> dict[str, WorkerGroup]:
+        """Worker groups whose sharded state a checkpoint holds, by sub-folder name."""
+        return {"policy": self.workers}
+
+    def save_checkpoint(self, reason: str) -> Path:
+        """Checkpoint the last completed step atomically; `reason` (periodic, final, ...) is recorded."""
+
+        def write_shards(folder: Path) -> None:
+            for name, group in self.checkpoint_groups().items():
+                group.call("save_checkpoint", str(folder / name), phase=f"save checkpoint ({name})")
+
+        state = {"sampler": self.sampler.state_dict(), "dataset_rows": len(self.rows),
+                 "kl_coef": self.kl_ctrl.value, "rollout_seed": self.config.trainer.seed,
+                 "world_size": self.config.world_size, "total_steps": self.config.trainer.total_steps}
+        return checkpoint.write_checkpoint(
+            self.run.path, self.completed_steps, reason=reason, write_shards=write_shards, trainer_state=state,
+            controller_rng=rng_state(), config_yaml=config_to_yaml(self.config),
+            keep_last=self.config.trainer.keep_last)
+
+    def load_checkpoint(self, ckpt: checkpoint.Checkpoint) -> None:
+        """Restore every worker's shards, RNG and schedule, then the data position, KL coefficient, step."""
+        state = ckpt.state
+        if state["dataset_rows"] != len(self.rows):
+            raise UserError(f"the training data changed: checkpoint {ckpt.path.name} was trained on "
+                            f"{state['dataset_rows']} prompts, data.train_files now holds {len(self.rows)}; "
+                            "an exact resume needs the same data (start a new run for new data)")
+        for name, group in self.checkpoint_groups().items():
+            group.call("load_checkpoint", str(ckpt.path / name), phase=f"load checkpoint ({name})")
+        self.workers.call("sync_weights", phase="sync loaded weights to the rollout engine")
+        self.sampler.load_state_dict(state["sampler"])
+        self.kl_ctrl.value = state["kl_coef"]
+        set_rng_state(torch.load(ckpt.path / checkpoint.RNG_FILE, weights_only=True))
+        self.completed_steps = state["step"]
+
     def close(self) -> None:
         import ray
 
@@ -219,15 +258,6 @@ def timed(timing: dict[str, float], name: str) -> Iterator[None]:
 
 def train_run(config: RLConfig, run_id: str | None = None) -> Path:
     """Create the run directory, train config.trainer.total_steps steps, return the run dir."""
-    run = RunDir.create(config, run_id)
-    controller = Controller(config, run)
-    tracker = Tracker(run.path, config.trainer.logger, total_steps=config.trainer.total_steps, start_step=0,
-                      project=config.trainer.project_name, name=config.trainer.experiment_name or run.run_id,
-                      config=config.model_dump(mode="json"))
-    try:
-        for step in range(1, config.trainer.total_steps + 1):
-            tracker.log(controller.step(step), step)
-    finally:
-        tracker.close()
-        controller.close()
-    return run.path
+    from rlkit.core.run_loop import run_training
+
+    return run_training(config, RunDir.create(config, run_id))
