@@ -8,6 +8,7 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import Iterator
 
 import pytest
 import torch
@@ -25,11 +26,16 @@ PROBE = [1, 26, 24, 29, 36, 21, 10, 2, 1, 10]
 
 
 @pytest.fixture(scope="module")
-def trained(tmp_path_factory) -> dict:
+def trained(tmp_path_factory) -> Iterator[dict]:
+    with pytest.MonkeyPatch.context() as patch:  # the tiny model is built in the test cache, workers included
+        patch.setenv("RLKIT_CACHE", str(tmp_path_factory.getbasetemp() / "rlkit-cache"))
+        yield train_and_export(tmp_path_factory.mktemp("export"))
+
+
+def train_and_export(root: Path) -> dict:
     """Two GRPO steps at a high learning rate, a checkpoint, and the trainer's logits on PROBE."""
     from rlkit.core.trainer import Controller
 
-    root = tmp_path_factory.mktemp("export")
     config = load_config("grpo-demo", ["rollout.name=hf", "trainer.total_steps=2", "trainer.logger=[jsonl]",
                                        f"trainer.runs_dir={root / 'runs'}"])
     run = RunDir.create(config, "exported")

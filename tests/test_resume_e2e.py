@@ -20,6 +20,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Iterator
 
 import pytest
 
@@ -135,8 +136,13 @@ def assert_same_metrics(run: Path, reference: list[dict]) -> None:
 
 
 @pytest.fixture(scope="module")
-def world(tmp_path_factory) -> dict:
-    root = tmp_path_factory.mktemp("resume")
+def world(tmp_path_factory) -> Iterator[dict]:
+    with pytest.MonkeyPatch.context() as patch:  # the subprocesses build the tiny model in the test cache too
+        patch.setenv("RLKIT_CACHE", str(tmp_path_factory.getbasetemp() / "rlkit-cache"))
+        yield reference_run(tmp_path_factory.mktemp("resume"))
+
+
+def reference_run(root: Path) -> dict:
     rows = build_synthetic(task="echo", n_train=12, n_test=1, seed=3)["train"]
     data = write_parquet(rows, root / "echo12.parquet")
     runs = root / "runs"

@@ -38,7 +38,7 @@ def train(
     from rlkit.recipes.checks import batch_arithmetic
     from rlkit.recipes.loader import config_to_yaml, load_config
 
-    config = load_config(recipe, overrides or [], model=model)
+    config = load_config(recipe, overrides or [], model=model, require_inputs=not dry_run)
     if dry_run:
         console.print(Syntax(config_to_yaml(config), "yaml", theme="ansi_dark"))
         console.print("[bold]Batch arithmetic[/]")

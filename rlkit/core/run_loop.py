@@ -38,8 +38,11 @@ def run_training(config: RLConfig, run: RunDir, resume_from: Checkpoint | None =
             tracker = Tracker(run.path, trainer.logger, total_steps=trainer.total_steps, start_step=start,
                               project=trainer.project_name, name=trainer.experiment_name or run.run_id,
                               config=config.model_dump(mode="json"), run_id=run.run_id)
+            rewards: list[float] = []
             for step in range(start + 1, trainer.total_steps + 1):
-                tracker.log(controller.step(step), step)
+                metrics = controller.step(step)
+                rewards.append(metrics["reward/mean"])
+                tracker.log(metrics, step)
                 controller.completed_steps = step
                 if should_save(step, trainer):
                     path = controller.save_checkpoint("final" if step == trainer.total_steps else "periodic")
@@ -48,6 +51,7 @@ def run_training(config: RLConfig, run: RunDir, resume_from: Checkpoint | None =
                 else:
                     run.write_status("running", step=step)
             run.write_status("finished")
+            tracker.message(summary(rewards, start, run.path))
         except KeyboardInterrupt:
             run.write_status("interrupted", error="interrupted by Ctrl-C")
             raise
@@ -60,6 +64,13 @@ def run_training(config: RLConfig, run: RunDir, resume_from: Checkpoint | None =
             if controller:
                 controller.close()
     return run.path
+
+
+def summary(rewards: list[float], start: int, run_path: Path) -> str:
+    window = min(5, len(rewards))
+    return (f"[bold green]done:[/] steps {start + 1}-{start + len(rewards)}; reward/mean "
+            f"{sum(rewards[:window]) / window:.3f} (first {window}) -> {sum(rewards[-window:]) / window:.3f} "
+            f"(last {window}); run dir {run_path}")
 
 
 def should_save(step: int, trainer: TrainerConfig) -> bool:

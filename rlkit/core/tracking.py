@@ -12,6 +12,7 @@ from rich.console import Console, Group
 from rich.live import Live
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 from rich.table import Table
+from rich.text import Text
 
 from rlkit.errors import UserError
 
@@ -93,12 +94,13 @@ class Tracker:
             self.live.update(self._render())
 
     def message(self, text: str) -> None:
-        self.console.print(text)
-        step_logger.info(text)
+        self.console.print(text, soft_wrap=True)
+        step_logger.info(Text.from_markup(text).plain)
 
     def close(self) -> None:
         if self.live:
             self.live.stop()
+            self.console.line()
         if self.jsonl:
             self.jsonl.close()
         if self.tb:

@@ -100,6 +100,12 @@ class Controller:
         return build_batch(samples, pad_id=self.tokenizer.pad_token_id or 0)
 
     def score(self, batch: Batch) -> torch.Tensor:
+        """Rule/custom reward per sequence, or the reward model's score when reward_model.path is set."""
+        if self.config.reward_model.path:
+            shards = batch.chunk(self.config.world_size)
+            results = self.workers.call("reward_model_scores", per_rank=[(s,) for s in shards], phase="reward model")
+            self._reward_metrics = {}
+            return torch.cat(results)
         texts = self.tokenizer.batch_decode(batch["responses"].masked_fill(batch["response_mask"] == 0, 0).tolist(),
                                             skip_special_tokens=True)
         scored = self.scorer.score(texts, batch.meta["data_source"], batch.meta["ground_truth"],

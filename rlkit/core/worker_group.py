@@ -23,6 +23,13 @@ WORKER_ENV = {
     "NCCL_NVLS_ENABLE": "0",
     "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1",
     "NVSHMEM_DISABLE_NVLS": "1",
+    # vLLM logs every weight reload; the live metrics table is what a person watches.
+    "VLLM_LOGGING_LEVEL": "ERROR",
+    "TRANSFORMERS_VERBOSITY": "error",
+    # vLLM's CPU build (no effect on GPUs): a small KV cache instead of a share of all RAM,
+    # and no core pinning, so several workers on one host don't pin to the same cores.
+    "VLLM_CPU_KVCACHE_SPACE": "1",
+    "VLLM_CPU_OMP_THREADS_BIND": "nobind",
 }
 
 
@@ -35,9 +42,15 @@ def init_ray(config: RLConfig) -> None:
         return
     env = {**WORKER_ENV, **{k: v for k, v in os.environ.items() if k.startswith(("VLLM_", "RLKIT_"))}}
     address = os.environ.get("RAY_ADDRESS")
+    # Worker output (library warnings, load bars) stays in Ray's log files unless asked for:
+    # the console belongs to the live metrics table. Worker exceptions still surface here.
+    verbose = os.environ.get("RLKIT_WORKER_LOGS", "0") == "1"
     kwargs: dict[str, Any] = dict(runtime_env={"env_vars": env}, include_dashboard=False,
-                                  log_to_driver=True, logging_level="WARNING")
-    if not address:  # a local cluster sized so that every CPU worker gets its slot
+                                  log_to_driver=verbose, logging_level="WARNING")
+    if not address:
+        # A fresh local cluster ("local" never attaches to another one found on this host),
+        # sized so that every CPU worker gets its slot.
+        address = "local"
         kwargs["num_cpus"] = max(os.cpu_count() or 1, config.world_size + 1)
     ray.init(address=address, **kwargs)
 

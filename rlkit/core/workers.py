@@ -17,7 +17,9 @@ from rlkit.core import checkpoint_shards, fsdp
 from rlkit.core.algos.kl import kl_estimate
 from rlkit.core.algos.losses import aggregate_loss, entropy_from_logits, policy_loss
 from rlkit.core.batch import Batch
+from rlkit.core.rewards.reward_model import RewardModel
 from rlkit.core.rollout.base import RolloutSample, Sampling, make_engine
+from rlkit.core.run import resolve_model_path
 from rlkit.recipes.schema import RLConfig
 
 
@@ -66,6 +68,9 @@ class PolicyWorker:
             if cfg.needs_reference else None
         if self.ref is not None:
             self.ref.eval().requires_grad_(False)
+        self.reward_model = RewardModel(
+            resolve_model_path(cfg.reward_model.path), device=self.device, max_length=cfg.reward_model.max_length,
+            micro_batch_size=cfg.reward_model.micro_batch_size) if cfg.reward_model.path else None
         self.engine = make_engine(
             cfg.rollout.name, self.model_path, dtype=cfg.model.dtype, seed=cfg.trainer.seed + self.rank,
             max_model_len=cfg.data.max_prompt_length + cfg.data.max_response_length, device=self.device,
@@ -106,6 +111,17 @@ class PolicyWorker:
         return {"sync/bytes": float(moved), "sync/seconds": time.perf_counter() - start}
 
     # -- passes over a batch ------------------------------------------------------------
+    @torch.no_grad()
+    def reward_model_scores(self, batch: Batch) -> torch.Tensor:
+        """The reward model's score of each (prompt + response) in this worker's shard."""
+        self.phase = "reward_model"
+        mask = batch["attention_mask"].bool()
+        sequences = [ids[row_mask].tolist() for ids, row_mask in zip(batch["input_ids"], mask)]
+        scores = self.reward_model.score(sequences).float().cpu()
+        self.phase = "idle"
+        return scores
+
+
     @torch.no_grad()
     def compute_log_probs(self, batch: Batch, which: str = "actor") -> dict[str, torch.Tensor]:
         """Per-token log-probs (and entropy, for the actor) of the batch's responses."""

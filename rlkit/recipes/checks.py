@@ -6,7 +6,8 @@ from rlkit.errors import ConfigError
 from rlkit.recipes.schema import RLConfig
 
 
-def check_config(config: RLConfig, origins: dict[str, str] | None = None) -> None:
+def check_config(config: RLConfig, origins: dict[str, str] | None = None, *, require_inputs: bool = True) -> None:
+    """Raise ConfigError for inconsistent settings; `require_inputs` also demands a model and data."""
     from rlkit.core.algos.advantages import ADV_ESTIMATORS
     from rlkit.core.algos.kl import KL_ESTIMATORS
     from rlkit.core.algos.losses import POLICY_LOSSES
@@ -24,10 +25,10 @@ def check_config(config: RLConfig, origins: dict[str, str] | None = None) -> Non
                                 ("algorithm.kl_penalty", algo.kl_penalty, KL_ESTIMATORS)):
         if name not in registry:
             fail(key, registry.unknown_message(name))
-    if not config.model.path:
+    if require_inputs and not config.model.path:
         fail("model.path", "no model given; pass --model PATH_OR_HUB_ID or model.path=... "
              "('rlkit:tiny-qwen2' builds a tiny offline model)")
-    if not data.train_files and not data.synthetic_task:
+    if require_inputs and not data.train_files and not data.synthetic_task:
         fail("data.train_files", "no training data; set data.train_files=[train.parquet] "
              "(see `rlkit prep-data`) or data.synthetic_task=echo")
     if algo.adv_estimator in ("grpo", "rloo", "reinforce_plus_plus_baseline") and rollout.n < 2:

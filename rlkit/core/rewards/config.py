@@ -60,7 +60,8 @@ class RewardModelConfig(BaseModel):
     path: str | None = Field(
         None,
         description="Local directory or hub name of an AutoModelForSequenceClassification with "
-                    "num_labels=1 that shares the policy's tokenizer; None uses no reward model.",
+                    "num_labels=1 that shares the policy's tokenizer; its score replaces the rule/custom "
+                    "reward. Each worker scores its own share of the batch. None uses no reward model.",
     )
     micro_batch_size: int = Field(
         8, ge=1, description="Sequences per reward-model forward pass on a worker.",
