@@ -9,7 +9,7 @@ from transformers import Qwen2Config, Qwen2ForSequenceClassification
 from rlkit.core.rewards.reward_model import RewardModel
 from rlkit.core.run import RunDir
 from rlkit.core.tiny import build_tokenizer
-from rlkit.core.trainer import Controller
+from rlkit.core.trainer import Controller, build_batch
 from rlkit.recipes.loader import load_config
 
 pytestmark = pytest.mark.slow
@@ -27,8 +27,9 @@ def test_reward_model_scores_replace_the_rule_reward(tmp_path):
                                            "trainer.n_gpus_per_node=2", f"trainer.runs_dir={tmp_path}"])
     controller = Controller(run_config, RunDir.create(run_config, "rm"))
     try:
-        batch = controller.generate([controller.rows[i] for i in range(16)], step=1)
-        scores = controller.score(batch)
+        samples = controller.generate([controller.rows[i] for i in range(16)], step=1)
+        batch = build_batch(samples, pad_id=0)
+        scores = controller.score(batch)[0]["scores"]
     finally:
         controller.close()
     mask = batch["attention_mask"].bool()

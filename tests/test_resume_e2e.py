@@ -126,9 +126,9 @@ def metrics(run: Path) -> list[dict]:
     return [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
 
 
-def assert_same_metrics(run: Path, reference: list[dict]) -> None:
+def assert_same_metrics(run: Path, reference: list[dict], steps: int = N) -> None:
     records = metrics(run)
-    assert [r["step"] for r in records] == list(range(1, N + 1))  # each step exactly once
+    assert [r["step"] for r in records] == list(range(1, steps + 1))  # each step exactly once
     for got, want in zip(records, reference):
         assert set(got) == set(want)
         mismatched = {k: (got[k], want[k]) for k in got if not is_timing_key(k) and got[k] != want[k]}
@@ -150,7 +150,7 @@ def reference_run(root: Path) -> dict:
     run_cli(["train", "grpo-demo", *overrides, "--run-id", "reference"], root / "reference.log")
     reference = metrics(runs / "reference")
     assert len(reference) == N and all(r["actor/kl_loss"] > 0 for r in reference[1:])
-    return {"root": root, "runs": runs, "overrides": overrides, "reference": reference}
+    return {"root": root, "runs": runs, "data": data, "overrides": overrides, "reference": reference}
 
 
 def test_sigkill_after_a_checkpoint_then_resume_is_exact(world) -> None:
@@ -201,3 +201,22 @@ def test_truncated_newest_checkpoint_resumes_from_the_previous_one(world) -> Non
             f"the manifest says {size}") in output
     assert f"from checkpoint {step_dir_name(N - 1)}" in output
     assert_same_metrics(runs / "truncated", world["reference"])
+
+
+def test_ppo_with_a_critic_resumes_exactly(world) -> None:
+    """The critic's shards, optimizer and RNG are part of the checkpoint too (a second worker group)."""
+    root, runs = world["root"], world["runs"]
+    overrides = [f"data.train_files=[{world['data']}]", "data.train_batch_size=4", "data.max_response_length=2",
+                 "rollout.name=hf", "actor.mini_batch_size=2", "actor.lr=1e-3", "critic.lr=1e-3",
+                 "critic.warmup_steps=1", "trainer.total_steps=4", "trainer.save_freq=1", "trainer.keep_last=4",
+                 "trainer.logger=[jsonl]", f"trainer.runs_dir={runs}", "model.path=rlkit:tiny-qwen2"]
+    run_cli(["train", "ppo", *overrides, "--run-id", "ppo"], root / "ppo.log")
+    reference = metrics(runs / "ppo")
+    assert all(r["critic/vf_loss"] > 0 for r in reference) and "actor/pg_loss" in reference[-1]
+    shutil.copytree(runs / "ppo", runs / "ppo-resumed")
+    for step in (3, 4):  # as if the run had died right after step 2's checkpoint
+        shutil.rmtree(runs / "ppo-resumed" / "checkpoints" / step_dir_name(step))
+    assert (runs / "ppo-resumed" / "checkpoints" / step_dir_name(2) / "critic" / "shards" / ".metadata").is_file()
+
+    run_cli(["resume", "ppo-resumed", "--runs-dir", str(runs)], root / "ppo-resume.log")
+    assert_same_metrics(runs / "ppo-resumed", reference, steps=4)

@@ -7,6 +7,7 @@
         controller_rng.pt     the controller's RNG states
         config.yaml           the resolved config this checkpoint was trained with
         policy/               the policy workers' shards (rlkit.core.checkpoint_shards)
+        critic/               the critic workers' shards, when the run has a critic
       .tmp-step_00000007/     a write in progress, or one killed midway (ignored; removed on resume)
 
 A folder without its marker, or whose files do not match the manifest (a truncated copy, a

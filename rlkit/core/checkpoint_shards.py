@@ -50,24 +50,26 @@ def set_rng_state(state: dict[str, Any]) -> None:
 
 
 def save_shards(folder: str | Path, rank: int, *, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
-                scheduler: Any) -> None:
+                scheduler: Any = None) -> None:
+    """Collective: every rank of the group at once. `scheduler` is None for a constant learning rate."""
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
     model_state, optim_state = get_state_dict(model, optimizer)
     dcp.save({MODEL_KEY: model_state, OPTIM_KEY: optim_state}, checkpoint_id=str(folder / SHARDS_DIR))
-    local = {"rng": rng_state(), "scheduler": scheduler.state_dict()}
+    local = {"rng": rng_state(), "scheduler": scheduler.state_dict() if scheduler is not None else None}
     write_durably(folder / f"rank_{rank}.pt", local)
 
 
 def load_shards(folder: str | Path, rank: int, *, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
-                scheduler: Any) -> None:
+                scheduler: Any = None) -> None:
     folder = Path(folder)
     model_state, optim_state = get_state_dict(model, optimizer)
     state = {MODEL_KEY: model_state, OPTIM_KEY: optim_state}
     dcp.load(state, checkpoint_id=str(folder / SHARDS_DIR))
     set_state_dict(model, optimizer, model_state_dict=state[MODEL_KEY], optim_state_dict=state[OPTIM_KEY])
     local = torch.load(folder / f"rank_{rank}.pt", weights_only=True)
-    scheduler.load_state_dict(local["scheduler"])
+    if scheduler is not None:
+        scheduler.load_state_dict(local["scheduler"])
     set_rng_state(local["rng"])
 
 

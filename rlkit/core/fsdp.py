@@ -24,10 +24,11 @@ DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 def load_sharded_model(path: str, *, device: torch.device, compute_dtype: str, value_head: bool = False,
                        gradient_checkpointing: bool = False) -> torch.nn.Module:
     """Load in fp32 (master weights), shard each decoder layer and the root over all ranks."""
-    from transformers import AutoModelForCausalLM, AutoModelForTokenClassification
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForTokenClassification
 
-    if value_head:  # a critic: the same trunk with a 1-output head on every token
-        model = AutoModelForTokenClassification.from_pretrained(path, num_labels=1, dtype=torch.float32)
+    if value_head:  # a critic: the same trunk with a 1-output head; no dropout (transformers' default is 0.1)
+        config = AutoConfig.from_pretrained(path, num_labels=1, classifier_dropout=0.0)
+        model = AutoModelForTokenClassification.from_pretrained(path, config=config, dtype=torch.float32)
     else:
         model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
     if gradient_checkpointing:

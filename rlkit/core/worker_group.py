@@ -56,18 +56,28 @@ def init_ray(config: RLConfig) -> None:
 
 
 class WorkerGroup:
-    """`world_size` actors of `worker_cls`, rank r on node r // n_gpus_per_node."""
+    """`world_size` actors of `worker_cls`, rank r on node r // n_gpus_per_node.
 
-    def __init__(self, worker_cls: type, config: RLConfig, *args: Any, name: str = "worker") -> None:
+    `colocate_with` puts this group's rank r on the same device as that group's rank r (the
+    critic beside the policy); every group of the run then takes an equal share of each device.
+    """
+
+    def __init__(self, worker_cls: type, config: RLConfig, *args: Any, name: str = "worker",
+                 colocate_with: WorkerGroup | None = None) -> None:
         self.config, self.name = config, name
         trainer = config.trainer
         use_gpu = trainer.device == "cuda" or (trainer.device == "auto" and ray.cluster_resources().get("GPU", 0) > 0)
         bundle = {"CPU": 1, "GPU": 1} if use_gpu else {"CPU": 1}
-        self.placement_groups = [placement_group([bundle] * trainer.n_gpus_per_node, strategy="STRICT_PACK")
-                                 for _ in range(trainer.nnodes)]
-        self._wait(lambda: [pg.ready() for pg in self.placement_groups], "placement (reserving devices)",
-                   timeout=trainer.phase_timeout_s)
-        remote_cls = ray.remote(num_cpus=1, num_gpus=1 if use_gpu else 0)(worker_cls)
+        self.owns_placement = colocate_with is None
+        if colocate_with is not None:
+            self.placement_groups = colocate_with.placement_groups
+        else:
+            self.placement_groups = [placement_group([bundle] * trainer.n_gpus_per_node, strategy="STRICT_PACK")
+                                     for _ in range(trainer.nnodes)]
+            self._wait(lambda: [pg.ready() for pg in self.placement_groups], "placement (reserving devices)",
+                       timeout=trainer.phase_timeout_s)
+        share = 1.0 / groups_per_device(config)
+        remote_cls = ray.remote(num_cpus=share, num_gpus=share if use_gpu else 0)(worker_cls)
         self.actors = []
         for rank in range(config.world_size):
             node, local = divmod(rank, trainer.n_gpus_per_node)
@@ -106,8 +116,14 @@ class WorkerGroup:
     def shutdown(self) -> None:
         for actor in self.actors:
             ray.kill(actor, no_restart=True)
-        for pg in self.placement_groups:
-            remove_placement_group(pg)
+        if self.owns_placement:
+            for pg in self.placement_groups:
+                remove_placement_group(pg)
+
+
+def groups_per_device(config: RLConfig) -> int:
+    """Worker groups sharing each device: the policy group, and the critic group when there is one."""
+    return 2 if config.critic_enabled else 1
 
 
 def _reason(exc: BaseException) -> str:

@@ -62,7 +62,8 @@ class PolicyWorker:
                                            weight_decay=cfg.actor.weight_decay)
         updates_per_step = cfg.data.train_batch_size // cfg.actor.mini_batch_size * cfg.actor.ppo_epochs
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, fsdp.lr_lambda(
-            cfg.actor.warmup_steps, cfg.trainer.total_steps * updates_per_step, cfg.actor.lr_schedule))
+            cfg.actor.warmup_steps, (cfg.trainer.total_steps - cfg.critic.warmup_steps) * updates_per_step,
+            cfg.actor.lr_schedule))  # critic warm-up steps do not update the actor
         # The reference is always the base model on disk, so a resumed run keeps the original anchor.
         self.ref = fsdp.load_sharded_model(self.model_path, device=self.device, compute_dtype=cfg.model.dtype) \
             if cfg.needs_reference else None

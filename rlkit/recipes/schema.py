@@ -73,6 +73,7 @@ class CriticConfig(Section):
     lr: float = Field(1e-5, gt=0, description="Critic AdamW learning rate.")
     cliprange_value: float | None = Field(0.5, description="PPO value clipping range; None disables.")
     warmup_steps: int = Field(0, ge=0, description="RL steps that train only the critic before the actor updates.")
+    grad_clip: float = Field(1.0, gt=0, description="Critic global gradient-norm clip.")
 
 
 class KLControlConfig(Section):
@@ -80,6 +81,11 @@ class KLControlConfig(Section):
     kl_coef: float = Field(0.001, ge=0, description="(Initial) KL-in-reward coefficient.")
     target_kl: float = Field(0.1, gt=0, description="Adaptive controller's target KL per sequence.")
     horizon: int = Field(10000, gt=0, description="Adaptive controller's horizon in samples.")
+
+
+class DynamicSamplingConfig(Section):
+    enable: bool = Field(False, description="DAPO dynamic sampling: drop prompt groups whose samples all got the same verifier score (no group-relative signal) and sample more prompts until data.train_batch_size groups remain.")
+    max_gen_rounds: int = Field(10, ge=1, description="Most generation rounds per step, the first included. A batch still short after them is filled up with dropped groups (counted in dapo/groups_filled) instead of stopping the run.")
 
 
 class AlgorithmConfig(Section):
@@ -90,6 +96,7 @@ class AlgorithmConfig(Section):
     use_kl_in_reward: bool = Field(False, description="Subtract a per-token KL penalty from the reward (PPO-style).")
     kl_penalty: str = Field("k1", description="KL estimator for the in-reward penalty.")
     kl_ctrl: KLControlConfig = Field(default_factory=KLControlConfig)
+    dynamic_sampling: DynamicSamplingConfig = Field(default_factory=DynamicSamplingConfig)
 
 
 class TrainerConfig(Section):

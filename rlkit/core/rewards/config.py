@@ -7,6 +7,18 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 
+class OverlongBufferConfig(BaseModel):
+    """DAPO's soft overlong punishment, added to the verifier score (rlkit.core.algos.dapo.overlong_penalty)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    enable: bool = Field(False, description="Penalise responses that end inside the last `length` tokens before "
+                                            "data.max_response_length, rising linearly to -penalty_factor at the limit.")
+    length: int = Field(4096, ge=1, description="Tokens before data.max_response_length where the penalty ramps up "
+                                                "(must not exceed data.max_response_length).")
+    penalty_factor: float = Field(1.0, ge=0, description="Penalty at (and beyond) data.max_response_length.")
+
+
 class RewardConfig(BaseModel):
     """How responses are scored: a rule function by `data_source`, or your own function.
 
@@ -45,6 +57,7 @@ class RewardConfig(BaseModel):
         description="GSM8K answer extraction: 'strict' takes the number after the last '####', "
                     "'flexible' the last number anywhere in the response.",
     )
+    overlong_buffer: OverlongBufferConfig = Field(default_factory=OverlongBufferConfig)
     format_score: float = Field(
         0.0,
         description="Score of a response whose answer is found (GSM8K '####', math '\\boxed{}') but wrong; "
