@@ -1,11 +1,12 @@
-"""Fault-injection rules, and Ray's death reports turned into one plain sentence (no Ray started)."""
+"""Fault-injection rules; Ray's death reports, missed deadlines and failed saves in plain words (no Ray started)."""
 
 from __future__ import annotations
 
 import pytest
 
 from rlkit.core import faults
-from rlkit.core.failures import death_cause, late_worker, worker_died, workers_late
+from rlkit.core.failures import (CheckpointWriteError, WorkerFailure, checkpoint_write_failure, continue_hint,
+                                 death_cause, late_worker, resume_command, worker_died, workers_late)
 from rlkit.core.phases import WorkerPlace
 
 # What Ray 2.x reports for an actor whose process got SIGKILL (copied from a real run).
@@ -75,3 +76,38 @@ def test_late_message_names_each_late_rank_and_the_key_to_raise():
                               "(node 0, host h, pid 9) still in 'generate' after 61 s; rank 2 (node 1) never "
                               "reported a phase; rank(s) [0, 3] finished.")
     assert "raise trainer.phase_timeout_s" in message
+
+
+def test_a_full_disk_behind_a_workers_checkpoint_exception_is_a_checkpoint_write_error(tmp_path):
+    from torch.distributed.checkpoint.api import CheckpointException
+
+    full = OSError(28, "No space left on device", str(tmp_path / "shards" / "__0_0.distcp"))
+    raised = WorkerFailure("worker rank 0 raised CheckpointException", cause=CheckpointException("save", {0: (full, None)}))
+    failure = checkpoint_write_failure(tmp_path, 8, raised)
+    assert isinstance(failure, CheckpointWriteError)
+    assert str(failure).startswith(f"could not write the checkpoint of step 8 to {tmp_path}: [Errno 28] No space "
+                                   f"left on device: '{tmp_path}/shards/__0_0.distcp'. Earlier checkpoints are "
+                                   "untouched; free space or fix the permissions there")
+    assert checkpoint_write_failure(tmp_path, 8, PermissionError(13, "Permission denied", "x")) is not None
+
+
+def test_a_worker_dying_while_saving_stays_a_worker_failure(tmp_path):
+    died = worker_died("worker", 0, 0, "save checkpoint (policy)", None, KILLED)
+    assert checkpoint_write_failure(tmp_path, 3, died) is None
+    assert checkpoint_write_failure(tmp_path, 3, WorkerFailure("raised", cause=ValueError("bug"))) is None
+
+
+def test_continue_hint_names_the_last_checkpoint_and_the_command(tmp_path, monkeypatch):
+    from rlkit.core.checkpoint import MARKER, step_dir_name
+
+    monkeypatch.delenv("RLKIT_RUNS_DIR", raising=False)
+    run = tmp_path / "runs" / "my-run"
+    assert continue_hint(run, "my-run").startswith("No checkpoint was written yet")
+    ckpt = run / "checkpoints" / step_dir_name(4)
+    ckpt.mkdir(parents=True)
+    (ckpt / MARKER).write_text('{"step": 4, "files": {}}')
+    monkeypatch.chdir(tmp_path)  # runs/ is the default --runs-dir here
+    assert continue_hint(run, "my-run") == (f"The last complete checkpoint is step 4 ({ckpt}). "
+                                            "Continue with: rlkit resume my-run")
+    monkeypatch.chdir(run)
+    assert resume_command(run, "my-run") == f"rlkit resume my-run --runs-dir {tmp_path / 'runs'}"

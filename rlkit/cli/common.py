@@ -10,6 +10,7 @@ from rich.console import Console
 from rich.markup import escape
 
 from rlkit.core.failures import RunFailure
+from rlkit.core.interrupt import RunInterrupted
 from rlkit.errors import UserError
 
 console = Console()
@@ -33,7 +34,8 @@ def user_errors(fn: F) -> F:
 
 def run_failures(fn: F) -> F:
     """Turn RunFailure (a dead, hung or crashed worker, an unwritable checkpoint) into its message
-    and exit code 1; the detail (a worker's traceback) follows, dimmed, for bug reports."""
+    and exit code 1; the detail (a worker's traceback) follows, dimmed, for bug reports, then how
+    to continue. A run stopped by Ctrl-C/SIGTERM prints how to continue and exits with 130."""
 
     @functools.wraps(fn)
     def wrapper(*args, **kwargs):
@@ -43,6 +45,16 @@ def run_failures(fn: F) -> F:
             err_console.print(f"[bold red]error:[/] {escape(str(exc))}", markup=True, highlight=False)
             if exc.detail:
                 err_console.print(exc.detail.rstrip(), style="dim", markup=False, highlight=False)
+            if exc.next_step:
+                err_console.print(exc.next_step, markup=False, highlight=False)
             raise typer.Exit(1) from None
+        except RunInterrupted as exc:
+            err_console.print(str(exc), style="bold yellow", markup=False, highlight=False)
+            raise typer.Exit(130) from None
+        except KeyboardInterrupt as exc:  # another Ctrl-C while the run was already shutting down
+            pending = exc.__context__
+            text = str(pending) if isinstance(pending, RunInterrupted) else "stopped at once by Ctrl-C"
+            err_console.print(text, style="bold yellow", markup=False, highlight=False)
+            raise typer.Exit(130) from None
 
     return wrapper  # type: ignore[return-value]

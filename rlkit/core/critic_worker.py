@@ -15,7 +15,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from rlkit.core import fsdp
+from rlkit.core import checkpoint_shards, fsdp
 from rlkit.core.algos.losses import aggregate_loss, value_loss
 from rlkit.core.batch import Batch
 from rlkit.core.phases import PhaseReporter
@@ -107,6 +107,13 @@ class CriticWorker(PhaseReporter):
         steps = len(minibatches)
         return {"critic/vf_loss": vf_loss / steps, "critic/vf_clipfrac": clipped / max(tokens, 1.0),
                 "critic/grad_norm": grad_norm / steps, "critic/lr": cfg.lr}
+
+    # -- checkpoints (collective: every rank calls with the same folder) -----------------
+    def save_checkpoint(self, folder: str) -> None:
+        checkpoint_shards.save_shards(folder, self.rank, model=self.critic, optimizer=self.optimizer)
+
+    def load_checkpoint(self, folder: str) -> None:
+        checkpoint_shards.load_shards(folder, self.rank, model=self.critic, optimizer=self.optimizer)
 
 
 def start_critic_group(config: RLConfig, model_path: str, policy: WorkerGroup) -> WorkerGroup | None:

@@ -7,7 +7,9 @@ raised, or a checkpoint could not be written. The CLI prints the message, then `
 
 from __future__ import annotations
 
+import os
 import re
+from pathlib import Path
 
 from rlkit.core.phases import WorkerPlace
 
@@ -19,12 +21,62 @@ class RunFailure(RuntimeError):
 
     def __init__(self, message: str, *, detail: str = "", cause: BaseException | None = None) -> None:
         super().__init__(message)
-        self.detail = detail  # long text kept for bug reports (a worker's traceback)
-        self.cause = cause    # a worker's own exception, when it raised one
+        self.detail = detail   # long text kept for bug reports (a worker's traceback)
+        self.cause = cause     # a worker's own exception, when it raised one
+        self.next_step = ""    # how to continue; the run loop fills it in (it knows the run)
 
 
 class WorkerFailure(RunFailure):
     """A worker died, missed its deadline, or raised; the message says which, where and why."""
+
+
+class CheckpointWriteError(RunFailure):
+    """A checkpoint could not be written (disk full, unwritable run directory)."""
+
+
+def continue_hint(run_path: Path, run_id: str) -> str:
+    """Where the run can continue from, and the command that does it."""
+    from rlkit.core.checkpoint import latest_checkpoint
+    from rlkit.errors import UserError
+
+    try:
+        ckpt = latest_checkpoint(run_path, warn=False)
+    except UserError:
+        return "No checkpoint was written yet, so nothing can be resumed: start the run again with `rlkit train`."
+    return f"The last complete checkpoint is step {ckpt.step} ({ckpt.path}). Continue with: {resume_command(run_path, run_id)}"
+
+
+def resume_command(run_path: Path, run_id: str) -> str:
+    default = Path(os.environ.get("RLKIT_RUNS_DIR", "runs")).expanduser().resolve()
+    parent = Path(run_path).expanduser().resolve().parent
+    return f"rlkit resume {run_id}" + ("" if parent == default else f" --runs-dir {parent}")
+
+
+def checkpoint_write_failure(tmp: Path, step: int, exc: BaseException) -> CheckpointWriteError | None:
+    """A CheckpointWriteError when `exc` (from writing step `step` into `tmp`) is a filesystem error
+    (raised here or by a worker), else None: a dead or hung worker stays a WorkerFailure."""
+    error = _os_error(exc)
+    if error is None:
+        return None
+    return CheckpointWriteError(
+        f"could not write the checkpoint of step {step} to {tmp}: {error}. Earlier checkpoints are untouched; "
+        "free space or fix the permissions there (see docs/troubleshooting.md, 'A checkpoint could not be written').")
+
+
+def _os_error(exc: BaseException | None, depth: int = 0) -> OSError | None:
+    """The OSError behind `exc`: itself, a worker's cause, or one rank's failure inside torch's
+    CheckpointException (whose `failures` maps rank -> (exception, traceback))."""
+    if exc is None or depth > 5:
+        return None
+    if isinstance(exc, OSError):
+        return exc
+    if isinstance(exc, WorkerFailure):  # died or late: no cause; raised: the worker's own exception
+        return _os_error(exc.cause, depth + 1)
+    for failure in getattr(exc, "failures", {}).values():
+        found = _os_error(failure[0] if isinstance(failure, tuple) else failure, depth + 1)
+        if found is not None:
+            return found
+    return _os_error(exc.__cause__ or exc.__context__, depth + 1)
 
 
 def describe_worker(rank: int, node: int, place: WorkerPlace | None) -> str:

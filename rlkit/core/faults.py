@@ -1,12 +1,15 @@
 """Fault injection, so tests can break a run at an exact point the way real runs break.
 
 Set `RLKIT_FAULT` to one or more comma-separated `ACTION:POINT:N` rules (Ray workers inherit
-it). Rule `ACTION:POINT:N` fires the N-th time the process reaches POINT (1-based); for the
-per-step points that is step N. Unset, every hook is a no-op.
+it). Rule `ACTION:POINT:N` fires at the N-th arrival at POINT (1-based), or at step N for the
+points that pass their step. Unset, every hook is a no-op.
 
 Points:
-  worker<RANK>.<PHASE>  a worker entering a phase, e.g. worker1.update_actor, worker0.generate,
-                        worker0.setup/rollout-engine (the phases in `rlkit.core.workers`)
+  worker<RANK>.<PHASE>      a worker entering a phase (N-th arrival; for the once-a-step phases
+                            that is step N), e.g. worker1.update_actor, worker0.generate,
+                            worker0.setup/rollout-engine (the phases in `rlkit.core.workers`)
+  checkpoint-before-marker  the controller saving step N: shards and state written, the
+                            COMPLETE marker and the rename not yet (a write killed midway)
 Actions:
   kill         SIGKILL the process (what the OOM killer does)
   sleep=SECS   stall that long, then go on (a slow or hung phase)
@@ -27,6 +30,7 @@ from dataclasses import dataclass
 
 ENV = "RLKIT_FAULT"
 MESSAGE = "rlkit fault injection:"
+HANG_MESSAGE = f"{MESSAGE} hanging at"  # printed (stderr) when a `hang` rule fires: tests wait for it
 
 
 class InjectedFault(RuntimeError):
@@ -64,19 +68,21 @@ def _valid_action(action: str) -> bool:
 _reached: Counter[str] = Counter()
 
 
-def reached(point: str) -> None:
-    """Count one arrival at `point` and carry out the rule for this arrival, if there is one."""
+def reached(point: str, step: int | None = None) -> None:
+    """Count one arrival at `point` and carry out the rule for this arrival (or `step`), if there is one."""
     spec = os.environ.get(ENV)
     if not spec:
         return
     _reached[point] += 1
+    occurrence = _reached[point] if step is None else step
     for rule in parse(spec):
-        if rule.point == point and rule.occurrence == _reached[point]:
+        if rule.point == point and rule.occurrence == occurrence:
             _act(rule)
 
 
 def _act(rule: Rule) -> None:
-    print(f"{MESSAGE} {rule.action} at {rule.point} #{rule.occurrence}", file=sys.stderr, flush=True)
+    doing = {"kill": "killing", "raise": "raising", "hang": "hanging"}.get(rule.action, rule.action)
+    print(f"{MESSAGE} {doing} at {rule.point} #{rule.occurrence}", file=sys.stderr, flush=True)
     if rule.action == "kill":
         os.kill(os.getpid(), signal.SIGKILL)
     elif rule.action == "raise":

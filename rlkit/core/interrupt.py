@@ -17,7 +17,13 @@ from __future__ import annotations
 import signal
 import threading
 from types import FrameType
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
+
+from rlkit.core.failures import continue_hint
+
+if TYPE_CHECKING:
+    from rlkit.core.run import RunDir
+    from rlkit.core.trainer import Controller
 
 SIGNALS = (signal.SIGINT, signal.SIGTERM)
 
@@ -73,3 +79,21 @@ class StopOnSignal:
             return
         self.requested = self.requested or name
         raise KeyboardInterrupt(name)
+
+
+def stop_after_step(controller: Controller, run: RunDir, stop: StopOnSignal, *, saved: bool) -> RunInterrupted:
+    """The step in flight has finished: checkpoint it (unless it was just saved, or not wanted)."""
+    step = controller.completed_steps
+    if stop.save_on_interrupt and not saved:
+        controller.save_checkpoint("interrupt")
+        run.write_status("running", step=step, last_checkpoint=step)
+    how = "" if stop.save_on_interrupt else " without a checkpoint (trainer.save_on_interrupt=false)"
+    return RunInterrupted(f"stopped by {stop.requested} after step {step}{how}. {continue_hint(run.path, run.run_id)}",
+                          run_id=run.run_id)
+
+
+def stopped_at_once(run: RunDir, stop: StopOnSignal, completed_steps: int) -> RunInterrupted:
+    """A second signal (or one during start-up) abandoned whatever was in flight."""
+    where = f"after step {completed_steps}" if stop.finishing else "during start-up"
+    return RunInterrupted(f"stopped at once by {stop.requested or 'Ctrl-C'} {where}. "
+                          f"{continue_hint(run.path, run.run_id)}", run_id=run.run_id)

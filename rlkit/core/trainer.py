@@ -6,6 +6,7 @@ passes, the controller does the cheap, visible math (rewards -> advantages).
 
 from __future__ import annotations
 
+import shutil
 import time
 from contextlib import contextmanager
 from pathlib import Path
@@ -13,20 +14,24 @@ from typing import Any, Iterator
 
 import torch
 
+from rlkit.core import checkpoint
 from rlkit.core.algos.advantages import AdvantageInputs, compute_advantages
 from rlkit.core.algos.dapo import groups_with_signal, overlong_penalty
 from rlkit.core.algos.kl import AdaptiveKLController, FixedKLController, apply_kl_penalty, kl_estimate
 from rlkit.core.batch import Batch
+from rlkit.core.checkpoint_shards import rng_state, set_rng_state
 from rlkit.core.critic_worker import VALUE_INPUT_KEYS, start_critic_group
 from rlkit.core.data.dataset import PromptRow, PromptSampler, load_prompt_dataset
 from rlkit.core.dynamic_sampling import GroupCollector, group_rows
+from rlkit.core.failures import WorkerFailure, checkpoint_write_failure
 from rlkit.core.preflight import check_inputs
 from rlkit.core.rewards.scoring import RewardScorer
 from rlkit.core.rollout.base import RolloutSample, Sampling
 from rlkit.core.run import RunDir, prepare_data_files, resolve_model_path
-from rlkit.core.tracking import Tracker
 from rlkit.core.worker_group import WorkerGroup, init_ray
 from rlkit.core.workers import PolicyWorker
+from rlkit.errors import UserError
+from rlkit.recipes.loader import config_to_yaml
 from rlkit.recipes.schema import RLConfig
 
 
@@ -52,12 +57,20 @@ class Controller:
                         if config.algorithm.kl_ctrl.type == "adaptive"
                         else FixedKLController(config.algorithm.kl_ctrl.kl_coef))
         self.scorer = RewardScorer(config.reward)
-        init_ray(config)
-        self.workers = WorkerGroup(PolicyWorker, config, self.model_path, name="worker")
-        master = self.workers.call("address", phase="address")[0]
-        self.setup_info = self.workers.call("setup", *master, phase="setup (model load + engine start)",
-                                            startup=True)
-        self.critic = start_critic_group(config, self.model_path, self.workers)
+        try:
+            init_ray(config)
+            self.workers = WorkerGroup(PolicyWorker, config, self.model_path, name="worker")
+            master = self.workers.call("address", phase="address")[0]
+            self.setup_info = self.workers.call("setup", *master, phase="setup (model load + engine start)",
+                                                startup=True)
+            self.critic = start_critic_group(config, self.model_path, self.workers)
+        except BaseException:  # a worker that died or hung in start-up, or Ctrl-C: stop what did start
+            import ray
+
+            self.scorer.close()
+            ray.shutdown()  # with it every actor this run started
+            raise
+        self.completed_steps = 0  # the run loop advances it; a checkpoint saves this step
 
     # -- the step -----------------------------------------------------------------------
     def step(self, step: int) -> dict[str, Any]:
@@ -283,6 +296,49 @@ class Controller:
         return {"perf/tokens_per_s": tokens / seconds, "perf/tokens_per_s_per_device": tokens / seconds / self.config.world_size,
                 "perf/response_tokens": float(batch["response_mask"].sum())}
 
+    # -- checkpoints (layout and atomic writes: rlkit.core.checkpoint) -------------------
+    def checkpoint_groups(self) -> dict[str, WorkerGroup]:
+        """Worker groups whose sharded state a checkpoint holds, by sub-folder name."""
+        return {"policy": self.workers, **({"critic": self.critic} if self.critic is not None else {})}
+
+    def save_checkpoint(self, reason: str) -> Path:
+        """Checkpoint the last completed step atomically; `reason` (periodic, final, ...) is recorded."""
+
+        def write_shards(folder: Path) -> None:
+            for name, group in self.checkpoint_groups().items():
+                group.call("save_checkpoint", str(folder / name), phase=f"save checkpoint ({name})")
+
+        state = {"sampler": self.sampler.state_dict(), "dataset_rows": len(self.rows),
+                 "kl_coef": self.kl_ctrl.value, "rollout_seed": self.config.trainer.seed,
+                 "world_size": self.config.world_size, "total_steps": self.config.trainer.total_steps}
+        try:
+            return checkpoint.write_checkpoint(
+                self.run.path, self.completed_steps, reason=reason, write_shards=write_shards, trainer_state=state,
+                controller_rng=rng_state(), config_yaml=config_to_yaml(self.config),
+                keep_last=self.config.trainer.keep_last)
+        except (OSError, WorkerFailure) as exc:  # disk full, unwritable run dir: name the path, give the space back
+            tmp = checkpoint.tmp_dir(self.run.path, self.completed_steps)
+            failure = checkpoint_write_failure(tmp, self.completed_steps, exc)
+            if failure is None:
+                raise
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise failure from None
+
+    def load_checkpoint(self, ckpt: checkpoint.Checkpoint) -> None:
+        """Restore every worker's shards, RNG and schedule, then the data position, KL coefficient, step."""
+        state = ckpt.state
+        if state["dataset_rows"] != len(self.rows):
+            raise UserError(f"the training data changed: checkpoint {ckpt.path.name} was trained on "
+                            f"{state['dataset_rows']} prompts, data.train_files now holds {len(self.rows)}; "
+                            "an exact resume needs the same data (start a new run for new data)")
+        for name, group in self.checkpoint_groups().items():
+            group.call("load_checkpoint", str(ckpt.path / name), phase=f"load checkpoint ({name})")
+        self.workers.call("sync_weights", phase="sync loaded weights to the rollout engine")
+        self.sampler.load_state_dict(state["sampler"])
+        self.kl_ctrl.value = state["kl_coef"]
+        set_rng_state(torch.load(ckpt.path / checkpoint.RNG_FILE, weights_only=True))
+        self.completed_steps = state["step"]
+
     def close(self) -> None:
         import ray
 
@@ -331,22 +387,7 @@ def timed(timing: dict[str, float], name: str) -> Iterator[None]:
 
 def train_run(config: RLConfig, run_id: str | None = None) -> Path:
     """Check the inputs, create the run directory, train config.trainer.total_steps steps, return the run dir."""
+    from rlkit.core.run_loop import run_training
+
     check_inputs(config)
-    run = RunDir.create(config, run_id)
-    controller = Controller(config, run)
-    tracker = Tracker(run.path, config.trainer.logger, total_steps=config.trainer.total_steps, start_step=0,
-                      project=config.trainer.project_name, name=config.trainer.experiment_name or run.run_id,
-                      config=config.model_dump(mode="json"))
-    rewards: list[float] = []
-    try:
-        for step in range(1, config.trainer.total_steps + 1):
-            metrics = controller.step(step)
-            rewards.append(metrics["reward/mean"])
-            tracker.log(metrics, step)
-    finally:
-        tracker.close()
-        controller.close()
-    window = min(5, len(rewards))
-    tracker.message(f"[bold green]done:[/] {len(rewards)} steps; reward/mean {sum(rewards[:window]) / window:.3f} "
-                    f"(first {window}) -> {sum(rewards[-window:]) / window:.3f} (last {window}); run dir {run.path}")
-    return run.path
+    return run_training(config, RunDir.create(config, run_id))

@@ -24,6 +24,7 @@ from rlkit.recipes.schema import RLConfig
 logger = logging.getLogger("rlkit.workers")
 POLL_S = 1.0           # how often a waiting controller looks at the phase board
 PROGRESS_EVERY_S = 30  # during start-up, a "still in phase X" line this often
+QUIET_PHASES = ("started", "idle")  # between phases: nothing to report
 
 # NVLink multicast stays off on the lent GPU machines (see ../shared/gpu/README.md).
 WORKER_ENV = {
@@ -173,10 +174,14 @@ class WorkerGroup:
         """One line per phase change of each rank, and a reminder every PROGRESS_EVERY_S seconds."""
         for rank, place in sorted(self.places().items()):
             tick = int(place.seconds_in_phase // PROGRESS_EVERY_S)
-            if shown.get(rank) != (place.phase, tick):
-                shown[rank] = (place.phase, tick)
-                logger.info("%s: %s rank %d %s (%.0f s)", phase, self.name, rank,
-                            "still in " + place.phase if tick else place.phase, place.seconds_in_phase)
+            if place.phase in QUIET_PHASES or shown.get(rank) == (place.phase, tick):
+                continue
+            shown[rank] = (place.phase, tick)
+            if tick:
+                logger.info("%s: %s rank %d still in %s after %.0f s", phase, self.name, rank, place.phase,
+                            place.seconds_in_phase)
+            else:
+                logger.info("%s: %s rank %d in %s", phase, self.name, rank, place.phase)
 
     def _node(self, rank: int) -> int:
         return rank // self.config.trainer.n_gpus_per_node

@@ -13,7 +13,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from rlkit.core import fsdp
+from rlkit.core import checkpoint_shards, fsdp
 from rlkit.core.algos.kl import kl_estimate
 from rlkit.core.algos.losses import aggregate_loss, entropy_from_logits, policy_loss
 from rlkit.core.batch import Batch
@@ -205,7 +205,27 @@ class PolicyWorker(PhaseReporter):
         (loss * self.world_size).backward()
         return sums
 
+    # -- checkpoints (collective: every rank calls with the same folder) -----------------
+    def save_checkpoint(self, folder: str) -> None:
+        self.phase = "save_checkpoint"
+        checkpoint_shards.save_shards(folder, self.rank, model=self.actor, optimizer=self.optimizer,
+                                      scheduler=self.scheduler)
+        self.phase = "idle"
+
+    def load_checkpoint(self, folder: str) -> None:
+        """The actor, its optimizer, LR schedule and RNG; the reference stays the base model."""
+        self.phase = "load_checkpoint"
+        checkpoint_shards.load_shards(folder, self.rank, model=self.actor, optimizer=self.optimizer,
+                                      scheduler=self.scheduler)
+        self.phase = "idle"
+
     # -- test and debugging hooks -------------------------------------------------------
+    @torch.no_grad()
+    def policy_logits(self, input_ids: torch.Tensor) -> torch.Tensor:
+        """The actor's full logits for `input_ids` (for checking exported weights)."""
+        self.actor.eval()
+        return self.actor(input_ids=input_ids.to(self.device), use_cache=False).logits.float().cpu()
+
     def engine_log_probs(self, sequences: list[list[int]], prompt_len: int) -> list[list[float]]:
         """The engine's log-probs of given continuations (for checking the weight sync)."""
         return self.engine.score(sequences, prompt_len)

@@ -105,13 +105,14 @@ class TrainerConfig(Section):
     nnodes: int = Field(1, ge=1, description="Nodes in the Ray cluster.")
     device: Literal["auto", "cpu", "cuda"] = Field("auto", description="auto = cuda when GPUs are visible, else cpu (gloo).")
     seed: int = Field(0, description="Seeds data order, initialisation of new heads and sampling.")
-    runs_dir: str = Field("runs", description="Parent folder of run directories.")
+    runs_dir: str = Field("runs", description="Parent folder of run directories (shared storage for multi-node runs: every node writes checkpoint shards there).")
     logger: list[Literal["console", "jsonl", "tensorboard", "wandb"]] = Field(
-        default_factory=lambda: ["console", "jsonl", "tensorboard"], description="Where metrics go.")
+        default_factory=lambda: ["console", "jsonl", "tensorboard"],
+        description="Where metrics go: console (live table), jsonl (RUN/metrics.jsonl), tensorboard (RUN/tensorboard), wandb (needs `pip install wandb`).")
     project_name: str = Field("rlkit", description="Grouping name for trackers.")
     experiment_name: str | None = Field(None, description="Run name for trackers (default: the run id).")
-    save_freq: int = Field(0, ge=0, description="Checkpoint every N steps (0 = only at the end).")
-    keep_last: int = Field(2, ge=1, description="Checkpoints kept on disk.")
+    save_freq: int = Field(0, ge=0, description="Checkpoint every N steps (0 = only at the end); the last step is always saved.")
+    keep_last: int = Field(2, ge=1, description="Complete checkpoints kept on disk (older ones are deleted after each save).")
     val_freq: int = Field(0, ge=0, description="Score data.val_files every N steps (0 = never).")
     phase_timeout_s: float = Field(1800.0, gt=0, description="Deadline of one controller -> worker call in a step (generate, update, sync, save); past it the run stops and names the late workers.")
     setup_timeout_s: float = Field(3600.0, gt=0, description="Deadline of worker start-up (model load, rollout-engine start), whose progress is logged as it goes.")

@@ -113,7 +113,7 @@ def _worker_main(fd: int) -> None:
     while True:
         try:
             call = pickle.loads(conn.recv_bytes())
-        except EOFError:
+        except (EOFError, ConnectionError):  # the controller is gone
             return
         except Exception as exc:  # the function cannot be imported here
             conn.send(_Outcome(None, {}, f"cannot load the function in a reward worker: {_describe(exc)}", 0.0))
