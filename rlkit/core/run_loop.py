@@ -88,7 +88,8 @@ def summary(rewards: list[float], start: int, run_path: Path) -> str:
     window = min(5, len(rewards))
     return (f"[bold green]done:[/] steps {start + 1}-{start + len(rewards)}; reward/mean "
             f"{sum(rewards[:window]) / window:.3f} (first {window}) -> {sum(rewards[-window:]) / window:.3f} "
-            f"(last {window}); run dir {run_path}")
+            f"(last {window}); run dir {run_path}\n      curves: rlkit plot {run_path.name} --runs-dir {run_path.parent}"
+            f"  |  model: rlkit export {run_path.name} --runs-dir {run_path.parent} --out DIR")
 
 
 def should_save(step: int, trainer: TrainerConfig) -> bool:
