@@ -33,7 +33,7 @@ def test_failure_prints_message_worker_traceback_and_next_step(capsys):
 
 def test_interrupted_run_prints_how_to_continue(capsys):
     def stopped():
-        raise RunInterrupted("stopped by SIGINT after step 7. Continue with: rlkit resume x", run_id="x")
+        raise RunInterrupted("stopped by SIGINT after step 7. Continue with: rlkit resume x")
 
     assert _exit_code(stopped) == 130
     assert capsys.readouterr().err.strip() == "stopped by SIGINT after step 7. Continue with: rlkit resume x"
@@ -42,7 +42,7 @@ def test_interrupted_run_prints_how_to_continue(capsys):
 def test_ctrl_c_during_shutdown_still_prints_how_to_continue(capsys):
     def stopped_then_pressed_again():
         try:
-            raise RunInterrupted("stopped by SIGINT after step 7. Continue with: rlkit resume x", run_id="x")
+            raise RunInterrupted("stopped by SIGINT after step 7. Continue with: rlkit resume x")
         finally:
             raise KeyboardInterrupt  # what the signal handler raises while Ray shuts down
 

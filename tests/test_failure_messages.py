@@ -82,7 +82,8 @@ def test_a_full_disk_behind_a_workers_checkpoint_exception_is_a_checkpoint_write
     from torch.distributed.checkpoint.api import CheckpointException
 
     full = OSError(28, "No space left on device", str(tmp_path / "shards" / "__0_0.distcp"))
-    raised = WorkerFailure("worker rank 0 raised CheckpointException", cause=CheckpointException("save", {0: (full, None)}))
+    raised = WorkerFailure("worker rank 0 raised CheckpointException",
+                           cause=CheckpointException("save", {0: (full, None)}))
     failure = checkpoint_write_failure(tmp_path, 8, raised)
     assert isinstance(failure, CheckpointWriteError)
     assert str(failure).startswith(f"could not write the checkpoint of step 8 to {tmp_path}: [Errno 28] No space "

@@ -43,10 +43,12 @@ def continue_hint(run_path: Path, run_id: str) -> str:
         ckpt = latest_checkpoint(run_path, warn=False)
     except UserError:
         return "No checkpoint was written yet, so nothing can be resumed: start the run again with `rlkit train`."
-    return f"The last complete checkpoint is step {ckpt.step} ({ckpt.path}). Continue with: {resume_command(run_path, run_id)}"
+    return (f"The last complete checkpoint is step {ckpt.step} ({ckpt.path}). "
+            f"Continue with: {resume_command(run_path, run_id)}")
 
 
 def resume_command(run_path: Path, run_id: str) -> str:
+    """`rlkit resume ID`, with --runs-dir when the run is not under the default runs folder."""
     default = Path(os.environ.get("RLKIT_RUNS_DIR", "runs")).expanduser().resolve()
     parent = Path(run_path).expanduser().resolve().parent
     return f"rlkit resume {run_id}" + ("" if parent == default else f" --runs-dir {parent}")
@@ -60,7 +62,7 @@ def checkpoint_write_failure(tmp: Path, step: int, exc: BaseException) -> Checkp
         return None
     return CheckpointWriteError(
         f"could not write the checkpoint of step {step} to {tmp}: {error}. Earlier checkpoints are untouched; "
-        "free space or fix the permissions there (see docs/troubleshooting.md, 'A checkpoint could not be written').")
+        f"free space or fix the permissions there (see {TROUBLESHOOTING}, 'A checkpoint could not be written').")
 
 
 def _os_error(exc: BaseException | None, depth: int = 0) -> OSError | None:

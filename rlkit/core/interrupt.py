@@ -31,10 +31,6 @@ SIGNALS = (signal.SIGINT, signal.SIGTERM)
 class RunInterrupted(Exception):
     """The run stopped on a signal; the message says where, and how to continue."""
 
-    def __init__(self, message: str, *, run_id: str) -> None:
-        super().__init__(message)
-        self.run_id = run_id
-
 
 class StopOnSignal:
     """Context manager owning SIGINT/SIGTERM for the run's lifetime (main thread only).
@@ -88,12 +84,11 @@ def stop_after_step(controller: Controller, run: RunDir, stop: StopOnSignal, *, 
         controller.save_checkpoint("interrupt")
         run.write_status("running", step=step, last_checkpoint=step)
     how = "" if stop.save_on_interrupt else " without a checkpoint (trainer.save_on_interrupt=false)"
-    return RunInterrupted(f"stopped by {stop.requested} after step {step}{how}. {continue_hint(run.path, run.run_id)}",
-                          run_id=run.run_id)
+    return RunInterrupted(f"stopped by {stop.requested} after step {step}{how}. {continue_hint(run.path, run.run_id)}")
 
 
 def stopped_at_once(run: RunDir, stop: StopOnSignal, completed_steps: int) -> RunInterrupted:
     """A second signal (or one during start-up) abandoned whatever was in flight."""
     where = f"after step {completed_steps}" if stop.finishing else "during start-up"
     return RunInterrupted(f"stopped at once by {stop.requested or 'Ctrl-C'} {where}. "
-                          f"{continue_hint(run.path, run.run_id)}", run_id=run.run_id)
+                          f"{continue_hint(run.path, run.run_id)}")

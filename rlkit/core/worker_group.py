@@ -123,22 +123,25 @@ class WorkerGroup:
         start = time.monotonic()
         deadline = start + timeout
         pending = list(refs)
+        results: list[Any] = [None] * len(refs)
         shown: dict[int, tuple[str, int]] = {}
         while pending:
             done, pending = ray.wait(pending, num_returns=1, timeout=max(0.0, min(POLL_S, deadline - time.monotonic())))
             if progress:
                 self._log_progress(phase, shown)
             for ref in done:
-                self._raise_if_failed(ref, refs.index(ref), phase)
+                rank = refs.index(ref)
+                results[rank] = self._result(ref, rank, phase)
             if pending and not done and time.monotonic() >= deadline:
                 raise self._late(refs, pending, phase, timeout, timeout_key)
         if progress:
             logger.info("%s: all %d %ss done in %.0f s", phase, len(refs), self.name, time.monotonic() - start)
-        return ray.get(refs)
+        return results
 
-    def _raise_if_failed(self, ref: Any, rank: int, phase: str) -> None:
+    def _result(self, ref: Any, rank: int, phase: str) -> Any:
+        """The call's result, or the WorkerFailure (UserError) saying why there is none."""
         try:
-            ray.get(ref)
+            return ray.get(ref)
         except ray.exceptions.RayActorError as exc:
             raise worker_died(self.name, rank, self._node(rank), phase, self.places().get(rank), str(exc)) from None
         except ray.exceptions.RayTaskError as exc:
