@@ -1,4 +1,4 @@
-"""How the CLI prints a failed or interrupted run, and its exit codes (1 failed, 130 stopped)."""
+"""How the CLI prints a failed or interrupted run, and its exit codes (1 failed, 130/143 stopped)."""
 
 from __future__ import annotations
 
@@ -31,18 +31,19 @@ def test_failure_prints_message_worker_traceback_and_next_step(capsys):
     assert lines[4].endswith("Continue with: rlkit resume x")
 
 
-def test_interrupted_run_prints_how_to_continue(capsys):
+@pytest.mark.parametrize("name, code", [("SIGINT", 130), ("SIGTERM", 143)])
+def test_interrupted_run_prints_how_to_continue(capsys, name, code):
     def stopped():
-        raise RunInterrupted("stopped by SIGINT after step 7. Continue with: rlkit resume x")
+        raise RunInterrupted(f"stopped by {name} after step 7. Continue with: rlkit resume x", name)
 
-    assert _exit_code(stopped) == 130
-    assert capsys.readouterr().err.strip() == "stopped by SIGINT after step 7. Continue with: rlkit resume x"
+    assert _exit_code(stopped) == code
+    assert capsys.readouterr().err.strip() == f"stopped by {name} after step 7. Continue with: rlkit resume x"
 
 
 def test_ctrl_c_during_shutdown_still_prints_how_to_continue(capsys):
     def stopped_then_pressed_again():
         try:
-            raise RunInterrupted("stopped by SIGINT after step 7. Continue with: rlkit resume x")
+            raise RunInterrupted("stopped by SIGINT after step 7. Continue with: rlkit resume x", "SIGINT")
         finally:
             raise KeyboardInterrupt  # what the signal handler raises while Ray shuts down
 

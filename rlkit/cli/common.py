@@ -35,7 +35,7 @@ def user_errors(fn: F) -> F:
 def run_failures(fn: F) -> F:
     """Turn RunFailure (a dead, hung or crashed worker, an unwritable checkpoint) into its message
     and exit code 1; the detail (a worker's traceback) follows, dimmed, for bug reports, then how
-    to continue. A run stopped by Ctrl-C/SIGTERM prints how to continue and exits with 130."""
+    to continue. A run stopped by Ctrl-C/SIGTERM prints how to continue and exits with 130/143."""
 
     @functools.wraps(fn)
     def wrapper(*args, **kwargs):
@@ -50,7 +50,7 @@ def run_failures(fn: F) -> F:
             raise typer.Exit(1) from None
         except RunInterrupted as exc:
             err_console.print(str(exc), style="bold yellow", markup=False, highlight=False)
-            raise typer.Exit(130) from None
+            raise typer.Exit(exc.exit_code) from None
         except KeyboardInterrupt as exc:  # another Ctrl-C while the run was already shutting down
             pending = exc.__context__
             text = str(pending) if isinstance(pending, RunInterrupted) else "stopped at once by Ctrl-C"

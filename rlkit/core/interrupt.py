@@ -31,6 +31,11 @@ SIGNALS = (signal.SIGINT, signal.SIGTERM)
 class RunInterrupted(Exception):
     """The run stopped on a signal; the message says where, and how to continue."""
 
+    def __init__(self, message: str, signal_name: str | None) -> None:
+        super().__init__(message)
+        # The shell's convention, 128 + the signal's number: 130 for Ctrl-C, 143 for SIGTERM.
+        self.exit_code = 128 + signal.Signals[signal_name or "SIGINT"].value
+
 
 class StopOnSignal:
     """Context manager owning SIGINT/SIGTERM for the run's lifetime (main thread only).
@@ -84,11 +89,12 @@ def stop_after_step(controller: Controller, run: RunDir, stop: StopOnSignal, *, 
         controller.save_checkpoint("interrupt")
         run.write_status("running", step=step, last_checkpoint=step)
     how = "" if stop.save_on_interrupt else " without a checkpoint (trainer.save_on_interrupt=false)"
-    return RunInterrupted(f"stopped by {stop.requested} after step {step}{how}. {continue_hint(run.path, run.run_id)}")
+    return RunInterrupted(f"stopped by {stop.requested} after step {step}{how}. {continue_hint(run.path, run.run_id)}",
+                          stop.requested)
 
 
 def stopped_at_once(run: RunDir, stop: StopOnSignal, completed_steps: int) -> RunInterrupted:
     """A second signal (or one during start-up) abandoned whatever was in flight."""
     where = f"after step {completed_steps}" if stop.finishing else "during start-up"
     return RunInterrupted(f"stopped at once by {stop.requested or 'Ctrl-C'} {where}. "
-                          f"{continue_hint(run.path, run.run_id)}")
+                          f"{continue_hint(run.path, run.run_id)}", stop.requested)
