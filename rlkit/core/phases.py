@@ -17,6 +17,7 @@ from typing import Any
 from rlkit.core import faults
 
 POST_TIMEOUT_S = 5.0  # a board that does not answer must never stall the worker
+IDLE = "idle"  # between calls: posted without waiting, it costs the step nothing
 
 
 @dataclass
@@ -71,10 +72,10 @@ class PhaseReporter:
         if self._board is not None:
             import ray
 
-            # Synchronous, so the last phase is on the board even if this process dies right after.
             try:
-                ray.get(self._board.post.remote(self.rank, socket.gethostname(), os.getpid(), value),
-                        timeout=POST_TIMEOUT_S)
+                posted = self._board.post.remote(self.rank, socket.gethostname(), os.getpid(), value)
+                if value != IDLE:  # wait (~1 ms), so the phase is on the board even if this process dies next
+                    ray.get(posted, timeout=POST_TIMEOUT_S)
             except Exception:  # noqa: BLE001 - progress reporting must never break the work itself
                 pass
         faults.reached(f"worker{self.rank}.{value}")
