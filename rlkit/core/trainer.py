@@ -21,8 +21,8 @@ from rlkit.core.rewards.scoring import RewardScorer
 from rlkit.core.rollout.base import RolloutSample, Sampling
 from rlkit.core.run import RunDir, prepare_data_files, resolve_model_path
 from rlkit.core.tracking import Tracker
-from rlkit.core.worker_group import WorkerGroup, init_ray
-from rlkit.core.workers import PolicyWorker
+from rlkit.core.placement import Placement
+from rlkit.core.worker_group import init_ray
 from rlkit.recipes.schema import RLConfig
 
 
@@ -49,10 +49,9 @@ class Controller:
                         else FixedKLController(config.algorithm.kl_ctrl.kl_coef))
         self.scorer = RewardScorer(config.reward)
         init_ray(config)
-        self.workers = WorkerGroup(PolicyWorker, config, self.model_path, name="worker")
-        master = self.workers.call("address", phase="address")[0]
-        self.setup_info = self.workers.call("setup", *master, phase="setup (model load + engine start)",
-                                            timeout=2 * config.trainer.phase_timeout_s)
+        self.placement = Placement(config, self.model_path)
+        self.workers = self.placement.train
+        self.setup_info = self.placement.setup()
 
     # -- the step -----------------------------------------------------------------------
     def step(self, step: int) -> dict[str, Any]:
@@ -73,22 +72,23 @@ class Controller:
             with timed(timing, "update_actor"):
                 update_metrics = self.update_actor(batch)
             with timed(timing, "sync"):
-                sync_metrics = self.workers.call("sync_weights")[0]
+                sync_metrics = self.placement.sync_weights()
         return {**self.batch_metrics(batch), **update_metrics, **sync_metrics,
                 **{f"timing/{k}": v for k, v in timing.items()}, **self.throughput(batch, timing["step"])}
 
     # -- phases -------------------------------------------------------------------------
     def generate(self, prompts: list[PromptRow], step: int) -> Batch:
         """Spread prompts over the workers; each samples rollout.n responses with its own engine."""
-        cfg, world = self.config, self.config.world_size
+        cfg, world = self.config, self.placement.rollout_size
         parts = [list(range(len(prompts)))[r::world] for r in range(world)]
         per_rank = []
         for rank, part in enumerate(parts):
             sampling = Sampling(n=cfg.rollout.n, max_tokens=cfg.data.max_response_length,
                                 temperature=cfg.rollout.temperature, top_p=cfg.rollout.top_p,
-                                top_k=cfg.rollout.top_k, seed=(cfg.trainer.seed * 1_000_003 + step) * 1009 + rank)
+                                top_k=cfg.rollout.top_k, seed=(cfg.trainer.seed * 1_000_003 + step) * 1009 + rank,
+                                ignore_eos=cfg.rollout.ignore_eos)
             per_rank.append(([prompts[i].prompt_token_ids for i in part], sampling))
-        results = self.workers.call("generate", per_rank=per_rank, phase="generate")
+        results = self.placement.rollout.call("generate", per_rank=per_rank, phase="generate")
         samples: list[tuple[PromptRow, int, RolloutSample]] = []
         for part, rank_samples in zip(parts, results):
             samples += [(prompts[part[s.prompt_index]], part[s.prompt_index], s) for s in rank_samples]
@@ -179,7 +179,7 @@ class Controller:
         import ray
 
         self.scorer.close()
-        self.workers.shutdown()
+        self.placement.shutdown()
         ray.shutdown()
 
 

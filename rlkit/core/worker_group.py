@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import os
 import time
-from typing import Any, Callable, Sequence
+from typing import Any, Sequence
 
 import ray
 from ray.util.placement_group import placement_group, remove_placement_group
@@ -38,29 +38,60 @@ def init_ray(config: RLConfig) -> None:
     kwargs: dict[str, Any] = dict(runtime_env={"env_vars": env}, include_dashboard=False,
                                   log_to_driver=True, logging_level="WARNING")
     if not address:  # a local cluster sized so that every CPU worker gets its slot
-        kwargs["num_cpus"] = max(os.cpu_count() or 1, config.world_size + 1)
+        devices = config.trainer.nnodes * config.trainer.n_gpus_per_node
+        kwargs["num_cpus"] = max(os.cpu_count() or 1, devices + 1)
     ray.init(address=address, **kwargs)
 
 
-class WorkerGroup:
-    """`world_size` actors of `worker_cls`, rank r on node r // n_gpus_per_node."""
+def uses_gpus(config: RLConfig) -> bool:
+    trainer = config.trainer
+    return trainer.device == "cuda" or (trainer.device == "auto" and ray.cluster_resources().get("GPU", 0) > 0)
 
-    def __init__(self, worker_cls: type, config: RLConfig, *args: Any, name: str = "worker") -> None:
-        self.config, self.name = config, name
+
+class DeviceReservation:
+    """Every device of the run, reserved at once: one placement-group bundle per node.
+
+    Bundles are spread over distinct nodes (STRICT_SPREAD), so trainer.nnodes=2 really
+    uses two nodes. `slots` lists each device's bundle, node-major; worker groups take
+    consecutive slices of it (training first, then split-placement rollout workers).
+    """
+
+    def __init__(self, config: RLConfig) -> None:
         trainer = config.trainer
-        use_gpu = trainer.device == "cuda" or (trainer.device == "auto" and ray.cluster_resources().get("GPU", 0) > 0)
-        bundle = {"CPU": 1, "GPU": 1} if use_gpu else {"CPU": 1}
-        self.placement_groups = [placement_group([bundle] * trainer.n_gpus_per_node, strategy="STRICT_PACK")
-                                 for _ in range(trainer.nnodes)]
-        self._wait(lambda: [pg.ready() for pg in self.placement_groups], "placement (reserving devices)",
-                   timeout=trainer.phase_timeout_s)
-        remote_cls = ray.remote(num_cpus=1, num_gpus=1 if use_gpu else 0)(worker_cls)
+        self.use_gpu = uses_gpus(config)
+        per_node = trainer.n_gpus_per_node
+        bundle = {"CPU": per_node, "GPU": per_node} if self.use_gpu else {"CPU": per_node}
+        self.group = placement_group([bundle] * trainer.nnodes,
+                                     strategy="STRICT_SPREAD" if trainer.nnodes > 1 else "STRICT_PACK")
+        self.slots = [node for node in range(trainer.nnodes) for _ in range(per_node)]
+        ready = self.group.ready()
+        deadline = trainer.phase_timeout_s
+        done, _ = ray.wait([ready], timeout=deadline)
+        if not done:
+            raise WorkerFailure(f"could not reserve {trainer.nnodes} node(s) x {per_node} "
+                                f"{'GPU' if self.use_gpu else 'CPU'}(s) within {deadline:.0f} s; the Ray cluster "
+                                f"has {ray.cluster_resources()} (check trainer.nnodes / trainer.n_gpus_per_node)")
+
+    def release(self) -> None:
+        remove_placement_group(self.group)
+
+
+class WorkerGroup:
+    """One actor of `worker_cls` per slot of a DeviceReservation; rank r gets slots[r]."""
+
+    def __init__(self, worker_cls: type, config: RLConfig, *args: Any, name: str = "worker",
+                 reservation: DeviceReservation | None = None, slots: Sequence[int] | None = None) -> None:
+        self.config, self.name = config, name
+        self.owns_reservation = reservation is None
+        self.reservation = reservation or DeviceReservation(config)
+        slots = list(self.reservation.slots[:config.world_size] if slots is None else slots)
+        self.node_of_rank = slots
+        remote_cls = ray.remote(num_cpus=1, num_gpus=1 if self.reservation.use_gpu else 0)(worker_cls)
         self.actors = []
-        for rank in range(config.world_size):
-            node, local = divmod(rank, trainer.n_gpus_per_node)
-            strategy = PlacementGroupSchedulingStrategy(self.placement_groups[node], placement_group_bundle_index=local)
+        for rank, bundle in enumerate(slots):
+            strategy = PlacementGroupSchedulingStrategy(self.reservation.group, placement_group_bundle_index=bundle)
             self.actors.append(remote_cls.options(scheduling_strategy=strategy, name=None).remote(
-                config, *args, rank, config.world_size))
+                config, *args, rank, len(slots)))
 
     def call(self, method: str, *args: Any, phase: str | None = None, timeout: float | None = None,
              per_rank: Sequence[tuple] | None = None) -> list[Any]:
@@ -70,10 +101,9 @@ class WorkerGroup:
             refs = [getattr(a, method).remote(*per_rank[r]) for r, a in enumerate(self.actors)]
         else:
             refs = [getattr(a, method).remote(*args) for a in self.actors]
-        return self._wait(lambda: refs, phase, timeout=timeout or self.config.trainer.phase_timeout_s)
+        return self._wait(refs, phase, timeout=timeout or self.config.trainer.phase_timeout_s)
 
-    def _wait(self, make_refs: Callable[[], list], phase: str, timeout: float) -> list[Any]:
-        refs = make_refs()
+    def _wait(self, refs: list, phase: str, timeout: float) -> list[Any]:
         deadline = time.monotonic() + timeout
         pending = list(refs)
         while pending:
@@ -86,15 +116,15 @@ class WorkerGroup:
                 ray.get(done[0])
             except ray.exceptions.RayActorError as exc:
                 rank = refs.index(done[0])
-                raise WorkerFailure(f"{self.name} rank {rank} (node {rank // self.config.trainer.n_gpus_per_node}) "
+                raise WorkerFailure(f"{self.name} rank {rank} (node {self.node_of_rank[rank]}) "
                                     f"died during phase '{phase}': {_reason(exc)}") from None
         return ray.get(refs)
 
     def shutdown(self) -> None:
         for actor in self.actors:
             ray.kill(actor, no_restart=True)
-        for pg in self.placement_groups:
-            remove_placement_group(pg)
+        if self.owns_reservation:
+            self.reservation.release()
 
 
 def _reason(exc: BaseException) -> str:
