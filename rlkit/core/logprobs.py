@@ -20,7 +20,9 @@ def _chunk_tokens(vocab: int) -> int:
 
 
 def _stats(logits: torch.Tensor, targets: torch.Tensor, temperature: float, with_entropy: bool):
-    x = logits.float() / temperature
+    x = logits.float()
+    if temperature != 1.0:
+        x /= temperature
     lse = torch.logsumexp(x, dim=-1)
     picked = x.gather(-1, targets.unsqueeze(-1)).squeeze(-1) - lse
     entropy = lse - (torch.exp(x - lse[:, None]) * x).sum(-1) if with_entropy else torch.zeros_like(lse)
@@ -30,15 +32,25 @@ def _stats(logits: torch.Tensor, targets: torch.Tensor, temperature: float, with
 def _grad_logits(logits: torch.Tensor, targets: torch.Tensor, lse: torch.Tensor, entropy: torch.Tensor,
                  grad_log_probs: torch.Tensor, grad_entropy: torch.Tensor, temperature: float,
                  with_entropy: bool) -> torch.Tensor:
-    x = logits.float() / temperature
+    """d(loss)/d(logits) of one chunk; in-place steps keep eager mode at one fp32 buffer."""
+    x = logits.float()
+    if temperature != 1.0:
+        x /= temperature
     probs = torch.exp(x - lse[:, None])
-    # d log p(t) / dx = onehot(t) - p
-    grad = -probs * grad_log_probs[:, None]
-    grad = grad.scatter_add(-1, targets[:, None], grad_log_probs[:, None])
     if with_entropy:
         # H = lse - sum p x, so dH/dx = -p (x - sum p x) = -p (x - (lse - H))
-        grad = grad - grad_entropy[:, None] * probs * (x - (lse - entropy)[:, None])
-    return (grad / temperature).to(logits.dtype)
+        x -= (lse - entropy)[:, None]
+        x *= probs
+        x *= -grad_entropy[:, None]
+    else:
+        x.zero_()
+    # d log p(t) / dx = onehot(t) - p
+    probs *= grad_log_probs[:, None]
+    x -= probs
+    x.scatter_add_(-1, targets[:, None], grad_log_probs[:, None])
+    if temperature != 1.0:
+        x /= temperature
+    return x.to(logits.dtype)
 
 
 # The chunk kernels; `use_compiled_kernels` swaps in fused (torch.compile) versions.

@@ -48,10 +48,17 @@ def plan_micro_batches(lengths: list[int], budget: int) -> list[list[int]]:
     same number of sequences (checked at config time), so the agreed count is reachable.
     """
     members = [m for m in _fewest_bins(lengths, budget) if m]
-    agreed = torch.tensor([len(members)], dtype=torch.long)
+    agreed = torch.tensor([len(members)], dtype=torch.long, device=collective_device())
     if dist.is_initialized():
         dist.all_reduce(agreed, op=dist.ReduceOp.MAX)
     return [sorted(m) for m in split_to_count(members, lengths, int(agreed.item()))]
+
+
+def collective_device() -> torch.device:
+    """Where a tensor must live for the process group's collectives (NCCL: the current GPU)."""
+    if dist.is_initialized() and dist.get_backend() == "nccl":
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device("cpu")
 
 
 def split_to_count(members: list[list[int]], lengths: list[int], count: int) -> list[list[int]]:

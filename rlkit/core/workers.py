@@ -174,6 +174,7 @@ class PolicyWorker:
             self.scheduler.step()
         keys = sorted(sums)
         packed = torch.stack([torch.as_tensor(sums[k], dtype=torch.float64) for k in keys])
+        packed = packed.to(packing.collective_device())
         dist.all_reduce(packed)
         totals = dict(zip(keys, packed.tolist()))
         tokens = totals.pop("tokens")
