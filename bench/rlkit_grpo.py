@@ -45,7 +45,7 @@ def overrides(args: argparse.Namespace, workload: Workload, data: str, runs_dir:
 def summarize(steps: list[dict], workload: Workload, train_gpus: int, peak: float) -> dict:
     """Mean over the measured steps, per phase: seconds, tokens/s per training GPU, MFU."""
     mean = {k: sum(s[k] for s in steps) / len(steps) for k in steps[0] if isinstance(steps[0][k], (int, float))}
-    tokens = mean["perf/tokens_per_s"] * mean["timing/step"]
+    tokens = sum(s["perf/tokens_per_s"] * s["timing/step"] for s in steps) / len(steps)
     flops = workload.phase_flops()
     phases = {}
     for phase in ("old_log_prob", "ref", "update_actor"):

@@ -52,6 +52,8 @@ def load_sharded_model(path: str, *, device: torch.device, compute_dtype: str, v
     mesh = init_device_mesh(device.type, (dist.get_world_size(),))
     policy = MixedPrecisionPolicy(param_dtype=DTYPES[compute_dtype], reduce_dtype=torch.float32)
     reshard = dist.get_world_size() > 1
+    if compile:  # one code object serves every layer of actor and reference, in several modes
+        torch._dynamo.config.recompile_limit = max(64, torch._dynamo.config.recompile_limit)
     for layer in _decoder_layers(model):
         fully_shard(layer, mesh=mesh, mp_policy=policy, reshard_after_forward=reshard)
         if compile:  # the layer's forward only: FSDP's hooks stay eager, parameter names unchanged

@@ -140,6 +140,7 @@ class PolicyWorker:
         """Per-token log-probs (and entropy, for the actor) of the batch's responses."""
         self.phase = f"log_probs/{which}"
         model = self.actor if which == "actor" else self.ref
+        model.eval()  # update_actor switches the actor back to train()
         log_probs = torch.zeros(batch["responses"].shape)
         entropy = torch.zeros(batch["responses"].shape)
         for rows in self._micro_batches(batch):

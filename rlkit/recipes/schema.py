@@ -42,7 +42,7 @@ class RolloutConfig(Section):
     top_p: float = Field(1.0, gt=0, le=1, description="Nucleus sampling; < 1 makes the rollout policy differ from the trained one.")
     top_k: int = Field(-1, description="Top-k sampling; -1 disables.")
     gpu_memory_utilization: float = Field(0.5, gt=0, le=1, description="vLLM: fraction of device memory for weights + KV cache.")
-    enforce_eager: bool = Field(True, description="vLLM: skip CUDA graphs/compile (faster start, slower decode).")
+    enforce_eager: bool | None = Field(None, description="vLLM: skip CUDA graphs/compile (faster start, slower decode); None = eager on CPU, CUDA graphs on GPU (2x the decode speed on an H200, ~1 min more start-up; docs/benchmarks.md).")
     max_num_seqs: int = Field(256, ge=1, description="vLLM: sequences decoded at once.")
     ignore_eos: bool = Field(False, description="Always generate data.max_response_length tokens, EOS or not (benchmarks with fixed shapes).")
     placement: Literal["colocated", "split"] = Field("colocated", description="colocated: every training worker also runs a rollout engine on its device (vLLM sleeps during training); split: rollout.devices devices run only rollout and receive the weights after each update.")

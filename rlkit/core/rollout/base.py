@@ -52,7 +52,7 @@ class RolloutEngine(ABC):
 
 
 def make_engine(name: str, model_path: str, *, dtype: str, seed: int, max_model_len: int,
-                device: torch.device, gpu_memory_utilization: float = 0.5, enforce_eager: bool = True,
+                device: torch.device, gpu_memory_utilization: float = 0.5, enforce_eager: bool | None = None,
                 max_num_seqs: int = 256, sleep_mode: bool = False) -> RolloutEngine:
     """`sleep_mode`: the engine shares its device with training and releases memory between rollouts."""
     if name == "vllm":

@@ -17,7 +17,7 @@ from rlkit.core.rollout.base import RolloutEngine, RolloutSample, Sampling
 
 class VLLMEngine(RolloutEngine):
     def __init__(self, model_path: str, *, dtype: str, seed: int, max_model_len: int, device: torch.device,
-                 gpu_memory_utilization: float, enforce_eager: bool, max_num_seqs: int, sleep_mode: bool) -> None:
+                 gpu_memory_utilization: float, enforce_eager: bool | None, max_num_seqs: int, sleep_mode: bool) -> None:
         os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
         self.on_gpu = device.type == "cuda"
         if not self.on_gpu:
@@ -29,7 +29,8 @@ class VLLMEngine(RolloutEngine):
         self.sleep_mode = sleep_mode and self.on_gpu
         self.llm = LLM(
             model=model_path, dtype=dtype, seed=seed, max_model_len=max_model_len,
-            gpu_memory_utilization=gpu_memory_utilization, enforce_eager=enforce_eager,
+            gpu_memory_utilization=gpu_memory_utilization,
+            enforce_eager=not self.on_gpu if enforce_eager is None else enforce_eager,
             max_num_seqs=max_num_seqs, enable_sleep_mode=self.sleep_mode, enable_prefix_caching=False,
             # Log-probs of the distribution actually sampled (after temperature), as the trainer computes.
             logprobs_mode="processed_logprobs",
