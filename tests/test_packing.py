@@ -2,18 +2,10 @@
 
 from __future__ import annotations
 
-import pytest
 import torch
 
 from rlkit.core import fsdp, logprobs, packed_attention, packing
 from rlkit.core.batch import Batch
-
-
-@pytest.fixture(scope="module")
-def tiny_model_path(tmp_path_factory) -> str:
-    from rlkit.core.tiny import build_tiny_qwen2
-
-    return str(build_tiny_qwen2(tmp_path_factory.mktemp("tiny")))
 
 
 def padded_batch(prompts: list[list[int]], responses: list[list[int]], prompt_width: int,
@@ -71,12 +63,12 @@ def test_per_sequence_attention_matches_a_block_diagonal_causal_mask():
     assert torch.allclose(got, want, atol=1e-12)
 
 
-def test_packed_forward_gives_the_padded_forward_log_probs(tiny_model_path):
+def test_packed_forward_gives_the_padded_forward_log_probs(tiny_model_dir):
     from transformers import AutoModelForCausalLM
 
-    padded_model = AutoModelForCausalLM.from_pretrained(tiny_model_path, dtype=torch.float32,
+    padded_model = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32,
                                                         attn_implementation="sdpa")
-    packed_model = AutoModelForCausalLM.from_pretrained(tiny_model_path, dtype=torch.float32,
+    packed_model = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32,
                                                         attn_implementation=packed_attention.register())
     batch = padded_batch([[5, 6, 7, 8], [9, 10], [11, 12, 13]], [[14, 15, 16], [17], []],
                          prompt_width=4, response_width=3)

@@ -13,11 +13,8 @@ from rlkit.recipes.loader import load_config
 
 
 @pytest.fixture(scope="module")
-def hf_engine(tmp_path_factory) -> HFEngine:
-    from rlkit.core.tiny import build_tiny_qwen2
-
-    path = build_tiny_qwen2(tmp_path_factory.mktemp("tiny"))
-    return HFEngine(str(path), dtype="float32", device=torch.device("cpu"))
+def hf_engine(tiny_model_dir) -> HFEngine:
+    return HFEngine(str(tiny_model_dir), dtype="float32", device=torch.device("cpu"))
 
 
 def test_greedy_log_probs_are_the_models_own(hf_engine):

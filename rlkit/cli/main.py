@@ -8,7 +8,7 @@ import typer
 from rich.syntax import Syntax
 from rich.table import Table
 
-from rlkit.cli import data_cmds
+from rlkit.cli import data_cmds, run_cmds
 from rlkit.cli.common import console, user_errors
 
 app = typer.Typer(
@@ -38,7 +38,7 @@ def train(
     from rlkit.recipes.checks import batch_arithmetic
     from rlkit.recipes.loader import config_to_yaml, load_config
 
-    config = load_config(recipe, overrides or [], model=model)
+    config = load_config(recipe, overrides or [], model=model, require_inputs=not dry_run)
     if dry_run:
         console.print(Syntax(config_to_yaml(config), "yaml", theme="ansi_dark"))
         console.print("[bold]Batch arithmetic[/]")
@@ -72,6 +72,7 @@ def recipes_show(name: str = typer.Argument(..., help="Recipe name or path.")) -
 
 # Command groups that live in their own modules.
 data_cmds.register(app)
+run_cmds.register(app)
 
 if __name__ == "__main__":
     app()

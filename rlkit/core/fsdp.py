@@ -37,11 +37,12 @@ def load_sharded_model(path: str, *, device: torch.device, compute_dtype: str, v
     With one rank nothing is sharded, so layers keep their compute-dtype copy from forward
     to backward instead of casting it again (reshard_after_forward=False).
     """
-    from transformers import AutoModelForCausalLM, AutoModelForTokenClassification
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForTokenClassification
 
     attention = packed_attention.register()
-    if value_head:  # a critic: the same trunk with a 1-output head on every token
-        model = AutoModelForTokenClassification.from_pretrained(path, num_labels=1, dtype=torch.float32,
+    if value_head:  # a critic: the same trunk with a 1-output head; no dropout (transformers' default is 0.1)
+        config = AutoConfig.from_pretrained(path, num_labels=1, classifier_dropout=0.0)
+        model = AutoModelForTokenClassification.from_pretrained(path, config=config, dtype=torch.float32,
                                                                 attn_implementation=attention)
     else:
         model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32, attn_implementation=attention)

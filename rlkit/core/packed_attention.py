@@ -32,16 +32,20 @@ def register() -> str:
 def packed_attention_forward(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor,
                              value: torch.Tensor, attention_mask: torch.Tensor | None, scaling: float | None = None,
                              dropout: float = 0.0, **kwargs) -> tuple[torch.Tensor, None]:
-    """query [1, H, T, D], key/value [1, Hkv, T, D] -> [1, T, H, D] (transformers' layout)."""
+    """query [1, H, T, D], key/value [1, Hkv, T, D] -> [1, T, H, D] (transformers' layout).
+
+    Without boundaries (an unpacked call, e.g. a debugging forward over unpadded rows) each
+    row is one causal sequence; padded rows must be packed instead, as no mask is applied.
+    """
+    groups = query.shape[1] // key.shape[1]
     cu_seq_lens = kwargs.get("cu_seq_lens_q")
-    if cu_seq_lens is None:  # an unpacked call (e.g. a one-off generate): plain causal attention
-        cu_seq_lens = torch.tensor([0, query.shape[2]], dtype=torch.int32, device=query.device)
-        max_len = query.shape[2]
-    else:
-        max_len = int(kwargs["max_length_q"])
+    if cu_seq_lens is None:
+        out = F.scaled_dot_product_attention(query, key.repeat_interleave(groups, dim=1),
+                                             value.repeat_interleave(groups, dim=1), is_causal=True, scale=scaling)
+        return out.transpose(1, 2), None
     if query.shape[0] != 1:
         raise ValueError(f"{NAME} expects one packed row, got a batch of {query.shape[0]}")
-    groups = query.shape[1] // key.shape[1]
+    max_len = int(kwargs["max_length_q"])
     q = query[0].transpose(0, 1).contiguous()  # [T, H, D]
     k = key[0].transpose(0, 1).repeat_interleave(groups, dim=1)
     v = value[0].transpose(0, 1).repeat_interleave(groups, dim=1)

@@ -3,15 +3,22 @@
 from __future__ import annotations
 
 import datetime as dt
+import json
 import os
+import socket
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from rlkit.errors import UserError
 from rlkit.recipes.loader import config_to_yaml
 from rlkit.recipes.schema import RLConfig
 
 TINY_PREFIX = "rlkit:"
+STATUS_FILE = "status.json"
+# status.json "status": running -> finished | failed | interrupted; "running" with a dead pid
+# means the process was killed (SIGKILL, OOM, power): `read_status` reports that as "dead".
+STATUSES = ("running", "finished", "failed", "interrupted")
 
 
 @dataclass
@@ -32,6 +39,62 @@ class RunDir:
             raise UserError(f"cannot create run directory {path}: {exc.strerror}; set trainer.runs_dir") from None
         (path / "config.yaml").write_text(config_to_yaml(config))
         return cls(run_id, path)
+
+    @classmethod
+    def open(cls, run: str, runs_dir: str | Path = "runs") -> RunDir:
+        """An existing run: a run id under `runs_dir`, or a path to the run directory."""
+        as_path = Path(run).expanduser()
+        path = as_path if (as_path / "config.yaml").is_file() else Path(runs_dir).expanduser() / run
+        if not (path / "config.yaml").is_file():
+            known = [r.run_id for r in list_runs(runs_dir)]
+            hint = f" (runs there: {', '.join(known[-5:])})" if known else ""
+            raise UserError(f"no run {run!r} in {Path(runs_dir).expanduser()}{hint}; pass --runs-dir "
+                            "or the run directory's path")
+        return cls(path.name, path)
+
+    def write_status(self, status: str, **fields: Any) -> None:
+        """Atomically replace status.json, keeping fields not given (step, last checkpoint, ...)."""
+        assert status in STATUSES, status
+        record = {**self._raw_status(), **fields, "status": status, "pid": os.getpid(),
+                  "host": socket.gethostname(), "updated_at": dt.datetime.now().isoformat(timespec="seconds")}
+        tmp = self.path / f".{STATUS_FILE}.tmp"
+        tmp.write_text(json.dumps(record, indent=2))
+        os.replace(tmp, self.path / STATUS_FILE)
+
+    def read_status(self) -> dict[str, Any]:
+        """status.json, with "running" turned into "dead" when its process is gone from this host."""
+        record = self._raw_status()
+        if record.get("status") == "running" and record.get("host") == socket.gethostname() \
+                and not _pid_alive(int(record.get("pid", 0))):
+            record["status"] = "dead"
+        return record or {"status": "unknown"}
+
+    def _raw_status(self) -> dict[str, Any]:
+        try:
+            return json.loads((self.path / STATUS_FILE).read_text())
+        except (OSError, ValueError):
+            return {}
+
+
+def list_runs(runs_dir: str | Path) -> list[RunDir]:
+    """Run directories (those with a config.yaml) under runs_dir, oldest first."""
+    root = Path(runs_dir).expanduser()
+    if not root.is_dir():
+        return []
+    runs = [RunDir(p.name, p) for p in root.iterdir() if (p / "config.yaml").is_file()]
+    return sorted(runs, key=lambda r: (r.path / "config.yaml").stat().st_mtime)
+
+
+def _pid_alive(pid: int) -> bool:
+    if pid <= 0:
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
 
 
 def resolve_model_path(spec: str) -> str:

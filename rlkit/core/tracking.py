@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 import math
 from pathlib import Path
 from typing import Any
@@ -11,6 +12,13 @@ from rich.console import Console, Group
 from rich.live import Live
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 from rich.table import Table
+from rich.text import Text
+
+from rlkit.errors import UserError
+
+METRICS_FILE = "metrics.jsonl"
+# console.log gets one plain line per step through this logger (the run loop attaches the file).
+step_logger = logging.getLogger("rlkit.metrics")
 
 # The columns a person watches; everything else goes to the files.
 CONSOLE_KEYS = [
@@ -22,19 +30,30 @@ CONSOLE_KEYS = [
 
 class Tracker:
     def __init__(self, run_dir: Path, loggers: list[str], *, total_steps: int, start_step: int,
-                 project: str, name: str, config: dict[str, Any], console: Console | None = None) -> None:
+                 project: str, name: str, config: dict[str, Any], console: Console | None = None,
+                 run_id: str | None = None) -> None:
+        """`start_step` > 0 continues a resumed run: sinks drop what was logged after that step."""
         self.loggers = loggers
-        self.jsonl = (run_dir / "metrics.jsonl").open("a") if "jsonl" in loggers else None
+        self.jsonl = None
+        if "jsonl" in loggers:
+            truncate_metrics(run_dir / METRICS_FILE, start_step)
+            self.jsonl = (run_dir / METRICS_FILE).open("a")
         self.tb = None
         if "tensorboard" in loggers:
             from torch.utils.tensorboard import SummaryWriter
 
-            self.tb = SummaryWriter(log_dir=str(run_dir / "tensorboard"))
+            # purge_step hides events a killed run logged after its checkpoint.
+            self.tb = SummaryWriter(log_dir=str(run_dir / "tensorboard"),
+                                    purge_step=start_step + 1 if start_step else None)
         self.wandb = None
         if "wandb" in loggers:
-            import wandb  # optional dependency: only when asked for
-
-            self.wandb = wandb.init(project=project, name=name, config=config, dir=str(run_dir), resume="allow")
+            try:
+                import wandb  # optional dependency: only when asked for
+            except ImportError:
+                raise UserError("trainer.logger lists wandb, but wandb is not installed; "
+                                "`pip install wandb` or drop it from trainer.logger") from None
+            self.wandb = wandb.init(project=project, name=name, config=config, dir=str(run_dir), id=run_id,
+                                    resume="allow")
         self.console = console or Console()
         self.rows: list[dict[str, Any]] = []
         self.live = None
@@ -57,6 +76,8 @@ class Tracker:
 
     def log(self, metrics: dict[str, Any], step: int) -> None:
         record = {"step": step, **{k: _plain(v) for k, v in sorted(metrics.items())}}
+        step_logger.info("step %d  %s", step,
+                         "  ".join(f"{title}={_fmt(record.get(key))}" for key, title in CONSOLE_KEYS))
         if self.jsonl:
             self.jsonl.write(json.dumps(record) + "\n")
             self.jsonl.flush()
@@ -73,17 +94,56 @@ class Tracker:
             self.live.update(self._render())
 
     def message(self, text: str) -> None:
-        self.console.print(text)
+        self.console.print(text, soft_wrap=True)
+        step_logger.info(Text.from_markup(text).plain)
 
     def close(self) -> None:
         if self.live:
             self.live.stop()
+            self.console.line()
         if self.jsonl:
             self.jsonl.close()
         if self.tb:
             self.tb.close()
         if self.wandb:
             self.wandb.finish()
+
+
+def truncate_metrics(path: Path, last_step: int) -> None:
+    """Keep the records of steps <= last_step, so a resumed run logs each later step once.
+
+    Also drops a half-written last line (a run killed mid-write).
+    """
+    if not path.exists():
+        return
+    kept = []
+    for line in path.read_text().splitlines():
+        try:
+            record = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(record, dict) and isinstance(record.get("step"), int) and record["step"] <= last_step:
+            kept.append(line)
+    tmp = path.with_suffix(".jsonl.tmp")
+    tmp.write_text("".join(line + "\n" for line in kept))
+    tmp.replace(path)
+
+
+def read_metrics(path: Path) -> list[dict[str, Any]]:
+    """metrics.jsonl as records, skipping a half-written line."""
+    records = []
+    if path.exists():
+        for line in path.read_text().splitlines():
+            try:
+                records.append(json.loads(line))
+            except ValueError:
+                continue
+    return records
+
+
+def is_timing_key(key: str) -> bool:
+    """Metrics that measure wall-clock time: they differ between otherwise identical runs."""
+    return key.startswith(("timing/", "perf/tokens_per_s")) or "seconds" in key
 
 
 def _plain(value: Any) -> Any:

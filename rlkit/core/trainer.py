@@ -13,16 +13,22 @@ from typing import Any, Iterator
 
 import torch
 
+from rlkit.core import checkpoint
 from rlkit.core.algos.advantages import AdvantageInputs, compute_advantages
+from rlkit.core.algos.dapo import groups_with_signal, overlong_penalty
 from rlkit.core.algos.kl import AdaptiveKLController, FixedKLController, apply_kl_penalty, kl_estimate
 from rlkit.core.batch import Batch
+from rlkit.core.checkpoint_shards import rng_state, set_rng_state
+from rlkit.core.critic_worker import VALUE_INPUT_KEYS, start_critic_group
 from rlkit.core.data.dataset import PromptRow, PromptSampler, load_prompt_dataset
+from rlkit.core.dynamic_sampling import GroupCollector, group_rows
+from rlkit.core.placement import Placement
 from rlkit.core.rewards.scoring import RewardScorer
 from rlkit.core.rollout.base import RolloutSample, Sampling
 from rlkit.core.run import RunDir, prepare_data_files, resolve_model_path
-from rlkit.core.tracking import Tracker
-from rlkit.core.placement import Placement
-from rlkit.core.worker_group import init_ray
+from rlkit.core.worker_group import WorkerGroup, init_ray
+from rlkit.errors import UserError
+from rlkit.recipes.loader import config_to_yaml
 from rlkit.recipes.schema import RLConfig
 
 
@@ -52,40 +58,91 @@ class Controller:
         self.placement = Placement(config, self.model_path)
         self.workers = self.placement.train
         self.setup_info = self.placement.setup()
+        self.critic = start_critic_group(config, self.model_path, self.workers)
+        self.completed_steps = 0  # the run loop advances it; a checkpoint saves this step
 
     # -- the step -----------------------------------------------------------------------
     def step(self, step: int) -> dict[str, Any]:
         cfg, timing = self.config, {}
         with timed(timing, "step"):
-            prompts = [self.rows[i] for i in self.sampler.next_batch()]
-            with timed(timing, "gen"):
-                batch = self.generate(prompts, step)
-            with timed(timing, "reward"):
-                batch["scores"] = self.score(batch)
+            batch, metrics = self.sample(step, timing)  # gen + reward, over several rounds with dynamic sampling
+            if cfg.algorithm.adv_estimator == "remax":
+                with timed(timing, "gen_baseline"):
+                    metrics.update(self.greedy_baseline(batch, step))
             with timed(timing, "old_log_prob"):
                 batch.update(self.old_log_probs(batch))
             if cfg.needs_reference:
                 with timed(timing, "ref"):
                     batch["ref_log_probs"] = self.log_probs(batch, "ref")["log_probs"]
+            if self.critic is not None:
+                with timed(timing, "values"):
+                    batch["values"] = self.values(batch)
             with timed(timing, "adv"):
                 batch.update(self.advantages(batch))
-            with timed(timing, "update_actor"):
-                update_metrics = self.update_actor(batch)
-            with timed(timing, "sync"):
-                sync_metrics = self.placement.sync_weights()
-        return {**self.batch_metrics(batch), **update_metrics, **sync_metrics,
+            if self.critic is not None:
+                with timed(timing, "update_critic"):
+                    metrics.update(self.update_critic(batch))
+            if self.critic is None or step > cfg.critic.warmup_steps:  # critic warm-up leaves the actor as is
+                with timed(timing, "update_actor"):
+                    metrics.update(self.update_actor(batch))
+                with timed(timing, "sync"):
+                    metrics.update(self.placement.sync_weights())
+        return {**self.batch_metrics(batch), **metrics,
                 **{f"timing/{k}": v for k, v in timing.items()}, **self.throughput(batch, timing["step"])}
 
     # -- phases -------------------------------------------------------------------------
-    def generate(self, prompts: list[PromptRow], step: int) -> Batch:
-        """Spread prompts over the workers; each samples rollout.n responses with its own engine."""
+    def sample(self, step: int, timing: dict[str, float]) -> tuple[Batch, dict[str, float]]:
+        """Generate and score data.train_batch_size prompts' groups of rollout.n samples.
+
+        With dynamic sampling (DAPO), groups whose verifier scores are all equal are dropped and
+        more prompts are sampled, round after round, until the batch is full (rlkit.core.dynamic_sampling).
+        """
+        cfg = self.config
+        if not cfg.algorithm.dynamic_sampling.enable:
+            _, batch, metrics = self.sample_round(step, 0, timing)
+            return batch, {**metrics, "rollout/samples": float(len(batch))}
+        collector: GroupCollector[tuple[PromptRow, int, RolloutSample]] = GroupCollector(cfg.data.train_batch_size)
+        sampled_scores = []
+        for round_index in range(cfg.algorithm.dynamic_sampling.max_gen_rounds):
+            samples, batch, metrics = self.sample_round(step, round_index, timing)
+            sampled_scores.append(batch["scores"])
+            signal = groups_with_signal(batch["verifier_scores"], batch["group_ids"])
+            collector.add(samples, batch["group_ids"], {k: batch[k] for k in ("scores", "verifier_scores")}, signal)
+            if collector.full:
+                break
+        groups, scores, dapo_metrics = collector.take()
+        samples = [(row, g, sample) for g, group in enumerate(groups) for row, _, sample in group]
+        sampled = torch.cat(sampled_scores)
+        metrics.update(dapo_metrics)
+        metrics.update({"rollout/samples": float(len(sampled)), "dapo/reward_mean_sampled": float(sampled.mean())})
+        return build_batch(samples, pad_id=self.tokenizer.pad_token_id or 0).update(scores), metrics
+
+    def sample_round(self, step: int, round_index: int, timing: dict[str, float]
+                     ) -> tuple[list[tuple[PromptRow, int, RolloutSample]], Batch, dict[str, float]]:
+        """The next train_batch_size prompts, generated and scored: (samples, their batch, reward metrics)."""
+        prompts = [self.rows[i] for i in self.sampler.next_batch()]
+        with timed(timing, "gen"):
+            samples = self.generate(prompts, step, round_index=round_index)
+            batch = build_batch(samples, pad_id=self.tokenizer.pad_token_id or 0)
+        with timed(timing, "reward"):
+            scores, metrics = self.score(batch)
+        return samples, batch.update(scores), metrics
+
+    def generate(self, prompts: list[PromptRow], step: int, *, round_index: int = 0,
+                 greedy: bool = False) -> list[tuple[PromptRow, int, RolloutSample]]:
+        """Spread prompts over the workers; each samples rollout.n responses (one if greedy) with its own engine.
+
+        Returns (prompt row, prompt position, sample) in prompt-major order: group by group.
+        """
         cfg, world = self.config, self.placement.rollout_size
         parts = [list(range(len(prompts)))[r::world] for r in range(world)]
         per_rank = []
+        # Extra dynamic-sampling rounds draw from seed ranges no plausible step count reaches.
+        stream = cfg.trainer.seed * 1_000_003 + step + round_index * 10_000_019
         for rank, part in enumerate(parts):
-            sampling = Sampling(n=cfg.rollout.n, max_tokens=cfg.data.max_response_length,
+            sampling = Sampling(n=1 if greedy else cfg.rollout.n, max_tokens=cfg.data.max_response_length,
                                 temperature=cfg.rollout.temperature, top_p=cfg.rollout.top_p,
-                                top_k=cfg.rollout.top_k, seed=(cfg.trainer.seed * 1_000_003 + step) * 1009 + rank,
+                                top_k=cfg.rollout.top_k, seed=stream * 1009 + rank, greedy=greedy,
                                 ignore_eos=cfg.rollout.ignore_eos)
             per_rank.append(([prompts[i].prompt_token_ids for i in part], sampling))
         results = self.placement.rollout.call("generate", per_rank=per_rank, phase="generate")
@@ -93,15 +150,47 @@ class Controller:
         for part, rank_samples in zip(parts, results):
             samples += [(prompts[part[s.prompt_index]], part[s.prompt_index], s) for s in rank_samples]
         samples.sort(key=lambda item: item[1])  # prompt-major order, group by group
-        return build_batch(samples, pad_id=self.tokenizer.pad_token_id or 0)
+        return samples
 
-    def score(self, batch: Batch) -> torch.Tensor:
+    def score(self, batch: Batch) -> tuple[dict[str, torch.Tensor], dict[str, float]]:
+        """`verifier_scores` from the reward functions (or the reward model, when reward_model.path
+        is set); `scores` adds DAPO's overlong shaping when on."""
+        if self.config.reward_model.path:
+            verifier, metrics = self.reward_model_scores(batch), {}
+        else:
+            verifier, metrics = self.rule_scores(batch)
+        overlong = self.config.reward.overlong_buffer
+        if not overlong.enable:
+            return {"scores": verifier, "verifier_scores": verifier}, metrics
+        penalty = overlong_penalty(batch["response_mask"].sum(-1), max_response_length=self.config.data.max_response_length,
+                                   buffer_length=overlong.length, penalty_factor=overlong.penalty_factor)
+        metrics["reward/overlong_penalty"] = float(penalty.mean())
+        return {"scores": verifier + penalty, "verifier_scores": verifier}, metrics
+
+    def reward_model_scores(self, batch: Batch) -> torch.Tensor:
+        parts = torch.arange(len(batch)).tensor_split(self.config.world_size)
+        results = self.workers.call("reward_model_scores", per_rank=[(batch.select(p.tolist()),) for p in parts],
+                                    phase="reward model")
+        return torch.cat(results)
+
+    def rule_scores(self, batch: Batch) -> tuple[torch.Tensor, dict[str, float]]:
         texts = self.tokenizer.batch_decode(batch["responses"].masked_fill(batch["response_mask"] == 0, 0).tolist(),
                                             skip_special_tokens=True)
         scored = self.scorer.score(texts, batch.meta["data_source"], batch.meta["ground_truth"],
                                    batch.meta["extra_info"])
-        self._reward_metrics = scored.metrics
-        return torch.tensor(scored.scores, dtype=torch.float32)
+        return torch.tensor(scored.scores, dtype=torch.float32), dict(scored.metrics)
+
+    def greedy_baseline(self, batch: Batch, step: int) -> dict[str, float]:
+        """ReMax: one greedy response per prompt, scored; each sample's baseline is its prompt's score."""
+        groups = group_rows(batch["group_ids"])
+        prompts = [self.rows[batch.meta["row_index"][rows[0]]] for rows in groups]
+        greedy = build_batch(self.generate(prompts, step, greedy=True), pad_id=self.tokenizer.pad_token_id or 0)
+        greedy_scores = self.score(greedy)[0]["scores"]  # one per prompt, in prompt order
+        baseline = torch.zeros(len(batch))
+        for score, rows in zip(greedy_scores, groups):
+            baseline[rows] = score
+        batch["baseline_scores"] = baseline
+        return {"remax/baseline_score_mean": float(greedy_scores.mean()), "rollout/greedy_samples": float(len(greedy))}
 
     def log_probs(self, batch: Batch, which: str) -> dict[str, torch.Tensor]:
         shards = batch.chunk(self.config.world_size)
@@ -124,18 +213,35 @@ class Controller:
             token_rewards, kl = apply_kl_penalty(token_rewards, batch["old_log_probs"], batch["ref_log_probs"], mask,
                                                  coef=self.kl_ctrl.value, kind=cfg.kl_penalty)
             self.kl_ctrl.update(float(kl), len(batch))
-        adv, returns = compute_advantages(
-            cfg.adv_estimator, AdvantageInputs(token_rewards, mask, batch["group_ids"]),
-            gamma=cfg.gamma, lam=cfg.lam, norm_adv_by_std=cfg.norm_adv_by_std)
+        inputs = AdvantageInputs(token_rewards, mask, batch["group_ids"], values=batch.tensors.get("values"),
+                                 baseline_scores=batch.tensors.get("baseline_scores"))
+        adv, returns = compute_advantages(cfg.adv_estimator, inputs, gamma=cfg.gamma, lam=cfg.lam,
+                                          norm_adv_by_std=cfg.norm_adv_by_std)
         out.update(token_rewards=token_rewards, advantages=adv, returns=returns)
         return out
 
     def update_actor(self, batch: Batch) -> dict[str, float]:
-        """Mini-batches of whole prompt groups, each split evenly over the workers."""
+        keys = ["input_ids", "attention_mask", "position_ids", "responses", "response_mask", "old_log_probs",
+                "advantages"] + (["ref_log_probs"] if self.config.actor.use_kl_loss else [])
+        return self.workers.call("update_actor", per_rank=self.minibatches(batch, keys), phase="update_actor")[0]
+
+    def values(self, batch: Batch) -> torch.Tensor:
+        shards = Batch({k: batch[k] for k in VALUE_INPUT_KEYS}).chunk(self.config.world_size)
+        return torch.cat(self.critic.call("compute_values", per_rank=[(s,) for s in shards], phase="critic values"))
+
+    def update_critic(self, batch: Batch) -> dict[str, float]:
+        """The critic regresses the GAE returns, anchored (value clip) at the values it gave at rollout."""
+        per_rank = self.minibatches(batch, VALUE_INPUT_KEYS + ["values", "returns"])
+        return self.critic.call("update_critic", per_rank=per_rank, phase="update_critic")[0]
+
+    def minibatches(self, batch: Batch, keys: list[str]) -> list[tuple[list[Batch], list[dict[str, float]]]]:
+        """Per rank: (its share of each mini-batch, every mini-batch's global token/sequence counts).
+
+        Mini-batches are actor.mini_batch_size whole prompt groups, repeated actor.ppo_epochs times,
+        each split evenly over the workers.
+        """
         cfg, world = self.config, self.config.world_size
         per_minibatch = cfg.actor.mini_batch_size * cfg.rollout.n
-        keys = ["input_ids", "attention_mask", "position_ids", "responses", "response_mask", "old_log_probs",
-                "advantages"] + (["ref_log_probs"] if cfg.actor.use_kl_loss else [])
         slim = Batch({k: batch[k] for k in keys})
         shards: list[list[Batch]] = [[] for _ in range(world)]
         norms = []
@@ -145,8 +251,7 @@ class Controller:
                 norms.append({"num_tokens": float(mask.sum()), "num_seqs": float((mask.sum(-1) > 0).sum())})
                 for rank, shard in enumerate(mb.chunk(world)):
                     shards[rank].append(shard)
-        return self.workers.call("update_actor", per_rank=[(shards[r], norms) for r in range(world)],
-                                 phase="update_actor")[0]
+        return [(shards[r], norms) for r in range(world)]
 
     # -- metrics ------------------------------------------------------------------------
     def batch_metrics(self, batch: Batch) -> dict[str, float]:
@@ -159,12 +264,18 @@ class Controller:
             "response/clip_frac": float((~batch["finished"]).float().mean()),
             "adv/mean": masked_mean(batch["advantages"], mask),
             "prompt/length_mean": float(batch["attention_mask"].sum(-1).float().mean() - lengths.mean()),
-            **self._reward_metrics,
         }
         if "entropy" in batch:
             metrics["actor/entropy"] = masked_mean(batch["entropy"], mask)
         if self.config.actor.recompute_old_log_probs:
             metrics["rollout/log_prob_diff"] = masked_mean((batch["rollout_log_probs"] - batch["old_log_probs"]).abs(), mask)
+        if "values" in batch:
+            values, returns = batch["values"], batch["returns"]
+            residual_var = masked_mean((returns - values) ** 2, mask) - masked_mean(returns - values, mask) ** 2
+            returns_var = masked_mean(returns ** 2, mask) - masked_mean(returns, mask) ** 2
+            metrics.update({"critic/values_mean": masked_mean(values, mask), "critic/returns_mean": masked_mean(returns, mask)})
+            if returns_var > 1e-8:  # undefined when every return is the same
+                metrics["critic/explained_var"] = 1.0 - residual_var / returns_var
         if "ref_log_probs" in batch:
             metrics["actor/kl_ref"] = masked_mean(kl_estimate(batch["old_log_probs"], batch["ref_log_probs"], "k1"), mask)
             metrics["actor/kl_coef"] = self.kl_ctrl.value
@@ -175,10 +286,47 @@ class Controller:
         return {"perf/tokens_per_s": tokens / seconds, "perf/tokens_per_s_per_device": tokens / seconds / self.config.world_size,
                 "perf/response_tokens": float(batch["response_mask"].sum())}
 
+    # -- checkpoints (layout and atomic writes: rlkit.core.checkpoint) -------------------
+    def checkpoint_groups(self) -> dict[str, WorkerGroup]:
+        """Worker groups whose sharded state a checkpoint holds, by sub-folder name."""
+        return {"policy": self.workers, **({"critic": self.critic} if self.critic is not None else {})}
+
+    def save_checkpoint(self, reason: str) -> Path:
+        """Checkpoint the last completed step atomically; `reason` (periodic, final, ...) is recorded."""
+
+        def write_shards(folder: Path) -> None:
+            for name, group in self.checkpoint_groups().items():
+                group.call("save_checkpoint", str(folder / name), phase=f"save checkpoint ({name})")
+
+        state = {"sampler": self.sampler.state_dict(), "dataset_rows": len(self.rows),
+                 "kl_coef": self.kl_ctrl.value, "rollout_seed": self.config.trainer.seed,
+                 "world_size": self.config.world_size, "total_steps": self.config.trainer.total_steps}
+        return checkpoint.write_checkpoint(
+            self.run.path, self.completed_steps, reason=reason, write_shards=write_shards, trainer_state=state,
+            controller_rng=rng_state(), config_yaml=config_to_yaml(self.config),
+            keep_last=self.config.trainer.keep_last)
+
+    def load_checkpoint(self, ckpt: checkpoint.Checkpoint) -> None:
+        """Restore every worker's shards, RNG and schedule, then the data position, KL coefficient, step."""
+        state = ckpt.state
+        if state["dataset_rows"] != len(self.rows):
+            raise UserError(f"the training data changed: checkpoint {ckpt.path.name} was trained on "
+                            f"{state['dataset_rows']} prompts, data.train_files now holds {len(self.rows)}; "
+                            "an exact resume needs the same data (start a new run for new data)")
+        for name, group in self.checkpoint_groups().items():
+            group.call("load_checkpoint", str(ckpt.path / name), phase=f"load checkpoint ({name})")
+        self.placement.sync_weights()
+        self.sampler.load_state_dict(state["sampler"])
+        self.kl_ctrl.value = state["kl_coef"]
+        set_rng_state(torch.load(ckpt.path / checkpoint.RNG_FILE, weights_only=True))
+        self.completed_steps = state["step"]
+
     def close(self) -> None:
         import ray
 
         self.scorer.close()
+        if self.critic is not None:
+            self.critic.shutdown()
         self.placement.shutdown()
         ray.shutdown()
 
@@ -204,7 +352,8 @@ def build_batch(samples: list[tuple[PromptRow, int, RolloutSample]], pad_id: int
                  "rollout_log_probs": rollout_lp,
                  "group_ids": torch.tensor([index for _, index, _ in samples]),
                  "finished": torch.tensor([s.finished for _, _, s in samples])},
-        meta={"data_source": [row.data_source for row, _, _ in samples],
+        meta={"row_index": [row.index for row, _, _ in samples],
+              "data_source": [row.data_source for row, _, _ in samples],
               "ground_truth": [row.ground_truth for row, _, _ in samples],
               "extra_info": [row.extra_info for row, _, _ in samples]},
     )
@@ -212,22 +361,14 @@ def build_batch(samples: list[tuple[PromptRow, int, RolloutSample]], pad_id: int
 
 @contextmanager
 def timed(timing: dict[str, float], name: str) -> Iterator[None]:
+    """Add the block's wall time to timing[name] (a phase may run several times in a step)."""
     start = time.perf_counter()
     yield
-    timing[name] = time.perf_counter() - start
+    timing[name] = timing.get(name, 0.0) + time.perf_counter() - start
 
 
 def train_run(config: RLConfig, run_id: str | None = None) -> Path:
     """Create the run directory, train config.trainer.total_steps steps, return the run dir."""
-    run = RunDir.create(config, run_id)
-    controller = Controller(config, run)
-    tracker = Tracker(run.path, config.trainer.logger, total_steps=config.trainer.total_steps, start_step=0,
-                      project=config.trainer.project_name, name=config.trainer.experiment_name or run.run_id,
-                      config=config.model_dump(mode="json"))
-    try:
-        for step in range(1, config.trainer.total_steps + 1):
-            tracker.log(controller.step(step), step)
-    finally:
-        tracker.close()
-        controller.close()
-    return run.path
+    from rlkit.core.run_loop import run_training
+
+    return run_training(config, RunDir.create(config, run_id))

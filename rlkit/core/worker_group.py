@@ -23,6 +23,13 @@ WORKER_ENV = {
     "NCCL_NVLS_ENABLE": "0",
     "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1",
     "NVSHMEM_DISABLE_NVLS": "1",
+    # vLLM logs every weight reload; the live metrics table is what a person watches.
+    "VLLM_LOGGING_LEVEL": "ERROR",
+    "TRANSFORMERS_VERBOSITY": "error",
+    # vLLM's CPU build (no effect on GPUs): a small KV cache instead of a share of all RAM,
+    # and no core pinning, so several workers on one host don't pin to the same cores.
+    "VLLM_CPU_KVCACHE_SPACE": "1",
+    "VLLM_CPU_OMP_THREADS_BIND": "nobind",
 }
 
 
@@ -35,9 +42,15 @@ def init_ray(config: RLConfig) -> None:
         return
     env = {**WORKER_ENV, **{k: v for k, v in os.environ.items() if k.startswith(("VLLM_", "RLKIT_"))}}
     address = os.environ.get("RAY_ADDRESS")
+    # Worker output (library warnings, load bars) stays in Ray's log files unless asked for:
+    # the console belongs to the live metrics table. Worker exceptions still surface here.
+    verbose = os.environ.get("RLKIT_WORKER_LOGS", "0") == "1"
     kwargs: dict[str, Any] = dict(runtime_env={"env_vars": env}, include_dashboard=False,
-                                  log_to_driver=True, logging_level="WARNING")
-    if not address:  # a local cluster sized so that every CPU worker gets its slot
+                                  log_to_driver=verbose, logging_level="WARNING")
+    if not address:
+        # A fresh local cluster ("local" never attaches to another one found on this host),
+        # sized so that every CPU worker gets its slot.
+        address = "local"
         devices = config.trainer.nnodes * config.trainer.n_gpus_per_node
         kwargs["num_cpus"] = max(os.cpu_count() or 1, devices + 1)
     ray.init(address=address, **kwargs)
@@ -49,49 +62,57 @@ def uses_gpus(config: RLConfig) -> bool:
 
 
 class DeviceReservation:
-    """Every device of the run, reserved at once: one placement-group bundle per node.
+    """Every device of the run, reserved at once: per node, a placement group of one bundle a device.
 
-    Bundles are spread over distinct nodes (STRICT_SPREAD), so trainer.nnodes=2 really
-    uses two nodes. `slots` lists each device's bundle, node-major; worker groups take
-    consecutive slices of it (training first, then split-placement rollout workers).
+    `slots` lists each device as (node, bundle), node-major; worker groups take consecutive
+    slices of it (training first, then split-placement rollout workers). A node's bundles
+    are packed onto one Ray node; with nodes that have exactly trainer.n_gpus_per_node
+    devices, the groups land on distinct nodes.
     """
 
     def __init__(self, config: RLConfig) -> None:
         trainer = config.trainer
         self.use_gpu = uses_gpus(config)
-        per_node = trainer.n_gpus_per_node
-        bundle = {"CPU": per_node, "GPU": per_node} if self.use_gpu else {"CPU": per_node}
-        self.group = placement_group([bundle] * trainer.nnodes,
-                                     strategy="STRICT_SPREAD" if trainer.nnodes > 1 else "STRICT_PACK")
-        self.slots = [node for node in range(trainer.nnodes) for _ in range(per_node)]
-        ready = self.group.ready()
-        deadline = trainer.phase_timeout_s
-        done, _ = ray.wait([ready], timeout=deadline)
-        if not done:
-            raise WorkerFailure(f"could not reserve {trainer.nnodes} node(s) x {per_node} "
-                                f"{'GPU' if self.use_gpu else 'CPU'}(s) within {deadline:.0f} s; the Ray cluster "
-                                f"has {ray.cluster_resources()} (check trainer.nnodes / trainer.n_gpus_per_node)")
+        bundle = {"CPU": 1, "GPU": 1} if self.use_gpu else {"CPU": 1}
+        self.groups = [placement_group([bundle] * trainer.n_gpus_per_node, strategy="STRICT_PACK")
+                       for _ in range(trainer.nnodes)]
+        self.slots = [(node, local) for node in range(trainer.nnodes) for local in range(trainer.n_gpus_per_node)]
+        done, _ = ray.wait([group.ready() for group in self.groups], num_returns=len(self.groups),
+                           timeout=trainer.phase_timeout_s)
+        if len(done) < len(self.groups):
+            raise WorkerFailure(f"could not reserve {trainer.nnodes} node(s) x {trainer.n_gpus_per_node} "
+                                f"{'GPU' if self.use_gpu else 'CPU'}(s) within {trainer.phase_timeout_s:.0f} s; "
+                                f"the Ray cluster has {ray.cluster_resources()} "
+                                "(check trainer.nnodes / trainer.n_gpus_per_node)")
 
     def release(self) -> None:
-        remove_placement_group(self.group)
+        for group in self.groups:
+            remove_placement_group(group)
 
 
 class WorkerGroup:
-    """One actor of `worker_cls` per slot of a DeviceReservation; rank r gets slots[r]."""
+    """One actor of `worker_cls` per slot of a DeviceReservation; rank r gets slots[r].
+
+    `colocate_with` puts this group's rank r on the same device as that group's rank r (the
+    critic beside the policy); every group of the run then takes an equal share of each device.
+    """
 
     def __init__(self, worker_cls: type, config: RLConfig, *args: Any, name: str = "worker",
-                 reservation: DeviceReservation | None = None, slots: Sequence[int] | None = None) -> None:
+                 colocate_with: WorkerGroup | None = None, reservation: DeviceReservation | None = None,
+                 slots: Sequence[tuple[int, int]] | None = None) -> None:
         self.config, self.name = config, name
+        if colocate_with is not None:
+            reservation, slots = colocate_with.reservation, colocate_with.slots
         self.owns_reservation = reservation is None
         self.reservation = reservation or DeviceReservation(config)
-        slots = list(self.reservation.slots[:config.world_size] if slots is None else slots)
-        self.node_of_rank = slots
-        remote_cls = ray.remote(num_cpus=1, num_gpus=1 if self.reservation.use_gpu else 0)(worker_cls)
+        self.slots = list(self.reservation.slots[:config.world_size] if slots is None else slots)
+        share = 1.0 / groups_per_device(config)
+        remote_cls = ray.remote(num_cpus=share, num_gpus=share if self.reservation.use_gpu else 0)(worker_cls)
         self.actors = []
-        for rank, bundle in enumerate(slots):
-            strategy = PlacementGroupSchedulingStrategy(self.reservation.group, placement_group_bundle_index=bundle)
+        for rank, (node, local) in enumerate(self.slots):
+            strategy = PlacementGroupSchedulingStrategy(self.reservation.groups[node], placement_group_bundle_index=local)
             self.actors.append(remote_cls.options(scheduling_strategy=strategy, name=None).remote(
-                config, *args, rank, len(slots)))
+                config, *args, rank, len(self.slots)))
 
     def call(self, method: str, *args: Any, phase: str | None = None, timeout: float | None = None,
              per_rank: Sequence[tuple] | None = None) -> list[Any]:
@@ -116,7 +137,7 @@ class WorkerGroup:
                 ray.get(done[0])
             except ray.exceptions.RayActorError as exc:
                 rank = refs.index(done[0])
-                raise WorkerFailure(f"{self.name} rank {rank} (node {self.node_of_rank[rank]}) "
+                raise WorkerFailure(f"{self.name} rank {rank} (node {self.slots[rank][0]}) "
                                     f"died during phase '{phase}': {_reason(exc)}") from None
         return ray.get(refs)
 
@@ -125,6 +146,11 @@ class WorkerGroup:
             ray.kill(actor, no_restart=True)
         if self.owns_reservation:
             self.reservation.release()
+
+
+def groups_per_device(config: RLConfig) -> int:
+    """Worker groups sharing each device: the policy group, and the critic group when there is one."""
+    return 2 if config.critic_enabled else 1
 
 
 def _reason(exc: BaseException) -> str:

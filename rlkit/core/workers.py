@@ -13,12 +13,14 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from rlkit.core import fsdp, packing
+from rlkit.core import checkpoint_shards, fsdp, packing
 from rlkit.core.algos.kl import kl_estimate
 from rlkit.core.algos.losses import aggregate_loss, policy_loss
 from rlkit.core.batch import Batch
 from rlkit.core.logprobs import selected_log_probs
+from rlkit.core.rewards.reward_model import RewardModel
 from rlkit.core.rollout.base import RolloutSample, Sampling, make_engine
+from rlkit.core.run import resolve_model_path
 from rlkit.recipes.schema import RLConfig
 
 
@@ -66,12 +68,16 @@ class PolicyWorker:
                                            weight_decay=cfg.actor.weight_decay)
         updates_per_step = cfg.data.train_batch_size // cfg.actor.mini_batch_size * cfg.actor.ppo_epochs
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, fsdp.lr_lambda(
-            cfg.actor.warmup_steps, cfg.trainer.total_steps * updates_per_step, cfg.actor.lr_schedule))
+            cfg.actor.warmup_steps, (cfg.trainer.total_steps - cfg.critic.warmup_steps) * updates_per_step,
+            cfg.actor.lr_schedule))  # critic warm-up steps do not update the actor
         # The reference is always the base model on disk, so a resumed run keeps the original anchor.
         self.ref = fsdp.load_sharded_model(self.model_path, device=self.device, compute_dtype=self.dtype,
                                            compile=cfg.model.compile) if cfg.needs_reference else None
         if self.ref is not None:
             self.ref.eval().requires_grad_(False)
+        self.reward_model = RewardModel(
+            resolve_model_path(cfg.reward_model.path), device=self.device, max_length=cfg.reward_model.max_length,
+            micro_batch_size=cfg.reward_model.micro_batch_size) if cfg.reward_model.path else None
         # Split placement: rollout workers on other devices hold the engine (rlkit.core.placement).
         self.engine = make_engine(
             cfg.rollout.name, self.model_path, dtype=self.dtype, seed=cfg.trainer.seed + self.rank,
@@ -135,6 +141,17 @@ class PolicyWorker:
         return refs if self.rank == 0 else None
 
     # -- passes over a batch ------------------------------------------------------------
+    @torch.no_grad()
+    def reward_model_scores(self, batch: Batch) -> torch.Tensor:
+        """The reward model's score of each (prompt + response) in this worker's shard."""
+        self.phase = "reward_model"
+        mask = batch["attention_mask"].bool()
+        sequences = [ids[row_mask].tolist() for ids, row_mask in zip(batch["input_ids"], mask)]
+        scores = self.reward_model.score(sequences).float().cpu()
+        self.phase = "idle"
+        return scores
+
+
     @torch.no_grad()
     def compute_log_probs(self, batch: Batch, which: str = "actor") -> dict[str, torch.Tensor]:
         """Per-token log-probs (and entropy, for the actor) of the batch's responses."""
@@ -221,7 +238,27 @@ class PolicyWorker:
         lengths = batch["attention_mask"].sum(-1).tolist()
         return packing.plan_micro_batches(lengths, self.config.actor.micro_batch_tokens)
 
+    # -- checkpoints (collective: every rank calls with the same folder) -----------------
+    def save_checkpoint(self, folder: str) -> None:
+        self.phase = "save_checkpoint"
+        checkpoint_shards.save_shards(folder, self.rank, model=self.actor, optimizer=self.optimizer,
+                                      scheduler=self.scheduler)
+        self.phase = "idle"
+
+    def load_checkpoint(self, folder: str) -> None:
+        """The actor, its optimizer, LR schedule and RNG; the reference stays the base model."""
+        self.phase = "load_checkpoint"
+        checkpoint_shards.load_shards(folder, self.rank, model=self.actor, optimizer=self.optimizer,
+                                      scheduler=self.scheduler)
+        self.phase = "idle"
+
     # -- test and debugging hooks -------------------------------------------------------
+    @torch.no_grad()
+    def policy_logits(self, input_ids: torch.Tensor) -> torch.Tensor:
+        """The actor's full logits for `input_ids` (for checking exported weights)."""
+        self.actor.eval()
+        return self.actor(input_ids=input_ids.to(self.device), use_cache=False).logits.float().cpu()
+
     def engine_log_probs(self, sequences: list[list[int]], prompt_len: int) -> list[list[float]]:
         """The engine's log-probs of given continuations (for checking the weight sync)."""
         return self.engine.score(sequences, prompt_len)

@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+from typing import Callable
+
 from rlkit.errors import ConfigError
 from rlkit.recipes.schema import RLConfig
 
 
-def check_config(config: RLConfig, origins: dict[str, str] | None = None) -> None:
+def check_config(config: RLConfig, origins: dict[str, str] | None = None, *, require_inputs: bool = True) -> None:
+    """Raise ConfigError for inconsistent settings; `require_inputs` also demands a model and data."""
     from rlkit.core.algos.advantages import ADV_ESTIMATORS
     from rlkit.core.algos.kl import KL_ESTIMATORS
     from rlkit.core.algos.losses import POLICY_LOSSES
@@ -24,10 +27,10 @@ def check_config(config: RLConfig, origins: dict[str, str] | None = None) -> Non
                                 ("algorithm.kl_penalty", algo.kl_penalty, KL_ESTIMATORS)):
         if name not in registry:
             fail(key, registry.unknown_message(name))
-    if not config.model.path:
+    if require_inputs and not config.model.path:
         fail("model.path", "no model given; pass --model PATH_OR_HUB_ID or model.path=... "
              "('rlkit:tiny-qwen2' builds a tiny offline model)")
-    if not data.train_files and not data.synthetic_task:
+    if require_inputs and not data.train_files and not data.synthetic_task:
         fail("data.train_files", "no training data; set data.train_files=[train.parquet] "
              "(see `rlkit prep-data`) or data.synthetic_task=echo")
     if algo.adv_estimator in ("grpo", "rloo", "reinforce_plus_plus_baseline") and rollout.n < 2:
@@ -58,6 +61,52 @@ def check_config(config: RLConfig, origins: dict[str, str] | None = None) -> Non
     if not actor.recompute_old_log_probs and (actor.ppo_epochs > 1 or actor.mini_batch_size != data.train_batch_size):
         fail("actor.recompute_old_log_probs", "rollout log-probs stand in for old log-probs only with one "
              "optimizer step per RL step (ppo_epochs=1, mini_batch_size == data.train_batch_size)")
+    check_algorithm(config, origins, fail)
+
+
+def check_algorithm(config: RLConfig, origins: dict[str, str], fail: Callable[[str, str], None]) -> None:
+    """Combinations of algorithm options that cannot work, or would silently do nothing."""
+    algo, actor, critic, rollout = config.algorithm, config.actor, config.critic, config.rollout
+    overlong = config.reward.overlong_buffer
+    if critic.warmup_steps and not config.critic_enabled:
+        fail("critic.warmup_steps", f"only a critic warms up, and adv_estimator={algo.adv_estimator} uses none; "
+             "remove it or use adv_estimator=gae")
+    if config.critic_enabled and critic.warmup_steps >= config.trainer.total_steps:
+        fail("critic.warmup_steps", f"{critic.warmup_steps} critic warm-up steps leave none of "
+             f"trainer.total_steps={config.trainer.total_steps} for the actor; lower it")
+    if actor.use_kl_loss and actor.kl_loss_coef == 0:
+        fail("actor.kl_loss_coef", "is 0 with actor.use_kl_loss=true, so a reference model would load for a term "
+             "that is always 0; set a coefficient > 0 or actor.use_kl_loss=false")
+    if algo.use_kl_in_reward and algo.kl_ctrl.type == "fixed" and algo.kl_ctrl.kl_coef == 0:
+        fail("algorithm.kl_ctrl.kl_coef", "is 0 with algorithm.use_kl_in_reward=true, so a reference model would "
+             "load for a penalty that is always 0; set a coefficient > 0 or use_kl_in_reward=false")
+    if algo.dynamic_sampling.enable and rollout.n < 2:
+        fail("algorithm.dynamic_sampling.enable", "dynamic sampling drops groups whose samples all scored the "
+             f"same, so it needs rollout.n >= 2 (got {rollout.n})")
+    if overlong.enable and overlong.length > config.data.max_response_length:
+        fail("reward.overlong_buffer.length", f"{overlong.length} tokens is longer than "
+             f"data.max_response_length={config.data.max_response_length}; the buffer must fit inside it")
+    # A key given on the command line for a part that is off would silently change nothing.
+    inactive = {
+        "critic.": (not config.critic_enabled, f"there is no critic (adv_estimator={algo.adv_estimator})"),
+        "algorithm.kl_ctrl.": (not algo.use_kl_in_reward, "algorithm.use_kl_in_reward is false"),
+        "algorithm.kl_penalty": (not algo.use_kl_in_reward, "algorithm.use_kl_in_reward is false"),
+        "actor.kl_loss_": (not actor.use_kl_loss, "actor.use_kl_loss is false"),
+        "algorithm.dynamic_sampling.max_gen_rounds": (not algo.dynamic_sampling.enable,
+                                                      "algorithm.dynamic_sampling.enable is false"),
+        "reward.overlong_buffer.": (not overlong.enable, "reward.overlong_buffer.enable is false"),
+        "algorithm.norm_adv_by_std": (algo.adv_estimator != "grpo", "only adv_estimator=grpo uses it"),
+        "algorithm.lam": (algo.adv_estimator != "gae", "only adv_estimator=gae uses it"),
+        "algorithm.gamma": (algo.adv_estimator not in ("gae", "reinforce_plus_plus"),
+                            "only adv_estimator=gae and reinforce_plus_plus use it"),
+    }
+    switches = ("critic.enable", "reward.overlong_buffer.enable")
+    for key, origin in origins.items():
+        if origin != "command line" or key in switches:
+            continue
+        for prefix, (off, why) in inactive.items():
+            if key.startswith(prefix) and off:
+                fail(key, f"has no effect: {why}")
 
 
 def batch_arithmetic(config: RLConfig) -> list[str]:
@@ -77,4 +126,20 @@ def batch_arithmetic(config: RLConfig) -> list[str]:
         f"{a.micro_batch_tokens} tokens (at least {per_micro} full-length sequences, "
         f"so at most {-(-per_worker // per_micro)} micro-batch(es))",
         f"{config.trainer.total_steps} RL steps in all = {config.trainer.total_steps * sequences} sampled sequences",
-    ]
+    ] + _algorithm_arithmetic(config)
+
+
+def _algorithm_arithmetic(config: RLConfig) -> list[str]:
+    """Extra samples and passes that the chosen algorithm adds to each step."""
+    lines = []
+    dynamic, d = config.algorithm.dynamic_sampling, config.data
+    if dynamic.enable:
+        lines.append(f"dynamic sampling: up to {dynamic.max_gen_rounds} rounds of {d.train_batch_size} prompts per "
+                     f"step, until {d.train_batch_size} groups with differing scores are found")
+    if config.algorithm.adv_estimator == "remax":
+        lines.append(f"remax: {d.train_batch_size} more greedy samples per step (one per prompt) as baselines")
+    if config.critic_enabled:
+        warmup = config.critic.warmup_steps
+        lines.append("a critic (value model) beside each worker: one values pass and the same mini-batches per step"
+                     + (f"; the first {warmup} step(s) train only the critic" if warmup else ""))
+    return lines

@@ -139,8 +139,12 @@ def _explain(exc: ValidationError, origins: dict[str, str], flat: dict[str, Any]
     return "\n".join(lines)
 
 
-def load_config(recipe: str, overrides: list[str] | None = None, *, model: str | None = None) -> RLConfig:
-    """Resolve a recipe (name or path), its bases, then KEY=VALUE overrides, into one RLConfig."""
+def load_config(recipe: str, overrides: list[str] | None = None, *, model: str | None = None,
+                require_inputs: bool = True) -> RLConfig:
+    """Resolve a recipe (name or path), its bases, then KEY=VALUE overrides, into one RLConfig.
+
+    `require_inputs=False` (for --dry-run) accepts a config that names no model or data yet.
+    """
     tree: dict[str, Any] = {}
     origins: dict[str, str] = {}
     layers = recipe_layers(recipe)
@@ -160,7 +164,7 @@ def load_config(recipe: str, overrides: list[str] | None = None, *, model: str |
         raise ConfigError(_explain(exc, origins, _flatten(tree))) from None
     from rlkit.recipes.checks import check_config
 
-    check_config(config, origins)
+    check_config(config, origins, require_inputs=require_inputs)
     return config
 
 

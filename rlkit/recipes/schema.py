@@ -77,6 +77,7 @@ class CriticConfig(Section):
     lr: float = Field(1e-5, gt=0, description="Critic AdamW learning rate.")
     cliprange_value: float | None = Field(0.5, description="PPO value clipping range; None disables.")
     warmup_steps: int = Field(0, ge=0, description="RL steps that train only the critic before the actor updates.")
+    grad_clip: float = Field(1.0, gt=0, description="Critic global gradient-norm clip.")
 
 
 class KLControlConfig(Section):
@@ -84,6 +85,11 @@ class KLControlConfig(Section):
     kl_coef: float = Field(0.001, ge=0, description="(Initial) KL-in-reward coefficient.")
     target_kl: float = Field(0.1, gt=0, description="Adaptive controller's target KL per sequence.")
     horizon: int = Field(10000, gt=0, description="Adaptive controller's horizon in samples.")
+
+
+class DynamicSamplingConfig(Section):
+    enable: bool = Field(False, description="DAPO dynamic sampling: drop prompt groups whose samples all got the same verifier score (no group-relative signal) and sample more prompts until data.train_batch_size groups remain.")
+    max_gen_rounds: int = Field(10, ge=1, description="Most generation rounds per step, the first included. A batch still short after them is filled up with dropped groups (counted in dapo/groups_filled) instead of stopping the run.")
 
 
 class AlgorithmConfig(Section):
@@ -94,6 +100,7 @@ class AlgorithmConfig(Section):
     use_kl_in_reward: bool = Field(False, description="Subtract a per-token KL penalty from the reward (PPO-style).")
     kl_penalty: str = Field("k1", description="KL estimator for the in-reward penalty.")
     kl_ctrl: KLControlConfig = Field(default_factory=KLControlConfig)
+    dynamic_sampling: DynamicSamplingConfig = Field(default_factory=DynamicSamplingConfig)
 
 
 class TrainerConfig(Section):
@@ -102,13 +109,14 @@ class TrainerConfig(Section):
     nnodes: int = Field(1, ge=1, description="Nodes in the Ray cluster.")
     device: Literal["auto", "cpu", "cuda"] = Field("auto", description="auto = cuda when GPUs are visible, else cpu (gloo).")
     seed: int = Field(0, description="Seeds data order, initialisation of new heads and sampling.")
-    runs_dir: str = Field("runs", description="Parent folder of run directories.")
+    runs_dir: str = Field("runs", description="Parent folder of run directories (shared storage for multi-node runs: every node writes checkpoint shards there).")
     logger: list[Literal["console", "jsonl", "tensorboard", "wandb"]] = Field(
-        default_factory=lambda: ["console", "jsonl", "tensorboard"], description="Where metrics go.")
+        default_factory=lambda: ["console", "jsonl", "tensorboard"],
+        description="Where metrics go: console (live table), jsonl (RUN/metrics.jsonl), tensorboard (RUN/tensorboard), wandb (needs `pip install wandb`).")
     project_name: str = Field("rlkit", description="Grouping name for trackers.")
     experiment_name: str | None = Field(None, description="Run name for trackers (default: the run id).")
-    save_freq: int = Field(0, ge=0, description="Checkpoint every N steps (0 = only at the end).")
-    keep_last: int = Field(2, ge=1, description="Checkpoints kept on disk.")
+    save_freq: int = Field(0, ge=0, description="Checkpoint every N steps (0 = only at the end); the last step is always saved.")
+    keep_last: int = Field(2, ge=1, description="Complete checkpoints kept on disk (older ones are deleted after each save).")
     val_freq: int = Field(0, ge=0, description="Score data.val_files every N steps (0 = never).")
     phase_timeout_s: float = Field(1800.0, gt=0, description="Deadline of one controller -> worker call (engine start gets 2x).")
     cpu_threads_per_worker: int = Field(1, ge=1, description="Torch threads per CPU worker process.")

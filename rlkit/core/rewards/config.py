@@ -7,6 +7,18 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 
+class OverlongBufferConfig(BaseModel):
+    """DAPO's soft overlong punishment, added to the verifier score (rlkit.core.algos.dapo.overlong_penalty)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    enable: bool = Field(False, description="Penalise responses that end inside the last `length` tokens before "
+                                            "data.max_response_length, rising linearly to -penalty_factor at the limit.")
+    length: int = Field(4096, ge=1, description="Tokens before data.max_response_length where the penalty ramps up "
+                                                "(must not exceed data.max_response_length).")
+    penalty_factor: float = Field(1.0, ge=0, description="Penalty at (and beyond) data.max_response_length.")
+
+
 class RewardConfig(BaseModel):
     """How responses are scored: a rule function by `data_source`, or your own function.
 
@@ -45,6 +57,7 @@ class RewardConfig(BaseModel):
         description="GSM8K answer extraction: 'strict' takes the number after the last '####', "
                     "'flexible' the last number anywhere in the response.",
     )
+    overlong_buffer: OverlongBufferConfig = Field(default_factory=OverlongBufferConfig)
     format_score: float = Field(
         0.0,
         description="Score of a response whose answer is found (GSM8K '####', math '\\boxed{}') but wrong; "
@@ -60,7 +73,8 @@ class RewardModelConfig(BaseModel):
     path: str | None = Field(
         None,
         description="Local directory or hub name of an AutoModelForSequenceClassification with "
-                    "num_labels=1 that shares the policy's tokenizer; None uses no reward model.",
+                    "num_labels=1 that shares the policy's tokenizer; its score replaces the rule/custom "
+                    "reward. Each worker scores its own share of the batch. None uses no reward model.",
     )
     micro_batch_size: int = Field(
         8, ge=1, description="Sequences per reward-model forward pass on a worker.",

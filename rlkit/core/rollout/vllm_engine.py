@@ -20,10 +20,6 @@ class VLLMEngine(RolloutEngine):
                  gpu_memory_utilization: float, enforce_eager: bool | None, max_num_seqs: int, sleep_mode: bool) -> None:
         os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
         self.on_gpu = device.type == "cuda"
-        if not self.on_gpu:
-            # vLLM's CPU backend otherwise takes gpu_memory_utilization of all host memory for
-            # its KV cache, per engine: two workers on one machine run out of memory.
-            os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
         from vllm import LLM
 
         self.sleep_mode = sleep_mode and self.on_gpu

@@ -1,0 +1,81 @@
+"""What one worker writes into a checkpoint, and reads back on resume.
+
+Every rank of a worker group calls `save_shards`/`load_shards` with the same folder at the
+same time (torch.distributed.checkpoint is collective):
+  <folder>/shards/     the FSDP2-sharded model and optimizer (DCP: one file per rank + .metadata)
+  <folder>/rank_<r>.pt what is local to a rank: RNG states and the LR scheduler
+
+DCP re-shards on load, but rlkit refuses a resume on another world size anyway (per-rank
+RNG streams and rollout seeds would differ), so shards are read back by the rank that wrote them.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+
+SHARDS_DIR = "shards"
+MODEL_KEY = "model"      # DCP keys are "model.<HF parameter name>" and "optim.<...>"
+OPTIM_KEY = "optim"
+
+
+def rng_state() -> dict[str, Any]:
+    """The process's python, numpy and torch (CPU and CUDA) RNG states, loadable with weights_only."""
+    kind, keys, pos, has_gauss, gauss = np.random.get_state()
+    state: dict[str, Any] = {
+        "python": random.getstate(),
+        "numpy": (kind, torch.from_numpy(keys.astype(np.int64)), pos, has_gauss, gauss),
+        "torch": torch.get_rng_state(),
+    }
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
+
+
+def set_rng_state(state: dict[str, Any]) -> None:
+    version, internal, gauss = state["python"]
+    random.setstate((version, tuple(internal), gauss))
+    kind, keys, pos, has_gauss, cached = state["numpy"]
+    np.random.set_state((kind, keys.numpy().astype(np.uint32), pos, has_gauss, cached))
+    torch.set_rng_state(state["torch"])
+    if "cuda" in state:
+        torch.cuda.set_rng_state_all(state["cuda"])
+
+
+def save_shards(folder: str | Path, rank: int, *, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
+                scheduler: Any = None) -> None:
+    """Collective: every rank of the group at once. `scheduler` is None for a constant learning rate."""
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    model_state, optim_state = get_state_dict(model, optimizer)
+    dcp.save({MODEL_KEY: model_state, OPTIM_KEY: optim_state}, checkpoint_id=str(folder / SHARDS_DIR))
+    local = {"rng": rng_state(), "scheduler": scheduler.state_dict() if scheduler is not None else None}
+    write_durably(folder / f"rank_{rank}.pt", local)
+
+
+def load_shards(folder: str | Path, rank: int, *, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
+                scheduler: Any = None) -> None:
+    folder = Path(folder)
+    model_state, optim_state = get_state_dict(model, optimizer)
+    state = {MODEL_KEY: model_state, OPTIM_KEY: optim_state}
+    dcp.load(state, checkpoint_id=str(folder / SHARDS_DIR))
+    set_state_dict(model, optimizer, model_state_dict=state[MODEL_KEY], optim_state_dict=state[OPTIM_KEY])
+    local = torch.load(folder / f"rank_{rank}.pt", weights_only=True)
+    if scheduler is not None:
+        scheduler.load_state_dict(local["scheduler"])
+    set_rng_state(local["rng"])
+
+
+def write_durably(path: Path, obj: Any) -> None:
+    """torch.save + fsync: the bytes are on disk before the checkpoint's marker says so."""
+    with open(path, "wb") as handle:
+        torch.save(obj, handle)
+        handle.flush()
+        os.fsync(handle.fileno())

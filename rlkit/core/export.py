@@ -1,0 +1,74 @@
+"""A checkpoint's policy as a Hugging Face model directory (safetensors, config, tokenizer).
+
+The base model is loaded first (architecture, config, buffers, generation config), then the
+checkpoint's sharded weights are read into its tensors in place by DCP, so memory peaks at
+one model. Needs no process group, no Ray and no GPU.
+"""
+
+from __future__ import annotations
+
+import json
+import warnings
+from pathlib import Path
+
+import torch
+import torch.distributed.checkpoint as dcp
+
+from rlkit.core import checkpoint
+from rlkit.core.checkpoint_shards import MODEL_KEY, SHARDS_DIR
+from rlkit.core.fsdp import DTYPES
+from rlkit.core.run import RunDir, resolve_model_path
+from rlkit.errors import UserError
+from rlkit.recipes.loader import load_config
+
+EXPORT_INFO = "rlkit_export.json"
+
+
+def export_hf(run: RunDir, out: str | Path, *, step: int | None = None, dtype: str = "auto") -> Path:
+    """Write the policy of `run` at `step` (default: the latest complete checkpoint) to `out`."""
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+
+    out = Path(out).expanduser()
+    if out.exists() and any(out.iterdir()):
+        raise UserError(f"--out {out} is not empty; pick a new directory")
+    if dtype not in ("auto", *DTYPES):
+        raise UserError(f"--dtype {dtype!r}: use auto (the base model's dtype), {', '.join(DTYPES)}")
+    ckpt = checkpoint.checkpoint_at(run.path, step)
+    config = load_config(str(ckpt.path / checkpoint.CONFIG_FILE))
+    base = resolve_model_path(config.model.path)
+    base_dtype = AutoConfig.from_pretrained(base).dtype  # before loading in fp32 overwrites it
+    model = AutoModelForCausalLM.from_pretrained(base, dtype=torch.float32)
+    target = model.state_dict()
+    _check_keys(target, ckpt.path / "policy" / SHARDS_DIR)
+    with warnings.catch_warnings():  # "torch.distributed is not initialized": intended, one process reads all
+        warnings.simplefilter("ignore", UserWarning)
+        dcp.load({MODEL_KEY: target}, checkpoint_id=str(ckpt.path / "policy" / SHARDS_DIR), no_dist=True)
+    save_dtype = DTYPES[dtype] if dtype != "auto" else _as_dtype(base_dtype)
+    model.to(save_dtype)
+    out.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(out)
+    AutoTokenizer.from_pretrained(base).save_pretrained(out)
+    info = {"run": run.run_id, "step": ckpt.step, "checkpoint": str(ckpt.path), "base_model": config.model.path,
+            "dtype": str(save_dtype).removeprefix("torch.")}
+    (out / EXPORT_INFO).write_text(json.dumps(info, indent=2))
+    return out
+
+
+def _check_keys(target: dict[str, torch.Tensor], shards: Path) -> None:
+    """Every parameter of the base model must be in the checkpoint, with the same shape."""
+    metadata = dcp.FileSystemReader(str(shards)).read_metadata().state_dict_metadata
+    prefix = f"{MODEL_KEY}."
+    saved = {k[len(prefix):]: v for k, v in metadata.items() if k.startswith(prefix)}
+    missing = [k for k in target if k not in saved]
+    wrong = [f"{k} {tuple(saved[k].size)} vs {tuple(t.shape)}" for k, t in target.items()
+             if k in saved and tuple(saved[k].size) != tuple(t.shape)]
+    if missing or wrong:
+        raise UserError(f"checkpoint {shards.parent.parent} does not fit its base model: "
+                        f"missing {missing[:5]}, shape mismatches {wrong[:5]}")
+
+
+def _as_dtype(value: torch.dtype | str | None) -> torch.dtype:
+    """A model config's dtype: a torch.dtype, its name, or None (= float32)."""
+    if isinstance(value, str):
+        value = getattr(torch, value, None)
+    return value if isinstance(value, torch.dtype) else torch.float32

@@ -1,0 +1,98 @@
+"""`rlkit resume`: continue a run from its latest complete checkpoint, exactly.
+
+Only overrides that cannot change the math of the remaining steps are accepted; the rest
+are refused with the reason, because a resume that silently trains something else is the
+bug users of other frameworks report most.
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from rlkit.core import checkpoint
+from rlkit.core.run import RunDir
+from rlkit.errors import UserError
+from rlkit.recipes.loader import config_to_yaml, load_config
+from rlkit.recipes.schema import RLConfig
+
+logger = logging.getLogger(__name__)
+
+# Keys a resume may change, and why that is safe. Everything else is part of the math.
+RESUME_SAFE_KEYS = {
+    "trainer.total_steps": "trains more (or fewer) steps; refused with a cosine LR schedule, whose horizon it is",
+    "trainer.save_freq": "when checkpoints are written",
+    "trainer.keep_last": "how many checkpoints are kept",
+    "trainer.logger": "where metrics go",
+    "trainer.project_name": "tracker grouping",
+    "trainer.experiment_name": "tracker run name",
+    "trainer.val_freq": "validation only reads the policy",
+    "data.val_files": "validation only reads the policy",
+    "trainer.phase_timeout_s": "a deadline, not the math",
+    "actor.micro_batch_tokens": "performance only (float sums may differ in the last bits)",
+    "rollout.max_num_seqs": "performance only",
+    "rollout.gpu_memory_utilization": "performance only",
+    "rollout.enforce_eager": "performance only",
+}
+
+
+def resume_config(run: RunDir, ckpt: checkpoint.Checkpoint, overrides: list[str]) -> RLConfig:
+    """The checkpoint's config with `overrides`; refuses any that would change the math."""
+    saved_yaml = ckpt.path / checkpoint.CONFIG_FILE
+    saved = load_config(str(saved_yaml))
+    config = load_config(str(saved_yaml), overrides)
+    # load_config names the recipe after the file it read (config.yaml); keep the original name.
+    saved.recipe = config.recipe = str((yaml.safe_load(saved_yaml.read_text()) or {}).get("recipe", ""))
+    changed = _diff(saved, config)
+    refused = [f"{key}: {old!r} -> {new!r}" for key, (old, new) in changed.items() if key not in RESUME_SAFE_KEYS]
+    if refused:
+        raise UserError("a resume continues the same training, so these overrides are refused: "
+                        + "; ".join(refused) + ". Keys a resume may change: " + ", ".join(RESUME_SAFE_KEYS)
+                        + ". To train with other settings, start a new run, e.g. from an export "
+                        f"(`rlkit export {run.run_id} --out DIR`, then `rlkit train ... --model DIR`)")
+    total = config.trainer.total_steps
+    if "trainer.total_steps" in changed and config.actor.lr_schedule != "constant":
+        raise UserError(f"trainer.total_steps cannot change on resume with actor.lr_schedule="
+                        f"{config.actor.lr_schedule}: the schedule decays over the original "
+                        f"{saved.trainer.total_steps} steps, so the remaining learning rates would change")
+    if total <= ckpt.step:
+        raise UserError(f"run {run.run_id} already trained {ckpt.step} of trainer.total_steps={total} steps "
+                        f"(checkpoint {ckpt.path.name}); pass trainer.total_steps=N with N > {ckpt.step} to train on")
+    return config
+
+
+def resume_run(run_id: str, overrides: list[str], runs_dir: str | Path = "runs") -> Path:
+    """Continue run `run_id` (an id under runs_dir, or a path) from its latest complete checkpoint."""
+    from rlkit.core.run_loop import CONSOLE_LOG, run_log, run_training
+
+    run = RunDir.open(run_id, runs_dir)
+    status = run.read_status()
+    if status.get("status") == "running":
+        raise UserError(f"run {run.run_id} is still running (pid {status.get('pid')} on {status.get('host')}); "
+                        "stop it first or wait for it to finish; if that process is gone (its machine went "
+                        f"down), delete {run.path / 'status.json'} and resume again")
+    with run_log(run.path / CONSOLE_LOG):
+        ckpt = checkpoint.latest_checkpoint(run.path)
+        config = resume_config(run, ckpt, overrides)
+        logger.info("resuming %s from checkpoint %s (step %d)%s", run.run_id, ckpt.path.name, ckpt.step,
+                       f" with {' '.join(overrides)}" if overrides else "")
+        (run.path / "config.yaml").write_text(config_to_yaml(config))
+        return run_training(config, run, resume_from=ckpt)
+
+
+def _diff(old: RLConfig, new: RLConfig) -> dict[str, tuple[Any, Any]]:
+    a, b = _flatten(old.model_dump(mode="json")), _flatten(new.model_dump(mode="json"))
+    return {key: (a.get(key), b.get(key)) for key in sorted(set(a) | set(b)) if a.get(key) != b.get(key)}
+
+
+def _flatten(tree: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    flat: dict[str, Any] = {}
+    for key, value in tree.items():
+        if isinstance(value, dict):
+            flat.update(_flatten(value, f"{prefix}{key}."))
+        else:
+            flat[f"{prefix}{key}"] = value
+    return flat

@@ -1,0 +1,107 @@
+"""The loop around `Controller.step`: fresh or resumed, with checkpoints, status and console.log."""
+
+from __future__ import annotations
+
+import logging
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Iterator
+
+from rich.console import Console
+from rich.logging import RichHandler
+
+from rlkit.core.checkpoint import Checkpoint, discard_after
+from rlkit.core.run import RunDir
+from rlkit.core.tracking import Tracker, step_logger
+from rlkit.recipes.schema import RLConfig, TrainerConfig
+
+CONSOLE_LOG = "console.log"
+logger = logging.getLogger("rlkit")
+
+
+def run_training(config: RLConfig, run: RunDir, resume_from: Checkpoint | None = None) -> Path:
+    """Train steps (resume_from.step + 1 or 1) .. trainer.total_steps; returns the run directory."""
+    from rlkit.core.trainer import Controller
+
+    trainer = config.trainer
+    start = resume_from.step if resume_from else 0
+    controller = tracker = None
+    with run_log(run.path / CONSOLE_LOG):
+        logger.info("%s run %s at step %d of %d", "resuming" if resume_from else "starting", run.run_id, start,
+                    trainer.total_steps)
+        run.write_status("running", step=start, total_steps=trainer.total_steps, error=None)
+        try:
+            controller = Controller(config, run)
+            if resume_from:
+                discard_after(run.path, start)
+                controller.load_checkpoint(resume_from)
+            tracker = Tracker(run.path, trainer.logger, total_steps=trainer.total_steps, start_step=start,
+                              project=trainer.project_name, name=trainer.experiment_name or run.run_id,
+                              config=config.model_dump(mode="json"), run_id=run.run_id)
+            rewards: list[float] = []
+            for step in range(start + 1, trainer.total_steps + 1):
+                metrics = controller.step(step)
+                rewards.append(metrics["reward/mean"])
+                tracker.log(metrics, step)
+                controller.completed_steps = step
+                if should_save(step, trainer):
+                    path = controller.save_checkpoint("final" if step == trainer.total_steps else "periodic")
+                    logger.info("checkpoint of step %d: %s", step, path)
+                    run.write_status("running", step=step, last_checkpoint=step)
+                else:
+                    run.write_status("running", step=step)
+            run.write_status("finished")
+            tracker.message(summary(rewards, start, run.path))
+        except KeyboardInterrupt:
+            run.write_status("interrupted", error="interrupted by Ctrl-C")
+            raise
+        except BaseException as exc:
+            run.write_status("failed", error=f"{type(exc).__name__}: {exc}"[:2000])
+            raise
+        finally:
+            if tracker:
+                tracker.close()
+            if controller:
+                controller.close()
+    return run.path
+
+
+def summary(rewards: list[float], start: int, run_path: Path) -> str:
+    window = min(5, len(rewards))
+    return (f"[bold green]done:[/] steps {start + 1}-{start + len(rewards)}; reward/mean "
+            f"{sum(rewards[:window]) / window:.3f} (first {window}) -> {sum(rewards[-window:]) / window:.3f} "
+            f"(last {window}); run dir {run_path}")
+
+
+def should_save(step: int, trainer: TrainerConfig) -> bool:
+    """Every save_freq steps, and always after the last one (so every finished run can be exported)."""
+    return step == trainer.total_steps or (trainer.save_freq > 0 and step % trainer.save_freq == 0)
+
+
+@contextmanager
+def run_log(path: Path) -> Iterator[None]:
+    """rlkit's log records into the run's console.log, and on screen.
+
+    The per-step lines stay off the screen (the live table shows them); rich's Live prints the
+    other messages above the table. Re-entrant: `rlkit resume` opens it before choosing a checkpoint, so its warnings land in the file too.
+    """
+    if any(isinstance(h, logging.FileHandler) and Path(h.baseFilename) == path.absolute()
+           for h in logger.handlers):
+        yield
+        return
+    file_handler = logging.FileHandler(path)
+    file_handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s",
+                                                "%Y-%m-%d %H:%M:%S"))
+    screen = RichHandler(console=Console(stderr=True, soft_wrap=True), show_time=False, show_path=False)
+    screen.addFilter(lambda record: record.name != step_logger.name)
+    previous_level = logger.level
+    logger.setLevel(logging.INFO)
+    logger.addHandler(file_handler)
+    logger.addHandler(screen)
+    try:
+        yield
+    finally:
+        logger.removeHandler(file_handler)
+        logger.removeHandler(screen)
+        logger.setLevel(previous_level)
+        file_handler.close()

@@ -1,0 +1,123 @@
+"""Recipes, overrides, verl aliases and the errors a user sees."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+from typer.testing import CliRunner
+
+from rlkit.cli.main import app
+from rlkit.errors import ConfigError
+from rlkit.recipes.checks import batch_arithmetic
+from rlkit.recipes.loader import load_config, parse_override
+
+runner = CliRunner()
+DEMO = ["model.path=rlkit:tiny-qwen2", "data.synthetic_task=echo"]
+
+
+def test_recipe_by_name_inherits_base_and_keeps_schema_defaults():
+    config = load_config("grpo-demo")
+    assert config.recipe == "grpo-demo"
+    assert config.algorithm.adv_estimator == "grpo"        # from base grpo.yaml
+    assert config.actor.lr == 1e-3                          # grpo-demo overrides grpo's 1e-6
+    assert config.actor.grad_clip == 1.0                    # schema default, stated nowhere in YAML
+
+
+def test_recipe_by_path(tmp_path):
+    path = tmp_path / "mine.yaml"
+    path.write_text("base: grpo\nrollout:\n  n: 4\n")
+    config = load_config(str(path), DEMO)
+    assert config.rollout.n == 4 and config.algorithm.adv_estimator == "grpo"
+
+
+def test_overrides_are_yaml_typed():
+    config = load_config("grpo", DEMO + ["rollout.n=16", "actor.lr=3e-4", "trainer.logger=[console,tensorboard]",
+                                          "actor.clip_ratio_c=null"])
+    assert config.rollout.n == 16
+    assert config.actor.lr == pytest.approx(3e-4)
+    assert config.trainer.logger == ["console", "tensorboard"]
+    assert config.actor.clip_ratio_c is None
+
+
+def test_verl_long_keys_are_aliases():
+    config = load_config("grpo", [
+        "actor_rollout_ref.model.path=Qwen/Qwen2.5-0.5B-Instruct", "data.train_files=[a.parquet]",
+        "actor_rollout_ref.rollout.name=hf", "actor_rollout_ref.rollout.n=4",
+        "actor_rollout_ref.actor.optim.lr=2e-6", "actor_rollout_ref.actor.ppo_mini_batch_size=32",
+        "trainer.total_training_steps=7"])
+    assert config.model.path == "Qwen/Qwen2.5-0.5B-Instruct"
+    assert (config.rollout.name, config.rollout.n, config.actor.lr) == ("hf", 4, 2e-6)
+    assert (config.actor.mini_batch_size, config.trainer.total_steps) == (32, 7)
+
+
+def test_unsupported_verl_key_is_answered_with_our_spelling():
+    with pytest.raises(ConfigError, match="actor.clip_ratio_low and actor.clip_ratio_high"):
+        load_config("grpo", DEMO + ["actor_rollout_ref.actor.clip_ratio=0.2"])
+
+
+@pytest.mark.parametrize("override, expected", [
+    ("rollout.n=abc", "rollout.n='abc' (command line): Input should be a valid integer"),
+    ("algorithm.adv_estimater=grpo", "did you mean 'algorithm.adv_estimator'"),
+    ("rollout.name=sglang", "Input should be 'vllm' or 'hf'"),
+    ("algorithm.adv_estimator=grpoo", "did you mean 'grpo'"),
+    ("rollout.n=1", "needs rollout.n >= 2"),
+    ("actor.mini_batch_size=5", "must divide data.train_batch_size=16"),
+])
+def test_bad_config_messages(override, expected):
+    with pytest.raises(ConfigError) as info:
+        load_config("grpo-demo", [override])
+    assert expected in str(info.value)
+
+
+def test_nearest_recipe_is_suggested():
+    with pytest.raises(ConfigError, match="did you mean 'grpo'"):
+        load_config("grpoo")
+
+
+def test_parse_override_requires_key_value():
+    with pytest.raises(ConfigError, match="KEY=VALUE"):
+        parse_override("rollout.n")
+    assert parse_override("data.train_files=[a.parquet, b.parquet]") == ("data.train_files", ["a.parquet", "b.parquet"])
+
+
+@pytest.mark.parametrize("args, expected", [
+    (["train", "grpo", "rollout.n=abc"], "rollout.n='abc'"),
+    (["train", "grpo", "algorithm.adv_estimater=grpo"], "did you mean 'algorithm.adv_estimator'"),
+    (["train", "nosuchrecipe"], "no recipe named 'nosuchrecipe'"),
+])
+def test_cli_user_errors_exit_2_with_one_message_and_no_traceback(args, expected):
+    proc = subprocess.run([sys.executable, "-m", "rlkit.cli.main", *args], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2
+    assert expected in proc.stderr
+    assert "Traceback" not in proc.stderr + proc.stdout
+    assert len(proc.stderr.strip().splitlines()) == 1
+
+
+def test_dry_run_prints_resolved_config_and_batch_arithmetic():
+    result = runner.invoke(app, ["train", "grpo-demo", "trainer.n_gpus_per_node=2", "--dry-run"])
+    assert result.exit_code == 0, result.output
+    assert "adv_estimator: grpo" in result.output
+    assert "16 prompts x rollout.n=8 = 128 sequences" in result.output
+    assert "split over 2 worker(s): 64 each" in result.output
+
+
+def test_dry_run_needs_no_model_or_data_but_training_does():
+    assert runner.invoke(app, ["train", "grpo", "--dry-run"]).exit_code == 0
+    with pytest.raises(ConfigError, match="no model given"):
+        load_config("grpo")
+
+
+def test_batch_arithmetic_counts_optimizer_steps():
+    config = load_config("grpo-demo", ["data.train_batch_size=32", "actor.mini_batch_size=8", "actor.ppo_epochs=2"])
+    lines = batch_arithmetic(config)
+    assert any("8 optimizer step(s) per RL step: 4 mini-batch(es) of 8 prompts (64 sequences) x 2 epoch(s)" in l
+               for l in lines)
+
+
+def test_recipes_list_and_show():
+    listed = runner.invoke(app, ["recipes", "list"])
+    assert listed.exit_code == 0 and "grpo-demo" in listed.output
+    shown = runner.invoke(app, ["recipes", "show", "grpo"])
+    assert shown.exit_code == 0 and "adv_estimator: grpo" in shown.output

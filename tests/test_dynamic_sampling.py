@@ -1,0 +1,51 @@
+"""DAPO dynamic sampling's collector: which groups a step trains on, over several rounds."""
+
+from __future__ import annotations
+
+import torch
+
+from rlkit.core.algos import groups_with_signal
+from rlkit.core.dynamic_sampling import GroupCollector, group_rows
+
+
+def add_round(collector: GroupCollector[str], names: list[str], group_ids: list[int], scores: list[float]) -> None:
+    ids, values = torch.tensor(group_ids), torch.tensor(scores)
+    collector.add(names, ids, {"scores": values}, groups_with_signal(values, ids))
+
+
+def test_group_rows_in_order_of_first_appearance() -> None:
+    assert group_rows(torch.tensor([3, 3, 1, 1, 3])) == [[0, 1, 4], [2, 3]]
+
+
+def test_collects_groups_with_signal_until_full() -> None:
+    collector: GroupCollector[str] = GroupCollector(target=2)
+    # Round 1: group 0 [1, 1] has no signal, group 1 [0, 1] has.
+    add_round(collector, ["a0", "a1", "b0", "b1"], [0, 0, 1, 1], [1.0, 1.0, 0.0, 1.0])
+    assert not collector.full
+    # Round 2 reuses group ids 0 and 1 for new prompts: [0, 0] drops, [1, 0] keeps.
+    add_round(collector, ["c0", "c1", "d0", "d1"], [0, 0, 1, 1], [0.0, 0.0, 1.0, 0.0])
+    assert collector.full
+    groups, tensors, metrics = collector.take()
+    assert groups == [["b0", "b1"], ["d0", "d1"]]
+    assert torch.equal(tensors["scores"], torch.tensor([0.0, 1.0, 1.0, 0.0]))
+    assert metrics == {"dapo/gen_rounds": 2.0, "dapo/groups_dropped": 2.0, "dapo/groups_filled": 0.0}
+
+
+def test_surplus_groups_of_the_last_round_are_left_out() -> None:
+    collector: GroupCollector[str] = GroupCollector(target=1)
+    add_round(collector, ["a0", "a1", "b0", "b1"], [0, 0, 1, 1], [0.0, 1.0, 1.0, 0.0])
+    groups, tensors, metrics = collector.take()
+    assert groups == [["a0", "a1"]]
+    assert torch.equal(tensors["scores"], torch.tensor([0.0, 1.0]))
+    assert metrics["dapo/groups_dropped"] == 0.0
+
+
+def test_short_batch_is_filled_with_dropped_groups_in_order() -> None:
+    collector: GroupCollector[str] = GroupCollector(target=3)
+    add_round(collector, ["a0", "a1", "b0", "b1"], [0, 0, 1, 1], [1.0, 1.0, 0.0, 0.5])
+    add_round(collector, ["c0", "c1", "d0", "d1"], [5, 5, 6, 6], [0.0, 0.0, 0.2, 0.2])
+    # Rounds ran out with one group with signal (b): a and c fill the batch, d stays dropped.
+    groups, tensors, metrics = collector.take()
+    assert groups == [["b0", "b1"], ["a0", "a1"], ["c0", "c1"]]
+    assert torch.equal(tensors["scores"], torch.tensor([0.0, 0.5, 1.0, 1.0, 0.0, 0.0]))
+    assert metrics == {"dapo/gen_rounds": 2.0, "dapo/groups_dropped": 1.0, "dapo/groups_filled": 2.0}

@@ -1,0 +1,222 @@
+"""Exact resume, proven by killing runs: every resumed run logs the uninterrupted run's metrics.
+
+One uninterrupted CPU run of N steps is the reference. Then (1) a run is SIGKILLed after
+step K's checkpoint and resumed; (2) a run is SIGKILLed halfway through writing step K+1's
+checkpoint and resumed; (3) the reference's newest checkpoint is truncated and the run is
+resumed from the one before. Each time, metrics.jsonl holds every step once and all
+non-timing metrics equal the reference's bit for bit (the HF engine on CPU is deterministic,
+see docs/resume.md). K is the end of an epoch (12 prompts, 4 per step), so resuming at an
+epoch boundary is covered, and the KL loss pins that the reference policy stays the base model.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Iterator
+
+import pytest
+
+from rlkit.core.checkpoint import MARKER, step_dir_name
+from rlkit.core.data.builders import write_parquet
+from rlkit.core.data.synthetic import build_synthetic
+from rlkit.core.faults import HANG_MESSAGE
+from rlkit.core.tracking import is_timing_key
+
+pytestmark = pytest.mark.slow
+
+REPO = Path(__file__).resolve().parents[1]
+N, K = 6, 3
+START_TIMEOUT_S = 240
+
+
+def training_overrides(data: Path, runs: Path) -> list[str]:
+    return [
+        f"data.train_files=[{data}]", "data.train_batch_size=4", "data.max_response_length=2",
+        "rollout.name=hf", "rollout.n=4", "actor.mini_batch_size=2",  # two optimizer steps per RL step
+        # The entropy bonus moves the policy even in steps where every reward is 0, so the
+        # KL to the reference, the optimizer's moments and the schedule all matter.
+        "actor.entropy_coeff=0.01", "actor.use_kl_loss=true", "actor.kl_loss_coef=0.1",
+        "actor.lr_schedule=cosine", "actor.warmup_steps=2",
+        f"trainer.total_steps={N}", "trainer.save_freq=1", "trainer.keep_last=2",
+        "trainer.logger=[jsonl]", f"trainer.runs_dir={runs}",
+    ]
+
+
+def env(**extra: str) -> dict[str, str]:
+    return {**os.environ, "PYTHONPATH": str(REPO), "VLLM_ENABLE_V1_MULTIPROCESSING": "0", **extra}
+
+
+def start(args: list[str], log: Path, **extra_env: str) -> subprocess.Popen:
+    """The CLI in its own session, so the whole tree (Ray's processes too) can be killed as one group."""
+    return subprocess.Popen([sys.executable, "-m", "rlkit.cli.main", *args], cwd=REPO, env=env(**extra_env),
+                            stdout=log.open("w"), stderr=subprocess.STDOUT, start_new_session=True)
+
+
+def run_cli(args: list[str], log: Path) -> str:
+    proc = start(args, log)
+    try:
+        rc = proc.wait(timeout=START_TIMEOUT_S)
+    finally:
+        kill_tree(proc)
+    output = log.read_text()
+    assert rc == 0, output[-4000:]
+    return output
+
+
+def descendants(pid: int) -> set[int]:
+    children: dict[int, list[int]] = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        children.setdefault(int(fields[1]), []).append(int(stat.parent.name))
+    found, todo = set(), [pid]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            if child not in found:
+                found.add(child)
+                todo.append(child)
+    return found
+
+
+def kill_tree(proc: subprocess.Popen) -> None:
+    """SIGKILL the process group, then make sure none of its processes (Ray's included) survive."""
+    tree = descendants(proc.pid)
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    proc.wait()
+    deadline = time.monotonic() + 30
+    alive = tree
+    while alive and time.monotonic() < deadline:
+        alive = {pid for pid in alive if Path(f"/proc/{pid}").exists() and not _zombie(pid)}
+        time.sleep(0.2)
+    for pid in alive:  # clean up before failing, so a failing test leaks nothing either
+        os.kill(pid, signal.SIGKILL)
+    assert not alive, f"processes outlived the killed run: {sorted(alive)}"
+
+
+def _zombie(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z"
+    except OSError:
+        return False
+
+
+def wait_for(condition, proc: subprocess.Popen, log: Path, what: str) -> None:
+    deadline = time.monotonic() + START_TIMEOUT_S
+    while not condition():
+        if proc.poll() is not None or time.monotonic() > deadline:
+            kill_tree(proc)
+            pytest.fail(f"never saw {what}:\n{log.read_text()[-4000:]}")
+        time.sleep(0.05)
+
+
+def metrics(run: Path) -> list[dict]:
+    return [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+
+
+def assert_same_metrics(run: Path, reference: list[dict], steps: int = N) -> None:
+    records = metrics(run)
+    assert [r["step"] for r in records] == list(range(1, steps + 1))  # each step exactly once
+    for got, want in zip(records, reference):
+        assert set(got) == set(want)
+        mismatched = {k: (got[k], want[k]) for k in got if not is_timing_key(k) and got[k] != want[k]}
+        assert not mismatched, f"step {got['step']}: {mismatched}"
+
+
+@pytest.fixture(scope="module")
+def world(tmp_path_factory) -> Iterator[dict]:
+    with pytest.MonkeyPatch.context() as patch:  # the subprocesses build the tiny model in the test cache too
+        patch.setenv("RLKIT_CACHE", str(tmp_path_factory.getbasetemp() / "rlkit-cache"))
+        yield reference_run(tmp_path_factory.mktemp("resume"))
+
+
+def reference_run(root: Path) -> dict:
+    rows = build_synthetic(task="echo", n_train=12, n_test=1, seed=3)["train"]
+    data = write_parquet(rows, root / "echo12.parquet")
+    runs = root / "runs"
+    overrides = training_overrides(data, runs)
+    run_cli(["train", "grpo-demo", *overrides, "--run-id", "reference"], root / "reference.log")
+    reference = metrics(runs / "reference")
+    assert len(reference) == N and all(r["actor/kl_loss"] > 0 for r in reference[1:])
+    return {"root": root, "runs": runs, "data": data, "overrides": overrides, "reference": reference}
+
+
+def test_sigkill_after_a_checkpoint_then_resume_is_exact(world) -> None:
+    root, runs = world["root"], world["runs"]
+    log = root / "killed.log"
+    proc = start(["train", "grpo-demo", *world["overrides"], "--run-id", "killed"], log)
+    marker = runs / "killed" / "checkpoints" / step_dir_name(K) / MARKER
+    wait_for(marker.exists, proc, log, f"step {K}'s checkpoint")
+    kill_tree(proc)
+    status = json.loads((runs / "killed" / "status.json").read_text())
+    assert status["status"] == "running" and status["step"] >= K  # what a SIGKILL leaves behind
+
+    output = " ".join(run_cli(["resume", "killed", "--runs-dir", str(runs)], root / "killed-resume.log").split())
+    resumed_from = int(re.search(r"from checkpoint step_(\d+)", output).group(1))
+    assert resumed_from in (K, K + 1)  # the kill lands within one poll of the marker appearing
+    assert_same_metrics(runs / "killed", world["reference"])
+    assert json.loads((runs / "killed" / "status.json").read_text())["status"] == "finished"
+
+
+def test_sigkill_while_writing_a_checkpoint_then_resume_is_exact(world) -> None:
+    root, runs = world["root"], world["runs"]
+    log = root / "torn.log"
+    proc = start(["train", "grpo-demo", *world["overrides"], "--run-id", "torn"], log,
+                 RLKIT_FAULT=f"hang:checkpoint-before-marker:{K + 1}")
+    wait_for(lambda: HANG_MESSAGE in log.read_text(), proc, log, "the hang inside the checkpoint write")
+    kill_tree(proc)
+    checkpoints = runs / "torn" / "checkpoints"
+    assert (checkpoints / f".tmp-{step_dir_name(K + 1)}").is_dir()
+    assert not (checkpoints / step_dir_name(K + 1)).exists()
+
+    output = " ".join(run_cli(["resume", "torn", "--runs-dir", str(runs)], root / "torn-resume.log").split())
+    assert f"ignoring .tmp-{step_dir_name(K + 1)}" in output
+    assert f"from checkpoint {step_dir_name(K)}" in output
+    assert_same_metrics(runs / "torn", world["reference"])
+
+
+def test_truncated_newest_checkpoint_resumes_from_the_previous_one(world) -> None:
+    root, runs = world["root"], world["runs"]
+    shutil.copytree(runs / "reference", runs / "truncated")
+    newest = runs / "truncated" / "checkpoints" / step_dir_name(N)
+    shard = newest / "policy" / "shards" / "__0_0.distcp"
+    size = shard.stat().st_size
+    with shard.open("r+b") as handle:
+        handle.truncate(size // 2)
+
+    output = " ".join(run_cli(["resume", "truncated", "--runs-dir", str(runs)], root / "truncated.log").split())
+    assert (f"skipping checkpoint {step_dir_name(N)}: policy/shards/__0_0.distcp has {size // 2} bytes, "
+            f"the manifest says {size}") in output
+    assert f"from checkpoint {step_dir_name(N - 1)}" in output
+    assert_same_metrics(runs / "truncated", world["reference"])
+
+
+def test_ppo_with_a_critic_resumes_exactly(world) -> None:
+    """The critic's shards, optimizer and RNG are part of the checkpoint too (a second worker group)."""
+    root, runs = world["root"], world["runs"]
+    overrides = [f"data.train_files=[{world['data']}]", "data.train_batch_size=4", "data.max_response_length=2",
+                 "rollout.name=hf", "actor.mini_batch_size=2", "actor.lr=1e-3", "critic.lr=1e-3",
+                 "critic.warmup_steps=1", "trainer.total_steps=4", "trainer.save_freq=1", "trainer.keep_last=4",
+                 "trainer.logger=[jsonl]", f"trainer.runs_dir={runs}", "model.path=rlkit:tiny-qwen2"]
+    run_cli(["train", "ppo", *overrides, "--run-id", "ppo"], root / "ppo.log")
+    reference = metrics(runs / "ppo")
+    assert all(r["critic/vf_loss"] > 0 for r in reference) and "actor/pg_loss" in reference[-1]
+    shutil.copytree(runs / "ppo", runs / "ppo-resumed")
+    for step in (3, 4):  # as if the run had died right after step 2's checkpoint
+        shutil.rmtree(runs / "ppo-resumed" / "checkpoints" / step_dir_name(step))
+    assert (runs / "ppo-resumed" / "checkpoints" / step_dir_name(2) / "critic" / "shards" / ".metadata").is_file()
+
+    run_cli(["resume", "ppo-resumed", "--runs-dir", str(runs)], root / "ppo-resume.log")
+    assert_same_metrics(runs / "ppo-resumed", reference, steps=4)

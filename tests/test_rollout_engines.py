@@ -1,0 +1,61 @@
+"""Both rollout engines: samples come back prompt-major with their log-probs, and
+`load_weights` really changes what the engine computes (checked against transformers)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from rlkit.core.rollout.base import Sampling, make_engine
+
+
+def _reference_log_probs(model, sequence: list[int], prompt_len: int) -> torch.Tensor:
+    with torch.no_grad():
+        ids = torch.tensor([sequence])
+        log_probs = model(input_ids=ids).logits[0, :-1].float().log_softmax(-1)
+        return log_probs.gather(-1, ids[0, 1:].unsqueeze(-1)).squeeze(-1)[prompt_len - 1:]
+
+
+def _perturbed(model_dir):
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(model_dir)
+    torch.manual_seed(1)
+    with torch.no_grad():
+        for param in model.parameters():   # includes the tied embedding / LM head
+            param.add_(torch.randn_like(param) * 0.05)
+    return model
+
+
+def _check_engine(engine, model_dir):
+    prompts = [[1, 26, 24, 29, 36, 21, 10, 2, 1], [1, 11, 2, 1]]
+    samples = engine.generate(prompts, Sampling(n=3, max_tokens=4, seed=7))
+    assert [s.prompt_index for s in samples] == [0, 0, 0, 1, 1, 1]
+    for s in samples:
+        assert 1 <= len(s.token_ids) <= 4 and len(s.log_probs) == len(s.token_ids)
+        assert s.finished == (s.token_ids[-1] == 2)
+        # The reported log-probs are the policy's own (temperature 1, no top-p/k).
+        expected = engine.score([prompts[s.prompt_index] + s.token_ids], len(prompts[s.prompt_index]))[0]
+        assert torch.allclose(torch.tensor(s.log_probs), torch.tensor(expected), atol=1e-4)
+
+    model = _perturbed(model_dir)
+    sequence, prompt_len = prompts[0] + [10, 11, 2], len(prompts[0])
+    before = torch.tensor(engine.score([sequence], prompt_len)[0])
+    engine.load_weights((name, p.detach().clone()) for name, p in model.named_parameters())
+    after = torch.tensor(engine.score([sequence], prompt_len)[0])
+    reference = _reference_log_probs(model, sequence, prompt_len)
+    assert not torch.allclose(before, reference, atol=1e-3)
+    assert torch.allclose(after, reference, atol=1e-4), (after, reference)
+
+
+def test_hf_engine(tiny_model_dir):
+    engine = make_engine("hf", str(tiny_model_dir), dtype="float32", seed=0, max_model_len=64,
+                         device=torch.device("cpu"))
+    _check_engine(engine, tiny_model_dir)
+
+
+@pytest.mark.slow
+def test_vllm_engine_including_tied_lm_head(tiny_model_dir):
+    engine = make_engine("vllm", str(tiny_model_dir), dtype="float32", seed=0, max_model_len=64,
+                         device=torch.device("cpu"))
+    _check_engine(engine, tiny_model_dir)
