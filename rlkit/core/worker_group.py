@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import os
 import time
-from typing import Any, Callable, Sequence
+from typing import Any, Sequence
 
 import ray
 from ray.util.placement_group import placement_group, remove_placement_group
@@ -51,39 +51,68 @@ def init_ray(config: RLConfig) -> None:
         # A fresh local cluster ("local" never attaches to another one found on this host),
         # sized so that every CPU worker gets its slot.
         address = "local"
-        kwargs["num_cpus"] = max(os.cpu_count() or 1, config.world_size + 1)
+        devices = config.trainer.nnodes * config.trainer.n_gpus_per_node
+        kwargs["num_cpus"] = max(os.cpu_count() or 1, devices + 1)
     ray.init(address=address, **kwargs)
 
 
+def uses_gpus(config: RLConfig) -> bool:
+    trainer = config.trainer
+    return trainer.device == "cuda" or (trainer.device == "auto" and ray.cluster_resources().get("GPU", 0) > 0)
+
+
+class DeviceReservation:
+    """Every device of the run, reserved at once: per node, a placement group of one bundle a device.
+
+    `slots` lists each device as (node, bundle), node-major; worker groups take consecutive
+    slices of it (training first, then split-placement rollout workers). A node's bundles
+    are packed onto one Ray node; with nodes that have exactly trainer.n_gpus_per_node
+    devices, the groups land on distinct nodes.
+    """
+
+    def __init__(self, config: RLConfig) -> None:
+        trainer = config.trainer
+        self.use_gpu = uses_gpus(config)
+        bundle = {"CPU": 1, "GPU": 1} if self.use_gpu else {"CPU": 1}
+        self.groups = [placement_group([bundle] * trainer.n_gpus_per_node, strategy="STRICT_PACK")
+                       for _ in range(trainer.nnodes)]
+        self.slots = [(node, local) for node in range(trainer.nnodes) for local in range(trainer.n_gpus_per_node)]
+        done, _ = ray.wait([group.ready() for group in self.groups], num_returns=len(self.groups),
+                           timeout=trainer.phase_timeout_s)
+        if len(done) < len(self.groups):
+            raise WorkerFailure(f"could not reserve {trainer.nnodes} node(s) x {trainer.n_gpus_per_node} "
+                                f"{'GPU' if self.use_gpu else 'CPU'}(s) within {trainer.phase_timeout_s:.0f} s; "
+                                f"the Ray cluster has {ray.cluster_resources()} "
+                                "(check trainer.nnodes / trainer.n_gpus_per_node)")
+
+    def release(self) -> None:
+        for group in self.groups:
+            remove_placement_group(group)
+
+
 class WorkerGroup:
-    """`world_size` actors of `worker_cls`, rank r on node r // n_gpus_per_node.
+    """One actor of `worker_cls` per slot of a DeviceReservation; rank r gets slots[r].
 
     `colocate_with` puts this group's rank r on the same device as that group's rank r (the
     critic beside the policy); every group of the run then takes an equal share of each device.
     """
 
     def __init__(self, worker_cls: type, config: RLConfig, *args: Any, name: str = "worker",
-                 colocate_with: WorkerGroup | None = None) -> None:
+                 colocate_with: WorkerGroup | None = None, reservation: DeviceReservation | None = None,
+                 slots: Sequence[tuple[int, int]] | None = None) -> None:
         self.config, self.name = config, name
-        trainer = config.trainer
-        use_gpu = trainer.device == "cuda" or (trainer.device == "auto" and ray.cluster_resources().get("GPU", 0) > 0)
-        bundle = {"CPU": 1, "GPU": 1} if use_gpu else {"CPU": 1}
-        self.owns_placement = colocate_with is None
         if colocate_with is not None:
-            self.placement_groups = colocate_with.placement_groups
-        else:
-            self.placement_groups = [placement_group([bundle] * trainer.n_gpus_per_node, strategy="STRICT_PACK")
-                                     for _ in range(trainer.nnodes)]
-            self._wait(lambda: [pg.ready() for pg in self.placement_groups], "placement (reserving devices)",
-                       timeout=trainer.phase_timeout_s)
+            reservation, slots = colocate_with.reservation, colocate_with.slots
+        self.owns_reservation = reservation is None
+        self.reservation = reservation or DeviceReservation(config)
+        self.slots = list(self.reservation.slots[:config.world_size] if slots is None else slots)
         share = 1.0 / groups_per_device(config)
-        remote_cls = ray.remote(num_cpus=share, num_gpus=share if use_gpu else 0)(worker_cls)
+        remote_cls = ray.remote(num_cpus=share, num_gpus=share if self.reservation.use_gpu else 0)(worker_cls)
         self.actors = []
-        for rank in range(config.world_size):
-            node, local = divmod(rank, trainer.n_gpus_per_node)
-            strategy = PlacementGroupSchedulingStrategy(self.placement_groups[node], placement_group_bundle_index=local)
+        for rank, (node, local) in enumerate(self.slots):
+            strategy = PlacementGroupSchedulingStrategy(self.reservation.groups[node], placement_group_bundle_index=local)
             self.actors.append(remote_cls.options(scheduling_strategy=strategy, name=None).remote(
-                config, *args, rank, config.world_size))
+                config, *args, rank, len(self.slots)))
 
     def call(self, method: str, *args: Any, phase: str | None = None, timeout: float | None = None,
              per_rank: Sequence[tuple] | None = None) -> list[Any]:
@@ -93,10 +122,9 @@ class WorkerGroup:
             refs = [getattr(a, method).remote(*per_rank[r]) for r, a in enumerate(self.actors)]
         else:
             refs = [getattr(a, method).remote(*args) for a in self.actors]
-        return self._wait(lambda: refs, phase, timeout=timeout or self.config.trainer.phase_timeout_s)
+        return self._wait(refs, phase, timeout=timeout or self.config.trainer.phase_timeout_s)
 
-    def _wait(self, make_refs: Callable[[], list], phase: str, timeout: float) -> list[Any]:
-        refs = make_refs()
+    def _wait(self, refs: list, phase: str, timeout: float) -> list[Any]:
         deadline = time.monotonic() + timeout
         pending = list(refs)
         while pending:
@@ -109,16 +137,15 @@ class WorkerGroup:
                 ray.get(done[0])
             except ray.exceptions.RayActorError as exc:
                 rank = refs.index(done[0])
-                raise WorkerFailure(f"{self.name} rank {rank} (node {rank // self.config.trainer.n_gpus_per_node}) "
+                raise WorkerFailure(f"{self.name} rank {rank} (node {self.slots[rank][0]}) "
                                     f"died during phase '{phase}': {_reason(exc)}") from None
         return ray.get(refs)
 
     def shutdown(self) -> None:
         for actor in self.actors:
             ray.kill(actor, no_restart=True)
-        if self.owns_placement:
-            for pg in self.placement_groups:
-                remove_placement_group(pg)
+        if self.owns_reservation:
+            self.reservation.release()
 
 
 def groups_per_device(config: RLConfig) -> int:
