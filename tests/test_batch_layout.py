@@ -1,10 +1,9 @@
-"""The rollout batch layout and the micro-batching helpers that keep the math unchanged."""
+"""The rollout batch layout (packing and micro-batching: tests/test_packing.py)."""
 
 from __future__ import annotations
 
 import torch
 
-from rlkit.core import fsdp
 from rlkit.core.batch import Batch
 from rlkit.core.data.dataset import PromptRow
 from rlkit.core.rollout.base import RolloutSample
@@ -27,32 +26,6 @@ def test_build_batch_pads_prompts_left_and_responses_right():
     assert batch["rollout_log_probs"].tolist() == [[-0.5, -0.25, 0.0], [-1.0, -2.0, -3.0]]
     assert batch["finished"].tolist() == [True, False]
     assert batch.meta["ground_truth"] == ["1", "2"]
-
-
-def test_trim_padding_drops_all_pad_columns_and_reports_prompt_width():
-    batch = build_batch(_samples(), pad_id=0).select([0])
-    trimmed, width = fsdp.trim_padding(batch)
-    assert width == 2                                  # the row's prompt is 2 tokens
-    assert trimmed["input_ids"].tolist() == [[5, 6, 11, 2]]
-    assert trimmed["responses"].tolist() == [[11, 2]]
-
-
-def test_micro_batches_respect_the_token_budget_and_cover_every_row():
-    mask = torch.ones(6, 10, dtype=torch.long)
-    batch = Batch({"attention_mask": mask, "idx": torch.arange(6)})
-    parts = fsdp.split_micro_batches(batch, token_budget=20)   # 2 rows of 10 tokens fit
-    assert [p["idx"].tolist() for p in parts] == [[0, 1], [2, 3], [4, 5]]
-    assert len(fsdp.split_micro_batches(batch, token_budget=1000)) == 1
-
-
-def test_chunked_log_probs_equal_the_full_log_softmax():
-    torch.manual_seed(0)
-    logits = torch.randn(2, 7, 11)
-    tokens = torch.randint(0, 11, (2, 7))
-    full = logits.log_softmax(-1).gather(-1, tokens.unsqueeze(-1)).squeeze(-1)
-    assert torch.allclose(fsdp.token_log_probs(logits, tokens, temperature=1.0, chunk=3), full, atol=1e-6)
-    halved = (logits / 2).log_softmax(-1).gather(-1, tokens.unsqueeze(-1)).squeeze(-1)
-    assert torch.allclose(fsdp.token_log_probs(logits, tokens, temperature=2.0, chunk=3), halved, atol=1e-6)
 
 
 def test_batch_chunk_and_concat_round_trip():

@@ -8,6 +8,7 @@ and what each response scores are known in advance.
 from __future__ import annotations
 
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Callable
 
 import pytest
@@ -59,6 +60,8 @@ def make_controller(recipe: str, overrides: list[str], tokenizer, respond) -> tu
     controller.sampler = PromptSampler(8, config.data.train_batch_size, seed=0, shuffle=False)
     controller.scorer = RewardScorer(config.reward)
     controller.workers = ScriptedWorkers(controller.rows, respond)
+    # Colocated placement: the training workers also generate.
+    controller.placement = SimpleNamespace(rollout=controller.workers, rollout_size=config.world_size)
     controller.kl_ctrl = FixedKLController(config.algorithm.kl_ctrl.kl_coef)
     return controller, controller.workers
 

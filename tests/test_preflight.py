@@ -92,7 +92,7 @@ def test_gpu_count_is_checked(monkeypatch):
     monkeypatch.delenv("RAY_ADDRESS", raising=False)
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
     preflight.check_devices(load_config("grpo-demo", ["trainer.n_gpus_per_node=2"]))
-    with pytest.raises(UserError, match=r"trainer.n_gpus_per_node=4 asks for 4 GPU workers, but this machine has "
+    with pytest.raises(UserError, match=r"trainer.n_gpus_per_node=4 asks for 4 GPUs, but this machine has "
                                         r"2 visible GPU\(s\); lower trainer.n_gpus_per_node to 2"):
         preflight.check_devices(load_config("grpo-demo", ["trainer.n_gpus_per_node=4"]))
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 0)

@@ -77,7 +77,8 @@ def group(ray_session):
 
 def test_healthy_call_returns_results_in_rank_order(group):
     assert group.call("work", -1, "") == [0, 1]
-    assert {rank: place.phase for rank, place in group.places().items()} == {0: "idle", 1: "idle"}
+    places = group.places()
+    assert sorted(places) == [0, 1] and all(place.host and place.pid > 0 for place in places.values())
 
 
 def test_killed_worker_is_named_within_seconds(group):

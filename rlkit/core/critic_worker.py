@@ -15,7 +15,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from rlkit.core import checkpoint_shards, fsdp
+from rlkit.core import checkpoint_shards, fsdp, packing
 from rlkit.core.algos.losses import aggregate_loss, value_loss
 from rlkit.core.batch import Batch
 from rlkit.core.phases import PhaseReporter
@@ -52,15 +52,22 @@ class CriticWorker(PhaseReporter):
         # The same seed on every rank: each rank shards the freshly initialised value head it
         # builds itself, so all ranks must build the same one.
         torch.manual_seed(cfg.trainer.seed)
-        self.critic = fsdp.load_sharded_model(self.model_path, device=self.device, compute_dtype=cfg.model.dtype,
+        self.critic = fsdp.load_sharded_model(self.model_path, device=self.device, compute_dtype=fsdp.compute_dtype(cfg.model.dtype, self.device),
                                               value_head=True, gradient_checkpointing=cfg.model.gradient_checkpointing)
         self.optimizer = torch.optim.AdamW(self.critic.parameters(), lr=cfg.critic.lr)
         return {"rank": self.rank, "shards": fsdp.shard_numels(self.critic)}
 
     def _values(self, mb: Batch) -> tuple[torch.Tensor, Batch]:
-        """V(s_t) for each response position t (the state before token t), on this micro-batch's width."""
-        trimmed, width = fsdp.trim_padding(mb.to(self.device))
-        return fsdp.response_logits(self.critic, trimmed, width).squeeze(-1).float(), trimmed
+        """V(s_t) for each response position t (the state before token t): [b, R], 0 on padding.
+
+        Returns the micro-batch moved to the device too; its sequences run packed (rlkit.core.packing).
+        """
+        packed = packing.pack(mb).to(self.device)
+        return packed.scatter(fsdp.packed_outputs(self.critic, packed).squeeze(-1).float()), mb.to(self.device)
+
+    def _micro_batches(self, batch: Batch) -> list[list[int]]:
+        return packing.plan_micro_batches(batch["attention_mask"].sum(-1).tolist(),
+                                          self.config.actor.micro_batch_tokens)
 
     @torch.no_grad()
     def compute_values(self, batch: Batch) -> torch.Tensor:
@@ -68,11 +75,8 @@ class CriticWorker(PhaseReporter):
         self.phase = "compute_values"
         self.critic.eval()
         values = torch.zeros(batch["responses"].shape)
-        row = 0
-        for mb in fsdp.split_micro_batches(batch, self.config.actor.micro_batch_tokens):
-            out, _ = self._values(mb)
-            values[row:row + len(mb), :out.shape[1]] = out.cpu()
-            row += len(mb)
+        for rows in self._micro_batches(batch):
+            values[rows] = self._values(batch.select(rows))[0].cpu()
         return values * batch["response_mask"]
 
     def update_critic(self, minibatches: list[Batch], norms: list[dict[str, float]]) -> dict[str, float]:
@@ -87,8 +91,8 @@ class CriticWorker(PhaseReporter):
         sums = torch.zeros(4, dtype=torch.float64)  # vf_loss, clipped tokens, tokens, grad_norm
         for minibatch, norm in zip(minibatches, norms):
             self.optimizer.zero_grad(set_to_none=True)
-            for mb in fsdp.split_micro_batches(minibatch, self.config.actor.micro_batch_tokens):
-                values, trimmed = self._values(mb)
+            for rows in self._micro_batches(minibatch):
+                values, trimmed = self._values(minibatch.select(rows))
                 mask = trimmed["response_mask"].float()
                 per_token, metrics = value_loss(values, trimmed["values"], trimmed["returns"], mask,
                                                 cliprange_value=cfg.cliprange_value)
@@ -102,6 +106,7 @@ class CriticWorker(PhaseReporter):
             grad_norm = grad_norm.full_tensor() if hasattr(grad_norm, "full_tensor") else grad_norm
             sums[3] += float(grad_norm) / self.world_size
             self.optimizer.step()
+        sums = sums.to(packing.collective_device())
         dist.all_reduce(sums)
         vf_loss, clipped, tokens, grad_norm = sums.tolist()
         steps = len(minibatches)

@@ -1,8 +1,9 @@
 """An FSDP2-sharded transformers model and the passes the workers run on it.
 
-Every rank holds 1/world of each parameter (DTensor shards); forward all-gathers a layer
-at a time. Because each forward/backward is a collective, all ranks must run the same
-number of micro-batches: `split_micro_batches` agrees on that number across ranks.
+Every rank holds 1/world of each parameter (DTensor shards, fp32: the master weights and
+the optimizer state stay fp32); forward all-gathers a layer at a time and casts it to the
+compute dtype. Models run on packed sequences (rlkit.core.packing), attention through
+rlkit.core.packed_attention.
 """
 
 from __future__ import annotations
@@ -16,30 +17,51 @@ from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 from torch.distributed.tensor import DTensor
 
-from rlkit.core.batch import Batch
+from rlkit.core import logprobs, packed_attention
+from rlkit.core.packing import PackedBatch
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 
 
+def compute_dtype(setting: str, device: torch.device) -> str:
+    """model.dtype resolved: 'auto' is bfloat16 on GPU (tensor cores) and float32 on CPU."""
+    if setting != "auto":
+        return setting
+    return "bfloat16" if device.type == "cuda" else "float32"
+
+
 def load_sharded_model(path: str, *, device: torch.device, compute_dtype: str, value_head: bool = False,
-                       gradient_checkpointing: bool = False) -> torch.nn.Module:
-    """Load in fp32 (master weights), shard each decoder layer and the root over all ranks."""
+                       gradient_checkpointing: bool = False, compile: bool = False) -> torch.nn.Module:
+    """Load in fp32 (master weights), shard each decoder layer and the root over all ranks.
+
+    With one rank nothing is sharded, so layers keep their compute-dtype copy from forward
+    to backward instead of casting it again (reshard_after_forward=False).
+    """
     from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForTokenClassification
 
+    attention = packed_attention.register()
     if value_head:  # a critic: the same trunk with a 1-output head; no dropout (transformers' default is 0.1)
         config = AutoConfig.from_pretrained(path, num_labels=1, classifier_dropout=0.0)
-        model = AutoModelForTokenClassification.from_pretrained(path, config=config, dtype=torch.float32)
+        model = AutoModelForTokenClassification.from_pretrained(path, config=config, dtype=torch.float32,
+                                                                attn_implementation=attention)
     else:
-        model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
+        model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32, attn_implementation=attention)
     if gradient_checkpointing:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     model.config.use_cache = False
     model.to(device)
     mesh = init_device_mesh(device.type, (dist.get_world_size(),))
     policy = MixedPrecisionPolicy(param_dtype=DTYPES[compute_dtype], reduce_dtype=torch.float32)
+    reshard = dist.get_world_size() > 1
+    if compile:  # one code object serves every layer of actor and reference, in several modes
+        torch._dynamo.config.recompile_limit = max(64, torch._dynamo.config.recompile_limit)
     for layer in _decoder_layers(model):
-        fully_shard(layer, mesh=mesh, mp_policy=policy)
-    fully_shard(model, mesh=mesh, mp_policy=policy)
+        fully_shard(layer, mesh=mesh, mp_policy=policy, reshard_after_forward=reshard)
+        if compile:  # the layer's forward only: FSDP's hooks stay eager, parameter names unchanged
+            layer.forward = torch.compile(layer.forward, dynamic=True)
+    fully_shard(model, mesh=mesh, mp_policy=policy, reshard_after_forward=reshard)
+    if compile:
+        logprobs.use_compiled_kernels()
     return model
 
 
@@ -66,55 +88,21 @@ def shard_numels(model: torch.nn.Module) -> dict[str, tuple[int, int]]:
     return out
 
 
-def split_micro_batches(batch: Batch, token_budget: int) -> list[Batch]:
-    """Micro-batches of at most `token_budget` padded tokens, the same count on every rank."""
-    lengths = batch["attention_mask"].sum(-1).tolist()
-    count, used, widest = 1, 0, 0
-    for length in lengths:  # greedy, in order: the count a budget needs on this rank
-        widest = max(widest, length)
-        used += 1
-        if widest * used > token_budget and used > 1:
-            count, used, widest = count + 1, 1, length
-    agreed = torch.tensor([count], dtype=torch.long)
-    if dist.is_initialized():
-        dist.all_reduce(agreed, op=dist.ReduceOp.MAX)
-    # Every rank holds the same number of sequences (checked at config time), so `agreed`
-    # parts are always possible; near-equal parts keep ranks in step.
-    parts = min(int(agreed.item()), len(batch))
-    return [batch.select(chunk.tolist()) for chunk in torch.arange(len(batch)).tensor_split(parts)]
+def packed_outputs(model: torch.nn.Module, packed: PackedBatch) -> torch.Tensor:
+    """The model's outputs at the positions that predict response tokens: [K, V] logits ([K, 1] for a value head).
 
-
-def trim_padding(mb: Batch) -> tuple[Batch, int]:
-    """Drop columns that are padding in every row; returns the batch and its prompt width."""
-    prompt_width = mb["input_ids"].shape[1] - mb["responses"].shape[1]
-    left = int((mb["attention_mask"][:, :prompt_width].sum(-1)).max().item())
-    right = int(mb["response_mask"].sum(-1).max().item())
-    start, end = prompt_width - left, prompt_width + max(right, 1)
-    cols = {k: v[:, start:end] for k, v in mb.tensors.items() if k in ("input_ids", "attention_mask", "position_ids")}
-    resp = {k: v[:, :max(right, 1)] for k, v in mb.tensors.items()
-            if k not in cols and v.dim() == 2 and v.shape[1] == mb["responses"].shape[1]}
-    rest = {k: v for k, v in mb.tensors.items() if k not in cols and k not in resp}
-    return Batch({**cols, **resp, **rest}, mb.meta), left
-
-
-def response_logits(model: torch.nn.Module, mb: Batch, prompt_width: int) -> torch.Tensor:
-    """Logits that predict each response token: [b, R, V] (or [b, R, 1] for a value head)."""
-    out = model(input_ids=mb["input_ids"], attention_mask=mb["attention_mask"], position_ids=mb["position_ids"],
-                use_cache=False)
-    logits = out.logits
-    response_len = mb["responses"].shape[1]
-    return logits[:, prompt_width - 1: prompt_width - 1 + response_len]
-
-
-def token_log_probs(logits: torch.Tensor, tokens: torch.Tensor, temperature: float,
-                    chunk: int = 1024) -> torch.Tensor:
-    """log softmax(logits / T)[token], in chunks of positions so fp32 [b, R, V] never exists at once."""
-    out = []
-    for start in range(0, logits.shape[1], chunk):
-        piece = logits[:, start:start + chunk].float() / temperature
-        picked = piece.gather(-1, tokens[:, start:start + chunk].unsqueeze(-1)).squeeze(-1)
-        out.append(picked - torch.logsumexp(piece, dim=-1))
-    return torch.cat(out, dim=1)
+    The model must use the packed attention (`attn_implementation=packed_attention.NAME`).
+    A causal LM computes its head only at those positions (`logits_to_keep`), which skips
+    the vocabulary projection of every prompt token.
+    """
+    boundaries = dict(cu_seq_lens_q=packed.cu_seq_lens, cu_seq_lens_k=packed.cu_seq_lens,
+                      max_length_q=packed.max_len, max_length_k=packed.max_len)
+    if hasattr(model, "lm_head"):
+        out = model(input_ids=packed.input_ids, position_ids=packed.position_ids, use_cache=False,
+                    logits_to_keep=packed.predict_index, **boundaries)
+        return out.logits[0]
+    out = model(input_ids=packed.input_ids, position_ids=packed.position_ids, **boundaries)
+    return out.logits[0, packed.predict_index]
 
 
 def lr_lambda(warmup: int, total: int, schedule: str):

@@ -93,7 +93,8 @@ def check_data_file(path: str, key: str, tokenizer: Any, model_spec: str) -> Non
 
 
 def check_devices(config: RLConfig) -> None:
-    """Enough devices on this machine for trainer.n_gpus_per_node x trainer.nnodes workers.
+    """Enough devices on this machine for trainer.n_gpus_per_node x trainer.nnodes (training and,
+    with split placement, rollout workers: one device each).
 
     With RAY_ADDRESS the workers run on a cluster's nodes, which `check_cluster` checks once
     the controller has connected.
@@ -102,7 +103,8 @@ def check_devices(config: RLConfig) -> None:
         return
     import torch
 
-    trainer, world = config.trainer, config.world_size
+    trainer = config.trainer
+    devices = trainer.n_gpus_per_node * trainer.nnodes
     gpus = torch.cuda.device_count()
     wanted = f"trainer.n_gpus_per_node={trainer.n_gpus_per_node}" + (
         f" x trainer.nnodes={trainer.nnodes}" if trainer.nnodes > 1 else "")
@@ -110,13 +112,13 @@ def check_devices(config: RLConfig) -> None:
         raise UserError("trainer.device=cuda, but no CUDA device is visible (CUDA_VISIBLE_DEVICES="
                         f"{os.environ.get('CUDA_VISIBLE_DEVICES', 'unset')}); use trainer.device=auto or cpu")
     if gpus and trainer.device != "cpu":
-        if world > gpus:
-            raise UserError(f"{wanted} asks for {world} GPU workers, but this machine has {gpus} visible GPU(s); "
+        if devices > gpus:
+            raise UserError(f"{wanted} asks for {devices} GPUs, but this machine has {gpus} visible GPU(s); "
                             f"lower trainer.n_gpus_per_node to {gpus}, or set RAY_ADDRESS to a cluster with more")
         return
     cores = len(os.sched_getaffinity(0))
-    if world > cores:
-        raise UserError(f"{wanted} asks for {world} CPU worker processes (no GPU in use), but this machine has "
+    if devices > cores:
+        raise UserError(f"{wanted} asks for {devices} CPU worker processes (no GPU in use), but this machine has "
                         f"{cores} CPU core(s); lower trainer.n_gpus_per_node to at most {cores}")
 
 

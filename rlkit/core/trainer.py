@@ -24,12 +24,12 @@ from rlkit.core.critic_worker import VALUE_INPUT_KEYS, start_critic_group
 from rlkit.core.data.dataset import PromptRow, PromptSampler, load_prompt_dataset
 from rlkit.core.dynamic_sampling import GroupCollector, group_rows
 from rlkit.core.failures import WorkerFailure, checkpoint_write_failure
+from rlkit.core.placement import Placement
 from rlkit.core.preflight import check_inputs
 from rlkit.core.rewards.scoring import RewardScorer
 from rlkit.core.rollout.base import RolloutSample, Sampling
 from rlkit.core.run import RunDir, prepare_data_files, resolve_model_path
 from rlkit.core.worker_group import WorkerGroup, init_ray
-from rlkit.core.workers import PolicyWorker
 from rlkit.errors import UserError
 from rlkit.recipes.loader import config_to_yaml
 from rlkit.recipes.schema import RLConfig
@@ -59,10 +59,9 @@ class Controller:
         self.scorer = RewardScorer(config.reward)
         try:
             init_ray(config)
-            self.workers = WorkerGroup(PolicyWorker, config, self.model_path, name="worker")
-            master = self.workers.call("address", phase="address")[0]
-            self.setup_info = self.workers.call("setup", *master, phase="setup (model load + engine start)",
-                                                startup=True)
+            self.placement = Placement(config, self.model_path)
+            self.workers = self.placement.train
+            self.setup_info = self.placement.setup()
             self.critic = start_critic_group(config, self.model_path, self.workers)
         except BaseException:  # a worker that died or hung in start-up, or Ctrl-C: stop what did start
             import ray
@@ -97,7 +96,7 @@ class Controller:
                 with timed(timing, "update_actor"):
                     metrics.update(self.update_actor(batch))
                 with timed(timing, "sync"):
-                    metrics.update(self.workers.call("sync_weights")[0])
+                    metrics.update(self.placement.sync_weights())
         return {**self.batch_metrics(batch), **metrics,
                 **{f"timing/{k}": v for k, v in timing.items()}, **self.throughput(batch, timing["step"])}
 
@@ -145,7 +144,7 @@ class Controller:
 
         Returns (prompt row, prompt position, sample) in prompt-major order: group by group.
         """
-        cfg, world = self.config, self.config.world_size
+        cfg, world = self.config, self.placement.rollout_size
         parts = [list(range(len(prompts)))[r::world] for r in range(world)]
         per_rank = []
         # Extra dynamic-sampling rounds draw from seed ranges no plausible step count reaches.
@@ -153,9 +152,10 @@ class Controller:
         for rank, part in enumerate(parts):
             sampling = Sampling(n=1 if greedy else cfg.rollout.n, max_tokens=cfg.data.max_response_length,
                                 temperature=cfg.rollout.temperature, top_p=cfg.rollout.top_p,
-                                top_k=cfg.rollout.top_k, seed=stream * 1009 + rank, greedy=greedy)
+                                top_k=cfg.rollout.top_k, seed=stream * 1009 + rank, greedy=greedy,
+                                ignore_eos=cfg.rollout.ignore_eos)
             per_rank.append(([prompts[i].prompt_token_ids for i in part], sampling))
-        results = self.workers.call("generate", per_rank=per_rank, phase="generate")
+        results = self.placement.rollout.call("generate", per_rank=per_rank, phase="generate")
         samples: list[tuple[PromptRow, int, RolloutSample]] = []
         for part, rank_samples in zip(parts, results):
             samples += [(prompts[part[s.prompt_index]], part[s.prompt_index], s) for s in rank_samples]
@@ -333,7 +333,7 @@ class Controller:
                             "an exact resume needs the same data (start a new run for new data)")
         for name, group in self.checkpoint_groups().items():
             group.call("load_checkpoint", str(ckpt.path / name), phase=f"load checkpoint ({name})")
-        self.workers.call("sync_weights", phase="sync loaded weights to the rollout engine")
+        self.placement.sync_weights()
         self.sampler.load_state_dict(state["sampler"])
         self.kl_ctrl.value = state["kl_coef"]
         set_rng_state(torch.load(ckpt.path / checkpoint.RNG_FILE, weights_only=True))
@@ -345,7 +345,7 @@ class Controller:
         self.scorer.close()
         if self.critic is not None:
             self.critic.shutdown()
-        self.workers.shutdown()
+        self.placement.shutdown()
         ray.shutdown()
 
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 import logging
 import os
 import time
-from typing import Any, Callable, Sequence
+from typing import Any, Sequence
 
 import ray
 from ray.util.placement_group import placement_group, remove_placement_group
@@ -57,7 +57,8 @@ def init_ray(config: RLConfig) -> None:
         # A fresh local cluster ("local" never attaches to another one found on this host),
         # sized so that every CPU worker gets its slot.
         address = "local"
-        kwargs["num_cpus"] = max(os.cpu_count() or 1, config.world_size + 1)
+        devices = config.trainer.nnodes * config.trainer.n_gpus_per_node
+        kwargs["num_cpus"] = max(os.cpu_count() or 1, devices + 1)
     ray.init(address=address, **kwargs)
     if address != "local":  # a cluster: its nodes must fit the run before any worker is placed
         from rlkit.core.preflight import check_cluster
@@ -65,37 +66,65 @@ def init_ray(config: RLConfig) -> None:
         check_cluster(config, ray.nodes())
 
 
+def uses_gpus(config: RLConfig) -> bool:
+    trainer = config.trainer
+    return trainer.device == "cuda" or (trainer.device == "auto" and ray.cluster_resources().get("GPU", 0) > 0)
+
+
+class DeviceReservation:
+    """Every device of the run, reserved at once: per node, a placement group of one bundle a device.
+
+    `slots` lists each device as (node, bundle), node-major; worker groups take consecutive
+    slices of it (training first, then split-placement rollout workers). A node's bundles
+    are packed onto one Ray node; with nodes that have exactly trainer.n_gpus_per_node
+    devices, the groups land on distinct nodes.
+    """
+
+    def __init__(self, config: RLConfig) -> None:
+        trainer = config.trainer
+        self.use_gpu = uses_gpus(config)
+        bundle = {"CPU": 1, "GPU": 1} if self.use_gpu else {"CPU": 1}
+        self.groups = [placement_group([bundle] * trainer.n_gpus_per_node, strategy="STRICT_PACK")
+                       for _ in range(trainer.nnodes)]
+        self.slots = [(node, local) for node in range(trainer.nnodes) for local in range(trainer.n_gpus_per_node)]
+        done, _ = ray.wait([group.ready() for group in self.groups], num_returns=len(self.groups),
+                           timeout=trainer.phase_timeout_s)
+        if len(done) < len(self.groups):
+            raise WorkerFailure(f"could not reserve {trainer.nnodes} node(s) x {trainer.n_gpus_per_node} "
+                                f"{'GPU' if self.use_gpu else 'CPU'}(s) within {trainer.phase_timeout_s:g} s "
+                                "(trainer.phase_timeout_s); "
+                                f"the Ray cluster has {ray.cluster_resources()} "
+                                "(check trainer.nnodes / trainer.n_gpus_per_node)")
+
+    def release(self) -> None:
+        for group in self.groups:
+            remove_placement_group(group)
+
+
 class WorkerGroup:
-    """`world_size` actors of `worker_cls`, rank r on node r // n_gpus_per_node.
+    """One actor of `worker_cls` per slot of a DeviceReservation; rank r gets slots[r].
 
     `colocate_with` puts this group's rank r on the same device as that group's rank r (the
     critic beside the policy); every group of the run then takes an equal share of each device.
     """
 
     def __init__(self, worker_cls: type, config: RLConfig, *args: Any, name: str = "worker",
-                 colocate_with: WorkerGroup | None = None) -> None:
+                 colocate_with: WorkerGroup | None = None, reservation: DeviceReservation | None = None,
+                 slots: Sequence[tuple[int, int]] | None = None) -> None:
         self.config, self.name = config, name
-        self.actors: list[Any] = []
-        self.board: Any = None  # the PhaseBoard, for worker classes that report phases
-        trainer = config.trainer
-        use_gpu = trainer.device == "cuda" or (trainer.device == "auto" and ray.cluster_resources().get("GPU", 0) > 0)
-        bundle = {"CPU": 1, "GPU": 1} if use_gpu else {"CPU": 1}
-        self.owns_placement = colocate_with is None
         if colocate_with is not None:
-            self.placement_groups = colocate_with.placement_groups
-        else:
-            self.placement_groups = [placement_group([bundle] * trainer.n_gpus_per_node, strategy="STRICT_PACK")
-                                     for _ in range(trainer.nnodes)]
-            self._wait(lambda: [pg.ready() for pg in self.placement_groups], "placement (reserving devices)",
-                       timeout=trainer.phase_timeout_s)
+            reservation, slots = colocate_with.reservation, colocate_with.slots
+        self.owns_reservation = reservation is None
+        self.reservation = reservation or DeviceReservation(config)
+        self.slots = list(self.reservation.slots[:config.world_size] if slots is None else slots)
         share = 1.0 / groups_per_device(config)
-        remote_cls = ray.remote(num_cpus=share, num_gpus=share if use_gpu else 0)(worker_cls)
+        remote_cls = ray.remote(num_cpus=share, num_gpus=share if self.reservation.use_gpu else 0)(worker_cls)
         self.actors = []
-        for rank in range(config.world_size):
-            node, local = divmod(rank, trainer.n_gpus_per_node)
-            strategy = PlacementGroupSchedulingStrategy(self.placement_groups[node], placement_group_bundle_index=local)
+        for rank, (node, local) in enumerate(self.slots):
+            strategy = PlacementGroupSchedulingStrategy(self.reservation.groups[node], placement_group_bundle_index=local)
             self.actors.append(remote_cls.options(scheduling_strategy=strategy, name=None).remote(
-                config, *args, rank, config.world_size))
+                config, *args, rank, len(self.slots)))
+        self.board: Any = None  # the PhaseBoard, for worker classes that report phases
         if issubclass(worker_cls, PhaseReporter):
             self.board = ray.remote(num_cpus=0)(PhaseBoard).remote()
             self.call("attach_board", self.board, phase="start (worker processes)", startup=True)
@@ -115,11 +144,9 @@ class WorkerGroup:
             refs = [getattr(a, method).remote(*args) for a in self.actors]
         key = "trainer.setup_timeout_s" if startup else "trainer.phase_timeout_s"
         timeout = trainer.setup_timeout_s if startup else trainer.phase_timeout_s
-        return self._wait(lambda: refs, phase, timeout=timeout, timeout_key=key, progress=startup)
+        return self._wait(refs, phase, timeout=timeout, timeout_key=key, progress=startup)
 
-    def _wait(self, make_refs: Callable[[], list], phase: str, timeout: float,
-              timeout_key: str = "trainer.phase_timeout_s", progress: bool = False) -> list[Any]:
-        refs = make_refs()
+    def _wait(self, refs: list, phase: str, timeout: float, timeout_key: str, progress: bool) -> list[Any]:
         start = time.monotonic()
         deadline = start + timeout
         pending = list(refs)
@@ -133,7 +160,10 @@ class WorkerGroup:
                 rank = refs.index(ref)
                 results[rank] = self._result(ref, rank, phase)
             if pending and not done and time.monotonic() >= deadline:
-                raise self._late(refs, pending, phase, timeout, timeout_key)
+                places = self.places()
+                late = [late_worker(r, self._node(r), places.get(r)) for r, ref in enumerate(refs) if ref in pending]
+                finished = [r for r, ref in enumerate(refs) if ref not in pending]
+                raise workers_late(self.name, phase, timeout, timeout_key, late, finished)
         if progress:
             logger.info("%s: all %d %ss done in %.0f s", phase, len(refs), self.name, time.monotonic() - start)
         return results
@@ -150,19 +180,6 @@ class WorkerGroup:
                 raise UserError(f"{self.name} rank {rank}: {cause}") from None
             raise worker_raised(self.name, rank, self._node(rank), phase, self.places().get(rank), cause,
                                 str(exc)) from None
-
-    def _late(self, refs: list, pending: list, phase: str, timeout: float, timeout_key: str) -> WorkerFailure:
-        trainer = self.config.trainer
-        if not self.actors:  # still reserving devices: one placement group per node
-            nodes = [i for i, ref in enumerate(refs) if ref in pending]
-            return WorkerFailure(
-                f"could not reserve {trainer.n_gpus_per_node} device slot(s) on node(s) {nodes} within {timeout:g} s "
-                f"({timeout_key}); the Ray cluster offers {ray.available_resources()}. Lower "
-                "trainer.n_gpus_per_node / trainer.nnodes, or free the devices other jobs hold")
-        places = self.places()
-        late = [late_worker(r, self._node(r), places.get(r)) for r, ref in enumerate(refs) if ref in pending]
-        finished = [r for r, ref in enumerate(refs) if ref not in pending]
-        return workers_late(self.name, phase, timeout, timeout_key, late, finished)
 
     def places(self) -> dict[int, WorkerPlace]:
         """Each rank's host, pid and last reported phase (empty if the board cannot be read)."""
@@ -187,14 +204,13 @@ class WorkerGroup:
                 logger.info("%s: %s rank %d in %s", phase, self.name, rank, place.phase)
 
     def _node(self, rank: int) -> int:
-        return rank // self.config.trainer.n_gpus_per_node
+        return self.slots[rank][0]
 
     def shutdown(self) -> None:
         for actor in self.actors:
             ray.kill(actor, no_restart=True)
-        if self.owns_placement:
-            for pg in self.placement_groups:
-                remove_placement_group(pg)
+        if self.owns_reservation:
+            self.reservation.release()
 
 
 def groups_per_device(config: RLConfig) -> int:

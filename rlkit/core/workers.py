@@ -13,10 +13,11 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from rlkit.core import checkpoint_shards, fsdp
+from rlkit.core import checkpoint_shards, fsdp, packing
 from rlkit.core.algos.kl import kl_estimate
-from rlkit.core.algos.losses import aggregate_loss, entropy_from_logits, policy_loss
+from rlkit.core.algos.losses import aggregate_loss, policy_loss
 from rlkit.core.batch import Batch
+from rlkit.core.logprobs import selected_log_probs
 from rlkit.core.phases import PhaseReporter
 from rlkit.core.rewards.reward_model import RewardModel
 from rlkit.core.rollout.base import RolloutSample, Sampling, make_engine
@@ -46,7 +47,10 @@ class PolicyWorker(PhaseReporter):
         return socket.gethostbyname(socket.gethostname()), _free_port()
 
     def node_info(self) -> dict[str, Any]:
-        return {"rank": self.rank, "pid": os.getpid(), "host": socket.gethostname(), "phase": self.phase}
+        import ray
+
+        return {"rank": self.rank, "pid": os.getpid(), "host": socket.gethostname(), "phase": self.phase,
+                "node_id": ray.get_runtime_context().get_node_id()}
 
     def setup(self, master_addr: str, master_port: int) -> dict[str, Any]:
         self.phase = "setup/process-group"
@@ -58,8 +62,10 @@ class PolicyWorker(PhaseReporter):
         self._seed(self.config.trainer.seed)
         cfg = self.config
         self.phase = "setup/load-models"
-        self.actor = fsdp.load_sharded_model(self.model_path, device=self.device, compute_dtype=cfg.model.dtype,
-                                             gradient_checkpointing=cfg.model.gradient_checkpointing)
+        self.dtype = fsdp.compute_dtype(cfg.model.dtype, self.device)
+        self.actor = fsdp.load_sharded_model(self.model_path, device=self.device, compute_dtype=self.dtype,
+                                             gradient_checkpointing=cfg.model.gradient_checkpointing,
+                                             compile=cfg.model.compile)
         self.optimizer = torch.optim.AdamW(self.actor.parameters(), lr=cfg.actor.lr, betas=cfg.actor.betas,
                                            weight_decay=cfg.actor.weight_decay)
         updates_per_step = cfg.data.train_batch_size // cfg.actor.mini_batch_size * cfg.actor.ppo_epochs
@@ -67,19 +73,20 @@ class PolicyWorker(PhaseReporter):
             cfg.actor.warmup_steps, (cfg.trainer.total_steps - cfg.critic.warmup_steps) * updates_per_step,
             cfg.actor.lr_schedule))  # critic warm-up steps do not update the actor
         # The reference is always the base model on disk, so a resumed run keeps the original anchor.
-        self.ref = fsdp.load_sharded_model(self.model_path, device=self.device, compute_dtype=cfg.model.dtype) \
-            if cfg.needs_reference else None
+        self.ref = fsdp.load_sharded_model(self.model_path, device=self.device, compute_dtype=self.dtype,
+                                           compile=cfg.model.compile) if cfg.needs_reference else None
         if self.ref is not None:
             self.ref.eval().requires_grad_(False)
         self.reward_model = RewardModel(
             resolve_model_path(cfg.reward_model.path), device=self.device, max_length=cfg.reward_model.max_length,
             micro_batch_size=cfg.reward_model.micro_batch_size) if cfg.reward_model.path else None
         self.phase = "setup/rollout-engine"
+        # Split placement: rollout workers on other devices hold the engine (rlkit.core.placement).
         self.engine = make_engine(
-            cfg.rollout.name, self.model_path, dtype=cfg.model.dtype, seed=cfg.trainer.seed + self.rank,
+            cfg.rollout.name, self.model_path, dtype=self.dtype, seed=cfg.trainer.seed + self.rank,
             max_model_len=cfg.data.max_prompt_length + cfg.data.max_response_length, device=self.device,
             gpu_memory_utilization=cfg.rollout.gpu_memory_utilization, enforce_eager=cfg.rollout.enforce_eager,
-            max_num_seqs=cfg.rollout.max_num_seqs)
+            max_num_seqs=cfg.rollout.max_num_seqs, sleep_mode=True) if cfg.rollout.placement == "colocated" else None
         self.phase = "idle"
         return {"rank": self.rank, "shards": fsdp.shard_numels(self.actor)}
 
@@ -101,7 +108,7 @@ class PolicyWorker(PhaseReporter):
         """Stream full tensors from the FSDP2 shards into the engine, one parameter at a time."""
         self.phase = "sync_weights"
         start, moved = time.perf_counter(), 0
-        self.engine.wake_up()
+        self.engine.wake_up(weights_only=True)
 
         def weights():
             nonlocal moved
@@ -110,9 +117,31 @@ class PolicyWorker(PhaseReporter):
                 yield name, tensor
 
         self.engine.load_weights(weights())
-        self.engine.sleep()
+        # The engine stays awake (weights only, no KV cache) until the next rollout's generate.
         self.phase = "idle"
         return {"sync/bytes": float(moved), "sync/seconds": time.perf_counter() - start}
+
+    def export_weights(self, bucket_bytes: int) -> list | None:
+        """Split placement: full tensors in the rollout dtype, in object-store buckets (rank 0 returns their refs).
+
+        Every rank must take part (gathering a full tensor is a collective); rollout workers
+        then fetch the buckets straight from the object store.
+        """
+        import ray
+
+        self.phase = "export_weights"
+        refs, bucket, size = [], [], 0
+        for name, tensor in fsdp.full_state_items(self.actor):
+            if self.rank == 0:
+                bucket.append((name, tensor.to(fsdp.DTYPES[self.dtype]).cpu()))
+                size += bucket[-1][1].numel() * bucket[-1][1].element_size()
+                if size >= bucket_bytes:
+                    refs.append(ray.put(bucket))
+                    bucket, size = [], 0
+        if bucket:
+            refs.append(ray.put(bucket))
+        self.phase = "idle"
+        return refs if self.rank == 0 else None
 
     # -- passes over a batch ------------------------------------------------------------
     @torch.no_grad()
@@ -131,18 +160,16 @@ class PolicyWorker(PhaseReporter):
         """Per-token log-probs (and entropy, for the actor) of the batch's responses."""
         self.phase = f"log_probs/{which}"
         model = self.actor if which == "actor" else self.ref
+        model.eval()  # update_actor switches the actor back to train()
         log_probs = torch.zeros(batch["responses"].shape)
         entropy = torch.zeros(batch["responses"].shape)
-        row = 0
-        for mb in fsdp.split_micro_batches(batch, self.config.actor.micro_batch_tokens):
-            trimmed, width = fsdp.trim_padding(mb.to(self.device))
-            logits = fsdp.response_logits(model, trimmed, width)
-            r = logits.shape[1]
-            log_probs[row:row + len(mb), :r] = fsdp.token_log_probs(logits, trimmed["responses"],
-                                                                    self.config.rollout.temperature).cpu()
-            if which == "actor":
-                entropy[row:row + len(mb), :r] = entropy_from_logits(logits.float()).cpu()
-            row += len(mb)
+        for rows in self._micro_batches(batch):
+            packed = packing.pack(batch.select(rows)).to(self.device)
+            logits = fsdp.packed_outputs(model, packed)
+            lp, ent = selected_log_probs(logits, packed.targets, self.config.rollout.temperature,
+                                         with_entropy=which == "actor")
+            log_probs[rows] = packed.scatter(lp).cpu()
+            entropy[rows] = packed.scatter(ent).cpu()
         mask = batch["response_mask"]
         self.phase = "idle"
         return {"log_probs": log_probs * mask, "entropy": entropy * mask}
@@ -158,8 +185,8 @@ class PolicyWorker(PhaseReporter):
         sums: dict[str, torch.Tensor] = {}
         for minibatch, norm in zip(minibatches, norms):
             self.optimizer.zero_grad(set_to_none=True)
-            for mb in fsdp.split_micro_batches(minibatch, self.config.actor.micro_batch_tokens):
-                for key, value in self._micro_step(mb, norm).items():
+            for rows in self._micro_batches(minibatch):
+                for key, value in self._micro_step(minibatch.select(rows), norm).items():
                     sums[key] = sums.get(key, 0.0) + value
             grad_norm = torch.nn.utils.clip_grad_norm_(self.actor.parameters(), self.config.actor.grad_clip)
             grad_norm = grad_norm.full_tensor() if hasattr(grad_norm, "full_tensor") else grad_norm
@@ -168,6 +195,7 @@ class PolicyWorker(PhaseReporter):
             self.scheduler.step()
         keys = sorted(sums)
         packed = torch.stack([torch.as_tensor(sums[k], dtype=torch.float64) for k in keys])
+        packed = packed.to(packing.collective_device())
         dist.all_reduce(packed)
         totals = dict(zip(keys, packed.tolist()))
         tokens = totals.pop("tokens")
@@ -180,12 +208,15 @@ class PolicyWorker(PhaseReporter):
     def _micro_step(self, mb: Batch, norm: dict[str, float]) -> dict[str, torch.Tensor]:
         """Forward/backward of one micro-batch; returns sums to aggregate across micro-batches and ranks."""
         cfg = self.config.actor
-        trimmed, width = fsdp.trim_padding(mb.to(self.device))
-        logits = fsdp.response_logits(self.actor, trimmed, width)
-        mask = trimmed["response_mask"].float()
-        log_probs = fsdp.token_log_probs(logits, trimmed["responses"], self.config.rollout.temperature)
+        packed = packing.pack(mb).to(self.device)
+        mb = mb.to(self.device)
+        logits = fsdp.packed_outputs(self.actor, packed)
+        flat_log_probs, flat_entropy = selected_log_probs(logits, packed.targets, self.config.rollout.temperature,
+                                                          with_entropy=cfg.entropy_coeff > 0)
+        log_probs = packed.scatter(flat_log_probs)
+        mask = mb["response_mask"].float()
         per_token, pg_metrics = policy_loss(
-            cfg.policy_loss, log_probs, trimmed["old_log_probs"], trimmed["advantages"], mask,
+            cfg.policy_loss, log_probs, mb["old_log_probs"], mb["advantages"], mask,
             clip_ratio_low=cfg.clip_ratio_low, clip_ratio_high=cfg.clip_ratio_high, clip_ratio_c=cfg.clip_ratio_c)
         agg = dict(global_num_tokens=norm["num_tokens"], global_num_seqs=norm["num_seqs"],
                    norm_length=self.config.data.max_response_length)
@@ -194,16 +225,21 @@ class PolicyWorker(PhaseReporter):
         sums = {"pg_loss": loss.detach().cpu(), "tokens": tokens}
         sums.update({k: torch.as_tensor(v).detach().cpu() * tokens for k, v in pg_metrics.items()})
         if cfg.entropy_coeff > 0:
-            entropy = entropy_from_logits(logits.float())
+            entropy = packed.scatter(flat_entropy)
             loss = loss - cfg.entropy_coeff * aggregate_loss(entropy, mask, cfg.loss_agg_mode, **agg)
         if cfg.use_kl_loss:
-            kl_loss = aggregate_loss(kl_estimate(log_probs, trimmed["ref_log_probs"], cfg.kl_loss_type), mask,
+            kl_loss = aggregate_loss(kl_estimate(log_probs, mb["ref_log_probs"], cfg.kl_loss_type), mask,
                                      cfg.loss_agg_mode, **agg)
             loss = loss + cfg.kl_loss_coef * kl_loss
             sums["kl_loss"] = kl_loss.detach().cpu()
         # FSDP2 averages gradients over ranks; the normalisers are already global, so undo it.
         (loss * self.world_size).backward()
         return sums
+
+    def _micro_batches(self, batch: Batch) -> list[list[int]]:
+        """Rows of each micro-batch: packed up to actor.micro_batch_tokens real tokens, same count on all ranks."""
+        lengths = batch["attention_mask"].sum(-1).tolist()
+        return packing.plan_micro_batches(lengths, self.config.actor.micro_batch_tokens)
 
     # -- checkpoints (collective: every rank calls with the same folder) -----------------
     def save_checkpoint(self, folder: str) -> None:

@@ -44,6 +44,10 @@ def check_config(config: RLConfig, origins: dict[str, str] | None = None, *, req
     if data.train_batch_size % actor.mini_batch_size:
         fail("actor.mini_batch_size", f"must divide data.train_batch_size={data.train_batch_size} "
              f"(got {actor.mini_batch_size})")
+    devices = config.trainer.nnodes * config.trainer.n_gpus_per_node
+    if rollout.placement == "split" and rollout.devices >= devices:
+        fail("rollout.devices", f"split placement gives {rollout.devices} of the {devices} device(s) to rollout, "
+             "leaving none to train; raise trainer.n_gpus_per_node / trainer.nnodes or use rollout.placement=colocated")
     sequences_per_minibatch = actor.mini_batch_size * rollout.n
     if sequences_per_minibatch % config.world_size:
         fail("actor.mini_batch_size", f"{actor.mini_batch_size} prompts x rollout.n={rollout.n} = "

@@ -30,8 +30,9 @@ class DataConfig(Section):
 
 class ModelConfig(Section):
     path: str = Field("", description="Hub id or local directory of the policy (also `--model`). 'rlkit:tiny-qwen2' builds a tiny offline model.")
-    dtype: Literal["float32", "bfloat16"] = Field("float32", description="Compute dtype of forward/backward (parameters and optimizer stay fp32).")
+    dtype: Literal["auto", "float32", "bfloat16"] = Field("auto", description="Compute dtype of forward/backward and rollout (parameters and optimizer stay fp32); auto = bfloat16 on GPU, float32 on CPU.")
     gradient_checkpointing: bool = Field(False, description="Recompute activations in backward: less memory, ~30% more compute.")
+    compile: bool = Field(False, description="torch.compile each decoder layer and the log-prob kernels (GPU; the first step pays the compile, later ones run fused).")
 
 
 class RolloutConfig(Section):
@@ -41,8 +42,11 @@ class RolloutConfig(Section):
     top_p: float = Field(1.0, gt=0, le=1, description="Nucleus sampling; < 1 makes the rollout policy differ from the trained one.")
     top_k: int = Field(-1, description="Top-k sampling; -1 disables.")
     gpu_memory_utilization: float = Field(0.5, gt=0, le=1, description="vLLM: fraction of device memory for weights + KV cache.")
-    enforce_eager: bool = Field(True, description="vLLM: skip CUDA graphs/compile (faster start, slower decode).")
+    enforce_eager: bool | None = Field(None, description="vLLM: skip CUDA graphs/compile (faster start, slower decode); None = eager on CPU, CUDA graphs on GPU (2x the decode speed on an H200, ~1 min more start-up; docs/benchmarks.md).")
     max_num_seqs: int = Field(256, ge=1, description="vLLM: sequences decoded at once.")
+    ignore_eos: bool = Field(False, description="Always generate data.max_response_length tokens, EOS or not (benchmarks with fixed shapes).")
+    placement: Literal["colocated", "split"] = Field("colocated", description="colocated: every training worker also runs a rollout engine on its device (vLLM sleeps during training); split: rollout.devices devices run only rollout and receive the weights after each update.")
+    devices: int = Field(1, ge=1, description="split placement: devices (of trainer.nnodes x trainer.n_gpus_per_node) that run only rollout; the rest train.")
 
 
 class ActorConfig(Section):
@@ -136,7 +140,9 @@ class RLConfig(Section):
 
     @property
     def world_size(self) -> int:
-        return self.trainer.n_gpus_per_node * self.trainer.nnodes
+        """Training workers: every device, less those that split placement gives to rollout."""
+        devices = self.trainer.n_gpus_per_node * self.trainer.nnodes
+        return devices - self.rollout.devices if self.rollout.placement == "split" else devices
 
     @property
     def critic_enabled(self) -> bool:

@@ -18,6 +18,7 @@ class Sampling:
     top_k: int = -1
     seed: int = 0          # makes a call reproducible: sample j of prompt i uses seed + i * n + j
     greedy: bool = False
+    ignore_eos: bool = False  # always generate max_tokens (benchmarks: fixed shapes)
 
 
 @dataclass
@@ -46,19 +47,20 @@ class RolloutEngine(ABC):
     def sleep(self) -> None:
         """Free device memory between rollouts (no-op where unsupported)."""
 
-    def wake_up(self) -> None:
-        """Take device memory back before a rollout."""
+    def wake_up(self, weights_only: bool = False) -> None:
+        """Take device memory back: the weights alone (enough for a weight sync), or everything."""
 
 
 def make_engine(name: str, model_path: str, *, dtype: str, seed: int, max_model_len: int,
-                device: torch.device, gpu_memory_utilization: float = 0.5, enforce_eager: bool = True,
-                max_num_seqs: int = 256) -> RolloutEngine:
+                device: torch.device, gpu_memory_utilization: float = 0.5, enforce_eager: bool | None = None,
+                max_num_seqs: int = 256, sleep_mode: bool = False) -> RolloutEngine:
+    """`sleep_mode`: the engine shares its device with training and releases memory between rollouts."""
     if name == "vllm":
         from rlkit.core.rollout.vllm_engine import VLLMEngine
 
         return VLLMEngine(model_path, dtype=dtype, seed=seed, max_model_len=max_model_len, device=device,
                           gpu_memory_utilization=gpu_memory_utilization, enforce_eager=enforce_eager,
-                          max_num_seqs=max_num_seqs)
+                          max_num_seqs=max_num_seqs, sleep_mode=sleep_mode)
     if name == "hf":
         from rlkit.core.rollout.hf_engine import HFEngine
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Iterable
 
 import torch
+from transformers import LogitsProcessor, LogitsProcessorList
 
 from rlkit.core.rollout.base import RolloutEngine, RolloutSample, Sampling
 
@@ -12,7 +13,7 @@ _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 
 
 class HFEngine(RolloutEngine):
-    def __init__(self, model_path: str, *, dtype: str, device: torch.device, batch_size: int = 256) -> None:
+    def __init__(self, model_path: str, *, dtype: str, device: torch.device, batch_size: int = 512) -> None:
         from transformers import AutoModelForCausalLM, GenerationConfig
 
         self.device, self.batch_size = device, batch_size
@@ -38,17 +39,15 @@ class HFEngine(RolloutEngine):
         for row, (_, prompt) in enumerate(requests):  # left padding: generation continues at the right edge
             ids[row, width - len(prompt):] = torch.tensor(prompt)
             mask[row, width - len(prompt):] = 1
-        kwargs = dict(do_sample=False) if sampling.greedy else dict(
-            do_sample=True, temperature=sampling.temperature, top_p=sampling.top_p,
-            top_k=sampling.top_k if sampling.top_k > 0 else None)
+        recorder = _WarpAndRecord(sampling)
         out = self.model.generate(
             input_ids=ids.to(self.device), attention_mask=mask.to(self.device), max_new_tokens=sampling.max_tokens,
-            pad_token_id=self.pad_id, eos_token_id=list(self.eos_ids), return_dict_in_generate=True,
-            output_scores=True, **kwargs)
-        new_tokens = out.sequences[:, width:].cpu()
-        # Scores are the processed logits (temperature, top-p/k applied): the distribution sampled from.
-        log_probs = torch.stack(out.scores, dim=1).float().log_softmax(-1)
-        chosen = log_probs.gather(-1, new_tokens.to(log_probs.device).unsqueeze(-1)).squeeze(-1).cpu()
+            min_new_tokens=sampling.max_tokens if sampling.ignore_eos else None, do_sample=not sampling.greedy,
+            temperature=1.0, top_p=1.0, top_k=None, logits_processor=LogitsProcessorList([recorder]),
+            pad_token_id=self.pad_id, eos_token_id=list(self.eos_ids), return_dict_in_generate=True)
+        new_tokens = out.sequences[:, width:]
+        chosen = recorder.finish(new_tokens[:, -1]).cpu()
+        new_tokens = new_tokens.cpu()
         samples = []
         for row, (prompt_index, _) in enumerate(requests):
             tokens = new_tokens[row].tolist()
@@ -73,3 +72,46 @@ class HFEngine(RolloutEngine):
         for name, tensor in named_tensors:
             if name in params:
                 params[name].copy_(tensor.to(params[name].dtype))
+
+
+class _WarpAndRecord(LogitsProcessor):
+    """Applies temperature/top-k/top-p itself and records the log-prob of each sampled token.
+
+    transformers runs user processors before its own warpers, so this one does the warping
+    (generate is called with neutral warper settings) and sees the distribution actually
+    sampled from. It keeps one step's log-softmax [B, V] and reads the token chosen from it
+    at the next call, instead of keeping every step's scores ([B, steps, V]: tens of GB
+    for a 150k vocabulary).
+    """
+
+    def __init__(self, sampling: Sampling) -> None:
+        self.sampling = sampling
+        self.previous: torch.Tensor | None = None
+        self.chosen: list[torch.Tensor] = []
+
+    def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
+        if self.previous is not None:
+            self._record(input_ids[:, -1])
+        sampling = self.sampling
+        if not sampling.greedy:
+            scores = scores / sampling.temperature
+            if sampling.top_k > 0:
+                kth = scores.topk(min(sampling.top_k, scores.shape[-1]), dim=-1).values[:, -1:]
+                scores = scores.masked_fill(scores < kth, float("-inf"))
+            if sampling.top_p < 1.0:
+                ordered, order = scores.sort(dim=-1, descending=True)
+                # Drop a token once the tokens before it already hold top_p of the mass.
+                probs = ordered.softmax(-1)
+                drop_sorted = probs.cumsum(-1) - probs > sampling.top_p
+                drop = torch.zeros_like(drop_sorted).scatter(-1, order, drop_sorted)
+                scores = scores.masked_fill(drop, float("-inf"))
+        self.previous = scores.float().log_softmax(-1)
+        return scores
+
+    def _record(self, tokens: torch.Tensor) -> None:
+        self.chosen.append(self.previous.gather(-1, tokens.unsqueeze(-1)).squeeze(-1))
+
+    def finish(self, last_tokens: torch.Tensor) -> torch.Tensor:
+        """[B, steps] log-probs, once the last step's tokens are known."""
+        self._record(last_tokens)
+        return torch.stack(self.chosen, dim=1)

@@ -17,19 +17,21 @@ from rlkit.core.rollout.base import RolloutEngine, RolloutSample, Sampling
 
 class VLLMEngine(RolloutEngine):
     def __init__(self, model_path: str, *, dtype: str, seed: int, max_model_len: int, device: torch.device,
-                 gpu_memory_utilization: float, enforce_eager: bool, max_num_seqs: int) -> None:
+                 gpu_memory_utilization: float, enforce_eager: bool | None, max_num_seqs: int, sleep_mode: bool) -> None:
         os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+        self.on_gpu = device.type == "cuda"
         from vllm import LLM
 
-        self.on_gpu = device.type == "cuda"
+        self.sleep_mode = sleep_mode and self.on_gpu
         self.llm = LLM(
             model=model_path, dtype=dtype, seed=seed, max_model_len=max_model_len,
-            gpu_memory_utilization=gpu_memory_utilization, enforce_eager=enforce_eager,
-            max_num_seqs=max_num_seqs, enable_sleep_mode=self.on_gpu, enable_prefix_caching=False,
+            gpu_memory_utilization=gpu_memory_utilization,
+            enforce_eager=not self.on_gpu if enforce_eager is None else enforce_eager,
+            max_num_seqs=max_num_seqs, enable_sleep_mode=self.sleep_mode, enable_prefix_caching=False,
             # Log-probs of the distribution actually sampled (after temperature), as the trainer computes.
             logprobs_mode="processed_logprobs",
         )
-        self.sleeping = False
+        self.asleep: set[str] = set()  # parts of device memory released by sleep()
 
     def generate(self, prompts: list[list[int]], sampling: Sampling) -> list[RolloutSample]:
         from vllm import SamplingParams
@@ -44,7 +46,7 @@ class VLLMEngine(RolloutEngine):
                     n=1, max_tokens=sampling.max_tokens, logprobs=0,
                     temperature=0.0 if sampling.greedy else sampling.temperature,
                     top_p=sampling.top_p, top_k=sampling.top_k, seed=sampling.seed + i * sampling.n + j,
-                    detokenize=False))
+                    ignore_eos=sampling.ignore_eos, detokenize=False))
         outputs = self.llm.generate(requests, params, use_tqdm=False)
         samples = []
         for k, out in enumerate(outputs):
@@ -68,14 +70,23 @@ class VLLMEngine(RolloutEngine):
         self.llm.collective_rpc(_refresh_tied_lm_head)
 
     def sleep(self) -> None:
-        if self.on_gpu and not self.sleeping:
+        """Release the KV cache and move the weights to host memory (vLLM sleep level 1)."""
+        if self.sleep_mode and not self.asleep:
             self.llm.sleep(level=1)
-            self.sleeping = True
+            self.asleep = {"weights", "kv_cache"}
 
-    def wake_up(self) -> None:
-        if self.sleeping:
+    def wake_up(self, weights_only: bool = False) -> None:
+        """A weight sync needs only the weights back; the KV cache returns just before generating."""
+        wanted = {"weights"} if weights_only else {"weights", "kv_cache"}
+        missing = self.asleep & wanted
+        if not missing:
+            return
+        try:
+            self.llm.wake_up(tags=sorted(missing))
+        except TypeError:  # a vLLM without tagged wake-up: everything at once
             self.llm.wake_up()
-            self.sleeping = False
+            missing = set(self.asleep)
+        self.asleep -= missing
 
 
 def _refresh_tied_lm_head(worker) -> None:

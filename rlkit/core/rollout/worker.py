@@ -1,0 +1,64 @@
+"""A rollout-only worker (split placement): one Ray actor per rollout device, holding an engine.
+
+It trains nothing; after each update it loads the weights that training rank 0 put into
+Ray's object store (rlkit.core.placement), bucket by bucket.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import ray
+import torch
+
+from rlkit.core import fsdp
+from rlkit.core.phases import PhaseReporter
+from rlkit.core.rollout.base import RolloutSample, Sampling, make_engine
+from rlkit.recipes.schema import RLConfig
+
+
+class RolloutWorker(PhaseReporter):
+    def __init__(self, config: RLConfig, model_path: str, rank: int, world_size: int) -> None:
+        self.config, self.model_path, self.rank, self.world_size = config, model_path, rank, world_size
+        use_cuda = config.trainer.device == "cuda" or (config.trainer.device == "auto" and torch.cuda.is_available())
+        self.device = torch.device("cuda", 0) if use_cuda else torch.device("cpu")
+        if not use_cuda:
+            torch.set_num_threads(config.trainer.cpu_threads_per_worker)
+
+    def setup(self) -> dict[str, Any]:
+        self.phase = "setup/rollout-engine"
+        cfg = self.config
+        # Seeds continue after the training ranks', which seed their own engines when colocated.
+        self.engine = make_engine(
+            cfg.rollout.name, self.model_path, dtype=fsdp.compute_dtype(cfg.model.dtype, self.device),
+            seed=cfg.trainer.seed + 10_000 + self.rank,
+            max_model_len=cfg.data.max_prompt_length + cfg.data.max_response_length, device=self.device,
+            gpu_memory_utilization=cfg.rollout.gpu_memory_utilization, enforce_eager=cfg.rollout.enforce_eager,
+            max_num_seqs=cfg.rollout.max_num_seqs, sleep_mode=False)
+        self.phase = "idle"
+        return {"rank": self.rank, "node_id": ray.get_runtime_context().get_node_id()}
+
+    def generate(self, prompts: list[list[int]], sampling: Sampling) -> list[RolloutSample]:
+        self.phase = "generate"
+        samples = self.engine.generate(prompts, sampling)
+        self.phase = "idle"
+        return samples
+
+    def load_weights(self, bucket_refs: list) -> dict[str, float]:
+        self.phase = "load_weights"
+        start, moved = time.perf_counter(), 0
+
+        def weights():
+            nonlocal moved
+            for ref in bucket_refs:
+                for name, tensor in ray.get(ref):
+                    moved += tensor.numel() * tensor.element_size()
+                    yield name, tensor.to(self.device)
+
+        self.engine.load_weights(weights())
+        self.phase = "idle"
+        return {"bytes": float(moved), "seconds": time.perf_counter() - start}
+
+    def engine_log_probs(self, sequences: list[list[int]], prompt_len: int) -> list[list[float]]:
+        return self.engine.score(sequences, prompt_len)

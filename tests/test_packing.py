@@ -1,0 +1,101 @@
+"""Sequence packing, packed attention and chunked log-probs: same numbers as the padded path."""
+
+from __future__ import annotations
+
+import torch
+
+from rlkit.core import fsdp, logprobs, packed_attention, packing
+from rlkit.core.batch import Batch
+
+
+def padded_batch(prompts: list[list[int]], responses: list[list[int]], prompt_width: int,
+                 response_width: int) -> Batch:
+    """The rollout layout: prompts left-padded, responses right-padded (pad id 0)."""
+    n = len(prompts)
+    ids = torch.zeros((n, prompt_width + response_width), dtype=torch.long)
+    mask = torch.zeros_like(ids)
+    for i, (p, r) in enumerate(zip(prompts, responses)):
+        ids[i, prompt_width - len(p):prompt_width + len(r)] = torch.tensor(p + r)
+        mask[i, prompt_width - len(p):prompt_width + len(r)] = 1
+    return Batch({"input_ids": ids, "attention_mask": mask, "position_ids": (mask.cumsum(-1) - 1).clamp(min=0),
+                  "responses": ids[:, prompt_width:].clone(), "response_mask": mask[:, prompt_width:].float()})
+
+
+def test_plan_balances_tokens_within_the_budget():
+    # 18 tokens, budget 10 -> 2 bins; longest first into the lightest: 8 | 5, 3 | then 2 joins the 8.
+    assert packing.plan_micro_batches([5, 3, 8, 2], 10) == [[2, 3], [0, 1]]
+    # A sequence longer than the budget gets a micro-batch of its own.
+    assert packing.plan_micro_batches([12, 3, 4], 10) == [[0], [1, 2]]
+    assert packing.plan_micro_batches([4, 4, 4], 100) == [[0, 1, 2]]
+
+
+def test_split_to_count_halves_the_fullest_bin():
+    lengths = [6, 5, 1, 1]
+    # bins {0, 2} (7 tokens) and {1, 3} (6 tokens); reaching 3 bins splits the 7-token one.
+    split = packing.split_to_count([[0, 2], [1, 3]], lengths, 3)
+    assert sorted(sorted(m) for m in split) == [[0], [1, 3], [2]]
+
+
+def test_pack_lays_real_tokens_end_to_end():
+    batch = padded_batch([[11, 12], [13, 14, 15]], [[21, 22, 23], [24]], prompt_width=3, response_width=3)
+    packed = packing.pack(batch)
+    assert packed.input_ids.tolist() == [[11, 12, 21, 22, 23, 13, 14, 15, 24]]
+    assert packed.position_ids.tolist() == [[0, 1, 2, 3, 4, 0, 1, 2, 3]]
+    assert packed.cu_seq_lens.tolist() == [0, 5, 9]
+    assert packed.max_len == 5
+    # Outputs at 1, 2, 3 predict 21, 22, 23; the output at 7 (token 15) predicts 24.
+    assert packed.predict_index.tolist() == [1, 2, 3, 7]
+    assert packed.targets.tolist() == [21, 22, 23, 24]
+    values = torch.tensor([1.0, 2.0, 3.0, 4.0])
+    assert packed.scatter(values).tolist() == [[1.0, 2.0, 3.0], [4.0, 0.0, 0.0]]
+    assert packed.gather(packed.scatter(values)).tolist() == values.tolist()
+
+
+def test_per_sequence_attention_matches_a_block_diagonal_causal_mask():
+    torch.manual_seed(0)
+    q, k, v = (torch.randn(7, 2, 8, dtype=torch.float64) for _ in range(3))
+    cu = torch.tensor([0, 3, 7], dtype=torch.int32)
+    got = packed_attention.per_sequence_attention(q, k, v, cu, None)
+    segment = torch.tensor([0, 0, 0, 1, 1, 1, 1])
+    allowed = (segment[:, None] == segment[None, :]) & torch.ones(7, 7, dtype=torch.bool).tril()
+    scores = torch.einsum("qhd,khd->hqk", q, k) / 8 ** 0.5
+    want = torch.einsum("hqk,khd->qhd", scores.masked_fill(~allowed, float("-inf")).softmax(-1), v)
+    assert torch.allclose(got, want, atol=1e-12)
+
+
+def test_packed_forward_gives_the_padded_forward_log_probs(tiny_model_dir):
+    from transformers import AutoModelForCausalLM
+
+    padded_model = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32,
+                                                        attn_implementation="sdpa")
+    packed_model = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32,
+                                                        attn_implementation=packed_attention.register())
+    batch = padded_batch([[5, 6, 7, 8], [9, 10], [11, 12, 13]], [[14, 15, 16], [17], []],
+                         prompt_width=4, response_width=3)
+    with torch.no_grad():
+        logits = padded_model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"],
+                              position_ids=batch["position_ids"]).logits[:, 3:6]
+        want = logits.log_softmax(-1).gather(-1, batch["responses"].unsqueeze(-1)).squeeze(-1)
+        packed = packing.pack(batch)
+        got, _ = logprobs.selected_log_probs(fsdp.packed_outputs(packed_model, packed), packed.targets)
+    mask = batch["response_mask"].bool()
+    assert torch.allclose(packed.scatter(got)[mask], want[mask], atol=1e-5)
+
+
+def test_selected_log_probs_and_their_gradients_match_log_softmax(monkeypatch):
+    monkeypatch.setattr(logprobs, "CHUNK_ELEMENTS", 3 * 7)  # 3 tokens a chunk: exercises the chunking
+    torch.manual_seed(0)
+    logits = torch.randn(8, 7, dtype=torch.float64, requires_grad=True)
+    targets = torch.randint(0, 7, (8,))
+    weights_lp, weights_ent = torch.randn(8, dtype=torch.float64), torch.randn(8, dtype=torch.float64)
+    log_probs, entropy = logprobs.selected_log_probs(logits, targets, temperature=0.7, with_entropy=True)
+    grad, = torch.autograd.grad((log_probs * weights_lp).sum() + (entropy * weights_ent).sum(), logits)
+
+    reference = (logits / 0.7).log_softmax(-1)
+    want_lp = reference.gather(-1, targets[:, None]).squeeze(-1)
+    want_ent = -(reference.exp() * reference).sum(-1)
+    want_grad, = torch.autograd.grad((want_lp * weights_lp).sum() + (want_ent * weights_ent).sum(), logits)
+    # The chunks are computed in fp32 (as on a GPU), hence the tolerance.
+    assert torch.allclose(log_probs.double(), want_lp, atol=1e-5)
+    assert torch.allclose(entropy.double(), want_ent, atol=1e-5)
+    assert torch.allclose(grad, want_grad, atol=1e-5)

@@ -1,0 +1,67 @@
+"""Rollout engines: the transformers engine's recorded log-probs, forced lengths, vLLM sleep/wake by parts."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from rlkit.core.rollout.base import Sampling
+from rlkit.core.rollout.hf_engine import HFEngine
+from rlkit.core.rollout.vllm_engine import VLLMEngine
+from rlkit.errors import ConfigError
+from rlkit.recipes.loader import load_config
+
+
+@pytest.fixture(scope="module")
+def hf_engine(tiny_model_dir) -> HFEngine:
+    return HFEngine(str(tiny_model_dir), dtype="float32", device=torch.device("cpu"))
+
+
+def test_greedy_log_probs_are_the_models_own(hf_engine):
+    prompts = [[5, 6, 7], [8, 9]]
+    for sample in hf_engine.generate(prompts, Sampling(n=1, max_tokens=5, greedy=True)):
+        prompt = prompts[sample.prompt_index]
+        scored = hf_engine.score([prompt + sample.token_ids], len(prompt))[0]
+        assert sample.log_probs == pytest.approx(scored, abs=1e-5)
+
+
+def test_top_k_1_samples_the_argmax_with_probability_one(hf_engine):
+    greedy = hf_engine.generate([[5, 6, 7]], Sampling(n=1, max_tokens=4, greedy=True))[0]
+    top1 = hf_engine.generate([[5, 6, 7]], Sampling(n=2, max_tokens=4, top_k=1, seed=3))
+    for sample in top1:
+        assert sample.token_ids == greedy.token_ids
+        assert sample.log_probs == pytest.approx([0.0] * 4, abs=1e-6)
+
+
+def test_ignore_eos_generates_max_tokens(hf_engine):
+    samples = hf_engine.generate([[5, 6], [7]], Sampling(n=3, max_tokens=9, ignore_eos=True, seed=1))
+    assert [len(s.token_ids) for s in samples] == [9] * 6
+
+
+class FakeLLM:
+    def __init__(self) -> None:
+        self.calls: list[tuple] = []
+
+    def sleep(self, level: int) -> None:
+        self.calls.append(("sleep", level))
+
+    def wake_up(self, tags: list[str] | None = None) -> None:
+        self.calls.append(("wake_up", tags))
+
+
+def test_vllm_wakes_only_the_weights_for_a_sync_and_the_kv_cache_before_generating():
+    engine = object.__new__(VLLMEngine)  # the sleep/wake bookkeeping alone, without an engine
+    engine.llm, engine.sleep_mode, engine.asleep = FakeLLM(), True, set()
+    engine.sleep()
+    engine.wake_up(weights_only=True)   # weight sync
+    engine.wake_up(weights_only=True)   # nothing left to wake for a sync
+    engine.wake_up()                    # generate
+    assert engine.llm.calls == [("sleep", 1), ("wake_up", ["weights"]), ("wake_up", ["kv_cache"])]
+    assert engine.asleep == set()
+
+
+def test_split_placement_must_leave_devices_to_train():
+    with pytest.raises(ConfigError, match="rollout.devices"):
+        load_config("grpo-demo", ["rollout.placement=split", "rollout.devices=1", "trainer.n_gpus_per_node=1"])
+    config = load_config("grpo-demo", ["rollout.placement=split", "rollout.devices=1", "trainer.n_gpus_per_node=2"])
+    assert config.world_size == 1
