@@ -7,7 +7,6 @@ and what each response scores are known in advance.
 
 from __future__ import annotations
 
-from pathlib import Path
 from types import SimpleNamespace
 from typing import Callable
 

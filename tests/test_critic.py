@@ -18,7 +18,7 @@ from rlkit.core.data.dataset import PromptRow
 from rlkit.core.rollout.base import RolloutSample
 from rlkit.core.run import resolve_model_path
 from rlkit.core.trainer import build_batch
-from rlkit.core.workers import _free_port
+from rlkit.core.device_worker import free_port
 from rlkit.recipes.loader import load_config
 
 
@@ -28,7 +28,7 @@ def critic(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[CriticWo
     config = load_config("ppo", ["model.path=rlkit:tiny-qwen2", "data.synthetic_task=echo", "critic.lr=1e-3",
                                  "trainer.device=cpu"])
     worker = CriticWorker(config, resolve_model_path(config.model.path), rank=0, world_size=1)
-    worker.setup("127.0.0.1", _free_port())
+    worker.setup("127.0.0.1", free_port())
     yield worker
     dist.destroy_process_group()
 

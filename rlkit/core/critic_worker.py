@@ -8,8 +8,6 @@ workers rank by rank (WorkerGroup colocate_with).
 
 from __future__ import annotations
 
-import os
-import socket
 from typing import Any
 
 import torch
@@ -18,35 +16,19 @@ import torch.distributed as dist
 from rlkit.core import checkpoint_shards, fsdp, packing
 from rlkit.core.algos.losses import aggregate_loss, value_loss
 from rlkit.core.batch import Batch
-from rlkit.core.phases import PhaseReporter
+from rlkit.core.device_worker import DeviceWorker
 from rlkit.core.worker_group import WorkerGroup
-from rlkit.core.workers import _free_port
 from rlkit.recipes.schema import RLConfig
 
 # What compute_values and update_critic read from a batch.
 VALUE_INPUT_KEYS = ["input_ids", "attention_mask", "position_ids", "responses", "response_mask"]
 
 
-class CriticWorker(PhaseReporter):
+class CriticWorker(DeviceWorker):
     """Rank `rank` of the critic group. Method names are the controller's phases."""
 
-    def __init__(self, config: RLConfig, model_path: str, rank: int, world_size: int) -> None:
-        self.config, self.model_path, self.rank, self.world_size = config, model_path, rank, world_size
-        self.use_cuda = config.trainer.device == "cuda" or (config.trainer.device == "auto" and torch.cuda.is_available())
-        self.device = torch.device("cuda", 0) if self.use_cuda else torch.device("cpu")
-        if not self.use_cuda:
-            torch.set_num_threads(config.trainer.cpu_threads_per_worker)
-
-    def address(self) -> tuple[str, int]:
-        return socket.gethostbyname(socket.gethostname()), _free_port()
-
     def setup(self, master_addr: str, master_port: int) -> dict[str, Any]:
-        self.phase = "setup/process-group"
-        os.environ.update(MASTER_ADDR=master_addr, MASTER_PORT=str(master_port), RANK=str(self.rank),
-                          WORLD_SIZE=str(self.world_size), LOCAL_RANK="0")
-        if self.use_cuda:
-            torch.cuda.set_device(self.device)
-        dist.init_process_group("nccl" if self.use_cuda else "gloo", rank=self.rank, world_size=self.world_size)
+        self.join_process_group(master_addr, master_port)
         cfg = self.config
         self.phase = "setup/load-models"
         # The same seed on every rank: each rank shards the freshly initialised value head it

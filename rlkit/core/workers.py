@@ -18,34 +18,16 @@ from rlkit.core.algos.kl import kl_estimate
 from rlkit.core.algos.losses import aggregate_loss, policy_loss
 from rlkit.core.batch import Batch
 from rlkit.core.logprobs import selected_log_probs
-from rlkit.core.phases import PhaseReporter
+from rlkit.core.device_worker import DeviceWorker
 from rlkit.core.rewards.reward_model import RewardModel
 from rlkit.core.rollout.base import RolloutSample, Sampling, make_engine
 from rlkit.core.run import resolve_model_path
-from rlkit.recipes.schema import RLConfig
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("", 0))
-        return sock.getsockname()[1]
-
-
-class PolicyWorker(PhaseReporter):
+class PolicyWorker(DeviceWorker):
     """Rank `rank` of the training group. Method names are the controller's phases."""
 
-    def __init__(self, config: RLConfig, model_path: str, rank: int, world_size: int) -> None:
-        self.config, self.model_path, self.rank, self.world_size = config, model_path, rank, world_size
-        self.use_cuda = config.trainer.device == "cuda" or (config.trainer.device == "auto" and torch.cuda.is_available())
-        self.device = torch.device("cuda", 0) if self.use_cuda else torch.device("cpu")
-        if not self.use_cuda:
-            torch.set_num_threads(config.trainer.cpu_threads_per_worker)
-        self.phase = "starting"
-
     # -- set-up -------------------------------------------------------------------------
-    def address(self) -> tuple[str, int]:
-        return socket.gethostbyname(socket.gethostname()), _free_port()
-
     def node_info(self) -> dict[str, Any]:
         import ray
 
@@ -53,12 +35,7 @@ class PolicyWorker(PhaseReporter):
                 "node_id": ray.get_runtime_context().get_node_id()}
 
     def setup(self, master_addr: str, master_port: int) -> dict[str, Any]:
-        self.phase = "setup/process-group"
-        os.environ.update(MASTER_ADDR=master_addr, MASTER_PORT=str(master_port), RANK=str(self.rank),
-                          WORLD_SIZE=str(self.world_size), LOCAL_RANK="0")
-        if self.use_cuda:
-            torch.cuda.set_device(self.device)
-        dist.init_process_group("nccl" if self.use_cuda else "gloo", rank=self.rank, world_size=self.world_size)
+        self.join_process_group(master_addr, master_port)
         self._seed(self.config.trainer.seed)
         cfg = self.config
         self.phase = "setup/load-models"

@@ -10,21 +10,14 @@ import time
 from typing import Any
 
 import ray
-import torch
 
 from rlkit.core import fsdp
-from rlkit.core.phases import PhaseReporter
+from rlkit.core.device_worker import DeviceWorker
 from rlkit.core.rollout.base import RolloutSample, Sampling, make_engine
-from rlkit.recipes.schema import RLConfig
 
 
-class RolloutWorker(PhaseReporter):
-    def __init__(self, config: RLConfig, model_path: str, rank: int, world_size: int) -> None:
-        self.config, self.model_path, self.rank, self.world_size = config, model_path, rank, world_size
-        use_cuda = config.trainer.device == "cuda" or (config.trainer.device == "auto" and torch.cuda.is_available())
-        self.device = torch.device("cuda", 0) if use_cuda else torch.device("cpu")
-        if not use_cuda:
-            torch.set_num_threads(config.trainer.cpu_threads_per_worker)
+class RolloutWorker(DeviceWorker):
+    """A rollout-only rank (split placement): an engine on its own device, fed weights by the trainer."""
 
     def setup(self) -> dict[str, Any]:
         self.phase = "setup/rollout-engine"

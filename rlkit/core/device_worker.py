@@ -1,0 +1,42 @@
+"""What every rank-holding Ray actor shares: its device, and joining a torch.distributed group."""
+
+from __future__ import annotations
+
+import os
+import socket
+
+import torch
+import torch.distributed as dist
+
+from rlkit.core.phases import PhaseReporter
+from rlkit.recipes.schema import RLConfig
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("", 0))
+        return sock.getsockname()[1]
+
+
+class DeviceWorker(PhaseReporter):
+    """Rank `rank` of `world_size` on one device: Ray's GPU (visible as cuda:0) or the CPU."""
+
+    def __init__(self, config: RLConfig, model_path: str, rank: int, world_size: int) -> None:
+        self.config, self.model_path, self.rank, self.world_size = config, model_path, rank, world_size
+        self.use_cuda = config.trainer.device == "cuda" or (config.trainer.device == "auto" and torch.cuda.is_available())
+        self.device = torch.device("cuda", 0) if self.use_cuda else torch.device("cpu")
+        if not self.use_cuda:
+            torch.set_num_threads(config.trainer.cpu_threads_per_worker)
+
+    def address(self) -> tuple[str, int]:
+        """Where rank 0 of a group can be reached: this host and a free port."""
+        return socket.gethostbyname(socket.gethostname()), free_port()
+
+    def join_process_group(self, master_addr: str, master_port: int) -> None:
+        """Every group of workers (policy, critic) is its own torch.distributed world."""
+        self.phase = "setup/process-group"
+        os.environ.update(MASTER_ADDR=master_addr, MASTER_PORT=str(master_port), RANK=str(self.rank),
+                          WORLD_SIZE=str(self.world_size), LOCAL_RANK="0")
+        if self.use_cuda:
+            torch.cuda.set_device(self.device)
+        dist.init_process_group("nccl" if self.use_cuda else "gloo", rank=self.rank, world_size=self.world_size)
