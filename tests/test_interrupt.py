@@ -39,16 +39,22 @@ def test_notice_says_when_no_checkpoint_will_be_saved():
 
 
 def test_previous_handlers_come_back():
+    """Whatever handlers were installed before (a shell may start us with SIGINT ignored) return."""
     def mine(signum, frame):
         pass
 
+    def mine_int(signum, frame):
+        pass
+
     before = signal.signal(signal.SIGTERM, mine)
+    before_int = signal.signal(signal.SIGINT, mine_int)
     try:
         with StopOnSignal(lambda _: None, save_on_interrupt=True) as stop:
             signal.signal(signal.SIGTERM, signal.SIG_DFL)  # what ray.init does in between
             stop.finish_steps()
             assert signal.getsignal(signal.SIGTERM) == stop._handle
         assert signal.getsignal(signal.SIGTERM) is mine
-        assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+        assert signal.getsignal(signal.SIGINT) is mine_int
     finally:
         signal.signal(signal.SIGTERM, before)
+        signal.signal(signal.SIGINT, before_int)
