@@ -14,6 +14,7 @@ os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", "nobind")
 
 REPO = Path(__file__).resolve().parents[1]
 SHARED = REPO.parent / "shared"
+GSM8K = SHARED / "data" / "gsm8k"
 
 
 @pytest.fixture(scope="session")
@@ -27,3 +28,21 @@ def tiny_model_dir(tmp_path_factory) -> Path:
 def _isolated_cache(tmp_path_factory, monkeypatch):
     """'rlkit:tiny-qwen2' is built into a per-session cache, never the user's ~/.cache."""
     monkeypatch.setenv("RLKIT_CACHE", str(tmp_path_factory.getbasetemp() / "rlkit-cache"))
+
+
+@pytest.fixture
+def wide_console(monkeypatch) -> None:
+    """Rich tables unwrapped, so a message or a reason reads as one string in CLI output."""
+    from rlkit.cli.common import console
+
+    monkeypatch.setattr(console, "width", 250)
+
+
+def invoke(register, *args: str):
+    """Run CLI args against a fresh Typer app that holds only the commands `register` adds."""
+    import typer
+    from typer.testing import CliRunner
+
+    app = typer.Typer()
+    register(app)
+    return CliRunner().invoke(app, list(args))

@@ -6,27 +6,20 @@ import json
 from pathlib import Path
 
 import pytest
-import typer
-from typer.testing import CliRunner
 
-from rlkit.cli.common import console
+from conftest import GSM8K, invoke
 from rlkit.cli.data_cmds import register
 from rlkit.core.data.builders import write_parquet
 from rlkit.core.data.gsm8k import build_gsm8k
 from rlkit.core.data.synthetic import build_synthetic
 
-GSM8K = Path(__file__).resolve().parents[2] / "shared" / "data" / "gsm8k"
 
 
-@pytest.fixture(autouse=True)
-def wide_console(monkeypatch) -> None:
-    monkeypatch.setattr(console, "width", 250)
+pytestmark = pytest.mark.usefixtures("wide_console")
 
 
 def cli(*args: str):
-    app = typer.Typer()
-    register(app)
-    return CliRunner().invoke(app, ["eval-reward", *args])
+    return invoke(register, "eval-reward", *args)
 
 
 def report(*args: str) -> dict:

@@ -9,26 +9,18 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-import typer
-from typer.testing import CliRunner
 
-from rlkit.cli.common import console
+from conftest import GSM8K, invoke
 from rlkit.cli.data_cmds import register
 from rlkit.core.data.gsm8k import INSTRUCTION
 
-GSM8K = Path(__file__).resolve().parents[2] / "shared" / "data" / "gsm8k"
 
 
-@pytest.fixture(autouse=True)
-def wide_console(monkeypatch) -> None:
-    """Tables unwrapped, so a reason reads as one string."""
-    monkeypatch.setattr(console, "width", 250)
+pytestmark = pytest.mark.usefixtures("wide_console")
 
 
 def cli(*args: str):
-    app = typer.Typer()
-    register(app)
-    return CliRunner().invoke(app, ["prep-data", *args])
+    return invoke(register, "prep-data", *args)
 
 
 def flat(text: str) -> str:

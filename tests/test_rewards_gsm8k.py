@@ -4,14 +4,14 @@ from __future__ import annotations
 
 import json
 import time
-from pathlib import Path
 
 import pytest
 
+from conftest import GSM8K
 from rlkit.core.rewards.gsm8k import extract_answer, gsm8k_reward, to_number
 from rlkit.core.rewards.registry import reward_fn_for
 
-GSM8K = Path(__file__).resolve().parents[2] / "shared" / "data" / "gsm8k"
+
 
 
 def score(response: str, truth: str, method: str = "strict", format_score: float = 0.0) -> float:

@@ -6,10 +6,8 @@ import json
 from pathlib import Path
 
 import pytest
-import typer
-from typer.testing import CliRunner
 
-from rlkit.cli.common import console
+from conftest import invoke
 from rlkit.cli.run_cmds import register
 from rlkit.core.checkpoint import write_checkpoint
 from rlkit.core.run import RunDir
@@ -17,15 +15,11 @@ from rlkit.core.tracking import Tracker, is_timing_key, read_metrics, truncate_m
 from rlkit.recipes.loader import load_config
 
 
-@pytest.fixture(autouse=True)
-def wide_console(monkeypatch) -> None:
-    monkeypatch.setattr(console, "width", 250)
+pytestmark = pytest.mark.usefixtures("wide_console")
 
 
 def cli(*args: str):
-    app = typer.Typer()
-    register(app)
-    return CliRunner().invoke(app, list(args))
+    return invoke(register, *args)
 
 
 def fake_run(runs: Path, run_id: str, steps: int, status: str = "finished") -> RunDir:
