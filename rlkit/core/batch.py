@@ -61,9 +61,3 @@ class Batch:
 
     def to(self, device: torch.device | str) -> Batch:
         return Batch({k: v.to(device) for k, v in self.tensors.items()}, self.meta)
-
-    @staticmethod
-    def concat(batches: list[Batch]) -> Batch:
-        first = batches[0]
-        return Batch({k: torch.cat([b.tensors[k] for b in batches]) for k in first.tensors},
-                     {k: [x for b in batches for x in b.meta[k]] for k in first.meta})

@@ -105,10 +105,6 @@ class PromptSampler:
         self.num_rows, self.batch_size, self.seed, self.shuffle = num_rows, batch_size, seed, shuffle
         self.epoch, self.position = 0, 0
 
-    @property
-    def steps_per_epoch(self) -> int:
-        return self.num_rows // self.batch_size
-
     def _order(self) -> list[int]:
         if not self.shuffle:
             return list(range(self.num_rows))
