@@ -71,6 +71,30 @@ def test_bad_config_messages(override, expected):
     assert expected in str(info.value)
 
 
+@pytest.mark.parametrize("overrides, from_update", [
+    ([], True),                                            # one optimizer step per RL step: skip the pass
+    (["actor.old_log_probs=recompute"], False),
+    (["actor.old_log_probs=rollout"], False),
+    (["actor.ppo_epochs=2"], False),                       # the second epoch's old policy is not the current one
+    (["actor.mini_batch_size=8"], False),                  # nor the second mini-batch's
+    (["algorithm.use_kl_in_reward=true"], False),          # the reward needs old log-probs before the update
+])
+def test_old_log_probs_come_from_the_update_only_when_it_is_the_batch_only_step(overrides, from_update):
+    assert load_config("grpo-demo", overrides).old_log_probs_from_update is from_update
+
+
+def test_rollout_log_probs_as_old_ones_need_a_single_update():
+    with pytest.raises(ConfigError, match=r"actor.old_log_probs \(command line\): rollout log-probs stand in"):
+        load_config("grpo-demo", ["actor.old_log_probs=rollout", "actor.ppo_epochs=2"])
+
+
+def test_engine_kwargs_pass_through_but_cannot_override_rlkit_keys():
+    config = load_config("grpo-demo", ["rollout.engine_kwargs={async_scheduling: true}"])
+    assert config.rollout.engine_kwargs == {"async_scheduling": True}
+    with pytest.raises(ConfigError, match="rollout.engine_kwargs.*max_num_seqs is set by rlkit"):
+        load_config("grpo-demo", ["rollout.engine_kwargs={max_num_seqs: 4}"])
+
+
 def test_nearest_recipe_is_suggested():
     with pytest.raises(ConfigError, match="did you mean 'grpo'"):
         load_config("grpoo")

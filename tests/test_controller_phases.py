@@ -39,7 +39,7 @@ class ScriptedWorkers:
         results = []
         for prompts, sampling in per_rank:
             self.samplings.append(sampling)
-            results.append([RolloutSample(i, tokens, [0.0] * len(tokens), finished=True)
+            results.append([RolloutSample(i, tokens, [0.0] * len(tokens) if sampling.log_probs else [], finished=True)
                             for i, prompt in enumerate(prompts) for j in range(sampling.n)
                             for tokens in [self.respond(len(self.samplings), self.by_prompt[tuple(prompt)], j)]])
         return results
@@ -117,3 +117,16 @@ def test_remax_baseline_is_the_greedy_score_of_each_prompt(tokenizer) -> None:
     batch["old_log_probs"] = batch["ref_log_probs"] = torch.zeros_like(batch["response_mask"])
     advantages = controller.advantages(batch)["advantages"]
     assert advantages[:, 0].tolist() == [0.0, -1.0, 1.0, 0.0]
+
+
+@pytest.mark.parametrize("overrides, asked", [
+    (["rollout.log_prob_check_freq=3"], [False, False, True, False, False, True]),
+    (["rollout.log_prob_check_freq=0"], [False] * 6),
+    (["rollout.log_prob_check_freq=0", "actor.old_log_probs=rollout"], [True] * 6),  # the PPO ratio needs them
+])
+def test_engine_log_probs_are_asked_for_only_on_check_steps(tokenizer, overrides, asked) -> None:
+    eos = tokenizer.eos_token_id
+    controller, workers = make_controller("grpo", overrides, tokenizer, lambda call, row, j: [eos])
+    batches = [controller.sample(step=step, timing={})[0] for step in range(1, 7)]
+    assert [s.log_probs for s in workers.samplings] == asked
+    assert ["rollout_log_probs" in batch for batch in batches] == asked

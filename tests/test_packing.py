@@ -99,3 +99,18 @@ def test_selected_log_probs_and_their_gradients_match_log_softmax(monkeypatch):
     assert torch.allclose(log_probs.double(), want_lp, atol=1e-5)
     assert torch.allclose(entropy.double(), want_ent, atol=1e-5)
     assert torch.allclose(grad, want_grad, atol=1e-5)
+
+
+def test_an_entropy_left_out_of_the_loss_adds_nothing_to_the_gradient(monkeypatch):
+    """The update asks for the entropy as a metric only: its gradient must be the log-probs' alone."""
+    monkeypatch.setattr(logprobs, "CHUNK_ELEMENTS", 3 * 7)
+    torch.manual_seed(0)
+    logits = torch.randn(8, 7, dtype=torch.float64, requires_grad=True)
+    targets = torch.randint(0, 7, (8,))
+    weights = torch.randn(8, dtype=torch.float64)
+    log_probs, entropy = logprobs.selected_log_probs(logits, targets, with_entropy=True)
+    grad, = torch.autograd.grad((log_probs * weights).sum(), logits)
+    want_lp = logits.log_softmax(-1).gather(-1, targets[:, None]).squeeze(-1)
+    want_grad, = torch.autograd.grad((want_lp * weights).sum(), logits)
+    assert entropy.abs().sum() > 0
+    assert torch.allclose(grad, want_grad, atol=1e-5)

@@ -31,6 +31,13 @@ def _check_engine(engine, model_dir):
     prompts = [[1, 26, 24, 29, 36, 21, 10, 2, 1], [1, 11, 2, 1]]
     samples = engine.generate(prompts, Sampling(n=3, max_tokens=4, seed=7))
     assert [s.prompt_index for s in samples] == [0, 0, 0, 1, 1, 1]
+    # The seed makes the call reproducible, and samples of one prompt still differ.
+    again = engine.generate(prompts, Sampling(n=3, max_tokens=4, seed=7, log_probs=False))
+    other = engine.generate(prompts, Sampling(n=3, max_tokens=4, seed=8))
+    assert [s.token_ids for s in again] == [s.token_ids for s in samples]
+    assert all(s.log_probs == [] for s in again)  # not asked for
+    assert [s.token_ids for s in other] != [s.token_ids for s in samples]
+    assert len({tuple(s.token_ids) for s in samples[:3]}) > 1
     for s in samples:
         assert 1 <= len(s.token_ids) <= 4 and len(s.log_probs) == len(s.token_ids)
         assert s.finished == (s.token_ids[-1] == 2)

@@ -7,7 +7,7 @@ per-row Python values (data_source, ground truth, ...). Layout of a rollout batc
   position_ids    [B, P+R]
   responses       [B, R]    response token ids (pad after the end)
   response_mask   [B, R]    1 on real response tokens
-  rollout_log_probs [B, R]  log-probs the engine sampled with
+  rollout_log_probs [B, R]  log-probs the engine sampled with (steps that ask for them)
 """
 
 from __future__ import annotations

@@ -77,6 +77,7 @@ class SelectedLogProbs(torch.autograd.Function):
             log_probs[part], lse[part], entropy[part] = _kernels["stats"](logits[part], targets[part], temperature,
                                                                           with_entropy)
         ctx.save_for_backward(logits, targets, lse, entropy)
+        ctx.set_materialize_grads(False)  # an entropy the loss leaves out gets None: no entropy term in backward
         ctx.temperature, ctx.with_entropy = temperature, with_entropy
         return log_probs, entropy
 
@@ -110,4 +111,7 @@ class _NoCtx:
     """Stands in for autograd's context when nothing will be differentiated."""
 
     def save_for_backward(self, *tensors: torch.Tensor) -> None:
+        pass
+
+    def set_materialize_grads(self, value: bool) -> None:
         pass

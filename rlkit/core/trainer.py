@@ -79,8 +79,9 @@ class Controller:
             if cfg.algorithm.adv_estimator == "remax":
                 with timed(timing, "gen_baseline"):
                     metrics.update(self.greedy_baseline(batch, step))
-            with timed(timing, "old_log_prob"):
-                batch.update(self.old_log_probs(batch))
+            if not cfg.old_log_probs_from_update:  # else the update's own detached log-probs are the old ones
+                with timed(timing, "old_log_prob"):
+                    batch.update(self.old_log_probs(batch))
             if cfg.needs_reference:
                 with timed(timing, "ref"):
                     batch["ref_log_probs"] = self.log_probs(batch, "ref")["log_probs"]
@@ -146,6 +147,8 @@ class Controller:
         """
         cfg, world = self.config, self.placement.rollout_size
         parts = [list(range(len(prompts)))[r::world] for r in range(world)]
+        freq = cfg.rollout.log_prob_check_freq
+        log_probs = cfg.actor.old_log_probs == "rollout" or (not greedy and freq > 0 and step % freq == 0)
         per_rank = []
         # Extra dynamic-sampling rounds draw from seed ranges no plausible step count reaches.
         stream = cfg.trainer.seed * 1_000_003 + step + round_index * 10_000_019
@@ -153,7 +156,7 @@ class Controller:
             sampling = Sampling(n=1 if greedy else cfg.rollout.n, max_tokens=cfg.data.max_response_length,
                                 temperature=cfg.rollout.temperature, top_p=cfg.rollout.top_p,
                                 top_k=cfg.rollout.top_k, seed=stream * 1009 + rank, greedy=greedy,
-                                ignore_eos=cfg.rollout.ignore_eos)
+                                ignore_eos=cfg.rollout.ignore_eos, log_probs=log_probs)
             per_rank.append(([prompts[i].prompt_token_ids for i in part], sampling))
         results = self.placement.rollout.call("generate", per_rank=per_rank, phase="generate")
         samples: list[tuple[PromptRow, int, RolloutSample]] = []
@@ -208,10 +211,10 @@ class Controller:
         return {k: torch.cat([r[k] for r in results]) for k in results[0]}
 
     def old_log_probs(self, batch: Batch) -> dict[str, torch.Tensor]:
-        if self.config.actor.recompute_old_log_probs:
-            out = self.log_probs(batch, "actor")
-            return {"old_log_probs": out["log_probs"], "entropy": out["entropy"]}
-        return {"old_log_probs": batch["rollout_log_probs"]}
+        if self.config.actor.old_log_probs == "rollout":
+            return {"old_log_probs": batch["rollout_log_probs"]}
+        out = self.log_probs(batch, "actor")
+        return {"old_log_probs": out["log_probs"], "entropy": out["entropy"]}
 
     def advantages(self, batch: Batch) -> dict[str, torch.Tensor]:
         cfg, mask = self.config.algorithm, batch["response_mask"]
@@ -231,8 +234,10 @@ class Controller:
         return out
 
     def update_actor(self, batch: Batch) -> dict[str, float]:
-        keys = ["input_ids", "attention_mask", "position_ids", "responses", "response_mask", "old_log_probs",
-                "advantages"] + (["ref_log_probs"] if self.config.actor.use_kl_loss else [])
+        # Without old log-probs the update takes its own, and measures the rollout's gap to them.
+        keys = ["input_ids", "attention_mask", "position_ids", "responses", "response_mask", "advantages"]
+        keys += ["old_log_probs"] if "old_log_probs" in batch else [k for k in ["rollout_log_probs"] if k in batch]
+        keys += ["ref_log_probs"] if self.config.actor.use_kl_loss else []
         return self.workers.call("update_actor", per_rank=self.minibatches(batch, keys), phase="update_actor")[0]
 
     def values(self, batch: Batch) -> torch.Tensor:
@@ -275,9 +280,9 @@ class Controller:
             "adv/mean": masked_mean(batch["advantages"], mask),
             "prompt/length_mean": float(batch["attention_mask"].sum(-1).float().mean() - lengths.mean()),
         }
-        if "entropy" in batch:
+        if "entropy" in batch:  # the trainer recomputed the old log-probs; else update_actor measures these
             metrics["actor/entropy"] = masked_mean(batch["entropy"], mask)
-        if self.config.actor.recompute_old_log_probs:
+        if "entropy" in batch and "rollout_log_probs" in batch:
             metrics["rollout/log_prob_diff"] = masked_mean((batch["rollout_log_probs"] - batch["old_log_probs"]).abs(), mask)
         if "values" in batch:
             values, returns = batch["values"], batch["returns"]
@@ -287,8 +292,10 @@ class Controller:
             if returns_var > 1e-8:  # undefined when every return is the same
                 metrics["critic/explained_var"] = 1.0 - residual_var / returns_var
         if "ref_log_probs" in batch:
-            metrics["actor/kl_ref"] = masked_mean(kl_estimate(batch["old_log_probs"], batch["ref_log_probs"], "k1"), mask)
             metrics["actor/kl_coef"] = self.kl_ctrl.value
+            if "old_log_probs" in batch:  # else update_actor measures it
+                metrics["actor/kl_ref"] = masked_mean(kl_estimate(batch["old_log_probs"], batch["ref_log_probs"], "k1"),
+                                                      mask)
         return metrics
 
     def throughput(self, batch: Batch, seconds: float) -> dict[str, float]:
@@ -357,17 +364,19 @@ def build_batch(samples: list[tuple[PromptRow, int, RolloutSample]], pad_id: int
     input_ids = torch.full((n, width_p + width_r), pad_id, dtype=torch.long)
     attention = torch.zeros((n, width_p + width_r), dtype=torch.long)
     rollout_lp = torch.zeros((n, width_r))
+    with_log_probs = any(s.log_probs for _, _, s in samples)  # the engine was asked for them
     for i, (row, _, sample) in enumerate(samples):
         p, r = row.prompt_token_ids, sample.token_ids
         input_ids[i, width_p - len(p):width_p] = torch.tensor(p)
         input_ids[i, width_p:width_p + len(r)] = torch.tensor(r, dtype=torch.long)
         attention[i, width_p - len(p):width_p + len(r)] = 1
-        rollout_lp[i, :len(r)] = torch.tensor(sample.log_probs)
+        if with_log_probs:
+            rollout_lp[i, :len(r)] = torch.tensor(sample.log_probs)
     position_ids = (attention.cumsum(-1) - 1).clamp(min=0)
     return Batch(
         tensors={"input_ids": input_ids, "attention_mask": attention, "position_ids": position_ids,
                  "responses": input_ids[:, width_p:].clone(), "response_mask": attention[:, width_p:].float(),
-                 "rollout_log_probs": rollout_lp,
+                 **({"rollout_log_probs": rollout_lp} if with_log_probs else {}),
                  "group_ids": torch.tensor([index for _, index, _ in samples]),
                  "finished": torch.tensor([s.finished for _, _, s in samples])},
         meta={"row_index": [row.index for row, _, _ in samples],

@@ -63,7 +63,8 @@ class PolicyWorker(DeviceWorker):
             cfg.rollout.name, self.model_path, dtype=self.dtype, seed=cfg.trainer.seed + self.rank,
             max_model_len=cfg.data.max_prompt_length + cfg.data.max_response_length, device=self.device,
             gpu_memory_utilization=cfg.rollout.gpu_memory_utilization, enforce_eager=cfg.rollout.enforce_eager,
-            max_num_seqs=cfg.rollout.max_num_seqs, sleep_mode=True) if cfg.rollout.placement == "colocated" else None
+            max_num_seqs=cfg.rollout.max_num_seqs, sleep_mode=True,
+            engine_kwargs=cfg.rollout.engine_kwargs) if cfg.rollout.placement == "colocated" else None
         self.phase = "idle"
         return {"rank": self.rank, "shards": fsdp.shard_numels(self.actor)}
 
@@ -177,7 +178,7 @@ class PolicyWorker(DeviceWorker):
         totals = dict(zip(keys, packed.tolist()))
         tokens = totals.pop("tokens")
         out = {f"actor/{k}": v / len(minibatches) for k, v in totals.items() if k in ("grad_norm", "pg_loss", "kl_loss")}
-        out.update({f"actor/{k}": v / tokens for k, v in totals.items() if f"actor/{k}" not in out})
+        out.update({k if "/" in k else f"actor/{k}": v / tokens for k, v in totals.items() if f"actor/{k}" not in out})
         out["actor/lr"] = self.scheduler.get_last_lr()[0]
         self.phase = "idle"
         return out
@@ -187,13 +188,17 @@ class PolicyWorker(DeviceWorker):
         cfg = self.config.actor
         packed = packing.pack(mb).to(self.device)
         mb = mb.to(self.device)
+        # No old log-probs: this update is the batch's only one, so the policy that sampled it (after
+        # the weight sync) is the one being updated, and its log-probs are these, detached.
+        old_from_here = "old_log_probs" not in mb
         logits = fsdp.packed_outputs(self.actor, packed)
         flat_log_probs, flat_entropy = selected_log_probs(logits, packed.targets, self.config.rollout.temperature,
-                                                          with_entropy=cfg.entropy_coeff > 0)
+                                                          with_entropy=cfg.entropy_coeff > 0 or old_from_here)
         log_probs = packed.scatter(flat_log_probs)
+        old_log_probs = log_probs.detach() if old_from_here else mb["old_log_probs"]
         mask = mb["response_mask"].float()
         per_token, pg_metrics = policy_loss(
-            cfg.policy_loss, log_probs, mb["old_log_probs"], mb["advantages"], mask,
+            cfg.policy_loss, log_probs, old_log_probs, mb["advantages"], mask,
             clip_ratio_low=cfg.clip_ratio_low, clip_ratio_high=cfg.clip_ratio_high, clip_ratio_c=cfg.clip_ratio_c)
         agg = dict(global_num_tokens=norm["num_tokens"], global_num_seqs=norm["num_seqs"],
                    norm_length=self.config.data.max_response_length)
@@ -201,8 +206,14 @@ class PolicyWorker(DeviceWorker):
         tokens = mask.sum().detach().cpu()
         sums = {"pg_loss": loss.detach().cpu(), "tokens": tokens}
         sums.update({k: torch.as_tensor(v).detach().cpu() * tokens for k, v in pg_metrics.items()})
+        entropy = packed.scatter(flat_entropy)
+        if old_from_here:  # what the old-log-prob pass would have reported, token sums
+            sums["entropy"] = (entropy.detach() * mask).sum().cpu()
+            if "rollout_log_probs" in mb:  # the engine returned them this step (rollout.log_prob_check_freq)
+                sums["rollout/log_prob_diff"] = ((mb["rollout_log_probs"] - old_log_probs).abs() * mask).sum().cpu()
+            if "ref_log_probs" in mb:
+                sums["kl_ref"] = (kl_estimate(old_log_probs, mb["ref_log_probs"], "k1") * mask).sum().cpu()
         if cfg.entropy_coeff > 0:
-            entropy = packed.scatter(flat_entropy)
             loss = loss - cfg.entropy_coeff * aggregate_loss(entropy, mask, cfg.loss_agg_mode, **agg)
         if cfg.use_kl_loss:
             kl_loss = aggregate_loss(kl_estimate(log_probs, mb["ref_log_probs"], cfg.kl_loss_type), mask,

@@ -7,6 +7,10 @@ from typing import Callable
 from rlkit.errors import ConfigError
 from rlkit.recipes.schema import RLConfig
 
+# vllm.LLM arguments rlkit derives from its own keys (rlkit.core.rollout.vllm_engine).
+VLLM_KEYS_SET_BY_RLKIT = {"model", "dtype", "seed", "max_model_len", "gpu_memory_utilization", "enforce_eager",
+                          "max_num_seqs", "enable_sleep_mode", "enable_prefix_caching", "logprobs_mode"}
+
 
 def check_config(config: RLConfig, origins: dict[str, str] | None = None, *, require_inputs: bool = True) -> None:
     """Raise ConfigError for inconsistent settings; `require_inputs` also demands a model and data."""
@@ -58,9 +62,14 @@ def check_config(config: RLConfig, origins: dict[str, str] | None = None, *, req
     if data.max_prompt_length + data.max_response_length > actor.micro_batch_tokens:
         fail("actor.micro_batch_tokens", f"{actor.micro_batch_tokens} tokens cannot hold one sequence of "
              f"max_prompt_length + max_response_length = {data.max_prompt_length + data.max_response_length}")
-    if not actor.recompute_old_log_probs and (actor.ppo_epochs > 1 or actor.mini_batch_size != data.train_batch_size):
-        fail("actor.recompute_old_log_probs", "rollout log-probs stand in for old log-probs only with one "
-             "optimizer step per RL step (ppo_epochs=1, mini_batch_size == data.train_batch_size)")
+    if actor.old_log_probs == "rollout" and (actor.ppo_epochs > 1 or actor.mini_batch_size != data.train_batch_size):
+        fail("actor.old_log_probs", "rollout log-probs stand in for old log-probs only with one "
+             "optimizer step per RL step (ppo_epochs=1, mini_batch_size == data.train_batch_size); use auto")
+    reserved = sorted(set(rollout.engine_kwargs) & VLLM_KEYS_SET_BY_RLKIT)
+    if reserved:
+        fail("rollout.engine_kwargs", f"{', '.join(reserved)} is set by rlkit; use its own key instead "
+             "(model.path, model.dtype, trainer.seed, data.max_*_length, rollout.gpu_memory_utilization, "
+             "rollout.enforce_eager, rollout.max_num_seqs)")
     check_algorithm(config, origins, fail)
 
 

@@ -6,7 +6,7 @@ so its users find their keys; `rlkit.recipes.aliases` maps verl's long spellings
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -47,6 +47,8 @@ class RolloutConfig(Section):
     ignore_eos: bool = Field(False, description="Always generate data.max_response_length tokens, EOS or not (benchmarks with fixed shapes).")
     placement: Literal["colocated", "split"] = Field("colocated", description="colocated: every training worker also runs a rollout engine on its device (vLLM sleeps during training); split: rollout.devices devices run only rollout and receive the weights after each update.")
     devices: int = Field(1, ge=1, description="split placement: devices (of trainer.nnodes x trainer.n_gpus_per_node) that run only rollout; the rest train.")
+    log_prob_check_freq: int = Field(10, ge=0, description="Every this many steps the engine also returns the log-prob of each sampled token, and rollout/log_prob_diff (mean |engine - trainer|) checks the weight sync and the engine's numerics; 0 = never. Not every step: vLLM decodes at half speed while returning them (docs/benchmarks.md). actor.old_log_probs=rollout takes them on every step.")
+    engine_kwargs: dict[str, Any] = Field(default_factory=dict, description="vLLM: further `vllm.LLM` arguments, e.g. {async_scheduling: true}; the keys above stay rlkit's.")
 
 
 class ActorConfig(Section):
@@ -69,7 +71,7 @@ class ActorConfig(Section):
     use_kl_loss: bool = Field(False, description="Add a KL(policy || reference) term to the loss (GRPO-style).")
     kl_loss_coef: float = Field(0.001, ge=0, description="Weight of the KL loss term.")
     kl_loss_type: str = Field("low_var_kl", description="KL estimator of the loss term: k1, k2, k3/low_var_kl, abs.")
-    recompute_old_log_probs: bool = Field(True, description="Recompute old log-probs with the trainer; false uses the rollout's (only exact when on-policy and mini_batch_size == train_batch_size).")
+    old_log_probs: Literal["auto", "recompute", "rollout"] = Field("auto", description="Where the PPO ratio's old log-probs come from. recompute: a forward pass of the trainer before the update. rollout: the engine's (exact only with one optimizer step per RL step). auto: with one optimizer step per RL step (ppo_epochs 1, mini_batch_size == train_batch_size) and no KL in the reward, the update's own log-probs, detached, which are the old policy's exactly (TRL's num_iterations=1), so the pass is skipped; otherwise recompute.")
 
 
 class CriticConfig(Section):
@@ -147,6 +149,13 @@ class RLConfig(Section):
     @property
     def critic_enabled(self) -> bool:
         return self.critic.enable if self.critic.enable is not None else self.algorithm.adv_estimator == "gae"
+
+    @property
+    def old_log_probs_from_update(self) -> bool:
+        """The policy before the update is the one being updated: no separate old-log-prob pass."""
+        actor = self.actor
+        return (actor.old_log_probs == "auto" and actor.ppo_epochs == 1
+                and actor.mini_batch_size == self.data.train_batch_size and not self.algorithm.use_kl_in_reward)
 
     @property
     def needs_reference(self) -> bool:

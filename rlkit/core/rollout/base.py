@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
-from typing import Iterable
+from typing import Any, Iterable
 
 import torch
 
@@ -19,13 +19,14 @@ class Sampling:
     seed: int = 0          # makes a call reproducible: sample j of prompt i uses seed + i * n + j
     greedy: bool = False
     ignore_eos: bool = False  # always generate max_tokens (benchmarks: fixed shapes)
+    log_probs: bool = True    # return each sampled token's log-prob (vLLM: a real cost at large batches)
 
 
 @dataclass
 class RolloutSample:
     prompt_index: int      # position of the prompt in the call's list
     token_ids: list[int]   # response tokens, ending with EOS when the model stopped
-    log_probs: list[float]  # engine's log-prob of each response token (temperature-1 logits)
+    log_probs: list[float]  # engine's log-prob of each response token (after temperature); [] if not asked
     finished: bool         # stopped by EOS (False: cut at max_tokens)
 
 
@@ -53,14 +54,16 @@ class RolloutEngine(ABC):
 
 def make_engine(name: str, model_path: str, *, dtype: str, seed: int, max_model_len: int,
                 device: torch.device, gpu_memory_utilization: float = 0.5, enforce_eager: bool | None = None,
-                max_num_seqs: int = 256, sleep_mode: bool = False) -> RolloutEngine:
-    """`sleep_mode`: the engine shares its device with training and releases memory between rollouts."""
+                max_num_seqs: int = 256, sleep_mode: bool = False,
+                engine_kwargs: dict[str, Any] | None = None) -> RolloutEngine:
+    """`sleep_mode`: the engine shares its device with training and releases memory between rollouts;
+    `engine_kwargs`: further vllm.LLM arguments."""
     if name == "vllm":
         from rlkit.core.rollout.vllm_engine import VLLMEngine
 
         return VLLMEngine(model_path, dtype=dtype, seed=seed, max_model_len=max_model_len, device=device,
                           gpu_memory_utilization=gpu_memory_utilization, enforce_eager=enforce_eager,
-                          max_num_seqs=max_num_seqs, sleep_mode=sleep_mode)
+                          max_num_seqs=max_num_seqs, sleep_mode=sleep_mode, engine_kwargs=engine_kwargs)
     if name == "hf":
         from rlkit.core.rollout.hf_engine import HFEngine
 

@@ -8,7 +8,7 @@ engine core lives in this process and shares its torch.distributed group.
 from __future__ import annotations
 
 import os
-from typing import Iterable
+from typing import Any, Iterable
 
 import torch
 
@@ -17,7 +17,8 @@ from rlkit.core.rollout.base import RolloutEngine, RolloutSample, Sampling
 
 class VLLMEngine(RolloutEngine):
     def __init__(self, model_path: str, *, dtype: str, seed: int, max_model_len: int, device: torch.device,
-                 gpu_memory_utilization: float, enforce_eager: bool | None, max_num_seqs: int, sleep_mode: bool) -> None:
+                 gpu_memory_utilization: float, enforce_eager: bool | None, max_num_seqs: int, sleep_mode: bool,
+                 engine_kwargs: dict[str, Any] | None = None) -> None:
         os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
         self.on_gpu = device.type == "cuda"
         from vllm import LLM
@@ -30,6 +31,7 @@ class VLLMEngine(RolloutEngine):
             max_num_seqs=max_num_seqs, enable_sleep_mode=self.sleep_mode, enable_prefix_caching=False,
             # Log-probs of the distribution actually sampled (after temperature), as the trainer computes.
             logprobs_mode="processed_logprobs",
+            **(engine_kwargs or {}),
         )
         self.asleep: set[str] = set()  # parts of device memory released by sleep()
 
@@ -38,12 +40,13 @@ class VLLMEngine(RolloutEngine):
         from vllm.inputs import TokensPrompt
 
         # One request per sample with its own seed: n > 1 with a shared seed would repeat samples.
+        # Log-probs only when asked: returning them halves vLLM 0.26's decode speed at batch 512 on an H200.
         requests, params = [], []
         for i, prompt in enumerate(prompts):
             for j in range(sampling.n):
                 requests.append(TokensPrompt(prompt_token_ids=prompt))
                 params.append(SamplingParams(
-                    n=1, max_tokens=sampling.max_tokens, logprobs=0,
+                    n=1, max_tokens=sampling.max_tokens, logprobs=0 if sampling.log_probs else None,
                     temperature=0.0 if sampling.greedy else sampling.temperature,
                     top_p=sampling.top_p, top_k=sampling.top_k, seed=sampling.seed + i * sampling.n + j,
                     ignore_eos=sampling.ignore_eos, detokenize=False))
@@ -52,7 +55,7 @@ class VLLMEngine(RolloutEngine):
         for k, out in enumerate(outputs):
             completion = out.outputs[0]
             tokens = list(completion.token_ids)
-            log_probs = [entry[t].logprob for entry, t in zip(completion.logprobs, tokens)]
+            log_probs = [entry[t].logprob for entry, t in zip(completion.logprobs, tokens)] if sampling.log_probs else []
             samples.append(RolloutSample(k // sampling.n, tokens, log_probs, completion.finish_reason == "stop"))
         return samples
 

@@ -28,7 +28,8 @@ class RolloutWorker(DeviceWorker):
             seed=cfg.trainer.seed + 10_000 + self.rank,
             max_model_len=cfg.data.max_prompt_length + cfg.data.max_response_length, device=self.device,
             gpu_memory_utilization=cfg.rollout.gpu_memory_utilization, enforce_eager=cfg.rollout.enforce_eager,
-            max_num_seqs=cfg.rollout.max_num_seqs, sleep_mode=False)
+            max_num_seqs=cfg.rollout.max_num_seqs, sleep_mode=False,
+            engine_kwargs=cfg.rollout.engine_kwargs)
         self.phase = "idle"
         return {"rank": self.rank, "node_id": ray.get_runtime_context().get_node_id()}
 

@@ -1,0 +1,101 @@
+"""actor.old_log_probs=auto: with one optimizer step per RL step, the update takes its own
+log-probs (detached) as the old ones instead of a separate forward pass. That must be the
+same update, and report the same metrics, as recomputing them first.
+
+One policy worker runs in this process (a world of one, gloo), without Ray.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+
+import torch
+import torch.distributed as dist
+
+from rlkit.core.batch import Batch
+from rlkit.core.data.dataset import PromptRow
+from rlkit.core.device_worker import free_port
+from rlkit.core.rollout.base import RolloutSample
+from rlkit.core.run import resolve_model_path
+from rlkit.core.trainer import build_batch, masked_mean
+from rlkit.core.workers import PolicyWorker
+from rlkit.recipes.loader import load_config
+
+UPDATE_KEYS = ["input_ids", "attention_mask", "position_ids", "responses", "response_mask", "advantages",
+               "ref_log_probs"]
+
+
+def _batch() -> Batch:
+    generator = torch.Generator().manual_seed(0)
+    samples = []
+    for i in range(4):
+        prompt = torch.randint(3, 64, (3 + i,), generator=generator).tolist()
+        for j in range(2):
+            response = torch.randint(3, 64, (1 + (i + j) % 3,), generator=generator).tolist()
+            samples.append((PromptRow(i, prompt, "synthetic/echo", "x"), i,
+                            RolloutSample(i, response, [-4.0] * len(response), finished=False)))
+    batch = build_batch(samples, pad_id=0)
+    batch["advantages"] = torch.randn(batch["responses"].shape, generator=generator) * batch["response_mask"]
+    return batch
+
+
+def _parameters(worker: PolicyWorker) -> dict[str, torch.Tensor]:
+    return {name: (p.full_tensor() if hasattr(p, "full_tensor") else p).detach().clone()
+            for name, p in worker.actor.named_parameters()}
+
+
+def _update(worker: PolicyWorker, batch: Batch, keys: list[str]) -> dict[str, float]:
+    mask = batch["response_mask"]
+    norms = {"num_tokens": float(mask.sum()), "num_seqs": float((mask.sum(-1) > 0).sum())}
+    return worker.update_actor([Batch({k: batch[k] for k in keys})], [norms])
+
+
+def _update_both_ways(folder: str) -> None:
+    """In a fresh process (vLLM tests may have left this one a process group): save what both updates give."""
+    config = load_config("grpo-demo", ["rollout.name=hf", "actor.use_kl_loss=true", "actor.kl_loss_coef=0.1",
+                                       "actor.entropy_coeff=0.01", "data.train_batch_size=4",
+                                       "actor.mini_batch_size=4", "rollout.n=2", "actor.micro_batch_tokens=32"])
+    assert config.old_log_probs_from_update
+    worker = PolicyWorker(config, str(resolve_model_path("rlkit:tiny-qwen2")), 0, 1)
+    worker.setup("127.0.0.1", free_port())
+    try:
+        batch = _batch()
+        batch["ref_log_probs"] = worker.compute_log_probs(batch, "ref")["log_probs"]
+        worker.save_checkpoint(f"{folder}/start")
+        before = _parameters(worker)
+
+        recomputed = worker.compute_log_probs(batch, "actor")
+        batch["old_log_probs"] = recomputed["log_probs"]
+        with_pass = _update(worker, batch, UPDATE_KEYS + ["old_log_probs"])
+        after_pass = _parameters(worker)
+
+        worker.load_checkpoint(f"{folder}/start")
+        from_update = _update(worker, batch, UPDATE_KEYS + ["rollout_log_probs"])
+        after_update = _parameters(worker)
+    finally:
+        dist.destroy_process_group()
+    torch.save(dict(batch=batch.tensors, recomputed=recomputed, before=before, after_pass=after_pass,
+                    after_update=after_update, with_pass=with_pass, from_update=from_update), f"{folder}/out.pt")
+
+
+def test_update_with_its_own_old_log_probs_equals_recomputing_them(tmp_path):
+    process = multiprocessing.get_context("spawn").Process(target=_update_both_ways, args=(str(tmp_path),))
+    process.start()
+    process.join(timeout=300)
+    assert process.exitcode == 0
+    out = torch.load(tmp_path / "out.pt", weights_only=False)
+    batch, recomputed, before = Batch(out["batch"]), out["recomputed"], out["before"]
+    after_pass, after_update, with_pass, from_update = (out[k] for k in ("after_pass", "after_update", "with_pass",
+                                                                         "from_update"))
+    assert any(not torch.equal(before[name], value) for name, value in after_pass.items())
+    for name, value in after_pass.items():
+        assert torch.allclose(after_update[name], value, atol=1e-6), name
+    for key in ("actor/pg_loss", "actor/kl_loss", "actor/grad_norm", "actor/pg_clipfrac"):
+        assert abs(from_update[key] - with_pass[key]) < 1e-5, key
+    # The metrics the skipped pass would have given, now measured by the update.
+    mask = batch["response_mask"]
+    assert abs(from_update["actor/entropy"] - masked_mean(recomputed["entropy"], mask)) < 1e-5
+    gap = masked_mean((batch["rollout_log_probs"] - recomputed["log_probs"]).abs(), mask)
+    assert abs(from_update["rollout/log_prob_diff"] - gap) < 1e-5
+    assert abs(from_update["actor/kl_ref"] - masked_mean(recomputed["log_probs"] - batch["ref_log_probs"], mask)) < 1e-6
+    assert "actor/entropy" not in with_pass
