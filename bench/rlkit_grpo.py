@@ -1,7 +1,8 @@
 """One rlkit configuration on the benchmark workload: per-phase seconds, tokens/s/GPU and MFU.
 
   python bench/rlkit_grpo.py --workdir /tmp/bench --out result.json [--gpus 2] [--rollout hf]
-      [--placement split] [--compile] [--cuda-graphs] [--grad-ckpt] [--tiny]
+      [--placement split] [--compile] [--cuda-graphs] [--grad-ckpt] [--old-log-probs recompute]
+      [--engine-kwargs '{async_scheduling: true}'] [--tiny]
 
 Steps after --warmup are averaged. The result JSON is rewritten after every step, so a run
 cut short still leaves its numbers.
@@ -36,6 +37,7 @@ def overrides(args: argparse.Namespace, workload: Workload, data: str, runs_dir:
         # One optimizer step per RL step, like TRL's run of the same workload.
         f"actor.mini_batch_size={workload.prompts}", f"actor.micro_batch_tokens={args.micro_batch_tokens}",
         f"model.compile={str(args.compile).lower()}", f"model.gradient_checkpointing={str(args.grad_ckpt).lower()}",
+        f"actor.old_log_probs={args.old_log_probs}", f"rollout.engine_kwargs={args.engine_kwargs}",
         f"reward.function={reward}:score", "reward.num_workers=0",
         f"trainer.n_gpus_per_node={args.gpus}", f"trainer.total_steps={args.steps}", "trainer.logger=[jsonl]",
         f"trainer.runs_dir={runs_dir}",
@@ -79,6 +81,9 @@ def main() -> None:
     parser.add_argument("--compile", action="store_true", help="model.compile=true")
     parser.add_argument("--cuda-graphs", action="store_true", help="vLLM with CUDA graphs (rollout.enforce_eager=false)")
     parser.add_argument("--grad-ckpt", action="store_true", help="model.gradient_checkpointing=true")
+    parser.add_argument("--old-log-probs", default="auto", choices=["auto", "recompute"],
+                        help="actor.old_log_probs (auto skips the pass here: one optimizer step per RL step)")
+    parser.add_argument("--engine-kwargs", default="{}", help="rollout.engine_kwargs, e.g. '{async_scheduling: true}'")
     parser.add_argument("--micro-batch-tokens", type=int, default=32768)
     parser.add_argument("--gpu-memory-utilization", type=float, default=0.35)
     parser.add_argument("--steps", type=int, default=4)

@@ -26,13 +26,21 @@ import time
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
-RLKIT, TRL = str(HERE / "rlkit_grpo.py"), str(HERE / "trl_grpo.py")
+RLKIT, TRL, ROLLOUT = str(HERE / "rlkit_grpo.py"), str(HERE / "trl_grpo.py"), str(HERE / "vllm_rollout.py")
+FAST = [RLKIT, "--compile", "--cuda-graphs"]
+ASYNC = ["--engine-kwargs", "{async_scheduling: true}"]
 
 # name -> (script arguments, GPUs needed, estimated seconds on an H200 incl. start-up)
 CONFIGS: dict[str, tuple[list[str], int, int]] = {
     "rlkit-1gpu-vllm": ([RLKIT], 1, 150),
     "rlkit-1gpu-vllm-compile": ([RLKIT, "--compile"], 1, 200),
-    "rlkit-1gpu-vllm-cudagraphs-compile": ([RLKIT, "--compile", "--cuda-graphs"], 1, 300),
+    "rlkit-1gpu-vllm-cudagraphs-compile": (FAST, 1, 200),
+    "rlkit-1gpu-vllm-cudagraphs-compile-async": (FAST + ASYNC, 1, 200),
+    "rlkit-1gpu-vllm-cudagraphs-compile-recompute": (FAST + ["--old-log-probs", "recompute"], 1, 200),
+    "rlkit-2gpu-vllm-cudagraphs-compile": (FAST + ["--gpus", "2"], 2, 200),
+    "rlkit-2gpu-split-cudagraphs-compile": (FAST + ["--gpus", "2", "--placement", "split"], 2, 200),
+    "vllm-rollout-1gpu": ([ROLLOUT], 1, 200),
+    "vllm-rollout-1gpu-async": ([ROLLOUT, "--async-scheduling"], 1, 200),
     "rlkit-1gpu-vllm-gradckpt": ([RLKIT, "--grad-ckpt"], 1, 150),
     "rlkit-1gpu-hf": ([RLKIT, "--rollout", "hf", "--steps", "2"], 1, 200),
     "rlkit-2gpu-vllm": ([RLKIT, "--gpus", "2"], 2, 150),
@@ -112,13 +120,17 @@ def table(results: dict) -> str:
         else:
             lines.append(f"| {name} | {res.get('status', '?')} | - | - | - | - | - | - | - |")
     ratios = []
-    for engine in ("vllm", "hf"):
-        ours = results["configs"].get(f"rlkit-1gpu-{engine}", {}).get("summary", {}).get("step_seconds")
+    for name, res in results["configs"].items():  # every 1-GPU rlkit configuration against TRL on its engine
+        engine = "hf" if name.startswith("rlkit-1gpu-hf") else "vllm"
+        ours = res.get("summary", {}).get("step_seconds") if name.startswith("rlkit-1gpu-") else None
         theirs = results["configs"].get(f"trl-1gpu-{engine}", {}).get("step_seconds")
         if ours and theirs:
-            ratios.append(f"- {engine}: TRL {theirs:.2f} s/step vs rlkit {ours:.2f} s/step: "
+            ratios.append(f"- {name} vs trl-1gpu-{engine}: rlkit {ours:.2f} s/step, TRL {theirs:.2f} s/step: "
                           f"rlkit is {theirs / ours:.2f}x faster")
-    return "\n".join(lines + (["", "Same workload, same run, 1 GPU:"] + ratios if ratios else [])) + "\n"
+    for name, res in results["configs"].items():
+        for way, run in res.get("runs", {}).items():  # vllm_rollout.py
+            ratios.append(f"- {name} {way}: {min(run['seconds']):.2f} s, {run['tokens_per_s']:,.0f} tok/s")
+    return "\n".join(lines + (["", "Same workload, same run, 1 GPU (and rollout probes):"] + ratios if ratios else [])) + "\n"
 
 
 class Runner:

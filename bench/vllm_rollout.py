@@ -1,0 +1,83 @@
+"""The benchmark's rollout alone: which vLLM sampling settings decide its speed.
+
+  python bench/vllm_rollout.py --workdir /tmp/bench --out rollout.json [--async-scheduling] [--tiny]
+
+One engine (rlkit's VLLMEngine, the way the trainer starts it) generates the workload's
+512 x 512 tokens several ways; each is timed twice and the faster run counts:
+- `with_log_probs`: rlkit's call on a log-prob check step (rollout.log_prob_check_freq);
+- `without_log_probs`: rlkit's call on every other step;
+- `without_seeds`: no per-request seeds either (vLLM then draws all requests' noise at once
+  instead of one kernel per seeded request and step).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from bench.workload import FULL, TINY, build  # noqa: E402
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--workdir", required=True)
+    parser.add_argument("--out", required=True)
+    parser.add_argument("--label", default="vllm-rollout")
+    parser.add_argument("--tiny", action="store_true")
+    parser.add_argument("--async-scheduling", action="store_true", help="vLLM async_scheduling=True")
+    parser.add_argument("--gpu-memory-utilization", type=float, default=0.35)
+    args = parser.parse_args()
+    os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+    import torch
+    from vllm import SamplingParams
+    from vllm.inputs import TokensPrompt
+
+    from rlkit.core.rollout.base import Sampling
+    from rlkit.core.rollout.vllm_engine import VLLMEngine
+
+    workload = TINY if args.tiny else FULL
+    workdir = Path(args.workdir)
+    if not (workdir / "workload.json").exists():
+        build(workload, workdir)
+    on_gpu = torch.cuda.is_available()
+    start = time.perf_counter()
+    engine = VLLMEngine(str(workdir / "model"), dtype="bfloat16" if on_gpu else "float32", seed=0,
+                        max_model_len=workload.prompt_tokens + workload.response_tokens,
+                        device=torch.device("cuda", 0) if on_gpu else torch.device("cpu"),
+                        gpu_memory_utilization=args.gpu_memory_utilization, enforce_eager=not on_gpu,
+                        max_num_seqs=workload.sequences, sleep_mode=False,
+                        engine_kwargs={"async_scheduling": True} if args.async_scheduling else None)
+    result: dict = {"label": args.label, "args": vars(args), "engine_start_seconds": time.perf_counter() - start, "runs": {}}
+    prompts = [[(7 * p + k) % 200 + 3 for k in range(workload.prompt_tokens)] for p in range(workload.prompts)]
+    tokens = workload.sequences * workload.response_tokens
+
+    def call(log_probs: bool) -> None:
+        engine.generate(prompts, Sampling(n=workload.samples, max_tokens=workload.response_tokens, seed=1,
+                                          ignore_eos=True, log_probs=log_probs))
+
+    def unseeded() -> None:
+        requests = [TokensPrompt(prompt_token_ids=p) for p in prompts for _ in range(workload.samples)]
+        params = SamplingParams(max_tokens=workload.response_tokens, ignore_eos=True, detokenize=False)
+        engine.llm.generate(requests, params, use_tqdm=False)
+
+    ways = {"with_log_probs": lambda: call(True), "without_log_probs": lambda: call(False), "without_seeds": unseeded}
+    for name, run in ways.items():
+        seconds = []
+        for _ in range(2):
+            began = time.perf_counter()
+            run()
+            seconds.append(time.perf_counter() - began)
+        result["runs"][name] = {"seconds": seconds, "tokens_per_s": tokens / min(seconds)}
+        print(f"{name}: {min(seconds):.2f} s, {tokens / min(seconds):,.0f} tok/s", flush=True)
+        result["status"] = f"{len(result['runs'])}/{len(ways)} ways"
+        Path(args.out).write_text(json.dumps(result, indent=1))
+
+
+if __name__ == "__main__":
+    main()
