@@ -7,7 +7,7 @@ import torch
 from rlkit.core.batch import Batch
 from rlkit.core.data.dataset import PromptRow
 from rlkit.core.rollout.base import RolloutSample
-from rlkit.core.trainer import build_batch
+from rlkit.core.batch import build_batch
 
 
 def _samples():

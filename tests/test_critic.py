@@ -17,7 +17,7 @@ from rlkit.core.critic_worker import CriticWorker
 from rlkit.core.data.dataset import PromptRow
 from rlkit.core.rollout.base import RolloutSample
 from rlkit.core.run import resolve_model_path
-from rlkit.core.trainer import build_batch
+from rlkit.core.batch import build_batch
 from rlkit.core.device_worker import free_port
 from rlkit.recipes.loader import load_config
 

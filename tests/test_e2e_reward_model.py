@@ -9,7 +9,8 @@ from transformers import Qwen2Config, Qwen2ForSequenceClassification
 from rlkit.core.rewards.reward_model import RewardModel
 from rlkit.core.run import RunDir
 from rlkit.core.tiny import build_tokenizer
-from rlkit.core.trainer import Controller, build_batch
+from rlkit.core.batch import build_batch
+from rlkit.core.trainer import Controller
 from rlkit.recipes.loader import load_config
 
 pytestmark = pytest.mark.slow

@@ -12,12 +12,12 @@ import multiprocessing
 import torch
 import torch.distributed as dist
 
-from rlkit.core.batch import Batch
+from rlkit.core.batch import Batch, build_batch
 from rlkit.core.data.dataset import PromptRow
 from rlkit.core.device_worker import free_port
 from rlkit.core.rollout.base import RolloutSample
 from rlkit.core.run import resolve_model_path
-from rlkit.core.trainer import build_batch, masked_mean
+from rlkit.core.trainer import masked_mean
 from rlkit.core.workers import PolicyWorker
 from rlkit.recipes.loader import load_config
 

@@ -18,7 +18,7 @@ from rlkit.core import checkpoint
 from rlkit.core.algos.advantages import AdvantageInputs, compute_advantages
 from rlkit.core.algos.dapo import groups_with_signal, overlong_penalty
 from rlkit.core.algos.kl import AdaptiveKLController, FixedKLController, apply_kl_penalty, kl_estimate
-from rlkit.core.batch import Batch
+from rlkit.core.batch import Batch, build_batch
 from rlkit.core.checkpoint_shards import rng_state, set_rng_state
 from rlkit.core.critic_worker import VALUE_INPUT_KEYS, start_critic_group
 from rlkit.core.data.dataset import PromptRow, PromptSampler, load_prompt_dataset
@@ -354,36 +354,6 @@ class Controller:
             self.critic.shutdown()
         self.placement.shutdown()
         ray.shutdown()
-
-
-def build_batch(samples: list[tuple[PromptRow, int, RolloutSample]], pad_id: int) -> Batch:
-    """Pad prompts left and responses right into the Batch layout (see rlkit.core.batch)."""
-    width_p = max(len(row.prompt_token_ids) for row, _, _ in samples)
-    width_r = max(max(len(s.token_ids) for _, _, s in samples), 1)
-    n = len(samples)
-    input_ids = torch.full((n, width_p + width_r), pad_id, dtype=torch.long)
-    attention = torch.zeros((n, width_p + width_r), dtype=torch.long)
-    rollout_lp = torch.zeros((n, width_r))
-    with_log_probs = any(s.log_probs for _, _, s in samples)  # the engine was asked for them
-    for i, (row, _, sample) in enumerate(samples):
-        p, r = row.prompt_token_ids, sample.token_ids
-        input_ids[i, width_p - len(p):width_p] = torch.tensor(p)
-        input_ids[i, width_p:width_p + len(r)] = torch.tensor(r, dtype=torch.long)
-        attention[i, width_p - len(p):width_p + len(r)] = 1
-        if with_log_probs:
-            rollout_lp[i, :len(r)] = torch.tensor(sample.log_probs)
-    position_ids = (attention.cumsum(-1) - 1).clamp(min=0)
-    return Batch(
-        tensors={"input_ids": input_ids, "attention_mask": attention, "position_ids": position_ids,
-                 "responses": input_ids[:, width_p:].clone(), "response_mask": attention[:, width_p:].float(),
-                 **({"rollout_log_probs": rollout_lp} if with_log_probs else {}),
-                 "group_ids": torch.tensor([index for _, index, _ in samples]),
-                 "finished": torch.tensor([s.finished for _, _, s in samples])},
-        meta={"row_index": [row.index for row, _, _ in samples],
-              "data_source": [row.data_source for row, _, _ in samples],
-              "ground_truth": [row.ground_truth for row, _, _ in samples],
-              "extra_info": [row.extra_info for row, _, _ in samples]},
-    )
 
 
 @contextmanager
