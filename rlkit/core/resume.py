@@ -38,6 +38,7 @@ RESUME_SAFE_KEYS = {
     "rollout.max_num_seqs": "performance only",
     "rollout.gpu_memory_utilization": "performance only",
     "rollout.enforce_eager": "performance only",
+    "rollout.log_prob_check_freq": "when the sync check runs (the samples stay the same)",
 }
 
 
