@@ -121,6 +121,22 @@ def test_ctrl_c_finishes_the_step_checkpoints_it_and_resume_continues(tmp_path):
     assert steps_logged(run) == list(range(1, step + 2)) and status(run) == "finished"
 
 
+def test_sigterm_to_the_main_process_finishes_the_step_checkpoints_it_and_exits_143(tmp_path):
+    """A container stop (docker stop, Kubernetes) is a SIGTERM to the main process only."""
+    run = tmp_path / "termed"
+    proc = start("train", "grpo-demo", *TINY, "trainer.total_steps=100", f"trainer.runs_dir={tmp_path}",
+                 "--run-id", "termed")
+    wait_until(lambda: steps_logged(run), proc, "a first step")
+    proc.send_signal(signal.SIGTERM)
+    _, stderr = proc.communicate(timeout=60)
+    assert proc.returncode == 143, stderr[-3000:]
+    step = steps_logged(run)[-1]
+    assert "SIGTERM: finishing the current step, then saving a checkpoint and stopping" in stderr
+    assert f"stopped by SIGTERM after step {step}. The last complete checkpoint is step {step}" in stderr
+    assert "Traceback" not in stderr
+    assert latest_checkpoint(run).step == step and status(run) == "interrupted"
+
+
 def test_second_ctrl_c_stops_at_once(tmp_path):
     run = tmp_path / "twice"
     proc = start("train", "grpo-demo", *TINY, "trainer.total_steps=3", "trainer.save_freq=1",
