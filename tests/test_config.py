@@ -95,6 +95,11 @@ def test_engine_kwargs_pass_through_but_cannot_override_rlkit_keys():
         load_config("grpo-demo", ["rollout.engine_kwargs={max_num_seqs: 4}"])
 
 
+def test_a_renamed_key_is_answered_with_its_new_spelling():
+    with pytest.raises(ConfigError, match=r"actor.recompute_old_log_probs \(command line\) is now actor.old_log_probs"):
+        load_config("grpo-demo", ["actor.recompute_old_log_probs=false"])
+
+
 def test_nearest_recipe_is_suggested():
     with pytest.raises(ConfigError, match="did you mean 'grpo'"):
         load_config("grpoo")

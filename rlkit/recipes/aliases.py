@@ -64,6 +64,14 @@ VERL_ANSWERS: dict[str, str] = {
                            "algorithm.dynamic_sampling.max_gen_rounds caps the rounds",
     "trainer.total_epochs": "set trainer.total_steps (steps per epoch = rows // data.train_batch_size)",
     "trainer.val_before_train": "validation runs every trainer.val_freq steps",
+    f"{_ARR}.rollout.calculate_log_probs": "the engine returns log-probs every rollout.log_prob_check_freq steps "
+                                           "(1 = every step)",
+}
+
+# rlkit keys that were renamed: the new spelling, for configs and run dirs written before.
+RENAMED: dict[str, str] = {
+    "actor.recompute_old_log_probs": "now actor.old_log_probs: recompute (was true) or rollout (was false); "
+                                     "the default, auto, skips the pass only where it is exact",
 }
 
 
@@ -73,4 +81,6 @@ def translate_key(key: str, origin: str) -> str:
         return VERL_ALIASES[key]
     if key in VERL_ANSWERS:
         raise ConfigError(f"{key} ({origin}) is verl's key: {VERL_ANSWERS[key]}")
+    if key in RENAMED:
+        raise ConfigError(f"{key} ({origin}) is {RENAMED[key]}")
     return key
