@@ -13,6 +13,7 @@ from rlkit.core.algos import (
     aggregate_loss,
     entropy_from_logits,
     policy_loss,
+    rollout_importance_weights,
     value_loss,
 )
 
@@ -224,3 +225,12 @@ def test_unknown_names_suggest_closest() -> None:
         policy_loss("vanila", logp, old, adv, mask)
     with pytest.raises(KeyError, match="did you mean 'token-mean'"):
         aggregate_loss(logp, mask, "token_mean")
+
+
+def test_rollout_importance_weights_are_the_truncated_ratio_and_carry_no_gradient() -> None:
+    old = torch.tensor([[math.log(3.0), math.log(0.5), 0.0]], requires_grad=True)
+    rollout = torch.zeros(1, 3)
+    weights = rollout_importance_weights(old, rollout, cap=2.0)
+    # pi_old / pi_rollout = 3, 0.5, 1; the cap of 2 truncates the first.
+    assert torch.allclose(weights, torch.tensor([[2.0, 0.5, 1.0]]))
+    assert not weights.requires_grad

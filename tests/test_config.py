@@ -78,6 +78,7 @@ def test_bad_config_messages(override, expected):
     (["actor.ppo_epochs=2"], False),                       # the second epoch's old policy is not the current one
     (["actor.mini_batch_size=8"], False),                  # nor the second mini-batch's
     (["algorithm.use_kl_in_reward=true"], False),          # the reward needs old log-probs before the update
+    (["actor.rollout_is_cap=2.0"], True),                  # importance weights need no separate pass either
 ])
 def test_old_log_probs_come_from_the_update_only_when_it_is_the_batch_only_step(overrides, from_update):
     assert load_config("grpo-demo", overrides).old_log_probs_from_update is from_update
@@ -86,6 +87,11 @@ def test_old_log_probs_come_from_the_update_only_when_it_is_the_batch_only_step(
 def test_rollout_log_probs_as_old_ones_need_a_single_update():
     with pytest.raises(ConfigError, match=r"actor.old_log_probs \(command line\): rollout log-probs stand in"):
         load_config("grpo-demo", ["actor.old_log_probs=rollout", "actor.ppo_epochs=2"])
+
+
+def test_importance_weights_against_rollout_old_log_probs_would_all_be_one():
+    with pytest.raises(ConfigError, match="actor.rollout_is_cap .*every weight is 1"):
+        load_config("grpo-demo", ["actor.rollout_is_cap=2.0", "actor.old_log_probs=rollout"])
 
 
 def test_engine_kwargs_pass_through_but_cannot_override_rlkit_keys():

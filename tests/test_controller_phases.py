@@ -123,6 +123,7 @@ def test_remax_baseline_is_the_greedy_score_of_each_prompt(tokenizer) -> None:
     (["rollout.log_prob_check_freq=3"], [False, False, True, False, False, True]),
     (["rollout.log_prob_check_freq=0"], [False] * 6),
     (["rollout.log_prob_check_freq=0", "actor.old_log_probs=rollout"], [True] * 6),  # the PPO ratio needs them
+    (["rollout.log_prob_check_freq=0", "actor.rollout_is_cap=2.0"], [True] * 6),     # and so do TIS weights
 ])
 def test_engine_log_probs_are_asked_for_only_on_check_steps(tokenizer, overrides, asked) -> None:
     eos = tokenizer.eos_token_id

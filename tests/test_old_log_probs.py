@@ -7,6 +7,7 @@ One policy worker runs in this process (a world of one, gloo), without Ray.
 
 from __future__ import annotations
 
+import math
 import multiprocessing
 
 import torch
@@ -72,10 +73,18 @@ def _update_both_ways(folder: str) -> None:
         worker.load_checkpoint(f"{folder}/start")
         from_update = _update(worker, batch, UPDATE_KEYS + ["rollout_log_probs"])
         after_update = _parameters(worker)
+
+        # TIS with an engine at half the trainer's probability on every token: weights of 2 (cap 3).
+        worker.load_checkpoint(f"{folder}/start")
+        worker.config.actor.rollout_is_cap = 3.0
+        halved = Batch({**batch.tensors, "rollout_log_probs": (recomputed["log_probs"] - math.log(2))
+                        * batch["response_mask"]})
+        weighted = _update(worker, halved, UPDATE_KEYS + ["rollout_log_probs"])
     finally:
         dist.destroy_process_group()
     torch.save(dict(batch=batch.tensors, recomputed=recomputed, before=before, after_pass=after_pass,
-                    after_update=after_update, with_pass=with_pass, from_update=from_update), f"{folder}/out.pt")
+                    after_update=after_update, with_pass=with_pass, from_update=from_update, weighted=weighted),
+               f"{folder}/out.pt")
 
 
 def test_update_with_its_own_old_log_probs_equals_recomputing_them(tmp_path):
@@ -99,3 +108,6 @@ def test_update_with_its_own_old_log_probs_equals_recomputing_them(tmp_path):
     assert abs(from_update["rollout/log_prob_diff"] - gap) < 1e-5
     assert abs(from_update["actor/kl_ref"] - masked_mean(recomputed["log_probs"] - batch["ref_log_probs"], mask)) < 1e-6
     assert "actor/entropy" not in with_pass
+    # Importance weights of 2 on every token double the policy-gradient loss (token-mean).
+    assert abs(out["weighted"]["actor/rollout_is_weight"] - 2.0) < 1e-5
+    assert abs(out["weighted"]["actor/pg_loss"] - 2 * from_update["actor/pg_loss"]) < 1e-5

@@ -148,7 +148,7 @@ class Controller:
         cfg, world = self.config, self.placement.rollout_size
         parts = [list(range(len(prompts)))[r::world] for r in range(world)]
         freq = cfg.rollout.log_prob_check_freq
-        log_probs = cfg.actor.old_log_probs == "rollout" or (not greedy and freq > 0 and step % freq == 0)
+        log_probs = cfg.needs_rollout_log_probs or (not greedy and freq > 0 and step % freq == 0)
         per_rank = []
         # Extra dynamic-sampling rounds draw from seed ranges no plausible step count reaches.
         stream = cfg.trainer.seed * 1_000_003 + step + round_index * 10_000_019
@@ -234,9 +234,10 @@ class Controller:
         return out
 
     def update_actor(self, batch: Batch) -> dict[str, float]:
-        # Without old log-probs the update takes its own, and measures the rollout's gap to them.
+        # Without old log-probs the update takes its own, and measures the rollout's gap to them;
+        # rollout log-probs also weight the loss with actor.rollout_is_cap.
         keys = ["input_ids", "attention_mask", "position_ids", "responses", "response_mask", "advantages"]
-        keys += ["old_log_probs"] if "old_log_probs" in batch else [k for k in ["rollout_log_probs"] if k in batch]
+        keys += [k for k in ("old_log_probs", "rollout_log_probs") if k in batch]
         keys += ["ref_log_probs"] if self.config.actor.use_kl_loss else []
         return self.workers.call("update_actor", per_rank=self.minibatches(batch, keys), phase="update_actor")[0]
 

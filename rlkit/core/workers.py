@@ -15,7 +15,7 @@ import torch.distributed as dist
 
 from rlkit.core import checkpoint_shards, fsdp, packing
 from rlkit.core.algos.kl import kl_estimate
-from rlkit.core.algos.losses import aggregate_loss, policy_loss
+from rlkit.core.algos.losses import aggregate_loss, policy_loss, rollout_importance_weights
 from rlkit.core.batch import Batch
 from rlkit.core.logprobs import selected_log_probs
 from rlkit.core.device_worker import DeviceWorker
@@ -200,6 +200,10 @@ class PolicyWorker(DeviceWorker):
         per_token, pg_metrics = policy_loss(
             cfg.policy_loss, log_probs, old_log_probs, mb["advantages"], mask,
             clip_ratio_low=cfg.clip_ratio_low, clip_ratio_high=cfg.clip_ratio_high, clip_ratio_c=cfg.clip_ratio_c)
+        if cfg.rollout_is_cap is not None:
+            weights = rollout_importance_weights(old_log_probs, mb["rollout_log_probs"], cfg.rollout_is_cap)
+            per_token = per_token * weights
+            pg_metrics["rollout_is_weight"] = (weights * mask).sum() / mask.sum().clamp(min=1)
         agg = dict(global_num_tokens=norm["num_tokens"], global_num_seqs=norm["num_seqs"],
                    norm_length=self.config.data.max_response_length)
         loss = aggregate_loss(per_token, mask, cfg.loss_agg_mode, **agg)

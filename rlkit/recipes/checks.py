@@ -65,6 +65,9 @@ def check_config(config: RLConfig, origins: dict[str, str] | None = None, *, req
     if actor.old_log_probs == "rollout" and (actor.ppo_epochs > 1 or actor.mini_batch_size != data.train_batch_size):
         fail("actor.old_log_probs", "rollout log-probs stand in for old log-probs only with one "
              "optimizer step per RL step (ppo_epochs=1, mini_batch_size == data.train_batch_size); use auto")
+    if actor.rollout_is_cap is not None and actor.old_log_probs == "rollout":
+        fail("actor.rollout_is_cap", "with actor.old_log_probs=rollout the old and rollout log-probs are the same, "
+             "so every weight is 1; use actor.old_log_probs=auto or recompute")
     reserved = sorted(set(rollout.engine_kwargs) & VLLM_KEYS_SET_BY_RLKIT)
     if reserved:
         fail("rollout.engine_kwargs", f"{', '.join(reserved)} is set by rlkit; use its own key instead "

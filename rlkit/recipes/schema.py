@@ -71,6 +71,7 @@ class ActorConfig(Section):
     use_kl_loss: bool = Field(False, description="Add a KL(policy || reference) term to the loss (GRPO-style).")
     kl_loss_coef: float = Field(0.001, ge=0, description="Weight of the KL loss term.")
     kl_loss_type: str = Field("low_var_kl", description="KL estimator of the loss term: k1, k2, k3/low_var_kl, abs.")
+    rollout_is_cap: float | None = Field(None, gt=0, description="Truncated importance sampling (TIS): weight each token's policy loss by min(pi_old / pi_rollout, cap), correcting for the engine sampling with slightly different numerics than the trainer (e.g. 2.0; TRL's vllm_importance_sampling_correction, verl's tis_imp_ratio_cap). The engine then returns log-probs every step, which costs rollout speed (docs/benchmarks.md). None = off.")
     old_log_probs: Literal["auto", "recompute", "rollout"] = Field("auto", description="Where the PPO ratio's old log-probs come from. recompute: a forward pass of the trainer before the update. rollout: the engine's (exact only with one optimizer step per RL step). auto: with one optimizer step per RL step (ppo_epochs 1, mini_batch_size == train_batch_size) and no KL in the reward, the update's own log-probs, detached, which are the old policy's exactly (TRL's num_iterations=1), so the pass is skipped; otherwise recompute.")
 
 
@@ -156,6 +157,11 @@ class RLConfig(Section):
         actor = self.actor
         return (actor.old_log_probs == "auto" and actor.ppo_epochs == 1
                 and actor.mini_batch_size == self.data.train_batch_size and not self.algorithm.use_kl_in_reward)
+
+    @property
+    def needs_rollout_log_probs(self) -> bool:
+        """The math (not just the sync check) uses the engine's log-probs, so every step asks for them."""
+        return self.actor.old_log_probs == "rollout" or self.actor.rollout_is_cap is not None
 
     @property
     def needs_reference(self) -> bool:

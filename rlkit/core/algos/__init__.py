@@ -19,6 +19,7 @@ from rlkit.core.algos.losses import (
     aggregate_loss,
     entropy_from_logits,
     policy_loss,
+    rollout_importance_weights,
     value_loss,
 )
 
@@ -38,5 +39,6 @@ __all__ = [
     "kl_estimate",
     "overlong_penalty",
     "policy_loss",
+    "rollout_importance_weights",
     "value_loss",
 ]

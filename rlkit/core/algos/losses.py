@@ -54,6 +54,18 @@ def policy_loss(
     )
 
 
+def rollout_importance_weights(old_log_probs: Tensor, rollout_log_probs: Tensor, cap: float) -> Tensor:
+    """Truncated importance weights min(pi_old / pi_rollout, cap) per token, detached.
+
+    The engine samples with its own numerics (bf16 kernels, another attention), so its policy
+    differs slightly from the trainer's; weighting each token's policy loss by this ratio
+    corrects the gradient for it, and the cap bounds the variance (TIS: Yao et al. 2025,
+    "Your Efficient RL Framework Secretly Brings You Off-Policy RL Training").
+    """
+    log_ratio = (old_log_probs - rollout_log_probs).clamp(max=TOKEN_LOG_RATIO_BOUND)
+    return log_ratio.exp().clamp(max=cap).detach()
+
+
 def masked_mean(values: Tensor, mask: Tensor) -> Tensor:
     """Mean over positions where ``mask`` is set; 0 (not NaN) when nothing is set."""
     mask = mask.to(values.dtype)
