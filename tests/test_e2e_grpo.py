@@ -34,10 +34,11 @@ def test_grpo_demo_learns_through_the_cli(tmp_path):
 
 
 def test_hf_rollout_with_kl_loss_runs_through_the_cli(tmp_path):
-    """The transformers fallback engine, and the reference policy loaded for a KL loss."""
+    """The transformers fallback engine, the reference policy loaded for a KL loss, and TIS weights."""
     proc = subprocess.run(
         [sys.executable, "-m", "rlkit.cli.main", "train", "grpo-demo", "trainer.total_steps=2", "rollout.name=hf",
-         "actor.use_kl_loss=true", f"trainer.runs_dir={tmp_path}", "trainer.logger=[jsonl]", "--run-id", "hf"],
+         "actor.use_kl_loss=true", "actor.rollout_is_cap=2.0", "rollout.log_prob_check_freq=0",
+         f"trainer.runs_dir={tmp_path}", "trainer.logger=[jsonl]", "--run-id", "hf"],
         capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
     rows, _ = _rewards(tmp_path / "hf")
@@ -45,6 +46,8 @@ def test_hf_rollout_with_kl_loss_runs_through_the_cli(tmp_path):
     assert rows[0]["actor/kl_ref"] == pytest.approx(0.0, abs=1e-6)   # step 1: policy == reference
     assert rows[1]["actor/kl_ref"] > 0                                  # after one update it moved
     assert rows[1]["rollout/log_prob_diff"] < 1e-4                      # HF engine synced exactly
+    # TIS asks for the engine's log-probs every step; an exact engine gives weights of 1.
+    assert rows[1]["actor/rollout_is_weight"] == pytest.approx(1.0, abs=1e-4)
 
 
 def test_two_workers_hold_shards_generate_and_stay_in_sync(tmp_path):
