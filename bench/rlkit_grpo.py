@@ -19,7 +19,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench.workload import FULL, H200_BF16_PEAK_FLOPS, TINY, Workload, build  # noqa: E402
+from bench.workload import H200_BF16_PEAK_FLOPS, Workload, prepared  # noqa: E402
 
 # Phases the controller times; everything else in a step is controller overhead.
 WORKER_PHASES = ("gen", "old_log_prob", "ref", "update_actor", "sync")
@@ -96,10 +96,7 @@ def main() -> None:
     from rlkit.core.trainer import Controller
     from rlkit.recipes.loader import load_config
 
-    workload = TINY if args.tiny else FULL
-    workdir = Path(args.workdir)
-    if not (workdir / "workload.json").exists():
-        build(workload, workdir)
+    workload, workdir = prepared(args.workdir, args.tiny)
     config = load_config("grpo", overrides(args, workload, str(workdir / "prompts.parquet"), str(workdir / "runs")),
                          model=str(workdir / "model"))
     train_gpus = config.world_size

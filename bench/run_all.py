@@ -204,10 +204,9 @@ def main() -> None:
     import torch
 
     sys.path.insert(0, str(HERE.parent))
-    from bench.workload import FULL, TINY, build
+    from bench.workload import prepared
 
-    if not (Path(args.workdir) / "workload.json").exists():
-        build(TINY if args.tiny else FULL, args.workdir)
+    prepared(args.workdir, args.tiny)
     gpus = torch.cuda.device_count()
     peak = measure_peak_flops()
     machine = f"{gpus} x {torch.cuda.get_device_name(0)}" if gpus else "CPU"

@@ -21,7 +21,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.reward import trl_reward  # noqa: E402
-from bench.workload import FULL, TINY, build  # noqa: E402
+from bench.workload import prepared  # noqa: E402
 
 
 def main() -> None:
@@ -41,10 +41,7 @@ def main() -> None:
     from transformers import AutoTokenizer, TrainerCallback
     from trl import GRPOConfig, GRPOTrainer
 
-    workload = TINY if args.tiny else FULL
-    workdir = Path(args.workdir)
-    if not (workdir / "workload.json").exists():
-        build(workload, workdir)
+    workload, workdir = prepared(args.workdir, args.tiny)
     prompts = pq.read_table(workdir / "prompts.parquet").column("prompt").to_pylist()
     per_device = min(16, workload.sequences)
     forced = {"ignore_eos": True} if args.vllm else {"min_new_tokens": workload.response_tokens}

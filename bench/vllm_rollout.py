@@ -21,7 +21,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench.workload import FULL, TINY, build  # noqa: E402
+from bench.workload import prepared  # noqa: E402
 
 
 def main() -> None:
@@ -41,10 +41,7 @@ def main() -> None:
     from rlkit.core.rollout.base import Sampling
     from rlkit.core.rollout.vllm_engine import VLLMEngine
 
-    workload = TINY if args.tiny else FULL
-    workdir = Path(args.workdir)
-    if not (workdir / "workload.json").exists():
-        build(workload, workdir)
+    workload, workdir = prepared(args.workdir, args.tiny)
     on_gpu = torch.cuda.is_available()
     start = time.perf_counter()
     engine = VLLMEngine(str(workdir / "model"), dtype="bfloat16" if on_gpu else "float32", seed=0,

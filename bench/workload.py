@@ -66,6 +66,14 @@ TINY = Workload(prompts=4, samples=4, prompt_tokens=16, response_tokens=8, hidde
                 layers=2, heads=2, kv_heads=2, vocab=512, max_positions=256)
 
 
+def prepared(workdir: str | Path, tiny: bool) -> tuple[Workload, Path]:
+    """The workload (TINY or FULL) and its folder, built there on first use and shared by later runs."""
+    workload, folder = (TINY if tiny else FULL), Path(workdir)
+    if not (folder / "workload.json").exists():
+        build(workload, folder)
+    return workload, folder
+
+
 def build(workload: Workload, out_dir: str | Path, seed: int = 0, prompt_rows: int | None = None) -> dict[str, str]:
     """Write the model, its tokenizer and a prompt parquet under out_dir; returns their paths."""
     import pyarrow as pa
