@@ -52,7 +52,8 @@ class HFEngine(RolloutEngine):
         for row, (prompt_index, _) in enumerate(requests):
             tokens = new_tokens[row].tolist()
             end = next((k + 1 for k, t in enumerate(tokens) if t in self.eos_ids), len(tokens))
-            samples.append(RolloutSample(prompt_index, tokens[:end], chosen[row, :end].tolist() if sampling.log_probs else [],
+            log_probs = chosen[row, :end].tolist() if sampling.log_probs else []
+            samples.append(RolloutSample(prompt_index, tokens[:end], log_probs,
                                          finished=end < len(tokens) or tokens[end - 1] in self.eos_ids))
         return samples
 
