@@ -92,8 +92,8 @@ def main() -> None:
     args = parser.parse_args()
 
     os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
-    from rlkit.core.run import RunDir
-    from rlkit.core.trainer import Controller
+    from rlkit.core.controller.controller import Controller
+    from rlkit.core.controller.run_dir import RunDir
     from rlkit.recipes.loader import load_config
 
     workload, workdir = prepared(args.workdir, args.tiny)

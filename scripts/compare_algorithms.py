@@ -21,7 +21,7 @@ from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
 # The same for every algorithm: the tiny model, one-token answers, lr 1e-3 (what the echo task
-# needs, DESIGN.md), and one optimizer step per RL step over 128 samples. Recipe choices made for
+# needs, measured on the tiny model), and one optimizer step per RL step over 128 samples. Recipe choices made for
 # 7B models (LR warm-up, weight decay, response lengths) are levelled out; each recipe's
 # algorithm (estimator, KL, clip bounds, dynamic sampling, loss aggregation) is kept.
 SAMPLES_PER_STEP = 128
@@ -54,8 +54,8 @@ class Curve:
 
 def train_until(name: str, seed: int, budget: int, runs_dir: Path, progress: Progress) -> Curve:
     """Train `name` until `budget` samples were generated; the reward of each step's samples."""
-    from rlkit.core.run import RunDir
-    from rlkit.core.trainer import Controller
+    from rlkit.core.controller.controller import Controller
+    from rlkit.core.controller.run_dir import RunDir
     from rlkit.recipes.loader import load_config
 
     recipe, extra = ALGORITHMS[name]

@@ -19,7 +19,7 @@ GSM8K = SHARED / "data" / "gsm8k"
 
 @pytest.fixture(scope="session")
 def tiny_model_dir(tmp_path_factory) -> Path:
-    from rlkit.core.tiny import build_tiny_qwen2
+    from rlkit.core.train.tiny import build_tiny_qwen2
 
     return build_tiny_qwen2(tmp_path_factory.mktemp("tiny") / "tiny-qwen2")
 

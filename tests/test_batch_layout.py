@@ -4,10 +4,9 @@ from __future__ import annotations
 
 import torch
 
-from rlkit.core.batch import Batch
+from rlkit.core.batch import Batch, build_batch
 from rlkit.core.data.dataset import PromptRow
 from rlkit.core.rollout.base import RolloutSample
-from rlkit.core.batch import build_batch
 
 
 def _samples():

@@ -8,9 +8,16 @@ from pathlib import Path
 
 import pytest
 
-from rlkit.core import checkpoint
-from rlkit.core.checkpoint import (MARKER, checkpoint_at, discard_after, latest_checkpoint, list_checkpoints,
-                                   step_dir_name, write_checkpoint)
+from rlkit.core.state import checkpoint
+from rlkit.core.state.checkpoint import (
+    MARKER,
+    checkpoint_at,
+    discard_after,
+    latest_checkpoint,
+    list_checkpoints,
+    step_dir_name,
+    write_checkpoint,
+)
 from rlkit.errors import UserError
 
 

@@ -10,9 +10,9 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from rlkit.core import fsdp
-from rlkit.core.checkpoint_shards import load_shards, rng_state, save_shards, set_rng_state
-from rlkit.core.run import resolve_model_path
+from rlkit.core.controller.run_dir import resolve_model_path
+from rlkit.core.state.shards import load_shards, rng_state, save_shards, set_rng_state
+from rlkit.core.train import fsdp
 
 
 @pytest.fixture

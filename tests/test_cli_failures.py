@@ -6,8 +6,8 @@ import pytest
 import typer
 
 from rlkit.cli.common import run_failures
-from rlkit.core.failures import WorkerFailure
-from rlkit.core.interrupt import RunInterrupted
+from rlkit.core.cluster.failures import WorkerFailure
+from rlkit.core.controller.interrupt import RunInterrupted
 
 
 def _exit_code(fn) -> int:

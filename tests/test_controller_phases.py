@@ -15,11 +15,11 @@ import torch
 from transformers import AutoTokenizer
 
 from rlkit.core.algos.kl import FixedKLController
+from rlkit.core.controller.controller import Controller
+from rlkit.core.controller.run_dir import resolve_model_path
 from rlkit.core.data.dataset import PromptRow, PromptSampler
 from rlkit.core.rewards.scoring import RewardScorer
 from rlkit.core.rollout.base import RolloutSample, Sampling
-from rlkit.core.run import resolve_model_path
-from rlkit.core.trainer import Controller
 from rlkit.recipes.loader import load_config
 
 TINY = ["model.path=rlkit:tiny-qwen2", "data.synthetic_task=echo", "data.train_batch_size=2", "rollout.n=2",

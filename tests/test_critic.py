@@ -12,13 +12,12 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from rlkit.core.batch import Batch
-from rlkit.core.critic_worker import CriticWorker
+from rlkit.core.batch import Batch, build_batch
+from rlkit.core.cluster.device_worker import free_port
+from rlkit.core.controller.run_dir import resolve_model_path
 from rlkit.core.data.dataset import PromptRow
 from rlkit.core.rollout.base import RolloutSample
-from rlkit.core.run import resolve_model_path
-from rlkit.core.batch import build_batch
-from rlkit.core.device_worker import free_port
+from rlkit.core.train.critic_worker import CriticWorker
 from rlkit.recipes.loader import load_config
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 from rlkit.core.algos import groups_with_signal
-from rlkit.core.dynamic_sampling import GroupCollector, group_rows
+from rlkit.core.rollout.dynamic_sampling import GroupCollector, group_rows
 
 
 def add_round(collector: GroupCollector[str], names: list[str], group_ids: list[int], scores: list[float]) -> None:

@@ -1,6 +1,6 @@
 """Failures end to end through the CLI: a killed worker, a hung phase, Ctrl-C, an unwritable run dir.
 
-Faults are injected with RLKIT_FAULT (rlkit.core.faults); every run is a tiny one, and every
+Faults are injected with RLKIT_FAULT (rlkit.core.cluster.faults); every run is a tiny one, and every
 wait has a deadline well short of what a hang would cost.
 """
 
@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from rlkit.core.checkpoint import latest_checkpoint, validate
+from rlkit.core.state.checkpoint import latest_checkpoint, validate
 
 pytestmark = pytest.mark.slow
 

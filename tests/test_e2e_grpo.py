@@ -53,9 +53,9 @@ def test_hf_rollout_with_kl_loss_runs_through_the_cli(tmp_path):
 def test_two_workers_hold_shards_generate_and_stay_in_sync(tmp_path):
     """n_gpus_per_node=2: sharded policy, one vLLM engine per worker, exact sync after an update."""
     from rlkit.core.batch import build_batch
+    from rlkit.core.controller.controller import Controller
+    from rlkit.core.controller.run_dir import RunDir
     from rlkit.core.rollout.base import RolloutSample
-    from rlkit.core.run import RunDir
-    from rlkit.core.trainer import Controller
     from rlkit.recipes.loader import load_config
 
     config = load_config("grpo-demo", ["trainer.n_gpus_per_node=2", f"trainer.runs_dir={tmp_path}",

@@ -6,11 +6,11 @@ import pytest
 import torch
 from transformers import Qwen2Config, Qwen2ForSequenceClassification
 
-from rlkit.core.rewards.reward_model import RewardModel
-from rlkit.core.run import RunDir
-from rlkit.core.tiny import build_tokenizer
 from rlkit.core.batch import build_batch
-from rlkit.core.trainer import Controller
+from rlkit.core.controller.controller import Controller
+from rlkit.core.controller.run_dir import RunDir
+from rlkit.core.rewards.reward_model import RewardModel
+from rlkit.core.train.tiny import build_tokenizer
 from rlkit.recipes.loader import load_config
 
 pytestmark = pytest.mark.slow

@@ -6,14 +6,12 @@ import json
 from pathlib import Path
 
 import pytest
-
 from conftest import GSM8K, invoke
+
 from rlkit.cli.data_cmds import register
 from rlkit.core.data.builders import write_parquet
 from rlkit.core.data.gsm8k import build_gsm8k
 from rlkit.core.data.synthetic import build_synthetic
-
-
 
 pytestmark = pytest.mark.usefixtures("wide_console")
 
@@ -141,7 +139,7 @@ def test_exactly_one_response_source(tmp_path: Path) -> None:
 
 
 def test_responses_sampled_from_a_tiny_model_and_saved(tmp_path: Path) -> None:
-    from rlkit.core.tiny import build_tiny_qwen2
+    from rlkit.core.train.tiny import build_tiny_qwen2
 
     model = build_tiny_qwen2(tmp_path / "model", hidden_size=64, num_layers=1, num_heads=1, intermediate_size=64)
     data = write_parquet(build_synthetic(task="echo", n_test=8)["test"], tmp_path / "echo.parquet")

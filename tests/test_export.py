@@ -13,8 +13,8 @@ from typing import Iterator
 import pytest
 import torch
 
-from rlkit.core.export import EXPORT_INFO, export_hf
-from rlkit.core.run import RunDir, resolve_model_path
+from rlkit.core.controller.run_dir import RunDir, resolve_model_path
+from rlkit.core.state.export import EXPORT_INFO, export_hf
 from rlkit.errors import UserError
 from rlkit.recipes.loader import load_config
 
@@ -34,7 +34,7 @@ def trained(tmp_path_factory) -> Iterator[dict]:
 
 def train_and_export(root: Path) -> dict:
     """Two GRPO steps at a high learning rate, a checkpoint, and the trainer's logits on PROBE."""
-    from rlkit.core.trainer import Controller
+    from rlkit.core.controller.controller import Controller
 
     config = load_config("grpo-demo", ["rollout.name=hf", "trainer.total_steps=2", "trainer.logger=[jsonl]",
                                        f"trainer.runs_dir={root / 'runs'}"])

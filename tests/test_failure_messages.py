@@ -4,10 +4,19 @@ from __future__ import annotations
 
 import pytest
 
-from rlkit.core import faults
-from rlkit.core.failures import (CheckpointWriteError, WorkerFailure, checkpoint_write_failure, continue_hint,
-                                 death_cause, late_worker, resume_command, worker_died, workers_late)
-from rlkit.core.phases import WorkerPlace
+from rlkit.core.cluster import faults
+from rlkit.core.cluster.failures import (
+    CheckpointWriteError,
+    WorkerFailure,
+    checkpoint_write_failure,
+    continue_hint,
+    death_cause,
+    late_worker,
+    resume_command,
+    worker_died,
+    workers_late,
+)
+from rlkit.core.cluster.phases import WorkerPlace
 
 # What Ray 2.x reports for an actor whose process got SIGKILL (copied from a real run).
 KILLED = """The actor died unexpectedly before finishing this task.
@@ -99,7 +108,7 @@ def test_a_worker_dying_while_saving_stays_a_worker_failure(tmp_path):
 
 
 def test_continue_hint_names_the_last_checkpoint_and_the_command(tmp_path, monkeypatch):
-    from rlkit.core.checkpoint import MARKER, step_dir_name
+    from rlkit.core.state.checkpoint import MARKER, step_dir_name
 
     monkeypatch.delenv("RLKIT_RUNS_DIR", raising=False)
     run = tmp_path / "runs" / "my-run"

@@ -6,7 +6,7 @@ import signal
 
 import pytest
 
-from rlkit.core.interrupt import StopOnSignal
+from rlkit.core.controller.interrupt import StopOnSignal
 
 
 def test_during_start_up_one_signal_stops_at_once():

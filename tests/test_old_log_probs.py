@@ -14,12 +14,12 @@ import torch
 import torch.distributed as dist
 
 from rlkit.core.batch import Batch, build_batch
+from rlkit.core.cluster.device_worker import free_port
+from rlkit.core.controller.controller import masked_mean
+from rlkit.core.controller.run_dir import resolve_model_path
 from rlkit.core.data.dataset import PromptRow
-from rlkit.core.device_worker import free_port
 from rlkit.core.rollout.base import RolloutSample
-from rlkit.core.run import resolve_model_path
-from rlkit.core.trainer import masked_mean
-from rlkit.core.workers import PolicyWorker
+from rlkit.core.train.policy_worker import PolicyWorker
 from rlkit.recipes.loader import load_config
 
 UPDATE_KEYS = ["input_ids", "attention_mask", "position_ids", "responses", "response_mask", "advantages",

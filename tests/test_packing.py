@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import torch
 
-from rlkit.core import fsdp, logprobs, packed_attention, packing
 from rlkit.core.batch import Batch
+from rlkit.core.train import fsdp, logprobs, packed_attention, packing
 
 
 def padded_batch(prompts: list[list[int]], responses: list[list[int]], prompt_width: int,

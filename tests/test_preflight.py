@@ -8,7 +8,7 @@ import pytest
 from typer.testing import CliRunner
 
 from rlkit.cli.main import app
-from rlkit.core import preflight
+from rlkit.core.controller import preflight
 from rlkit.errors import UserError
 from rlkit.recipes.loader import load_config
 

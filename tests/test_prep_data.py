@@ -9,12 +9,10 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-
 from conftest import GSM8K, invoke
+
 from rlkit.cli.data_cmds import register
 from rlkit.core.data.gsm8k import INSTRUCTION
-
-
 
 pytestmark = pytest.mark.usefixtures("wide_console")
 

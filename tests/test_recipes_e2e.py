@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from rlkit.core.trainer import train_run
+from rlkit.core.controller.loop import train_run
 from rlkit.recipes.loader import load_config
 
 TINY_WORLD = ["model.path=rlkit:tiny-qwen2", "data.synthetic_task=echo", "data.train_batch_size=4",

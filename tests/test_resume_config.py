@@ -6,9 +6,9 @@ from pathlib import Path
 
 import pytest
 
-from rlkit.core.checkpoint import latest_checkpoint, write_checkpoint
-from rlkit.core.resume import resume_config, resume_run
-from rlkit.core.run import RunDir
+from rlkit.core.controller.resume import resume_config, resume_run
+from rlkit.core.controller.run_dir import RunDir
+from rlkit.core.state.checkpoint import latest_checkpoint, write_checkpoint
 from rlkit.errors import UserError
 from rlkit.recipes.loader import config_to_yaml, load_config
 

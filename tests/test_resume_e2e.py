@@ -24,11 +24,11 @@ from typing import Iterator
 
 import pytest
 
-from rlkit.core.checkpoint import MARKER, step_dir_name
+from rlkit.core.cluster.faults import HANG_MESSAGE
+from rlkit.core.controller.tracking import is_timing_key
 from rlkit.core.data.builders import write_parquet
 from rlkit.core.data.synthetic import build_synthetic
-from rlkit.core.faults import HANG_MESSAGE
-from rlkit.core.tracking import is_timing_key
+from rlkit.core.state.checkpoint import MARKER, step_dir_name
 
 pytestmark = pytest.mark.slow
 

@@ -6,12 +6,10 @@ import json
 import time
 
 import pytest
-
 from conftest import GSM8K
+
 from rlkit.core.rewards.gsm8k import extract_answer, gsm8k_reward, to_number
 from rlkit.core.rewards.registry import reward_fn_for
-
-
 
 
 def score(response: str, truth: str, method: str = "strict", format_score: float = 0.0) -> float:

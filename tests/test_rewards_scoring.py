@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from rlkit.core.rewards.config import RewardConfig
 from rlkit.core.rewards.scoring import RewardError, RewardScorer
 from rlkit.errors import UserError
+from rlkit.recipes.reward_schema import RewardConfig
 
 # One custom function whose behaviour the response picks, so one scorer covers every failure.
 CUSTOM = '''

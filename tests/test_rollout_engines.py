@@ -6,7 +6,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from rlkit.core.rollout.base import Sampling, make_engine
+from rlkit.core.rollout.base import Sampling
+from rlkit.core.rollout.engines import make_engine
 
 
 def _reference_log_probs(model, sequence: list[int], prompt_len: int) -> torch.Tensor:

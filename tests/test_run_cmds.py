@@ -6,14 +6,18 @@ import json
 from pathlib import Path
 
 import pytest
-
 from conftest import invoke
-from rlkit.cli.run_cmds import register
-from rlkit.core.checkpoint import write_checkpoint
-from rlkit.core.run import RunDir
-from rlkit.core.tracking import Tracker, is_timing_key, read_metrics, truncate_metrics
-from rlkit.recipes.loader import load_config
 
+from rlkit.cli.run_cmds import register
+from rlkit.core.controller.run_dir import RunDir
+from rlkit.core.controller.tracking import (
+    Tracker,
+    is_timing_key,
+    read_metrics,
+    truncate_metrics,
+)
+from rlkit.core.state.checkpoint import write_checkpoint
+from rlkit.recipes.loader import load_config
 
 pytestmark = pytest.mark.usefixtures("wide_console")
 

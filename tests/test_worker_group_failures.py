@@ -10,8 +10,8 @@ import time
 
 import pytest
 
-from rlkit.core.failures import WorkerFailure
-from rlkit.core.phases import PhaseReporter
+from rlkit.core.cluster.failures import WorkerFailure
+from rlkit.core.cluster.phases import PhaseReporter
 from rlkit.errors import UserError
 
 pytestmark = pytest.mark.slow
@@ -66,7 +66,7 @@ def ray_session():
 
 @pytest.fixture
 def group(ray_session):
-    from rlkit.core.worker_group import WorkerGroup
+    from rlkit.core.cluster.worker_group import WorkerGroup
     from rlkit.recipes.loader import load_config
 
     config = load_config("grpo-demo", ["trainer.n_gpus_per_node=2", "trainer.phase_timeout_s=2"])
@@ -129,7 +129,7 @@ def test_start_up_logs_each_ranks_progress(group, caplog):
 
 
 def test_error_in_worker_start_up_is_named_with_its_traceback(ray_session):
-    from rlkit.core.worker_group import WorkerGroup
+    from rlkit.core.cluster.worker_group import WorkerGroup
     from rlkit.recipes.loader import load_config
 
     config = load_config("grpo-demo", ["trainer.setup_timeout_s=60"])

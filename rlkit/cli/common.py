@@ -9,8 +9,8 @@ import typer
 from rich.console import Console
 from rich.markup import escape
 
-from rlkit.core.failures import RunFailure
-from rlkit.core.interrupt import RunInterrupted
+from rlkit.core.cluster.failures import RunFailure
+from rlkit.core.controller.interrupt import RunInterrupted
 from rlkit.errors import UserError
 
 console = Console()

@@ -19,10 +19,16 @@ from rlkit.cli.common import console, user_errors
 from rlkit.core.data import gsm8k as _gsm8k  # noqa: F401  (registers the builder)
 from rlkit.core.data import math as _math  # noqa: F401
 from rlkit.core.data import synthetic as _synthetic  # noqa: F401
-from rlkit.core.data.builders import DATASET_BUILDERS, Builder, Dropped, load_builder, write_parquet
+from rlkit.core.data.builders import (
+    DATASET_BUILDERS,
+    Builder,
+    Dropped,
+    load_builder,
+    write_parquet,
+)
 from rlkit.core.data.validate import row_problem
-from rlkit.core.rewards.config import RewardConfig
 from rlkit.errors import UserError
+from rlkit.recipes.reward_schema import RewardConfig
 
 
 def _builder_options(fn: Builder) -> dict[str, Any]:
@@ -93,7 +99,7 @@ def prep_data(
 ) -> None:
     """Build train/test parquet files (prompt as chat messages, reward_model.ground_truth, ...).
 
-    Example: rlkit prep-data gsm8k --source ../shared/data/gsm8k --out ~/data/gsm8k
+    Example: rlkit prep-data gsm8k --source ~/gsm8k-jsonl --out ~/data/gsm8k
     """
     if list_builders:
         _list_builders()

@@ -46,7 +46,7 @@ def train(
         for line in batch_arithmetic(config):
             console.print(f"  - {line}")
         return
-    from rlkit.core.trainer import train_run
+    from rlkit.core.controller.loop import train_run
 
     train_run(config, run_id=run_id)
 

@@ -43,7 +43,7 @@ def resume(
 
     Example: rlkit resume grpo-demo-20261130-101500 trainer.total_steps=200
     """
-    from rlkit.core.resume import resume_run
+    from rlkit.core.controller.resume import resume_run
 
     path = resume_run(run_id, overrides or [], runs_dir)
     console.print(f"[green]done[/]: {path}")
@@ -52,9 +52,9 @@ def resume(
 @user_errors
 def runs_list(runs_dir: str = RUNS_DIR_OPTION) -> None:
     """List runs, oldest first. Example: rlkit runs list --runs-dir /data/runs"""
-    from rlkit.core.checkpoint import list_checkpoints
-    from rlkit.core.run import list_runs
-    from rlkit.core.tracking import METRICS_FILE, read_metrics
+    from rlkit.core.controller.run_dir import list_runs
+    from rlkit.core.controller.tracking import METRICS_FILE, read_metrics
+    from rlkit.core.state.checkpoint import list_checkpoints
 
     runs = list_runs(runs_dir)
     if not runs:
@@ -74,9 +74,9 @@ def runs_list(runs_dir: str = RUNS_DIR_OPTION) -> None:
 @user_errors
 def runs_show(run_id: str = RUN_ARGUMENT, runs_dir: str = RUNS_DIR_OPTION) -> None:
     """A run's status, last metrics and checkpoints. Example: rlkit runs show grpo-demo-20261130-101500"""
-    from rlkit.core.checkpoint import interrupted_writes, list_checkpoints
-    from rlkit.core.run import RunDir
-    from rlkit.core.tracking import METRICS_FILE, read_metrics
+    from rlkit.core.controller.run_dir import RunDir
+    from rlkit.core.controller.tracking import METRICS_FILE, read_metrics
+    from rlkit.core.state.checkpoint import interrupted_writes, list_checkpoints
 
     run = RunDir.open(run_id, runs_dir)
     status = run.read_status()
@@ -117,8 +117,8 @@ def export(
 
     Example: rlkit export grpo-demo-20261130-101500 --out ./my-policy   (then: --model ./my-policy, or vllm serve)
     """
-    from rlkit.core.export import export_hf
-    from rlkit.core.run import RunDir
+    from rlkit.core.controller.run_dir import RunDir
+    from rlkit.core.state.export import export_hf
 
     path = export_hf(RunDir.open(run_id, runs_dir), out, step=step, dtype=dtype)
     console.print(f"[green]exported[/] to {path}")
@@ -134,8 +134,8 @@ def plot(
 
     Example: rlkit plot grpo-demo-20261130-101500 --out reward.png
     """
-    from rlkit.core.plot import plot_run
-    from rlkit.core.run import RunDir
+    from rlkit.core.controller.plot import plot_run
+    from rlkit.core.controller.run_dir import RunDir
 
     run = RunDir.open(run_id, runs_dir)
     console.print(f"[green]wrote[/] {plot_run(run.path, out or run.path / 'plot.png')}")

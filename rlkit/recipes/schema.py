@@ -10,7 +10,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from rlkit.core.rewards.config import RewardConfig, RewardModelConfig
+from rlkit.recipes.reward_schema import RewardConfig, RewardModelConfig
 
 
 class Section(BaseModel):
@@ -124,6 +124,7 @@ class TrainerConfig(Section):
     phase_timeout_s: float = Field(1800.0, gt=0, description="Deadline of one controller -> worker call in a step (generate, update, sync, save); past it the run stops and names the late workers.")
     setup_timeout_s: float = Field(3600.0, gt=0, description="Deadline of worker start-up (model load, rollout-engine start), whose progress is logged as it goes.")
     save_on_interrupt: bool = Field(True, description="On Ctrl-C/SIGTERM, finish the current step and checkpoint it before stopping (a second Ctrl-C stops at once).")
+    nvlink_multicast: bool = Field(False, description="Let NCCL, torch symmetric memory and NVSHMEM use NVLink multicast (NVLS). Off by default: on hosts whose NVSwitch multicast is not set up (no fabric manager/IMEX), start-up fails or hangs with it on; turn it on where it works for faster all-reduce on 4+ GPUs. Off sets NCCL_NVLS_ENABLE=0, TORCH_SYMM_MEM_DISABLE_MULTICAST=1, NVSHMEM_DISABLE_NVLS=1 in every worker.")
     cpu_threads_per_worker: int = Field(1, ge=1, description="Torch threads per CPU worker process.")
 
 

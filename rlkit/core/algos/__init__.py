@@ -4,7 +4,11 @@ Estimators, losses and KL estimators live in string registries so a recipe names
 docs/algorithms.md gives each one's formula, paper and option names.
 """
 
-from rlkit.core.algos.advantages import ADV_ESTIMATORS, AdvantageInputs, compute_advantages
+from rlkit.core.algos.advantages import (
+    ADV_ESTIMATORS,
+    AdvantageInputs,
+    compute_advantages,
+)
 from rlkit.core.algos.dapo import groups_with_signal, overlong_penalty
 from rlkit.core.algos.kl import (
     KL_ESTIMATORS,

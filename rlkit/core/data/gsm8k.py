@@ -4,7 +4,13 @@ from __future__ import annotations
 
 from typing import Any
 
-from rlkit.core.data.builders import DATASET_BUILDERS, Dropped, Row, make_row, read_source
+from rlkit.core.data.builders import (
+    DATASET_BUILDERS,
+    Dropped,
+    Row,
+    make_row,
+    read_source,
+)
 from rlkit.core.rewards.gsm8k import to_number
 
 DATA_SOURCE = "openai/gsm8k"

@@ -8,9 +8,9 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
-from rlkit.core.rewards.config import RewardConfig
 from rlkit.core.rewards.scoring import RewardScorer
 from rlkit.errors import UserError
+from rlkit.recipes.reward_schema import RewardConfig
 
 _TAIL_CHARS = 200  # how much of a response an example shows
 
@@ -52,7 +52,8 @@ def sample_responses(model_path: str, rows: list[dict[str, Any]], *, n: int, max
     from transformers import AutoTokenizer
 
     from rlkit.core.data.dataset import tokenize_prompt
-    from rlkit.core.rollout.base import Sampling, make_engine
+    from rlkit.core.rollout.base import Sampling
+    from rlkit.core.rollout.engines import make_engine
 
     try:
         tokenizer = AutoTokenizer.from_pretrained(model_path)

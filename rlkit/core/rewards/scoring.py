@@ -30,10 +30,10 @@ from typing import Any, Callable
 import rlkit.core.data.synthetic  # noqa: F401  (registers the synthetic tasks' reward)
 import rlkit.core.rewards.gsm8k  # noqa: F401  (registers gsm8k)
 import rlkit.core.rewards.math  # noqa: F401  (registers math)
-from rlkit.core.rewards.config import RewardConfig
 from rlkit.core.rewards.custom import FileFunction
 from rlkit.core.rewards.registry import reward_fn_for
 from rlkit.errors import UserError
+from rlkit.recipes.reward_schema import RewardConfig
 
 RULE_OPTIONS = ("gsm8k_method", "format_score")  # reward.* options passed to rules declaring them
 _STARTUP_TIMEOUT_S = 120.0

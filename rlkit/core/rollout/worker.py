@@ -1,7 +1,7 @@
 """A rollout-only worker (split placement): one Ray actor per rollout device, holding an engine.
 
 It trains nothing; after each update it loads the weights that training rank 0 put into
-Ray's object store (rlkit.core.placement), bucket by bucket.
+Ray's object store (rlkit.core.cluster.placement), bucket by bucket.
 """
 
 from __future__ import annotations
@@ -11,9 +11,10 @@ from typing import Any
 
 import ray
 
-from rlkit.core import fsdp
-from rlkit.core.device_worker import DeviceWorker
-from rlkit.core.rollout.base import RolloutSample, Sampling, make_engine
+from rlkit.core.cluster.device_worker import DeviceWorker
+from rlkit.core.rollout.base import RolloutSample, Sampling
+from rlkit.core.rollout.engines import make_engine
+from rlkit.core.train import fsdp
 
 
 class RolloutWorker(DeviceWorker):

@@ -14,7 +14,7 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from rlkit.core import faults
+from rlkit.core.cluster import faults
 
 POST_TIMEOUT_S = 5.0  # a board that does not answer must never stall the worker
 IDLE = "idle"  # between calls: posted without waiting, it costs the step nothing
@@ -49,7 +49,7 @@ class PhaseBoard:
 class PhaseReporter:
     """Mixin for worker classes: assigning `self.phase` posts it to the board.
 
-    Entering a phase is also the fault-injection point `worker<rank>.<phase>` (rlkit.core.faults).
+    Entering a phase is also the fault-injection point `worker<rank>.<phase>` (rlkit.core.cluster.faults).
     """
 
     rank: int

@@ -1,6 +1,6 @@
 """The controller: one process that holds the RL dataflow as plain Python.
 
-`Controller.step` reads like the dataflow in DESIGN.md; workers (Ray actors) do the heavy
+`Controller.step` reads like the dataflow (docs/architecture.md); workers (Ray actors) do the heavy
 passes, the controller does the cheap, visible math (rewards -> advantages).
 """
 
@@ -14,22 +14,26 @@ from typing import Any, Iterator
 
 import torch
 
-from rlkit.core import checkpoint
 from rlkit.core.algos.advantages import AdvantageInputs, compute_advantages
 from rlkit.core.algos.dapo import groups_with_signal, overlong_penalty
-from rlkit.core.algos.kl import AdaptiveKLController, FixedKLController, apply_kl_penalty, kl_estimate
+from rlkit.core.algos.kl import (
+    AdaptiveKLController,
+    FixedKLController,
+    apply_kl_penalty,
+    kl_estimate,
+)
 from rlkit.core.batch import Batch, build_batch
-from rlkit.core.checkpoint_shards import rng_state, set_rng_state
-from rlkit.core.critic_worker import VALUE_INPUT_KEYS, start_critic_group
+from rlkit.core.cluster.failures import WorkerFailure, checkpoint_write_failure
+from rlkit.core.cluster.placement import Placement
+from rlkit.core.cluster.worker_group import WorkerGroup, init_ray
+from rlkit.core.controller.run_dir import RunDir, prepare_data_files, resolve_model_path
 from rlkit.core.data.dataset import PromptRow, PromptSampler, load_prompt_dataset
-from rlkit.core.dynamic_sampling import GroupCollector, group_rows
-from rlkit.core.failures import WorkerFailure, checkpoint_write_failure
-from rlkit.core.placement import Placement
-from rlkit.core.preflight import check_inputs
 from rlkit.core.rewards.scoring import RewardScorer
 from rlkit.core.rollout.base import RolloutSample, Sampling
-from rlkit.core.run import RunDir, prepare_data_files, resolve_model_path
-from rlkit.core.worker_group import WorkerGroup, init_ray
+from rlkit.core.rollout.dynamic_sampling import GroupCollector, group_rows
+from rlkit.core.state import checkpoint
+from rlkit.core.state.shards import rng_state, set_rng_state
+from rlkit.core.train.critic_worker import VALUE_INPUT_KEYS, start_critic_group
 from rlkit.errors import UserError
 from rlkit.recipes.loader import config_to_yaml
 from rlkit.recipes.schema import RLConfig
@@ -106,7 +110,7 @@ class Controller:
         """Generate and score data.train_batch_size prompts' groups of rollout.n samples.
 
         With dynamic sampling (DAPO), groups whose verifier scores are all equal are dropped and
-        more prompts are sampled, round after round, until the batch is full (rlkit.core.dynamic_sampling).
+        more prompts are sampled, round after round, until the batch is full (rlkit.core.rollout.dynamic_sampling).
         """
         cfg = self.config
         if not cfg.algorithm.dynamic_sampling.enable:
@@ -304,7 +308,7 @@ class Controller:
         return {"perf/tokens_per_s": tokens / seconds, "perf/tokens_per_s_per_device": tokens / seconds / self.config.world_size,
                 "perf/response_tokens": float(batch["response_mask"].sum())}
 
-    # -- checkpoints (layout and atomic writes: rlkit.core.checkpoint) -------------------
+    # -- checkpoints (layout and atomic writes: rlkit.core.state.checkpoint) -------------------
     def checkpoint_groups(self) -> dict[str, WorkerGroup]:
         """Worker groups whose sharded state a checkpoint holds, by sub-folder name."""
         return {"policy": self.workers, **({"critic": self.critic} if self.critic is not None else {})}
@@ -363,11 +367,3 @@ def timed(timing: dict[str, float], name: str) -> Iterator[None]:
     start = time.perf_counter()
     yield
     timing[name] = timing.get(name, 0.0) + time.perf_counter() - start
-
-
-def train_run(config: RLConfig, run_id: str | None = None) -> Path:
-    """Check the inputs, create the run directory, train config.trainer.total_steps steps, return the run dir."""
-    from rlkit.core.run_loop import run_training
-
-    check_inputs(config)
-    return run_training(config, RunDir.create(config, run_id))

@@ -13,15 +13,21 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from rlkit.core import checkpoint_shards, fsdp, packing
 from rlkit.core.algos.kl import kl_estimate
-from rlkit.core.algos.losses import aggregate_loss, policy_loss, rollout_importance_weights
+from rlkit.core.algos.losses import (
+    aggregate_loss,
+    policy_loss,
+    rollout_importance_weights,
+)
 from rlkit.core.batch import Batch
-from rlkit.core.logprobs import selected_log_probs
-from rlkit.core.device_worker import DeviceWorker
+from rlkit.core.cluster.device_worker import DeviceWorker
+from rlkit.core.controller.run_dir import resolve_model_path
 from rlkit.core.rewards.reward_model import RewardModel
-from rlkit.core.rollout.base import RolloutSample, Sampling, make_engine
-from rlkit.core.run import resolve_model_path
+from rlkit.core.rollout.base import RolloutSample, Sampling
+from rlkit.core.rollout.engines import make_engine
+from rlkit.core.state import shards as checkpoint_shards
+from rlkit.core.train import fsdp, packing
+from rlkit.core.train.logprobs import selected_log_probs
 
 
 class PolicyWorker(DeviceWorker):
@@ -58,7 +64,7 @@ class PolicyWorker(DeviceWorker):
             resolve_model_path(cfg.reward_model.path), device=self.device, max_length=cfg.reward_model.max_length,
             micro_batch_size=cfg.reward_model.micro_batch_size) if cfg.reward_model.path else None
         self.phase = "setup/rollout-engine"
-        # Split placement: rollout workers on other devices hold the engine (rlkit.core.placement).
+        # Split placement: rollout workers on other devices hold the engine (rlkit.core.cluster.placement).
         self.engine = make_engine(
             cfg.rollout.name, self.model_path, dtype=self.dtype, seed=cfg.trainer.seed + self.rank,
             max_model_len=cfg.data.max_prompt_length + cfg.data.max_response_length, device=self.device,

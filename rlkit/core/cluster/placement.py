@@ -13,9 +13,9 @@ from __future__ import annotations
 import time
 from typing import Any
 
+from rlkit.core.cluster.worker_group import DeviceReservation, WorkerGroup
 from rlkit.core.rollout.worker import RolloutWorker
-from rlkit.core.worker_group import DeviceReservation, WorkerGroup
-from rlkit.core.workers import PolicyWorker
+from rlkit.core.train.policy_worker import PolicyWorker
 from rlkit.recipes.schema import RLConfig
 
 # Size of one object-store bucket of weights (split placement).

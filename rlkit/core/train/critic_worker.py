@@ -13,11 +13,12 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from rlkit.core import checkpoint_shards, fsdp, packing
 from rlkit.core.algos.losses import aggregate_loss, value_loss
 from rlkit.core.batch import Batch
-from rlkit.core.device_worker import DeviceWorker
-from rlkit.core.worker_group import WorkerGroup
+from rlkit.core.cluster.device_worker import DeviceWorker
+from rlkit.core.cluster.worker_group import WorkerGroup
+from rlkit.core.state import shards as checkpoint_shards
+from rlkit.core.train import fsdp, packing
 from rlkit.recipes.schema import RLConfig
 
 # What compute_values and update_critic read from a batch.
@@ -42,7 +43,7 @@ class CriticWorker(DeviceWorker):
     def _values(self, mb: Batch) -> tuple[torch.Tensor, Batch]:
         """V(s_t) for each response position t (the state before token t): [b, R], 0 on padding.
 
-        Returns the micro-batch moved to the device too; its sequences run packed (rlkit.core.packing).
+        Returns the micro-batch moved to the device too; its sequences run packed (rlkit.core.train.packing).
         """
         packed = packing.pack(mb).to(self.device)
         return packed.scatter(fsdp.packed_outputs(self.critic, packed).squeeze(-1).float()), mb.to(self.device)

@@ -14,10 +14,10 @@ from pathlib import Path
 import torch
 import torch.distributed.checkpoint as dcp
 
-from rlkit.core import checkpoint
-from rlkit.core.checkpoint_shards import MODEL_KEY, SHARDS_DIR
-from rlkit.core.fsdp import DTYPES
-from rlkit.core.run import RunDir, resolve_model_path
+from rlkit.core.controller.run_dir import RunDir, resolve_model_path
+from rlkit.core.state import checkpoint
+from rlkit.core.state.shards import MODEL_KEY, SHARDS_DIR
+from rlkit.core.train.fsdp import DTYPES
 from rlkit.errors import UserError
 from rlkit.recipes.loader import load_config
 

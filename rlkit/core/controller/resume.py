@@ -13,8 +13,8 @@ from typing import Any
 
 import yaml
 
-from rlkit.core import checkpoint
-from rlkit.core.run import RunDir
+from rlkit.core.controller.run_dir import RunDir
+from rlkit.core.state import checkpoint
 from rlkit.errors import UserError
 from rlkit.recipes.loader import config_to_yaml, load_config
 from rlkit.recipes.schema import RLConfig
@@ -34,6 +34,7 @@ RESUME_SAFE_KEYS = {
     "trainer.phase_timeout_s": "a deadline, not the math",
     "trainer.setup_timeout_s": "a deadline, not the math",
     "trainer.save_on_interrupt": "whether Ctrl-C writes a checkpoint",
+    "trainer.nvlink_multicast": "how collectives move bytes, not what they compute",
     "actor.micro_batch_tokens": "performance only (float sums may differ in the last bits)",
     "rollout.max_num_seqs": "performance only",
     "rollout.gpu_memory_utilization": "performance only",
@@ -69,7 +70,7 @@ def resume_config(run: RunDir, ckpt: checkpoint.Checkpoint, overrides: list[str]
 
 def resume_run(run_id: str, overrides: list[str], runs_dir: str | Path = "runs") -> Path:
     """Continue run `run_id` (an id under runs_dir, or a path) from its latest complete checkpoint."""
-    from rlkit.core.run_loop import CONSOLE_LOG, run_log, run_training
+    from rlkit.core.controller.loop import CONSOLE_LOG, run_log, run_training
 
     run = RunDir.open(run_id, runs_dir)
     status = run.read_status()

@@ -10,11 +10,18 @@ from typing import Iterator
 from rich.console import Console
 from rich.logging import RichHandler
 
-from rlkit.core.checkpoint import Checkpoint, discard_after
-from rlkit.core.failures import RunFailure, continue_hint
-from rlkit.core.interrupt import RunInterrupted, StopOnSignal, stop_after_step, stopped_at_once
-from rlkit.core.run import RunDir
-from rlkit.core.tracking import Tracker, step_logger
+from rlkit.core.cluster.failures import RunFailure, continue_hint
+from rlkit.core.controller.controller import Controller
+from rlkit.core.controller.interrupt import (
+    RunInterrupted,
+    StopOnSignal,
+    stop_after_step,
+    stopped_at_once,
+)
+from rlkit.core.controller.preflight import check_inputs
+from rlkit.core.controller.run_dir import RunDir
+from rlkit.core.controller.tracking import Tracker, step_logger
+from rlkit.core.state.checkpoint import Checkpoint, discard_after
 from rlkit.recipes.schema import RLConfig, TrainerConfig
 
 CONSOLE_LOG = "console.log"
@@ -23,7 +30,6 @@ logger = logging.getLogger("rlkit")
 
 def run_training(config: RLConfig, run: RunDir, resume_from: Checkpoint | None = None) -> Path:
     """Train steps (resume_from.step + 1 or 1) .. trainer.total_steps; returns the run directory."""
-    from rlkit.core.trainer import Controller
 
     trainer = config.trainer
     start = resume_from.step if resume_from else 0
@@ -124,3 +130,9 @@ def run_log(path: Path) -> Iterator[None]:
         logger.removeHandler(screen)
         logger.setLevel(previous_level)
         file_handler.close()
+
+
+def train_run(config: RLConfig, run_id: str | None = None) -> Path:
+    """Check the inputs, create the run directory, train config.trainer.total_steps steps, return the run dir."""
+    check_inputs(config)
+    return run_training(config, RunDir.create(config, run_id))

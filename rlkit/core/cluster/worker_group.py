@@ -2,7 +2,7 @@
 
 Every call has a deadline (trainer.phase_timeout_s; start-up: trainer.setup_timeout_s). A dead
 actor, a missed deadline or an exception in a worker becomes a WorkerFailure that names the
-phase, the ranks, where they run and what they were doing (rlkit.core.phases), and the cause.
+phase, the ranks, where they run and what they were doing (rlkit.core.cluster.phases), and the cause.
 """
 
 from __future__ import annotations
@@ -16,8 +16,14 @@ import ray
 from ray.util.placement_group import placement_group, remove_placement_group
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
-from rlkit.core.failures import WorkerFailure, late_worker, worker_died, worker_raised, workers_late
-from rlkit.core.phases import PhaseBoard, PhaseReporter, WorkerPlace
+from rlkit.core.cluster.failures import (
+    WorkerFailure,
+    late_worker,
+    worker_died,
+    worker_raised,
+    workers_late,
+)
+from rlkit.core.cluster.phases import PhaseBoard, PhaseReporter, WorkerPlace
 from rlkit.errors import UserError
 from rlkit.recipes.schema import RLConfig
 
@@ -26,13 +32,9 @@ POLL_S = 1.0           # how often a waiting controller looks at the phase board
 PROGRESS_EVERY_S = 30  # during start-up, a "still in phase X" line this often
 QUIET_PHASES = ("started", "idle")  # between phases: nothing to report
 
-# NVLink multicast stays off on the lent GPU machines (see ../shared/gpu/README.md).
 WORKER_ENV = {
     "VLLM_ENABLE_V1_MULTIPROCESSING": "0",
     "TOKENIZERS_PARALLELISM": "false",
-    "NCCL_NVLS_ENABLE": "0",
-    "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1",
-    "NVSHMEM_DISABLE_NVLS": "1",
     # vLLM logs every weight reload; the live metrics table is what a person watches.
     "VLLM_LOGGING_LEVEL": "ERROR",
     "TRANSFORMERS_VERBOSITY": "error",
@@ -41,12 +43,21 @@ WORKER_ENV = {
     "VLLM_CPU_KVCACHE_SPACE": "1",
     "VLLM_CPU_OMP_THREADS_BIND": "nobind",
 }
+# NVLink multicast (NVLS) in NCCL, torch symmetric memory and NVSHMEM: set to off unless
+# trainer.nvlink_multicast, since on hosts without a working multicast fabric it fails or hangs.
+MULTICAST_OFF_ENV = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"}
+
+
+def worker_env(config: RLConfig) -> dict[str, str]:
+    """Environment of every worker: rlkit's settings, then the caller's VLLM_*/RLKIT_* variables."""
+    env = {**WORKER_ENV, **({} if config.trainer.nvlink_multicast else MULTICAST_OFF_ENV)}
+    return {**env, **{k: v for k, v in os.environ.items() if k.startswith(("VLLM_", "RLKIT_"))}}
 
 
 def init_ray(config: RLConfig) -> None:
     if ray.is_initialized():
         return
-    env = {**WORKER_ENV, **{k: v for k, v in os.environ.items() if k.startswith(("VLLM_", "RLKIT_"))}}
+    env = worker_env(config)
     address = os.environ.get("RAY_ADDRESS")
     # Worker output (library warnings, load bars) stays in Ray's log files unless asked for:
     # the console belongs to the live metrics table. Worker exceptions still surface here.
@@ -61,7 +72,7 @@ def init_ray(config: RLConfig) -> None:
         kwargs["num_cpus"] = max(os.cpu_count() or 1, devices + 1)
     ray.init(address=address, **kwargs)
     if address != "local":  # a cluster: its nodes must fit the run before any worker is placed
-        from rlkit.core.preflight import check_cluster
+        from rlkit.core.controller.preflight import check_cluster
 
         check_cluster(config, ray.nodes())
 

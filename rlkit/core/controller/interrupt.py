@@ -19,11 +19,11 @@ import threading
 from types import FrameType
 from typing import TYPE_CHECKING, Any, Callable
 
-from rlkit.core.failures import continue_hint
+from rlkit.core.cluster.failures import continue_hint
 
 if TYPE_CHECKING:
-    from rlkit.core.run import RunDir
-    from rlkit.core.trainer import Controller
+    from rlkit.core.controller.controller import Controller
+    from rlkit.core.controller.run_dir import RunDir
 
 SIGNALS = (signal.SIGINT, signal.SIGTERM)
 

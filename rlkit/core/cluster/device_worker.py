@@ -8,7 +8,7 @@ import socket
 import torch
 import torch.distributed as dist
 
-from rlkit.core.phases import PhaseReporter
+from rlkit.core.cluster.phases import PhaseReporter
 from rlkit.recipes.schema import RLConfig
 
 

@@ -6,7 +6,7 @@
         trainer_state.json    step, reason, sampler position, KL coefficient, seeds, world size
         controller_rng.pt     the controller's RNG states
         config.yaml           the resolved config this checkpoint was trained with
-        policy/               the policy workers' shards (rlkit.core.checkpoint_shards)
+        policy/               the policy workers' shards (rlkit.core.state.shards)
         critic/               the critic workers' shards, when the run has a critic
       .tmp-step_00000007/     a write in progress, or one killed midway (ignored; removed on resume)
 
@@ -30,8 +30,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
-from rlkit.core import faults
-from rlkit.core.checkpoint_shards import write_durably
+from rlkit.core.cluster import faults
+from rlkit.core.state.shards import write_durably
 from rlkit.errors import UserError
 
 logger = logging.getLogger(__name__)

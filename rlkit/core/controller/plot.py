@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from rlkit.core.tracking import METRICS_FILE, read_metrics
+from rlkit.core.controller.tracking import METRICS_FILE, read_metrics
 from rlkit.errors import UserError
 
 # (title, metric keys drawn in the panel; the first present of alternatives in a tuple)

@@ -2,8 +2,8 @@
 
 Every rank holds 1/world of each parameter (DTensor shards, fp32: the master weights and
 the optimizer state stay fp32); forward all-gathers a layer at a time and casts it to the
-compute dtype. Models run on packed sequences (rlkit.core.packing), attention through
-rlkit.core.packed_attention.
+compute dtype. Models run on packed sequences (rlkit.core.train.packing), attention through
+rlkit.core.train.packed_attention.
 """
 
 from __future__ import annotations
@@ -17,8 +17,8 @@ from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 from torch.distributed.tensor import DTensor
 
-from rlkit.core import logprobs, packed_attention
-from rlkit.core.packing import PackedBatch
+from rlkit.core.train import logprobs, packed_attention
+from rlkit.core.train.packing import PackedBatch
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 
@@ -37,7 +37,11 @@ def load_sharded_model(path: str, *, device: torch.device, compute_dtype: str, v
     With one rank nothing is sharded, so layers keep their compute-dtype copy from forward
     to backward instead of casting it again (reshard_after_forward=False).
     """
-    from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForTokenClassification
+    from transformers import (
+        AutoConfig,
+        AutoModelForCausalLM,
+        AutoModelForTokenClassification,
+    )
 
     attention = packed_attention.register()
     if value_head:  # a critic: the same trunk with a 1-output head; no dropout (transformers' default is 0.1)

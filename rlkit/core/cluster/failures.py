@@ -11,7 +11,7 @@ import os
 import re
 from pathlib import Path
 
-from rlkit.core.phases import WorkerPlace
+from rlkit.core.cluster.phases import WorkerPlace
 
 TROUBLESHOOTING = "docs/troubleshooting.md"
 
@@ -36,7 +36,7 @@ class CheckpointWriteError(RunFailure):
 
 def continue_hint(run_path: Path, run_id: str) -> str:
     """Where the run can continue from, and the command that does it."""
-    from rlkit.core.checkpoint import latest_checkpoint
+    from rlkit.core.state.checkpoint import latest_checkpoint
     from rlkit.errors import UserError
 
     try:

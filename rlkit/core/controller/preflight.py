@@ -12,8 +12,8 @@ import os
 from pathlib import Path
 from typing import Any
 
+from rlkit.core.controller.run_dir import TINY_PREFIX, resolve_model_path
 from rlkit.core.data.dataset import open_parquet
-from rlkit.core.run import TINY_PREFIX, resolve_model_path
 from rlkit.errors import UserError
 from rlkit.recipes.schema import RLConfig
 
@@ -42,7 +42,11 @@ def check_model(spec: str, key: str = "model.path") -> str:
 def check_hub_model(spec: str, key: str = "model.path") -> None:
     """`spec` is not a local path: it must be a hub id that is cached or that the hub knows."""
     from huggingface_hub import HfApi, try_to_load_from_cache
-    from huggingface_hub.errors import GatedRepoError, HFValidationError, RepositoryNotFoundError
+    from huggingface_hub.errors import (
+        GatedRepoError,
+        HFValidationError,
+        RepositoryNotFoundError,
+    )
     from huggingface_hub.utils import validate_repo_id
 
     try:
