@@ -26,6 +26,7 @@ from rlkit.core.cluster.worker_group import WorkerGroup, init_ray
 from rlkit.core.controller.run_dir import RunDir, prepare_data_files, resolve_model_path
 from rlkit.core.data.dataset import PromptRow, PromptSampler, load_prompt_dataset
 from rlkit.core.rewards.scoring import RewardScorer
+from rlkit.core.rollout.async_source import AsyncRolloutSource
 from rlkit.core.rollout.source import SyncRolloutSource, timed
 from rlkit.core.state import checkpoint
 from rlkit.core.state.shards import rng_state, set_rng_state
@@ -63,7 +64,8 @@ class Controller:
             self.critic = start_critic_group(config, self.model_path, self.workers)
             sampler = PromptSampler(len(self.rows), config.data.train_batch_size, seed=config.trainer.seed,
                                     shuffle=config.data.shuffle)
-            self.source = SyncRolloutSource(config, self.rows, sampler, self.tokenizer, self.scorer, self.placement)
+            source_cls = SyncRolloutSource if config.rollout.mode == "sync" else AsyncRolloutSource
+            self.source = source_cls(config, self.rows, sampler, self.tokenizer, self.scorer, self.placement)
         except BaseException:  # a worker that died or hung in start-up, or Ctrl-C: stop what did start
             import ray
 
@@ -94,9 +96,8 @@ class Controller:
             if self.critic is None or step > cfg.critic.warmup_steps:  # critic warm-up leaves the actor as is
                 with timed(timing, "update_actor"):
                     metrics.update(self.update_actor(batch))
-                with timed(timing, "sync"):
-                    metrics.update(self.placement.sync_weights())
-                self.source.policy_version = step
+                with timed(timing, "sync"):  # the source's policy version becomes `step`
+                    metrics.update(self.source.sync_weights(step))
         return {**self.batch_metrics(batch), **metrics,
                 **{f"timing/{k}": v for k, v in timing.items()}, **self.throughput(batch, timing["step"])}
 
@@ -131,7 +132,7 @@ class Controller:
 
     def update_actor(self, batch: Batch) -> dict[str, float]:
         # Without old log-probs the update takes its own, and measures the rollout's gap to them;
-        # rollout log-probs also weight the loss with actor.rollout_is_cap.
+        # rollout log-probs also weight the loss (actor.rollout_is).
         keys = ["input_ids", "attention_mask", "position_ids", "responses", "response_mask", "advantages"]
         keys += [k for k in ("old_log_probs", "rollout_log_probs") if k in batch]
         keys += ["ref_log_probs"] if self.config.actor.use_kl_loss else []
@@ -237,9 +238,8 @@ class Controller:
                             "an exact resume needs the same data (start a new run for new data)")
         for name, group in self.checkpoint_groups().items():
             group.call("load_checkpoint", str(ckpt.path / name), phase=f"load checkpoint ({name})")
-        self.placement.sync_weights()
+        self.source.sync_weights(state.get("policy_version", state["step"]))
         self.source.load_state_dict(state)
-        self.source.policy_version = state.get("policy_version", state["step"])
         self.kl_ctrl.value = state["kl_coef"]
         set_rng_state(torch.load(ckpt.path / checkpoint.RNG_FILE, weights_only=True))
         self.completed_steps = state["step"]

@@ -40,6 +40,8 @@ RESUME_SAFE_KEYS = {
     "rollout.gpu_memory_utilization": "performance only",
     "rollout.vllm.enforce_eager": "performance only",
     "rollout.log_prob_check_freq": "when the sync check runs (the samples stay the same)",
+    "rollout.weight_sync": "how the weights travel to the rollout workers (the same values arrive)",
+    "rollout.weight_sync_timeout_s": "a deadline, not the math",
 }
 
 
