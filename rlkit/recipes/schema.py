@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from rlkit.recipes.reward_schema import RewardConfig, RewardModelConfig
 
@@ -92,8 +92,14 @@ class ActorConfig(Section):
     use_kl_loss: bool = Field(False, description="Add a KL(policy || reference) term to the loss (GRPO-style).")
     kl_loss_coef: float = Field(0.001, ge=0, description="Weight of the KL loss term.")
     kl_loss_type: str = Field("low_var_kl", description="KL estimator of the loss term: k1, k2, k3/low_var_kl, abs.")
-    rollout_is: Literal["auto", "token", "sequence", "off"] = Field("auto", description="Importance weights that correct for samples the rollout engine drew from another policy than the one the update starts from (its numerics, or staleness in rollout.mode one_step_off/async): each token's policy loss times min(pi_old / pi_rollout, actor.rollout_is_cap). token: a weight per token (TIS). sequence: one weight per sequence, the product of its tokens' ratios, truncated. auto: token when rollout.mode is not sync or actor.rollout_is_cap is set, else off. The engine then returns log-probs every step, which costs rollout speed (docs/benchmarks.md).")
+    rollout_is: Literal["auto", "token", "sequence"] | None = Field("auto", description="Importance weights that correct for samples the rollout engine drew from another policy than the one the update starts from (its numerics, or staleness in rollout.mode one_step_off/async): each token's policy loss times min(pi_old / pi_rollout, actor.rollout_is_cap). token: a weight per token (TIS). sequence: one weight per sequence, the product of its tokens' ratios, truncated. auto: token when rollout.mode is not sync or actor.rollout_is_cap is set, else off. off (or null): none. The engine then returns log-probs every step, which costs rollout speed (docs/benchmarks.md).")
     rollout_is_cap: float | None = Field(None, gt=0, description="Truncation of the importance weights of actor.rollout_is (TIS: Yao et al. 2025; TRL's vllm_importance_sampling_correction, verl's rollout_is_threshold). Setting it turns token-level weights on in sync mode too. None = 2.0 wherever weights are on.")
+    @field_validator("rollout_is", mode="before")
+    @classmethod
+    def _off_is_none(cls, value: Any) -> Any:
+        """`off` reads as YAML's false (on the command line too): it means no weights, like null."""
+        return None if value is False or value == "off" else value
+
     old_log_probs: Literal["auto", "recompute", "rollout"] = Field("auto", description="Where the PPO ratio's old log-probs come from. recompute: a forward pass of the trainer before the update. rollout: the engine's (exact only with one optimizer step per RL step). auto: with one optimizer step per RL step (ppo_epochs 1, mini_batch_size == train_batch_size) and no KL in the reward, the update's own log-probs, detached, which are the old policy's exactly (TRL's num_iterations=1), so the pass is skipped; otherwise recompute.")
 
 
@@ -185,7 +191,7 @@ class RLConfig(Section):
     def rollout_correction(self) -> tuple[str, float] | None:
         """(level, cap) of the rollout importance weights (actor.rollout_is), or None when they are off."""
         actor = self.actor
-        if actor.rollout_is == "off":
+        if actor.rollout_is is None:
             return None
         if actor.rollout_is == "auto" and self.rollout.mode == "sync" and actor.rollout_is_cap is None:
             return None
