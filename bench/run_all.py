@@ -39,6 +39,16 @@ CONFIGS: dict[str, tuple[list[str], int, int]] = {
     "rlkit-1gpu-vllm-cudagraphs-compile-recompute": (FAST + ["--old-log-probs", "recompute"], 1, 200),
     "rlkit-2gpu-vllm-cudagraphs-compile": (FAST + ["--gpus", "2"], 2, 200),
     "rlkit-2gpu-split-cudagraphs-compile": (FAST + ["--gpus", "2", "--placement", "split"], 2, 200),
+    # Asynchronous rollout (split: 1 rollout + 1 training GPU), and sync with rollout log-probs on every
+    # step (importance weights), the like-for-like setting for a correction.
+    "rlkit-2gpu-split-one-step-off-cudagraphs-compile": (FAST + ["--gpus", "2", "--placement", "split", "--mode",
+                                                                 "one_step_off", "--steps", "6", "--warmup", "2"], 2, 240),
+    "rlkit-2gpu-split-async2-cudagraphs-compile": (FAST + ["--gpus", "2", "--placement", "split", "--mode", "async",
+                                                           "--max-staleness", "2", "--steps", "6", "--warmup", "2"], 2, 240),
+    "rlkit-2gpu-split-objectstore-cudagraphs-compile": (FAST + ["--gpus", "2", "--placement", "split",
+                                                                "--weight-sync", "object_store"], 2, 200),
+    "rlkit-2gpu-vllm-cudagraphs-compile-logprobs": (FAST + ["--gpus", "2", "--rollout-is-cap", "2"], 2, 200),
+    "rlkit-1gpu-vllm-cudagraphs-compile-logprobs": (FAST + ["--rollout-is-cap", "2"], 1, 200),
     "vllm-rollout-1gpu": ([ROLLOUT], 1, 200),
     "vllm-rollout-1gpu-async": ([ROLLOUT, "--async-scheduling"], 1, 200),
     "rlkit-1gpu-vllm-gradckpt": ([RLKIT, "--grad-ckpt"], 1, 150),
