@@ -56,6 +56,7 @@ CONFIGS: dict[str, tuple[list[str], int, int]] = {
     "rlkit-2gpu-vllm": ([RLKIT, "--gpus", "2"], 2, 150),
     "rlkit-2gpu-split": ([RLKIT, "--gpus", "2", "--placement", "split"], 2, 180),
     "trl-1gpu-vllm": ([TRL, "--vllm"], 1, 330),
+    "trl-2gpu-vllm-server": ([TRL, "--vllm-server"], 2, 400),  # its vLLM server on one GPU, the trainer on the other
     "trl-1gpu-hf": ([TRL, "--steps", "2"], 1, 150),
 }
 
@@ -137,10 +138,16 @@ def table(results: dict) -> str:
         if ours and theirs:
             ratios.append(f"- {name} vs trl-1gpu-{engine}: rlkit {ours:.2f} s/step, TRL {theirs:.2f} s/step: "
                           f"rlkit is {theirs / ours:.2f}x faster")
+    theirs = results["configs"].get("trl-2gpu-vllm-server", {}).get("step_seconds")
+    for name, res in results["configs"].items():  # every 2-GPU rlkit configuration against TRL's server mode
+        ours = res.get("summary", {}).get("step_seconds") if name.startswith("rlkit-2gpu-") else None
+        if ours and theirs:
+            ratios.append(f"- {name} vs trl-2gpu-vllm-server: rlkit {ours:.2f} s/step, TRL {theirs:.2f} s/step: "
+                          f"rlkit is {theirs / ours:.2f}x faster")
     for name, res in results["configs"].items():
         for way, run in res.get("runs", {}).items():  # vllm_rollout.py
             ratios.append(f"- {name} {way}: {min(run['seconds']):.2f} s, {run['tokens_per_s']:,.0f} tok/s")
-    return "\n".join(lines + (["", "Same workload, same run, 1 GPU (and rollout probes):"] + ratios if ratios else [])) + "\n"
+    return "\n".join(lines + (["", "Same workload, same run (and rollout probes):"] + ratios if ratios else [])) + "\n"
 
 
 class Runner:

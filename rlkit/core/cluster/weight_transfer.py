@@ -12,9 +12,9 @@ they travel. A rollout worker receives the buckets in its queue of calls, after 
 generation already queued there: it does not generate while it receives and loads (at most
 one bucket in memory), and no request ever mixes two policy versions.
 
-Every wait has a deadline. A transfer starts with a one-element handshake (the transfer's
-number, which must agree on both sides): a receiver may still be generating, so the sender
-gives it trainer.phase_timeout_s to arrive. From then on the buckets must arrive within
+Every wait has a deadline. A transfer starts with a handshake through the store (transfer n
+begins when the sender has posted it and every receiver has answered): a receiver may still
+be generating, so each side gives the other trainer.phase_timeout_s to arrive. From then on the buckets must arrive within
 rollout.weight_sync_timeout_s; past it the side that waits raises WeightTransferStalled,
 which names the transfer, the bucket and the key to raise.
 """
@@ -83,7 +83,7 @@ class TransferGroup:
 
     def __init__(self, host: str, port: int, rank: int, world_size: int, device: torch.device, *,
                  handshake_timeout_s: float, transfer_timeout_s: float) -> None:
-        self.rank, self.device = rank, device
+        self.rank, self.world_size, self.device = rank, world_size, device
         self.handshake_timeout_s, self.transfer_timeout_s = handshake_timeout_s, transfer_timeout_s
         # The backend's own timeout is only a backstop behind the polled deadlines below.
         backstop = datetime.timedelta(seconds=handshake_timeout_s + transfer_timeout_s + 60)
@@ -109,16 +109,22 @@ class TransferGroup:
         work.wait()
 
     def begin(self, side: str) -> float:
-        """The handshake of the next transfer; returns the deadline of its buckets."""
+        """The handshake of the next transfer, through the store (no device kernel spins while a
+        rollout worker finishes generating); returns the deadline of its buckets."""
         self.transfers += 1
-        number = torch.tensor([self.transfers if self.rank == 0 else -1], dtype=torch.long, device=self.device)
-        self.broadcast(number, time.monotonic() + self.handshake_timeout_s,
-                       f"weight transfer #{self.transfers}: the {side} waited over {self.handshake_timeout_s:g} s "
-                       "(trainer.phase_timeout_s) for the other side to join; is a rollout worker stuck "
-                       "generating, or did the trainer stop?")
-        if int(number.item()) != self.transfers:
-            raise RuntimeError(f"weight transfer #{self.transfers} on rank {self.rank} met the sender's "
-                               f"#{int(number.item())}: the two sides are out of step")
+        number, wait = self.transfers, datetime.timedelta(seconds=self.handshake_timeout_s)
+        try:
+            if self.rank == 0:
+                self.store.set(f"begin/{number}", "1")
+                self.store.wait([f"ready/{number}/{rank}" for rank in range(1, self.world_size)], wait)
+            else:
+                self.store.wait([f"begin/{number}"], wait)
+                self.store.set(f"ready/{number}/{self.rank}", "1")
+        except dist.DistStoreError:
+            raise WeightTransferStalled(
+                f"weight transfer #{number}: the {side} waited over {self.handshake_timeout_s:g} s "
+                "(trainer.phase_timeout_s) for the other side to join; is a rollout worker stuck generating, "
+                "or did the trainer stop?") from None
         return time.monotonic() + self.transfer_timeout_s
 
     def stalled(self, side: str, index: int, buckets: int, numel: int, dtype: torch.dtype) -> str:
