@@ -13,8 +13,6 @@ from rlkit.core.data.builders import write_parquet
 from rlkit.core.data.gsm8k import build_gsm8k
 from rlkit.core.data.synthetic import build_synthetic
 
-pytestmark = pytest.mark.usefixtures("wide_console")
-
 
 def cli(*args: str):
     return invoke(register, "eval-reward", *args)

@@ -7,9 +7,9 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Iterator
 
-from rich.console import Console
 from rich.logging import RichHandler
 
+from rlkit.console import make_console
 from rlkit.core.cluster.failures import RunFailure, continue_hint
 from rlkit.core.controller.controller import Controller
 from rlkit.core.controller.interrupt import (
@@ -117,7 +117,7 @@ def run_log(path: Path) -> Iterator[None]:
     file_handler = logging.FileHandler(path)
     file_handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s",
                                                 "%Y-%m-%d %H:%M:%S"))
-    screen = RichHandler(console=Console(stderr=True, soft_wrap=True), show_time=False, show_path=False)
+    screen = RichHandler(console=make_console(stderr=True, soft_wrap=True), show_time=False, show_path=False)
     screen.addFilter(lambda record: record.name != step_logger.name)
     previous_level = logger.level
     logger.setLevel(logging.INFO)
