@@ -114,6 +114,8 @@ def test_gspo_sequence_ratio_and_clip() -> None:
     assert torch.allclose(loss, torch.tensor([[-1.2, -1.2], [-0.606531, 0.0]]), atol=1e-6)
     assert m["pg_clipfrac"].item() == pytest.approx(2 / 3)
     assert m["ppo_kl"].item() == pytest.approx(-(0.1 + 0.3 - 0.5) / 3, abs=1e-6)
+    # Token mean of the sequence ratio: (2 * exp(.2) + exp(-.5)) / 3.
+    assert m["seq_ratio_mean"].item() == pytest.approx((2 * math.exp(0.2) + math.exp(-0.5)) / 3, abs=1e-6)
     # high .28: s_0 = 1.221403 < 1.28, not clipped.
     loss, m = policy_loss("gspo", logp, old, adv, mask, clip_ratio_high=0.28)
     assert torch.allclose(loss[0], torch.tensor([-1.221403, -1.221403]), atol=1e-6)
