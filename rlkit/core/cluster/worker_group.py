@@ -70,6 +70,9 @@ def init_ray(config: RLConfig) -> None:
         address = "local"
         devices = config.trainer.nnodes * config.trainer.n_gpus_per_node
         kwargs["num_cpus"] = max(os.cpu_count() or 1, devices + 1)
+        # Ray turns token authentication on for a new local cluster, and says so on every run
+        # unless the mode is set: set it to what Ray would choose (a user's own setting stays).
+        os.environ.setdefault("RAY_AUTH_MODE", "token")
     ray.init(address=address, **kwargs)
     if address != "local":  # a cluster: its nodes must fit the run before any worker is placed
         from rlkit.core.controller.preflight import check_cluster
