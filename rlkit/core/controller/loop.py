@@ -22,6 +22,7 @@ from rlkit.core.controller.preflight import check_inputs
 from rlkit.core.controller.run_dir import RunDir
 from rlkit.core.controller.tracking import Tracker, step_logger
 from rlkit.core.state.checkpoint import Checkpoint, discard_after
+from rlkit.core.state.shards import seed_rng
 from rlkit.recipes.schema import RLConfig, TrainerConfig
 
 CONSOLE_LOG = "console.log"
@@ -39,6 +40,9 @@ def run_training(config: RLConfig, run: RunDir, resume_from: Checkpoint | None =
         logger.info("%s run %s at step %d of %d", "resuming" if resume_from else "starting", run.run_id, start,
                     trainer.total_steps)
         run.write_status("running", step=start, total_steps=trainer.total_steps, error=None)
+        # The controller's own draws (checkpointed as controller_rng.pt) start from the seed; a
+        # resume then restores them from its checkpoint.
+        seed_rng(trainer.seed)
         try:
             controller = Controller(config, run)
             if resume_from:
@@ -54,12 +58,11 @@ def run_training(config: RLConfig, run: RunDir, resume_from: Checkpoint | None =
                 rewards.append(metrics["reward/mean"])
                 tracker.log(metrics, step)
                 controller.completed_steps = step
+                run.write_status("running", step=step)  # with metrics.jsonl, not after a long checkpoint
                 if should_save(step, trainer):
                     path = controller.save_checkpoint("final" if step == trainer.total_steps else "periodic")
                     logger.info("checkpoint of step %d: %s", step, path)
-                    run.write_status("running", step=step, last_checkpoint=step)
-                else:
-                    run.write_status("running", step=step)
+                    run.write_status("running", last_checkpoint=step)
                 if stop.requested:
                     raise stop_after_step(controller, run, stop, saved=should_save(step, trainer))
             run.write_status("finished")
