@@ -9,6 +9,7 @@ from pathlib import Path
 
 import yaml
 
+from rlkit.core.controller.loop import logger, run_log
 from rlkit.core.controller.run_dir import RunDir
 from rlkit.core.controller.tracking import CONSOLE_KEYS, Tracker
 from rlkit.recipes.loader import BUILTIN_DIR, load_config
@@ -63,3 +64,10 @@ def test_the_step_table_in_a_log_file_prints_whole_numbers(tmp_path: Path, capsy
     assert "…" not in out
     for printed in ("-2.79e-05", "-0.000123", "1.23e-07", "123,457"):
         assert printed in out, out
+
+
+def test_log_lines_on_a_redirected_stderr_are_whole_and_unpadded(tmp_path: Path, capsys) -> None:
+    message = "checkpoint of step 7: " + "/a-long-run-directory" * 8
+    with run_log(tmp_path / "console.log"):
+        logger.info(message)
+    assert capsys.readouterr().err.splitlines() == [f"INFO     {message}"]

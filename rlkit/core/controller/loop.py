@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import sys
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Iterator
@@ -120,7 +121,7 @@ def run_log(path: Path) -> Iterator[None]:
     file_handler = logging.FileHandler(path)
     file_handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s",
                                                 "%Y-%m-%d %H:%M:%S"))
-    screen = RichHandler(console=make_console(stderr=True, soft_wrap=True), show_time=False, show_path=False)
+    screen = _screen_handler()
     screen.addFilter(lambda record: record.name != step_logger.name)
     previous_level = logger.level
     logger.setLevel(logging.INFO)
@@ -133,6 +134,17 @@ def run_log(path: Path) -> Iterator[None]:
         logger.removeHandler(screen)
         logger.setLevel(previous_level)
         file_handler.close()
+
+
+def _screen_handler() -> logging.Handler:
+    """Rich's log layout on a terminal; plain whole lines when stderr is a file or a pipe (rich
+    would wrap them at 80 columns, or pad them to the width of an unlimited console)."""
+    console = make_console(stderr=True, soft_wrap=True)
+    if console.is_terminal:
+        return RichHandler(console=console, show_time=False, show_path=False)
+    plain = logging.StreamHandler(sys.stderr)
+    plain.setFormatter(logging.Formatter("%(levelname)-8s %(message)s"))
+    return plain
 
 
 def train_run(config: RLConfig, run_id: str | None = None) -> Path:
