@@ -22,11 +22,16 @@ from rlkit.errors import UserError
 from rlkit.recipes.loader import load_config
 
 EXPORT_INFO = "rlkit_export.json"
+EXPORT_CONFIG = "rlkit_config.yaml"
 
 
 def export_hf(run: RunDir, out: str | Path, *, step: int | None = None, dtype: str = "auto") -> Path:
-    """Write the policy of `run` at `step` (default: the latest complete checkpoint) to `out`."""
-    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+    """Write the policy of `run` at `step` (default: the latest complete checkpoint) to `out`.
+
+    Next to the model: EXPORT_INFO (run, step, base model) and EXPORT_CONFIG (the config the
+    checkpoint was trained with, which `rlkit eval` of the directory validates with).
+    """
+    from transformers import AutoConfig, AutoTokenizer
 
     out = Path(out).expanduser()
     if out.exists() and any(out.iterdir()):
@@ -37,12 +42,7 @@ def export_hf(run: RunDir, out: str | Path, *, step: int | None = None, dtype: s
     config = load_config(str(ckpt.path / checkpoint.CONFIG_FILE))
     base = resolve_model_path(config.model.path)
     base_dtype = AutoConfig.from_pretrained(base).dtype  # before loading in fp32 overwrites it
-    model = AutoModelForCausalLM.from_pretrained(base, dtype=torch.float32)
-    target = model.state_dict()
-    _check_keys(target, ckpt.path / "policy" / SHARDS_DIR)
-    with warnings.catch_warnings():  # "torch.distributed is not initialized": intended, one process reads all
-        warnings.simplefilter("ignore", UserWarning)
-        dcp.load({MODEL_KEY: target}, checkpoint_id=str(ckpt.path / "policy" / SHARDS_DIR), no_dist=True)
+    model = load_policy(ckpt, base)
     save_dtype = DTYPES[dtype] if dtype != "auto" else _as_dtype(base_dtype)
     model.to(save_dtype)
     out.mkdir(parents=True, exist_ok=True)
@@ -51,7 +51,22 @@ def export_hf(run: RunDir, out: str | Path, *, step: int | None = None, dtype: s
     info = {"run": run.run_id, "step": ckpt.step, "checkpoint": str(ckpt.path), "base_model": config.model.path,
             "dtype": str(save_dtype).removeprefix("torch.")}
     (out / EXPORT_INFO).write_text(json.dumps(info, indent=2))
+    (out / EXPORT_CONFIG).write_text((ckpt.path / checkpoint.CONFIG_FILE).read_text())
     return out
+
+
+def load_policy(ckpt: checkpoint.Checkpoint, base: str) -> torch.nn.Module:
+    """The checkpoint's policy in float32 (the trainer's master weights) on the CPU, in the base model's
+    architecture loaded from `base`."""
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(base, dtype=torch.float32)
+    target = model.state_dict()
+    _check_keys(target, ckpt.path / "policy" / SHARDS_DIR)
+    with warnings.catch_warnings():  # "torch.distributed is not initialized": intended, one process reads all
+        warnings.simplefilter("ignore", UserWarning)
+        dcp.load({MODEL_KEY: target}, checkpoint_id=str(ckpt.path / "policy" / SHARDS_DIR), no_dist=True)
+    return model
 
 
 def _check_keys(target: dict[str, torch.Tensor], shards: Path) -> None:
