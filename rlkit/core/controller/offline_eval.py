@@ -121,18 +121,15 @@ def start_engine(target: EvalTarget) -> RolloutEngine:
         os.environ.setdefault(key, value)
     use_cuda = cfg.trainer.device == "cuda" or (cfg.trainer.device == "auto" and torch.cuda.is_available())
     device = torch.device("cuda", 0) if use_cuda else torch.device("cpu")
-    engine = make_engine(
-        cfg.rollout.name, target.model_path, dtype=fsdp.compute_dtype(cfg.model.dtype, device), seed=cfg.trainer.seed,
-        max_model_len=cfg.data.max_prompt_length + cfg.data.max_response_length, device=device,
-        gpu_memory_utilization=cfg.rollout.gpu_memory_utilization, enforce_eager=cfg.rollout.enforce_eager,
-        max_num_seqs=cfg.rollout.max_num_seqs, sleep_mode=False, engine_kwargs=cfg.rollout.engine_kwargs)
+    engine = make_engine(cfg, target.model_path, device=device, dtype=fsdp.compute_dtype(cfg.model.dtype, device),
+                         seed=cfg.trainer.seed, sleep_mode=False)
     if target.checkpoint is not None:
         engine.load_weights(_policy_tensors(target.checkpoint, target.model_path, device))
     return engine
 
 
 def _policy_tensors(ckpt: checkpoint.Checkpoint, base: str, device: torch.device) -> Iterator[tuple[str, torch.Tensor]]:
-    """(HF name, float32 tensor) per parameter, as the weight sync streams them (rlkit.core.train.fsdp.full_state_items)."""
+    """(HF name, float32 tensor) per parameter, as the weight sync streams them (TrainableModel.engine_weights)."""
     model = load_policy(ckpt, base)
     for name, param in model.named_parameters():
         yield name, param.detach().to(device)
