@@ -22,9 +22,8 @@ import os
 import time
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
-from rlkit.core.cluster.worker_group import WorkerGroup
 from rlkit.core.controller.run_dir import prepare_val_files
 from rlkit.core.data.dataset import PromptRow, load_prompt_dataset
 from rlkit.core.rewards.metrics import RowOutcome, validation_metrics
@@ -33,6 +32,9 @@ from rlkit.core.rewards.scoring import RULE_OPTIONS, RewardScorer
 from rlkit.core.rollout.base import RolloutSample, Sampling
 from rlkit.recipes.reward_schema import RewardConfig
 from rlkit.recipes.schema import RLConfig, TrainerConfig
+
+if TYPE_CHECKING:  # only the run loop generates on worker groups
+    from rlkit.core.cluster.worker_group import WorkerGroup
 
 GenerateFn = Callable[[list[list[int]], Sampling], list[RolloutSample]]
 ScoreFn = Callable[[list[str], list[PromptRow]], list[float]]
