@@ -21,6 +21,7 @@ from rlkit.core.controller.interrupt import (
 from rlkit.core.controller.preflight import check_inputs
 from rlkit.core.controller.run_dir import RunDir
 from rlkit.core.controller.tracking import Tracker, step_logger
+from rlkit.core.rollout.sync_check import check_weight_sync
 from rlkit.core.state.checkpoint import Checkpoint, discard_after
 from rlkit.recipes.schema import RLConfig, TrainerConfig
 
@@ -51,6 +52,7 @@ def run_training(config: RLConfig, run: RunDir, resume_from: Checkpoint | None =
             rewards: list[float] = []
             for step in range(start + 1, trainer.total_steps + 1):
                 metrics = controller.step(step)
+                check_weight_sync(metrics, config.rollout, step)  # a stale rollout engine stops the run here
                 rewards.append(metrics["reward/mean"])
                 tracker.log(metrics, step)
                 controller.completed_steps = step

@@ -3,6 +3,11 @@
 The base model is loaded first (architecture, config, buffers, generation config), then the
 checkpoint's sharded weights are read into its tensors in place by DCP, so memory peaks at
 one model. Needs no process group, no Ray and no GPU.
+
+A LoRA run's checkpoint holds only its adapters: they are read into a peft model on the
+base, then written as the merged model (W + alpha/r * B @ A, loadable anywhere), as the
+peft adapter (adapter_config.json + adapter_model.safetensors, for peft or vLLM's LoRA
+support), or both (`lora_format`).
 """
 
 from __future__ import annotations
@@ -16,16 +21,24 @@ import torch.distributed.checkpoint as dcp
 
 from rlkit.core.controller.run_dir import RunDir, resolve_model_path
 from rlkit.core.state import checkpoint
-from rlkit.core.state.shards import MODEL_KEY, SHARDS_DIR
+from rlkit.core.state.shards import MODEL_KEY, SHARDS_DIR, frozen_names
+from rlkit.core.train import adapters
 from rlkit.core.train.fsdp import DTYPES
 from rlkit.errors import UserError
 from rlkit.recipes.loader import load_config
 
 EXPORT_INFO = "rlkit_export.json"
+ADAPTER_DIR = "adapter"  # where `lora_format=both` puts the peft adapter, next to the merged model
+LORA_FORMATS = ("both", "merged", "adapter")
 
 
-def export_hf(run: RunDir, out: str | Path, *, step: int | None = None, dtype: str = "auto") -> Path:
-    """Write the policy of `run` at `step` (default: the latest complete checkpoint) to `out`."""
+def export_hf(run: RunDir, out: str | Path, *, step: int | None = None, dtype: str = "auto",
+              lora_format: str | None = None) -> Path:
+    """Write the policy of `run` at `step` (default: the latest complete checkpoint) to `out`.
+
+    `lora_format` (LoRA runs only; default both): the merged model in `out`, the peft adapter
+    in `out` (adapter), or the merged model in `out` and the adapter in `out/adapter` (both).
+    """
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
     out = Path(out).expanduser()
@@ -35,23 +48,45 @@ def export_hf(run: RunDir, out: str | Path, *, step: int | None = None, dtype: s
         raise UserError(f"--dtype {dtype!r}: use auto (the base model's dtype), {', '.join(DTYPES)}")
     ckpt = checkpoint.checkpoint_at(run.path, step)
     config = load_config(str(ckpt.path / checkpoint.CONFIG_FILE))
+    lora = config.model.lora.rank > 0
+    if lora_format is not None and not lora:
+        raise UserError(f"--lora-format {lora_format}: run {run.run_id} trained every weight (model.lora.rank=0), "
+                        "so its export is the full model; leave --lora-format out")
+    lora_format = lora_format or "both"
+    if lora_format not in LORA_FORMATS:
+        raise UserError(f"--lora-format {lora_format!r}: use {', '.join(LORA_FORMATS)}")
     base = resolve_model_path(config.model.path)
     base_dtype = AutoConfig.from_pretrained(base).dtype  # before loading in fp32 overwrites it
     model = AutoModelForCausalLM.from_pretrained(base, dtype=torch.float32)
-    target = model.state_dict()
+    if lora:  # the adapters' structure; their values come from the checkpoint
+        model = adapters.add_lora(model, config.model.lora, seed=config.trainer.seed)
+    frozen = frozen_names(model)
+    target = {k: v for k, v in model.state_dict().items() if k not in frozen}
     _check_keys(target, ckpt.path / "policy" / SHARDS_DIR)
     with warnings.catch_warnings():  # "torch.distributed is not initialized": intended, one process reads all
         warnings.simplefilter("ignore", UserWarning)
         dcp.load({MODEL_KEY: target}, checkpoint_id=str(ckpt.path / "policy" / SHARDS_DIR), no_dist=True)
     save_dtype = DTYPES[dtype] if dtype != "auto" else _as_dtype(base_dtype)
-    model.to(save_dtype)
     out.mkdir(parents=True, exist_ok=True)
-    model.save_pretrained(out)
+    if lora and lora_format != "merged":
+        _save_adapter(model, out / ADAPTER_DIR if lora_format == "both" else out, save_dtype)
+    if lora_format != "adapter" or not lora:
+        merged = model.merge_and_unload() if lora else model
+        merged.to(save_dtype).save_pretrained(out)
     AutoTokenizer.from_pretrained(base).save_pretrained(out)
     info = {"run": run.run_id, "step": ckpt.step, "checkpoint": str(ckpt.path), "base_model": config.model.path,
             "dtype": str(save_dtype).removeprefix("torch.")}
+    if lora:
+        info["lora"] = {"format": lora_format, **config.model.lora.model_dump(mode="json")}
     (out / EXPORT_INFO).write_text(json.dumps(info, indent=2))
     return out
+
+
+def _save_adapter(model: torch.nn.Module, out: Path, dtype: torch.dtype) -> None:
+    """The peft adapter of `model` (adapter_config.json naming the base model, adapter weights in `dtype`)."""
+    # peft picks the adapter's tensors out of this (keys as the model names them) and strips the adapter name.
+    weights = {k: v.to(dtype) for k, v in model.state_dict().items() if ".lora_" in k}
+    model.save_pretrained(out, state_dict=weights)
 
 
 def _check_keys(target: dict[str, torch.Tensor], shards: Path) -> None:
