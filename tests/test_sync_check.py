@@ -71,7 +71,9 @@ def test_warn_mode_logs_the_same_reason_and_trains_on(caplog) -> None:
 def test_the_probe_scores_one_sampled_sequence_before_and_after_the_first_load_only() -> None:
     engine, probe = ShiftEngine(), FirstSyncProbe()
     assert probe.measure(engine, lambda: None) == {} and not engine.scored  # nothing sampled yet
-    probe.record([[5, 6], [7]], [RolloutSample(1, [], [], True), RolloutSample(0, [8, 9], [], True)])
+    # Not an empty response, nor a prompt of one token (the probe leaves out the first token).
+    probe.record([[4, 5, 6], [7]], [RolloutSample(1, [8], [], True), RolloutSample(0, [], [], True),
+                                   RolloutSample(0, [8, 9], [], True)])
     probe.record([[1]], [RolloutSample(0, [2], [], True)])  # later rollouts keep the first probe
     assert probe.pending
     measured = probe.measure(engine, lambda: engine.load_weights([("w", torch.tensor([0.25, 0.5]))]))

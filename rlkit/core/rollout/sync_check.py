@@ -43,13 +43,18 @@ class FirstSyncProbe:
         self.done = False
 
     def record(self, prompts: list[list[int]], samples: list[RolloutSample]) -> None:
-        """Keep the first non-empty sample of the first rollout as the probe."""
+        """Keep a sample of the first rollout as the probe, less its first token.
+
+        A sampled sequence may fill the engine's whole context, and scoring it asks for one
+        more token, so the probe drops the first prompt token (any fixed sequence serves to
+        compare before with after).
+        """
         if self.done or self.sequence is not None:
             return
-        sample = next((s for s in samples if s.token_ids), None)
+        sample = next((s for s in samples if s.token_ids and len(prompts[s.prompt_index]) > 1), None)
         if sample is not None:
             prompt = prompts[sample.prompt_index]
-            self.sequence, self.prompt_len = prompt + sample.token_ids, len(prompt)
+            self.sequence, self.prompt_len = prompt[1:] + sample.token_ids, len(prompt) - 1
 
     @property
     def pending(self) -> bool:
