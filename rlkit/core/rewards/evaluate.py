@@ -54,6 +54,7 @@ def sample_responses(model_path: str, rows: list[dict[str, Any]], *, n: int, max
     from rlkit.core.data.dataset import tokenize_prompt
     from rlkit.core.rollout.base import Sampling
     from rlkit.core.rollout.engines import make_engine
+    from rlkit.recipes.schema import RLConfig
 
     try:
         tokenizer = AutoTokenizer.from_pretrained(model_path)
@@ -61,8 +62,9 @@ def sample_responses(model_path: str, rows: list[dict[str, Any]], *, n: int, max
         raise UserError(f"--model {model_path}: cannot load a tokenizer ({exc})") from None
     prompts = [tokenize_prompt(tokenizer, row["prompt"]) for row in rows]
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    engine = make_engine("hf", model_path, dtype="float32", seed=seed, device=device,
-                         max_model_len=max(map(len, prompts)) + max_new_tokens)
+    config = RLConfig(rollout={"name": "hf"},
+                      data={"max_prompt_length": max(map(len, prompts)), "max_response_length": max_new_tokens})
+    engine = make_engine(config, model_path, dtype="float32", seed=seed, device=device, sleep_mode=False)
     sampling = Sampling(n=n, max_tokens=max_new_tokens, temperature=temperature, seed=seed,
                         greedy=temperature == 0)
     responses: list[list[str]] = [[] for _ in rows]
@@ -84,7 +86,8 @@ def _histogram(scores: list[float]) -> list[dict[str, float]]:
 
 def evaluate(rows: list[dict[str, Any]], responses: list[list[str]], config: RewardConfig, *,
              examples: int = 3) -> dict[str, Any]:
-    """Score every response and summarise: mean, accuracy, histogram, extraction failures, timing."""
+    """Score every response and summarise: mean, accuracy, histogram, extraction failures, timing,
+    and each row's scores (`per_row`, in response order)."""
     flat = [(i, text) for i, texts in enumerate(responses) for text in texts]
     ground_truths = [str((row.get("reward_model") or {}).get("ground_truth", "")) for row in rows]
     extra_infos = [dict(row.get("extra_info") or {}) for row in rows]
@@ -115,7 +118,10 @@ def evaluate(rows: list[dict[str, Any]], responses: list[list[str]], config: Rew
         "seconds_per_call_max": scored.metrics.get("reward/call_seconds_max"),
         "seconds_total": seconds,
         "metrics": scored.metrics,
+        "per_row": [{"row": i, "ground_truth": ground_truths[i], "scores": []} for i in range(len(rows))],
     }
+    for (i, _), score in zip(flat, scores, strict=True):
+        report["per_row"][i]["scores"].append(score)
     if n > 1 and binary:
         by_row = Counter(flat[k][0] for k, s in enumerate(scores) if s >= 1.0)
         report[f"pass@{n}"] = len(by_row) / len(rows)

@@ -56,12 +56,9 @@ class PolicyWorker(DeviceWorker):
             micro_batch_size=cfg.reward_model.micro_batch_size) if cfg.reward_model.path else None
         self.phase = "setup/rollout-engine"
         # Split placement: rollout workers on other devices hold the engine (rlkit.core.cluster.placement).
-        self.engine = make_engine(
-            cfg.rollout.name, self.model_path, dtype=self.dtype, seed=cfg.trainer.seed + self.rank,
-            max_model_len=cfg.data.max_prompt_length + cfg.data.max_response_length, device=self.device,
-            gpu_memory_utilization=cfg.rollout.gpu_memory_utilization, enforce_eager=cfg.rollout.enforce_eager,
-            max_num_seqs=cfg.rollout.max_num_seqs, sleep_mode=True,
-            engine_kwargs=cfg.rollout.engine_kwargs) if cfg.rollout.placement == "colocated" else None
+        self.engine = make_engine(cfg, self.model_path, device=self.device, dtype=self.dtype,
+                                  seed=cfg.trainer.seed + self.rank,
+                                  sleep_mode=True) if cfg.rollout.placement == "colocated" else None
         self.sync_probe = FirstSyncProbe()
         self.phase = "idle"
         return {"rank": self.rank, "shards": fsdp.shard_numels(self.model.module)}
