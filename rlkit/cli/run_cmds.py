@@ -120,6 +120,9 @@ def export(
     out: Path = typer.Option(..., "--out", help="New directory for the Hugging Face model."),
     step: Optional[int] = typer.Option(None, "--step", help="Checkpoint step (default: the latest complete one)."),
     dtype: str = typer.Option("auto", "--dtype", help="auto (the base model's dtype), float32 or bfloat16."),
+    lora_format: Optional[str] = typer.Option(
+        None, "--lora-format", help="LoRA runs: both (merged model in --out, peft adapter in --out/adapter; "
+                                    "the default), merged, or adapter (the peft adapter alone in --out)."),
     runs_dir: str = RUNS_DIR_OPTION,
 ) -> None:
     """Write a checkpoint's policy as a Hugging Face model (safetensors, config, tokenizer).
@@ -129,7 +132,7 @@ def export(
     from rlkit.core.controller.run_dir import RunDir
     from rlkit.core.state.export import export_hf
 
-    path = export_hf(RunDir.open(run_id, runs_dir), out, step=step, dtype=dtype)
+    path = export_hf(RunDir.open(run_id, runs_dir), out, step=step, dtype=dtype, lora_format=lora_format)
     console.print(f"[green]exported[/] to {path}")
 
 

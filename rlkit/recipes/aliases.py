@@ -8,6 +8,9 @@ _ARR = "actor_rollout_ref"
 VERL_ALIASES: dict[str, str] = {
     f"{_ARR}.model.path": "model.path",
     f"{_ARR}.model.enable_gradient_checkpointing": "model.gradient_checkpointing",
+    f"{_ARR}.model.lora_rank": "model.lora.rank",
+    f"{_ARR}.model.lora_alpha": "model.lora.alpha",
+    f"{_ARR}.model.target_modules": "model.lora.target_modules",
     f"{_ARR}.rollout.name": "rollout.name",
     f"{_ARR}.rollout.n": "rollout.n",
     f"{_ARR}.rollout.temperature": "rollout.temperature",

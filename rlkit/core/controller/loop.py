@@ -28,6 +28,7 @@ from rlkit.core.controller.validation import (
     validate,
     validation_due,
 )
+from rlkit.core.rollout.sync_check import check_weight_sync
 from rlkit.core.state.checkpoint import Checkpoint, discard_after
 from rlkit.core.state.shards import seed_rng
 from rlkit.recipes.schema import RLConfig, TrainerConfig
@@ -70,6 +71,7 @@ def run_training(config: RLConfig, run: RunDir, resume_from: Checkpoint | None =
                 tracker.log(val_metrics, 0)
             for step in range(start + 1, trainer.total_steps + 1):
                 metrics = controller.step(step)
+                check_weight_sync(metrics, config.rollout, step)  # a stale rollout engine stops the run here
                 rewards.append(metrics["reward/mean"])
                 if evaluator and validation_due(step, trainer):  # the policy this step's checkpoint holds
                     metrics.update(validate(evaluator, run.path, step))

@@ -21,7 +21,12 @@ from typing import Iterator
 import torch
 
 from rlkit.core.controller.run_dir import RunDir, prepare_val_files, resolve_model_path
-from rlkit.core.controller.validation import VALIDATION_DIR, Evaluator, ValSettings, scorer_score
+from rlkit.core.controller.validation import (
+    VALIDATION_DIR,
+    Evaluator,
+    ValSettings,
+    scorer_score,
+)
 from rlkit.core.data.dataset import load_prompt_dataset
 from rlkit.core.rewards.scoring import RewardScorer
 from rlkit.core.rollout.base import RolloutEngine
@@ -130,6 +135,8 @@ def start_engine(target: EvalTarget) -> RolloutEngine:
 
 def _policy_tensors(ckpt: checkpoint.Checkpoint, base: str, device: torch.device) -> Iterator[tuple[str, torch.Tensor]]:
     """(HF name, float32 tensor) per parameter, as the weight sync streams them (TrainableModel.engine_weights)."""
-    model = load_policy(ckpt, base)
+    model, lora = load_policy(ckpt, base)
+    if lora is not None:  # the engine takes base-model names: the adapters merged in, as the weight sync does
+        model = model.merge_and_unload()
     for name, param in model.named_parameters():
         yield name, param.detach().to(device)

@@ -44,6 +44,8 @@ RESUME_SAFE_KEYS = {
     "rollout.gpu_memory_utilization": "performance only",
     "rollout.vllm.enforce_eager": "performance only",
     "rollout.log_prob_check_freq": "when the sync check runs (the samples stay the same)",
+    "rollout.log_prob_tolerance": "what the sync check accepts, not the math",
+    "rollout.sync_check": "what a failed sync check does, not the math",
 }
 
 
