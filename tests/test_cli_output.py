@@ -57,7 +57,7 @@ def test_runs_list_piped_keeps_every_column_whole(tmp_path: Path) -> None:
 def test_the_step_table_in_a_log_file_prints_whole_numbers(tmp_path: Path, capsys) -> None:
     # stdout is pytest's capture here: not a terminal, as under nohup or `| tee run.log`.
     tracker = Tracker(tmp_path, ["console"], total_steps=3, start_step=0, project="p", name="n", config={})
-    values = [-2.7912345e-05, 512.0, -0.000123456, 3.21, 0.987654, 1.23e-07, 123456.7, 12.5]
+    values = [-2.7912345e-05, 0.5, 512.0, -0.000123456, 3.21, 0.987654, 1.23e-07, 123456.7, 12.5]
     tracker.log({key: value for (key, _), value in zip(CONSOLE_KEYS, values, strict=True)}, 1)
     tracker.close()
     out = capsys.readouterr().out

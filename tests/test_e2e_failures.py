@@ -23,7 +23,7 @@ pytestmark = pytest.mark.slow
 
 # The transformers rollout engine starts in seconds; these tests are about the controller.
 TINY = ["trainer.logger=[jsonl]", "rollout.name=hf", "data.train_batch_size=4", "actor.mini_batch_size=4",
-        "rollout.n=2"]
+        "rollout.n=2", "trainer.val_freq=0"]  # no validation: metrics.jsonl holds the trained steps only
 RUN_TIMEOUT_S = 300  # a tiny run takes well under a minute on 2 busy cores
 
 

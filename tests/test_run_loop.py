@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import random
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -23,6 +24,8 @@ class StandInController:
 
     def __init__(self, config, run: RunDir) -> None:
         self.config, self.run, self.completed_steps = config, run, 0
+        self.tokenizer = self.scorer = None  # no validation data: the loop builds no evaluator
+        self.placement = SimpleNamespace(rollout=None)
 
     def step(self, step: int) -> dict[str, float]:
         return {"reward/mean": random.random() + float(torch.rand(()))}
@@ -45,7 +48,7 @@ def stand_in(monkeypatch) -> type[StandInController]:
 
 
 def run(tmp_path: Path, run_id: str, *overrides: str) -> RunDir:
-    config = load_config("grpo-demo", [f"trainer.runs_dir={tmp_path}", "trainer.logger=[jsonl]",
+    config = load_config("grpo-demo", [f"trainer.runs_dir={tmp_path}", "trainer.logger=[jsonl]", "trainer.val_freq=0",
                                        "trainer.total_steps=3", "trainer.save_freq=1", *overrides])
     run_dir = RunDir.create(config, run_id)
     loop.run_training(config, run_dir)

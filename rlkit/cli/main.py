@@ -7,7 +7,7 @@ from typing import Optional
 import typer
 from rich.table import Table
 
-from rlkit.cli import data_cmds, run_cmds
+from rlkit.cli import data_cmds, eval_cmds, run_cmds
 from rlkit.cli.common import console, print_yaml, run_failures, user_errors
 
 app = typer.Typer(
@@ -73,6 +73,7 @@ def recipes_show(name: str = typer.Argument(..., help="Recipe name or path.")) -
 # Command groups that live in their own modules.
 data_cmds.register(app)
 run_cmds.register(app)
+eval_cmds.register(app)
 
 if __name__ == "__main__":
     app()

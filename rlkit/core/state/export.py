@@ -25,10 +25,15 @@ from rlkit.errors import UserError
 from rlkit.recipes.loader import load_config
 
 EXPORT_INFO = "rlkit_export.json"
+EXPORT_CONFIG = "rlkit_config.yaml"
 
 
 def export_hf(run: RunDir, out: str | Path, *, step: int | None = None, dtype: str = "auto") -> Path:
-    """Write the policy of `run` at `step` (default: the latest complete checkpoint) to `out`."""
+    """Write the policy of `run` at `step` (default: the latest complete checkpoint) to `out`.
+
+    Next to the model: EXPORT_INFO (run, step, base model) and EXPORT_CONFIG (the config the
+    checkpoint was trained with, which `rlkit eval` of the directory validates with).
+    """
     out = Path(out).expanduser()
     if out.exists() and any(out.iterdir()):
         raise UserError(f"--out {out} is not empty; pick a new directory")
@@ -37,26 +42,21 @@ def export_hf(run: RunDir, out: str | Path, *, step: int | None = None, dtype: s
     ckpt = checkpoint.checkpoint_at(run.path, step)
     config = load_config(str(ckpt.path / checkpoint.CONFIG_FILE))
     with _no_progress_bars():  # one line says what was exported; load/save bars would only clutter it
-        save_dtype = _write_model(resolve_model_path(config.model.path), ckpt.path / "policy" / SHARDS_DIR, out,
-                                  dtype)
+        save_dtype = _write_model(resolve_model_path(config.model.path), ckpt, out, dtype)
     info = {"run": run.run_id, "step": ckpt.step, "checkpoint": str(ckpt.path), "base_model": config.model.path,
             "dtype": str(save_dtype).removeprefix("torch.")}
     (out / EXPORT_INFO).write_text(json.dumps(info, indent=2))
+    (out / EXPORT_CONFIG).write_text((ckpt.path / checkpoint.CONFIG_FILE).read_text())
     _default_permissions(out)
     return out
 
 
-def _write_model(base: str, shards: Path, out: Path, dtype: str) -> torch.dtype:
+def _write_model(base: str, ckpt: checkpoint.Checkpoint, out: Path, dtype: str) -> torch.dtype:
     """The base model with the checkpoint's weights, saved to `out` with its tokenizer; returns the dtype."""
-    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoConfig, AutoTokenizer
 
     base_dtype = AutoConfig.from_pretrained(base).dtype  # before loading in fp32 overwrites it
-    model = AutoModelForCausalLM.from_pretrained(base, dtype=torch.float32)
-    target = model.state_dict()
-    _check_keys(target, shards)
-    with warnings.catch_warnings():  # "torch.distributed is not initialized": intended, one process reads all
-        warnings.simplefilter("ignore", UserWarning)
-        dcp.load({MODEL_KEY: target}, checkpoint_id=str(shards), no_dist=True)
+    model = load_policy(ckpt, base)
     save_dtype = DTYPES[dtype] if dtype != "auto" else _as_dtype(base_dtype)
     model.to(save_dtype)
     out.mkdir(parents=True, exist_ok=True)
@@ -86,6 +86,20 @@ def _default_permissions(out: Path) -> None:
     for path in out.rglob("*"):
         if path.is_file():
             path.chmod(0o666 & ~umask)
+
+
+def load_policy(ckpt: checkpoint.Checkpoint, base: str) -> torch.nn.Module:
+    """The checkpoint's policy in float32 (the trainer's master weights) on the CPU, in the base model's
+    architecture loaded from `base`."""
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(base, dtype=torch.float32)
+    target = model.state_dict()
+    _check_keys(target, ckpt.path / "policy" / SHARDS_DIR)
+    with warnings.catch_warnings():  # "torch.distributed is not initialized": intended, one process reads all
+        warnings.simplefilter("ignore", UserWarning)
+        dcp.load({MODEL_KEY: target}, checkpoint_id=str(ckpt.path / "policy" / SHARDS_DIR), no_dist=True)
+    return model
 
 
 def _check_keys(target: dict[str, torch.Tensor], shards: Path) -> None:
