@@ -38,7 +38,7 @@ def overrides(args: argparse.Namespace, workload: Workload, data: str, runs_dir:
         f"actor.mini_batch_size={workload.prompts}", f"actor.micro_batch_tokens={args.micro_batch_tokens}",
         f"model.compile={str(args.compile).lower()}", f"model.gradient_checkpointing={str(args.grad_ckpt).lower()}",
         f"actor.old_log_probs={args.old_log_probs}", f"rollout.engine_kwargs={args.engine_kwargs}",
-        f"reward.function={reward}:score", "reward.num_workers=0",
+        f"reward.function={reward}:score",
         f"trainer.n_gpus_per_node={args.gpus}", f"trainer.total_steps={args.steps}", "trainer.logger=[jsonl]",
         f"trainer.runs_dir={runs_dir}",
     ]
