@@ -21,6 +21,7 @@ from rlkit.core.cluster.failures import (
     late_worker,
     worker_died,
     worker_raised,
+    with_portable_exceptions,
     workers_late,
 )
 from rlkit.core.cluster.phases import PhaseBoard, PhaseReporter, WorkerPlace
@@ -129,7 +130,8 @@ class WorkerGroup:
         self.reservation = reservation or DeviceReservation(config)
         self.slots = list(self.reservation.slots[:config.world_size] if slots is None else slots)
         share = 1.0 / groups_per_device(config)
-        remote_cls = ray.remote(num_cpus=share, num_gpus=share if self.reservation.use_gpu else 0)(worker_cls)
+        remote_cls = ray.remote(num_cpus=share, num_gpus=share if self.reservation.use_gpu else 0)(
+            with_portable_exceptions(worker_cls))
         self.actors = []
         for rank, (node, local) in enumerate(self.slots):
             strategy = PlacementGroupSchedulingStrategy(self.reservation.groups[node], placement_group_bundle_index=local)

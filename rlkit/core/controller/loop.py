@@ -18,9 +18,10 @@ from rlkit.core.controller.interrupt import (
     stop_after_step,
     stopped_at_once,
 )
-from rlkit.core.controller.preflight import check_inputs
+from rlkit.core.controller.preflight import RunInputs, check_inputs
 from rlkit.core.controller.run_dir import RunDir
 from rlkit.core.controller.tracking import Tracker, step_logger
+from rlkit.core.data.builders import write_parquet
 from rlkit.core.state.checkpoint import Checkpoint, discard_after
 from rlkit.recipes.schema import RLConfig, TrainerConfig
 
@@ -28,19 +29,23 @@ CONSOLE_LOG = "console.log"
 logger = logging.getLogger("rlkit")
 
 
-def run_training(config: RLConfig, run: RunDir, resume_from: Checkpoint | None = None) -> Path:
-    """Train steps (resume_from.step + 1 or 1) .. trainer.total_steps; returns the run directory."""
+def run_training(config: RLConfig, run: RunDir, inputs: RunInputs, resume_from: Checkpoint | None = None) -> Path:
+    """Train steps (resume_from.step + 1 or 1) .. trainer.total_steps on the checked `inputs`;
+    returns the run directory."""
 
     trainer = config.trainer
     start = resume_from.step if resume_from else 0
     controller = tracker = None
     with run_log(run.path / CONSOLE_LOG), \
             StopOnSignal(logger.warning, save_on_interrupt=trainer.save_on_interrupt) as stop:
+        if run.restarted:
+            logger.warning("run directory %s held no checkpoint (its run stopped before the first one): "
+                           "starting run %s there again, replacing that attempt's logs and metrics", run.path, run.run_id)
         logger.info("%s run %s at step %d of %d", "resuming" if resume_from else "starting", run.run_id, start,
                     trainer.total_steps)
         run.write_status("running", step=start, total_steps=trainer.total_steps, error=None)
         try:
-            controller = Controller(config, run)
+            controller = Controller(config, run, inputs)
             if resume_from:
                 discard_after(run.path, start)
                 controller.load_checkpoint(resume_from)
@@ -133,6 +138,10 @@ def run_log(path: Path) -> Iterator[None]:
 
 
 def train_run(config: RLConfig, run_id: str | None = None) -> Path:
-    """Check the inputs, create the run directory, train config.trainer.total_steps steps, return the run dir."""
-    check_inputs(config)
-    return run_training(config, RunDir.create(config, run_id))
+    """Check every input, then create the run directory and train config.trainer.total_steps steps;
+    returns the run dir."""
+    inputs = check_inputs(config)
+    run = RunDir.create(config, run_id)
+    if inputs.generated is not None:  # data.synthetic_task: the run dir keeps the prompts it trained on
+        write_parquet(inputs.generated, run.path / "data" / "train.parquet")
+    return run_training(config, run, inputs)

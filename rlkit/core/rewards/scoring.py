@@ -244,6 +244,27 @@ class _Pool:
         self.workers = []
 
 
+def rule_for(data_source: str, where: str) -> Callable[..., Any]:
+    """The registered rule for `data_source`; RewardError naming `where` (a row) if there is none."""
+    try:
+        return reward_fn_for(data_source)
+    except KeyError as exc:
+        raise RewardError(f"{where}: {exc.args[0]}; set reward.function=path/file.py:fn to score "
+                          "it with your own function") from None
+
+
+def check_reward_functions(config: RewardConfig, data_sources: list[str], where: str) -> str:
+    """Before a run: reward.function imports, or every row's data_source has a rule; says which."""
+    if config.function:
+        return f"reward.function={FileFunction(config.function, 'reward.function').spec}"
+    rules = {}
+    for row, source in enumerate(data_sources):
+        if source not in rules:
+            rule = rule_for(source, f"{where}, row {row}")
+            rules[source] = f"{rule.__module__}.{rule.__qualname__}"
+    return "reward rules: " + ", ".join(f"{source} -> {name}" for source, name in rules.items())
+
+
 class RewardScorer:
     """Scores batches of responses; keep one per run (its worker processes persist)."""
 
@@ -257,11 +278,7 @@ class RewardScorer:
         if self._custom is not None:
             return self._custom, self._custom.spec
         if data_source not in self._rules:
-            try:
-                rule = reward_fn_for(data_source)
-            except KeyError as exc:
-                raise RewardError(f"row {row}: {exc.args[0]}; set reward.function=path/file.py:fn to score "
-                                  "it with your own function") from None
+            rule = rule_for(data_source, f"row {row}")
             declared = inspect.signature(rule).parameters
             options = {k: getattr(self.config, k) for k in RULE_OPTIONS if k in declared}
             fn = functools.partial(_call_rule, rule, options)
