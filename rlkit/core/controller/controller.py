@@ -62,6 +62,9 @@ class Controller:
             self.placement = Placement(config, self.model_path)
             self.workers = self.placement.train
             self.setup_info = self.placement.setup()
+            self.fast_paths = self.setup_info[0]["fast_paths"]  # the same on every rank
+            # The critic and every checkpoint's config take the budget the workers resolved from "auto".
+            config.actor.micro_batch_tokens = self.fast_paths.micro_batch_tokens
             self.critic = start_critic_group(config, self.model_path, self.workers)
         except BaseException:  # a worker that died or hung in start-up, or Ctrl-C: stop what did start
             import ray

@@ -46,6 +46,7 @@ def run_training(config: RLConfig, run: RunDir, inputs: RunInputs, resume_from: 
         run.write_status("running", step=start, total_steps=trainer.total_steps, error=None)
         try:
             controller = Controller(config, run, inputs)
+            logger.info(controller.fast_paths.describe())
             if resume_from:
                 discard_after(run.path, start)
                 controller.load_checkpoint(resume_from)

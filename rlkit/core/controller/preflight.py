@@ -60,19 +60,21 @@ class Preflight:
         return inputs
 
     def model(self, spec: str, key: str) -> tuple[str, Any]:
-        """Where the model is, its config, weights and tokenizer; a policy's context must hold
-        prompt + response."""
+        """Where the model is, its config and weights; a policy's context must hold prompt + response,
+        and its tokenizer load (a reward model shares it)."""
         cfg = self.config
         path = model_checks.locate_model(spec, key)
         head = "sequence_classification" if key == "reward_model.path" else "causal_lm"
         model_config = model_checks.load_model_config(path, spec, key, head=head)
         found = [f"config ({model_config.model_type})", model_checks.check_weights(path, spec, key)]
-        if key == "model.path":
-            found.append(model_checks.check_context(model_config, spec, cfg.data.max_prompt_length,
-                                                    cfg.data.max_response_length))
-        elif getattr(model_config, "num_labels", 1) != 1:
-            raise UserError(f"reward_model.path={spec!r} has num_labels={model_config.num_labels}; a reward "
-                            "model gives one score per sequence (num_labels=1)")
+        if key == "reward_model.path":
+            if getattr(model_config, "num_labels", 1) != 1:
+                raise UserError(f"reward_model.path={spec!r} has num_labels={model_config.num_labels}; a reward "
+                                "model gives one score per sequence (num_labels=1)")
+            self.checked.append(f"{key}={spec}: " + ", ".join(found))
+            return path, None
+        found.append(model_checks.check_context(model_config, spec, cfg.data.max_prompt_length,
+                                                cfg.data.max_response_length))
         tokenizer = model_checks.load_tokenizer(path, spec, key)
         self.checked.append(f"{key}={spec}: " + ", ".join(found + ["tokenizer"]))
         return path, tokenizer

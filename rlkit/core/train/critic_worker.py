@@ -18,7 +18,7 @@ from rlkit.core.batch import Batch
 from rlkit.core.cluster.device_worker import DeviceWorker
 from rlkit.core.cluster.worker_group import WorkerGroup
 from rlkit.core.state import shards as checkpoint_shards
-from rlkit.core.train import fsdp, packing
+from rlkit.core.train import fast_paths, fsdp, packing
 from rlkit.recipes.schema import RLConfig
 
 # What compute_values and update_critic read from a batch.
@@ -38,6 +38,9 @@ class CriticWorker(DeviceWorker):
         self.critic = fsdp.load_sharded_model(self.model_path, device=self.device, compute_dtype=fsdp.compute_dtype(cfg.model.dtype, self.device),
                                               value_head=True, gradient_checkpointing=cfg.model.gradient_checkpointing)
         self.optimizer = torch.optim.AdamW(self.critic.parameters(), lr=cfg.critic.lr)
+        # The policy workers sized an auto budget for this device, the critic included (the controller
+        # passes it on in the config); on CPU auto is the CPU default.
+        self.micro_batch_tokens = fast_paths.resolve(cfg, self.device.type).micro_batch_tokens
         return {"rank": self.rank, "shards": fsdp.shard_numels(self.critic)}
 
     def _values(self, mb: Batch) -> tuple[torch.Tensor, Batch]:
@@ -49,8 +52,7 @@ class CriticWorker(DeviceWorker):
         return packed.scatter(fsdp.packed_outputs(self.critic, packed).squeeze(-1).float()), mb.to(self.device)
 
     def _micro_batches(self, batch: Batch) -> list[list[int]]:
-        return packing.plan_micro_batches(batch["attention_mask"].sum(-1).tolist(),
-                                          self.config.actor.micro_batch_tokens)
+        return packing.plan_micro_batches(batch["attention_mask"].sum(-1).tolist(), self.micro_batch_tokens)
 
     @torch.no_grad()
     def compute_values(self, batch: Batch) -> torch.Tensor:

@@ -26,7 +26,7 @@ from rlkit.core.rewards.reward_model import RewardModel
 from rlkit.core.rollout.base import RolloutSample, Sampling
 from rlkit.core.rollout.engines import make_engine
 from rlkit.core.state import shards as checkpoint_shards
-from rlkit.core.train import fsdp, packing
+from rlkit.core.train import fast_paths, fsdp, packing
 from rlkit.core.train.logprobs import selected_log_probs
 
 
@@ -46,9 +46,10 @@ class PolicyWorker(DeviceWorker):
         cfg = self.config
         self.phase = "setup/load-models"
         self.dtype = fsdp.compute_dtype(cfg.model.dtype, self.device)
+        compile_layers = fast_paths.compile_enabled(cfg.model.compile, self.device.type)
         self.actor = fsdp.load_sharded_model(self.model_path, device=self.device, compute_dtype=self.dtype,
                                              gradient_checkpointing=cfg.model.gradient_checkpointing,
-                                             compile=cfg.model.compile)
+                                             compile=compile_layers)
         self.optimizer = torch.optim.AdamW(self.actor.parameters(), lr=cfg.actor.lr, betas=cfg.actor.betas,
                                            weight_decay=cfg.actor.weight_decay)
         updates_per_step = cfg.data.train_batch_size // cfg.actor.mini_batch_size * cfg.actor.ppo_epochs
@@ -57,12 +58,14 @@ class PolicyWorker(DeviceWorker):
             cfg.actor.lr_schedule))  # critic warm-up steps do not update the actor
         # The reference is always the base model on disk, so a resumed run keeps the original anchor.
         self.ref = fsdp.load_sharded_model(self.model_path, device=self.device, compute_dtype=self.dtype,
-                                           compile=cfg.model.compile) if cfg.needs_reference else None
+                                           compile=compile_layers) if cfg.needs_reference else None
         if self.ref is not None:
             self.ref.eval().requires_grad_(False)
         self.reward_model = RewardModel(
             resolve_model_path(cfg.reward_model.path), device=self.device, max_length=cfg.reward_model.max_length,
             micro_batch_size=cfg.reward_model.micro_batch_size) if cfg.reward_model.path else None
+        # Sized before the engine takes its share: during the update the engine sleeps.
+        self.fast_paths = fast_paths.resolve(cfg, self.device.type, sized=self._size_micro_batches())
         self.phase = "setup/rollout-engine"
         # Split placement: rollout workers on other devices hold the engine (rlkit.core.cluster.placement).
         self.engine = make_engine(
@@ -72,7 +75,24 @@ class PolicyWorker(DeviceWorker):
             max_num_seqs=cfg.rollout.max_num_seqs, sleep_mode=True,
             engine_kwargs=cfg.rollout.engine_kwargs) if cfg.rollout.placement == "colocated" else None
         self.phase = "idle"
-        return {"rank": self.rank, "shards": fsdp.shard_numels(self.actor)}
+        return {"rank": self.rank, "shards": fsdp.shard_numels(self.actor), "fast_paths": self.fast_paths}
+
+    def _size_micro_batches(self) -> tuple[int, float] | None:
+        """actor.micro_batch_tokens=auto on a GPU: (the budget all ranks agree on, this rank's free GiB)."""
+        cfg = self.config
+        if cfg.actor.micro_batch_tokens != "auto" or not self.use_cuda:
+            return None
+        free, total = torch.cuda.mem_get_info(self.device)
+        trainable = sum(numel for numel, _ in fsdp.shard_numels(self.actor).values())
+        per_token = fast_paths.activation_bytes_per_token(self.actor.config, fsdp.DTYPES[self.dtype].itemsize,
+                                                          cfg.model.gradient_checkpointing)
+        tokens = fast_paths.auto_micro_batch_tokens(
+            free_bytes=free, total_bytes=total, trainable_params=trainable,
+            critic_params=trainable if cfg.critic_enabled else 0, bytes_per_token=per_token,
+            longest_sequence=cfg.data.max_prompt_length + cfg.data.max_response_length)
+        agreed = torch.tensor([tokens], device=packing.collective_device())
+        dist.all_reduce(agreed, op=dist.ReduceOp.MIN)  # one budget for the run, the tightest rank's
+        return int(agreed.item()), free / (1 << 30)
 
     def _seed(self, seed: int) -> None:
         random.seed(seed + self.rank)
@@ -237,7 +257,7 @@ class PolicyWorker(DeviceWorker):
     def _micro_batches(self, batch: Batch) -> list[list[int]]:
         """Rows of each micro-batch: packed up to actor.micro_batch_tokens real tokens, same count on all ranks."""
         lengths = batch["attention_mask"].sum(-1).tolist()
-        return packing.plan_micro_batches(lengths, self.config.actor.micro_batch_tokens)
+        return packing.plan_micro_batches(lengths, self.fast_paths.micro_batch_tokens)
 
     # -- checkpoints (collective: every rank calls with the same folder) -----------------
     def save_checkpoint(self, folder: str) -> None:
