@@ -23,6 +23,7 @@ from rlkit.core.controller.run_dir import RunDir
 from rlkit.core.controller.tracking import Tracker, step_logger
 from rlkit.core.data.builders import write_parquet
 from rlkit.core.state.checkpoint import Checkpoint, discard_after
+from rlkit.errors import UserError
 from rlkit.recipes.schema import RLConfig, TrainerConfig
 
 CONSOLE_LOG = "console.log"
@@ -77,7 +78,7 @@ def run_training(config: RLConfig, run: RunDir, inputs: RunInputs, resume_from: 
             raise exc from None
         except BaseException as exc:
             record_status(run, "failed", error=f"{type(exc).__name__}: {exc}"[:2000])
-            if isinstance(exc, RunFailure):
+            if isinstance(exc, (RunFailure, UserError)):  # a reward that failed mid-run, too
                 exc.next_step = continue_hint(run.path, run.run_id)
             raise
         finally:

@@ -114,8 +114,8 @@ class Preflight:
             import torch
 
             if not torch.cuda.device_count():
-                self.skipped.append("devices: no GPU is visible here; the run checks trainer.n_gpus_per_node "
-                                    "against the machine it starts on")
+                self.skipped.append(f"devices: no GPU is visible here, so trainer.n_gpus_per_node="
+                                    f"{trainer.n_gpus_per_node} is checked when the run starts, on its machine")
                 return
         check_devices(self.config)
         self.checked.append(f"devices: {trainer.n_gpus_per_node * trainer.nnodes} worker(s) fit this machine")
