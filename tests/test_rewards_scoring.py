@@ -5,6 +5,7 @@ from __future__ import annotations
 import re
 import time
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
@@ -27,6 +28,10 @@ def behave(data_source, response, ground_truth, extra_info):
     if response == "no-score":
         return {"value": 1.0}
     if response == "sleep":
+        time.sleep(60)
+    if response == "stamp":  # note when the call started (in the file named by ground_truth), then hang
+        with open(ground_truth, "a") as f:
+            f.write(f"{time.time()}\\n")
         time.sleep(60)
     if response == "regex":  # catastrophic backtracking: stuck inside C code, deaf to signals
         re.match(r"(a+)+$", "a" * 40 + "b")
@@ -146,21 +151,31 @@ def test_a_hung_reward_stops_the_batch_at_its_first_timeout(custom_file: Path) -
     assert "num_workers" not in message
 
 
-def test_hung_rows_time_out_together_and_replacements_are_not_a_failed_start(
-        custom_file: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """Many hung rows with on_error=zero: every worker's hung call times out at once, and workers
-    started late in the batch (replacements) get their own start-up deadline, not the batch's."""
-    monkeypatch.setattr(scoring, "_STARTUP_TIMEOUT_S", 2.0)  # shorter than the batch takes
-    config = RewardConfig(function=f"{custom_file}:behave", num_workers=4, timeout_s=0.5, on_error="zero")
+def test_hung_rows_time_out_together(custom_file: Path, tmp_path: Path) -> None:
+    """Four hung rows on four workers: all four calls run at once (each notes when it started), so
+    they time out together rather than one after another."""
+    config = RewardConfig(function=f"{custom_file}:behave", num_workers=4, timeout_s=1.0, on_error="zero")
+    stamps = tmp_path / "stamps"
     with RewardScorer(config) as scorer:
-        run(scorer, ["ok"])  # the pool is up
-        start = time.monotonic()
-        scored = run(scorer, ["sleep"] * 16 + ["ok"])
-        seconds = time.monotonic() - start
-    assert scored.scores == [0.0] * 16 + [1.0] and scored.metrics["reward/errors"] == 16.0
-    assert all("timed out after 0.5 s" in error for error in scored.errors)
-    # 16 hung rows on 4 workers: 4 rounds of 0.5 s plus the replacements' start-ups, not 16 x 0.5 s
-    assert 2.0 < seconds < 8.0
+        run(scorer, ["ok"] * 4)  # every worker is up
+        scored = scorer.score(["stamp"] * 4, ["my/data"] * 4, [str(stamps)] * 4, [{}] * 4)
+    assert scored.metrics["reward/errors"] == 4.0
+    started = [float(line) for line in stamps.read_text().split()]
+    assert len(started) == 4 and max(started) - min(started) < 1.0  # each call lives >= 1 s: they overlapped
+
+
+def test_a_worker_started_late_in_a_batch_gets_its_own_start_up_deadline(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Replacements started late in a long batch are not a failed start (the deadline was once per batch)."""
+    pool = object.__new__(scoring._Pool)
+    pool.timeout_s = 1.0
+    now = 1000.0
+    monkeypatch.setattr(scoring.time, "monotonic", lambda: now)
+    replacement = SimpleNamespace(ready=False, row=None, spawned=now - 1.0, process=SimpleNamespace(pid=7))
+    pool.workers = [replacement]
+    pool._enforce_deadlines([None])  # the batch may have run for minutes: this worker started 1 s ago
+    replacement.spawned = now - scoring._STARTUP_TIMEOUT_S - 1.0
+    with pytest.raises(RewardError, match=r"a reward worker process \(pid 7\) did not start within 120 s"):
+        pool._enforce_deadlines([None])
 
 
 def test_scoring_in_the_controller_process_is_refused() -> None:
