@@ -21,10 +21,10 @@ QWEN_05B = SimpleNamespace(hidden_size=896, intermediate_size=4864, num_attentio
 
 def test_defaults_are_auto_and_each_stays_a_switch():
     config = load_config("grpo", ["model.path=m", "data.synthetic_task=echo"])
-    assert (config.model.compile, config.rollout.enforce_eager, config.actor.micro_batch_tokens) == ("auto", None, "auto")
+    assert (config.model.compile, config.rollout.vllm.enforce_eager, config.actor.micro_batch_tokens) == ("auto", None, "auto")
     off = load_config("grpo", ["model.path=m", "data.synthetic_task=echo", "model.compile=false",
-                               "rollout.enforce_eager=true", "actor.micro_batch_tokens=8192"])
-    assert (off.model.compile, off.rollout.enforce_eager, off.actor.micro_batch_tokens) == (False, True, 8192)
+                               "rollout.vllm.enforce_eager=true", "actor.micro_batch_tokens=8192"])
+    assert (off.model.compile, off.rollout.vllm.enforce_eager, off.actor.micro_batch_tokens) == (False, True, 8192)
     with pytest.raises(ConfigError, match="actor.micro_batch_tokens"):
         load_config("grpo", ["model.path=m", "data.synthetic_task=echo", "actor.micro_batch_tokens=0"])
 
@@ -76,14 +76,14 @@ def test_resolution_and_the_start_up_line():
     on_cpu = fast_paths.resolve(demo, "cpu")
     assert (on_cpu.compile, on_cpu.cuda_graphs, on_cpu.micro_batch_tokens) == (False, False, 4096)
     assert on_cpu.describe() == ("fast paths: torch.compile off (model.compile=auto), vLLM CUDA graphs off "
-                                 "(rollout.enforce_eager=auto), micro-batches of 4096 tokens "
+                                 "(rollout.vllm.enforce_eager=auto), micro-batches of 4096 tokens "
                                  "(actor.micro_batch_tokens=4096)")
     auto = load_config("grpo", ["model.path=m", "data.synthetic_task=echo"])
     assert fast_paths.resolve(auto, "cpu").micro_batch_tokens == fast_paths.CPU_MICRO_BATCH_TOKENS
     on_gpu = fast_paths.resolve(auto, "cuda", sized=(46_080, 139.4))
     assert (on_gpu.compile, on_gpu.cuda_graphs, on_gpu.micro_batch_tokens) == (True, True, 46_080)
     assert on_gpu.describe() == ("fast paths: torch.compile on (model.compile=auto), vLLM CUDA graphs on "
-                                 "(rollout.enforce_eager=auto), micro-batches of 46080 tokens "
+                                 "(rollout.vllm.enforce_eager=auto), micro-batches of 46080 tokens "
                                  "(actor.micro_batch_tokens=auto, sized from 139 GiB free)")
     hf = load_config("grpo", ["model.path=m", "data.synthetic_task=echo", "rollout.name=hf", "model.compile=false"])
     assert "torch.compile off (model.compile=false), CUDA graphs n/a (rollout.name=hf)" in \
@@ -100,8 +100,8 @@ def test_the_policy_worker_sizes_from_its_gpus_free_memory(monkeypatch):
     model.config = SimpleNamespace(**{**vars(QWEN_05B), "vocab_size": 1000})
     config = load_config("grpo", ["model.path=m", "data.synthetic_task=echo", "data.max_prompt_length=256",
                                   "data.max_response_length=512"])
-    worker = SimpleNamespace(config=config, use_cuda=True, device=torch.device("cuda", 0), actor=model,
-                             dtype="bfloat16")
+    worker = SimpleNamespace(config=config, use_cuda=True, device=torch.device("cuda", 0),
+                             model=SimpleNamespace(module=model), dtype="bfloat16")
     reductions = []
     monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device: (40 * GiB, 80 * GiB))
     monkeypatch.setattr(packing, "collective_device", lambda: torch.device("cpu"))

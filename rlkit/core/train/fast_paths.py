@@ -4,7 +4,7 @@ docs/benchmarks.md measured one H200: compiled decoder layers lift the ref / old
 update passes from 27-28% to ~40% MFU; vLLM with CUDA graphs decodes ~2x faster than eager;
 micro-batches of 32k tokens instead of 16k. On CPU none of this helps (compile costs minutes on
 2 cores, vLLM's CPU build has no CUDA graphs), so "auto" means: on with CUDA, off on CPU. Each
-stays a switch: model.compile=false, rollout.enforce_eager=true, actor.micro_batch_tokens=N.
+stays a switch: model.compile=false, rollout.vllm.enforce_eager=true, actor.micro_batch_tokens=N.
 
 The micro-batch budget is sized from the GPU memory free once the models are loaded: what the
 update will still allocate (fp32 gradients and AdamW moments of this rank's shard, a critic
@@ -33,7 +33,7 @@ def compile_enabled(setting: bool | str, device_type: str) -> bool:
 
 
 def cuda_graphs_enabled(enforce_eager: bool | None, device_type: str) -> bool:
-    """rollout.enforce_eager resolved the way the vLLM engine does: None = CUDA graphs on CUDA."""
+    """rollout.vllm.enforce_eager resolved the way the vLLM engine does: None = CUDA graphs on CUDA."""
     return device_type == "cuda" if enforce_eager is None else not enforce_eager
 
 
@@ -77,13 +77,13 @@ class FastPaths:
     compile: bool
     cuda_graphs: bool | None  # None: the rollout engine is not vLLM
     micro_batch_tokens: int
-    settings: dict[str, str]  # model.compile, rollout.enforce_eager, actor.micro_batch_tokens as configured
+    settings: dict[str, str]  # model.compile, rollout.vllm.enforce_eager, actor.micro_batch_tokens as configured
     free_gib: float | None = None  # the free memory an auto budget was sized from (GPU)
 
     def describe(self) -> str:
         graphs = ("CUDA graphs n/a (rollout.name=hf)" if self.cuda_graphs is None else
-                  f"vLLM CUDA graphs {'on' if self.cuda_graphs else 'off'} (rollout.enforce_eager="
-                  f"{self.settings['rollout.enforce_eager']})")
+                  f"vLLM CUDA graphs {'on' if self.cuda_graphs else 'off'} (rollout.vllm.enforce_eager="
+                  f"{self.settings['rollout.vllm.enforce_eager']})")
         budget = self.settings["actor.micro_batch_tokens"]
         sized = (f", sized from {self.free_gib:.0f} GiB free" if self.free_gib is not None
                  else ", the CPU default" if budget == "auto" else "")
@@ -102,11 +102,11 @@ def resolve(config: Any, device_type: str, *, sized: tuple[int, float] | None = 
         tokens = CPU_MICRO_BATCH_TOKENS
     else:
         tokens = sized[0]
-    eager = {None: "auto", True: "true", False: "false"}[rollout.enforce_eager]
+    eager = {None: "auto", True: "true", False: "false"}[rollout.vllm.enforce_eager]
     return FastPaths(
         compile=compile_enabled(model.compile, device_type),
-        cuda_graphs=cuda_graphs_enabled(rollout.enforce_eager, device_type) if rollout.name == "vllm" else None,
+        cuda_graphs=cuda_graphs_enabled(rollout.vllm.enforce_eager, device_type) if rollout.name == "vllm" else None,
         micro_batch_tokens=tokens,
-        settings={"model.compile": str(model.compile).lower(), "rollout.enforce_eager": eager,
+        settings={"model.compile": str(model.compile).lower(), "rollout.vllm.enforce_eager": eager,
                   "actor.micro_batch_tokens": str(actor.micro_batch_tokens)},
         free_gib=sized[1] if sized and actor.micro_batch_tokens == "auto" else None)
