@@ -200,5 +200,12 @@ def test_an_exception_that_cannot_cross_ray_arrives_as_its_type_and_message():
 def test_headline_keeps_one_line_and_the_second_after_a_title():
     assert headline("row 7 is not a number\nmore") == "row 7 is not a number"
     assert headline("bad rows:\n  row 7\n  row 8") == "bad rows: row 7"
-    assert headline("1 validation error for X\n  the reason\n  link") == "1 validation error for X: the reason"
+    assert headline("1 validation error for X\n  the reason\n    For further information visit https://x") == \
+        "1 validation error for X: the reason"
+    # what vLLM's SchedulerConfig raised for rollout.vllm.engine_kwargs={max_num_batched_tokens: -5}
+    assert headline("1 validation error for SchedulerConfig\nmax_num_batched_tokens\n  Input should be greater "
+                    "than or equal to 1 [type=greater_than_equal, input_value=-5, input_type=int]\n    For further "
+                    "information visit https://errors.pydantic.dev/2.14/v/greater_than_equal") == (
+        "1 validation error for SchedulerConfig: max_num_batched_tokens: Input should be greater than or equal "
+        "to 1 [type=greater_than_equal, input_value=-5, input_type=int]")
     assert headline("x" * 500) == "x" * 397 + "..."

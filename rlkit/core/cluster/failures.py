@@ -178,11 +178,16 @@ _VALIDATION_TITLE = re.compile(r"^\d+ validation errors? for \S+$")
 
 
 def headline(message: str, limit: int = 400) -> str:
-    """An exception message on one line: its first line, and the second when the first is only a
-    title (pydantic's "1 validation error for ModelConfig" is followed by the error itself)."""
+    """An exception message on one line: its first line, and what follows when the first is only a
+    title (pydantic's "1 validation error for ModelConfig" is followed by the field and its error)."""
     lines = [line.strip() for line in message.strip().splitlines() if line.strip()] or [""]
-    title = lines[0].endswith(":") or _VALIDATION_TITLE.match(lines[0])
-    text = f"{lines[0].rstrip(':')}: {lines[1]}" if title and len(lines) > 1 else lines[0]
+    if _VALIDATION_TITLE.match(lines[0]):  # then the field (if any) and its error, before the link
+        detail = [line for line in lines[1:3] if not line.startswith("For further information")]
+        text = ": ".join([lines[0], *detail])
+    elif lines[0].endswith(":") and len(lines) > 1:
+        text = f"{lines[0].rstrip(':')}: {lines[1]}"
+    else:
+        text = lines[0]
     return text if len(text) <= limit else text[:limit - 3] + "..."
 
 
