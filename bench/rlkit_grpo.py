@@ -1,7 +1,7 @@
 """One rlkit configuration on the benchmark workload: per-phase seconds, tokens/s/GPU, MFU, peak GPU memory.
 
   python bench/rlkit_grpo.py --workdir /tmp/bench --out result.json [--gpus 2] [--rollout hf]
-      [--placement split] [--compile] [--cuda-graphs] [--grad-ckpt] [--old-log-probs recompute]
+      [--placement split] [--compile] [--cuda-graphs] [--defaults] [--grad-ckpt] [--old-log-probs recompute]
       [--engine-kwargs '{async_scheduling: true}'] [--shape 7b] [--lora-rank 16] [--prompts 16] [--tiny]
 
 Steps after --warmup are averaged. The result JSON is rewritten after every step, so a run
@@ -36,19 +36,20 @@ WORKER_PHASES = ("gen", "old_log_prob", "ref", "update_actor", "sync")
 
 def overrides(args: argparse.Namespace, workload: Workload, data: str, runs_dir: str) -> list[str]:
     reward = Path(__file__).resolve().parent / "reward.py"
+    fast_paths = [] if args.defaults else [
+        f"rollout.vllm.enforce_eager={str(not args.cuda_graphs).lower()}",
+        f"actor.micro_batch_tokens={args.micro_batch_tokens}", f"model.compile={str(args.compile).lower()}"]
     return [
         f"data.train_files=[{data}]", f"data.train_batch_size={workload.prompts}",
         f"data.max_prompt_length={workload.prompt_tokens}", f"data.max_response_length={workload.response_tokens}",
         f"rollout.n={workload.samples}", "rollout.ignore_eos=true", f"rollout.name={args.rollout}",
         f"rollout.placement={args.placement}", f"rollout.max_num_seqs={workload.sequences}",
-        f"rollout.gpu_memory_utilization={args.gpu_memory_utilization}",
-        f"rollout.vllm.enforce_eager={str(not args.cuda_graphs).lower()}",
+        f"rollout.gpu_memory_utilization={args.gpu_memory_utilization}", *fast_paths,
         # One optimizer step per RL step, like TRL's run of the same workload.
-        f"actor.mini_batch_size={workload.prompts}", f"actor.micro_batch_tokens={args.micro_batch_tokens}",
-        f"model.compile={str(args.compile).lower()}", f"model.gradient_checkpointing={str(args.grad_ckpt).lower()}",
+        f"actor.mini_batch_size={workload.prompts}", f"model.gradient_checkpointing={str(args.grad_ckpt).lower()}",
         f"model.lora.rank={args.lora_rank}", f"model.lora.alpha={2 * max(args.lora_rank, 1)}",
         f"actor.old_log_probs={args.old_log_probs}", f"rollout.vllm.engine_kwargs={args.engine_kwargs}",
-        f"reward.function={reward}:score", "reward.num_workers=0",
+        f"reward.function={reward}:score",
         f"trainer.n_gpus_per_node={args.gpus}", f"trainer.total_steps={args.steps}", "trainer.logger=[jsonl]",
         f"trainer.runs_dir={runs_dir}",
     ]
@@ -110,6 +111,9 @@ def main() -> None:
     parser.add_argument("--gpus", type=int, default=1, help="devices (trainer.n_gpus_per_node)")
     parser.add_argument("--rollout", default="vllm", choices=["vllm", "hf"])
     parser.add_argument("--placement", default="colocated", choices=["colocated", "split"])
+    parser.add_argument("--defaults", action="store_true", help="rlkit's defaults (auto) for model.compile, "
+                        "rollout.vllm.enforce_eager and actor.micro_batch_tokens: --compile, --cuda-graphs and "
+                        "--micro-batch-tokens are ignored")
     parser.add_argument("--compile", action="store_true", help="model.compile=true")
     parser.add_argument("--cuda-graphs", action="store_true", help="vLLM with CUDA graphs (rollout.vllm.enforce_eager=false)")
     parser.add_argument("--grad-ckpt", action="store_true", help="model.gradient_checkpointing=true")
@@ -149,6 +153,8 @@ def main() -> None:
     try:
         controller = Controller(config, RunDir.create(config))
         result["setup_seconds"] = time.perf_counter() - start
+        result["fast_paths"] = controller.fast_paths.describe()
+        print(f"[{args.label}] {result['fast_paths']}", flush=True)
         for step in range(1, args.steps + 1):
             steps.append(controller.step(step))
             check_weight_sync(steps[-1], config.rollout, step)  # as a training run does

@@ -35,6 +35,8 @@ CONFIGS: dict[str, tuple[list[str], int, int]] = {
     "rlkit-1gpu-vllm": ([RLKIT], 1, 150),
     "rlkit-1gpu-vllm-compile": ([RLKIT, "--compile"], 1, 200),
     "rlkit-1gpu-vllm-cudagraphs-compile": (FAST, 1, 200),
+    # rlkit's own defaults for compile, CUDA graphs and the micro-batch budget (all "auto")
+    "rlkit-1gpu-defaults": ([RLKIT, "--defaults"], 1, 200),
     "rlkit-1gpu-vllm-cudagraphs-compile-async": (FAST + ASYNC, 1, 200),
     "rlkit-1gpu-vllm-cudagraphs-compile-recompute": (FAST + ["--old-log-probs", "recompute"], 1, 200),
     "rlkit-2gpu-vllm-cudagraphs-compile": (FAST + ["--gpus", "2"], 2, 200),

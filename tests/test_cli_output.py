@@ -12,6 +12,8 @@ import yaml
 from rlkit.core.controller.loop import logger, run_log
 from rlkit.core.controller.run_dir import RunDir
 from rlkit.core.controller.tracking import CONSOLE_KEYS, Tracker
+from rlkit.core.data.builders import write_parquet
+from rlkit.core.data.synthetic import build_synthetic
 from rlkit.recipes.loader import BUILTIN_DIR, load_config
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -35,6 +37,8 @@ def test_recipes_show_redirected_is_the_recipe_file_itself() -> None:
 
 def test_a_dry_run_redirected_prints_long_values_whole(tmp_path: Path) -> None:
     data = tmp_path / ("a-folder-with-a-long-name-" * 4) / "train.parquet"
+    # A dry run checks the data too: a real file of echo prompts.
+    write_parquet(build_synthetic(task="echo", n_train=32, n_test=1, seed=0)["train"], data)
     out = rlkit_piped("train", "grpo-demo", f"data.train_files=[{data}]", "--dry-run")
     resolved = yaml.safe_load(out.split("Batch arithmetic")[0])
     assert resolved["data"]["train_files"] == [str(data)]

@@ -25,7 +25,7 @@ from rlkit.recipes.loader import load_config
 
 TINY = ["model.path=rlkit:tiny-qwen2", "data.synthetic_task=echo", "data.train_batch_size=2", "rollout.n=2",
         "actor.mini_batch_size=2", "data.max_prompt_length=16", "data.max_response_length=3",
-        "actor.micro_batch_tokens=4096", "reward.num_workers=0", "data.shuffle=false"]
+        "actor.micro_batch_tokens=4096", "reward.num_workers=1", "data.shuffle=false"]
 
 
 class ScriptedWorkers:

@@ -20,7 +20,6 @@ from rlkit.errors import UserError
 from rlkit.recipes.loader import config_to_yaml, load_config
 
 
-
 @pytest.fixture(scope="module")
 def small_model(tmp_path_factory) -> Path:
     from rlkit.core.train.tiny import build_tiny_qwen2

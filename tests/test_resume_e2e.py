@@ -232,6 +232,7 @@ def test_ppo_with_a_critic_resumes_exactly(world) -> None:
     """The critic's shards, optimizer and RNG are part of the checkpoint too (a second worker group)."""
     root, runs = world["root"], world["runs"]
     overrides = [f"data.train_files=[{world['data']}]", "data.train_batch_size=4", "data.max_response_length=2",
+                 "data.max_prompt_length=16",
                  "rollout.name=hf", "actor.mini_batch_size=2", "actor.lr=1e-3", "critic.lr=1e-3",
                  "critic.warmup_steps=1", "trainer.total_steps=4", "trainer.save_freq=1", "trainer.keep_last=4",
                  "trainer.logger=[jsonl]", f"trainer.runs_dir={runs}", "model.path=rlkit:tiny-qwen2"]

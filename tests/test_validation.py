@@ -9,7 +9,6 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import invoke
 
 from rlkit.core.cluster.device_worker import DeviceWorker
 from rlkit.core.controller.validation import (
@@ -73,7 +72,7 @@ def test_val_seeds_are_a_stream_of_their_own() -> None:
 
 def test_evaluator_scores_greedy_and_samples_and_writes_every_response(tmp_path: Path) -> None:
     engine = FakeEngine()
-    with RewardScorer(RewardConfig(num_workers=0)) as scorer:
+    with RewardScorer(RewardConfig(num_workers=1)) as scorer:
         evaluator = Evaluator(echo_rows([6, 3]), DigitTokenizer(), settings(n=2), engine.generate,
                               scorer_score(scorer), RewardConfig())
         metrics = evaluator.run(0, tmp_path / "step_0.jsonl")
@@ -100,7 +99,7 @@ def test_evaluator_scores_greedy_and_samples_and_writes_every_response(tmp_path:
 
 def test_greedy_only_validation_makes_one_generate_call(tmp_path: Path) -> None:
     engine = FakeEngine()
-    with RewardScorer(RewardConfig(num_workers=0)) as scorer:
+    with RewardScorer(RewardConfig(num_workers=1)) as scorer:
         metrics = Evaluator(echo_rows([1, 2, 3]), DigitTokenizer(), settings(n=0), engine.generate,
                             scorer_score(scorer), RewardConfig()).run(4)
     assert len(engine.calls) == 1 and metrics["val/reward/mean@1"] == 1.0

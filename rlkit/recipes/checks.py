@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Callable
 
+from rlkit.core.train.fast_paths import CPU_MICRO_BATCH_TOKENS
 from rlkit.errors import ConfigError
 from rlkit.recipes.schema import RLConfig
 
@@ -64,7 +65,7 @@ def check_config(config: RLConfig, origins: dict[str, str] | None = None, *, req
     if data.train_batch_size * rollout.n % config.world_size:
         fail("data.train_batch_size", f"{data.train_batch_size} x rollout.n={rollout.n} sequences cannot be "
              f"split evenly over {config.world_size} workers")
-    if data.max_prompt_length + data.max_response_length > actor.micro_batch_tokens:
+    if actor.micro_batch_tokens != "auto" and data.max_prompt_length + data.max_response_length > actor.micro_batch_tokens:
         fail("actor.micro_batch_tokens", f"{actor.micro_batch_tokens} tokens cannot hold one sequence of "
              f"max_prompt_length + max_response_length = {data.max_prompt_length + data.max_response_length}")
     if actor.old_log_probs == "rollout" and (actor.ppo_epochs > 1 or actor.mini_batch_size != data.train_batch_size):
@@ -132,16 +133,20 @@ def batch_arithmetic(config: RLConfig) -> list[str]:
     sequences = d.train_batch_size * r.n
     updates = d.train_batch_size // a.mini_batch_size * a.ppo_epochs
     longest = d.max_prompt_length + d.max_response_length
-    per_micro = max(1, a.micro_batch_tokens // longest)
     per_worker = a.mini_batch_size * r.n // w
+    if a.micro_batch_tokens == "auto":
+        micro = ("in micro-batches sized at start-up (actor.micro_batch_tokens=auto: from the free GPU memory, "
+                 f"{CPU_MICRO_BATCH_TOKENS} tokens on CPU)")
+    else:
+        per_micro = max(1, a.micro_batch_tokens // longest)
+        micro = (f"in micro-batches of up to {a.micro_batch_tokens} tokens (at least {per_micro} full-length "
+                 f"sequences, so at most {-(-per_worker // per_micro)} micro-batch(es))")
     return [
         f"each step samples {d.train_batch_size} prompts x rollout.n={r.n} = {sequences} sequences",
         f"the {sequences} sequences are split over {w} worker(s): {sequences // w} each",
         f"{updates} optimizer step(s) per RL step: {d.train_batch_size // a.mini_batch_size} mini-batch(es) "
         f"of {a.mini_batch_size} prompts ({a.mini_batch_size * r.n} sequences) x {a.ppo_epochs} epoch(s)",
-        f"each worker takes {per_worker} sequences per optimizer step, in micro-batches of up to "
-        f"{a.micro_batch_tokens} tokens (at least {per_micro} full-length sequences, "
-        f"so at most {-(-per_worker // per_micro)} micro-batch(es))",
+        f"each worker takes {per_worker} sequences per optimizer step, {micro}",
         f"{config.trainer.total_steps} RL steps in all = {config.trainer.total_steps * sequences} sampled sequences",
     ] + _algorithm_arithmetic(config)
 

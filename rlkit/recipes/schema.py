@@ -6,7 +6,7 @@ so its users find their keys; `rlkit.recipes.aliases` maps verl's long spellings
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -39,7 +39,7 @@ class ModelConfig(Section):
     path: str = Field("", description="Hub id or local directory of the policy (also `--model`). 'rlkit:tiny-qwen2' builds a tiny offline model.")
     dtype: Literal["auto", "float32", "bfloat16"] = Field("auto", description="Compute dtype of forward/backward and rollout (parameters and optimizer stay fp32); auto = bfloat16 on GPU, float32 on CPU.")
     gradient_checkpointing: bool = Field(False, description="Recompute activations in backward: less memory, ~30% more compute.")
-    compile: bool = Field(False, description="torch.compile each decoder layer and the log-prob kernels (GPU; the first step pays the compile, later ones run fused).")
+    compile: bool | Literal["auto"] = Field("auto", description="torch.compile each decoder layer and the log-prob kernels: the first step pays the compile, later ones run fused (ref/update passes ~40% instead of ~28% MFU on an H200, docs/benchmarks.md). auto = on with CUDA, off on CPU; false turns it off.")
     lora: LoraSettings = Field(default_factory=LoraSettings)
 
 
@@ -82,7 +82,7 @@ class ActorConfig(Section):
     lr_schedule: Literal["constant", "cosine"] = Field("constant", description="LR after warm-up.")
     mini_batch_size: int = Field(16, ge=1, description="Prompts per optimizer step (global); with rollout.n samples each.")
     ppo_epochs: int = Field(1, ge=1, description="Passes over each step's batch.")
-    micro_batch_tokens: int = Field(16384, ge=1, description="Per-device token budget of one forward/backward (performance only, never the math).")
+    micro_batch_tokens: Annotated[int, Field(ge=1)] | Literal["auto"] = Field("auto", description="Per-device token budget of one forward/backward (performance only, never the math). auto = on GPUs, sized at start-up from the memory free once the models are loaded (at most 65536, at least one full-length sequence; printed at start-up); 16384 on CPU.")
     grad_clip: float = Field(1.0, gt=0, description="Global gradient-norm clip.")
     policy_loss: str = Field("vanilla", description="Registered policy loss: vanilla (PPO clip), gspo.")
     clip_ratio_low: float = Field(0.2, ge=0, description="PPO clip: ratio lower bound is 1 - clip_ratio_low.")

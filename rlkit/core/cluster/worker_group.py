@@ -19,6 +19,7 @@ from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 from rlkit.core.cluster.failures import (
     WorkerFailure,
     late_worker,
+    with_portable_exceptions,
     worker_died,
     worker_raised,
     workers_late,
@@ -139,7 +140,8 @@ class WorkerGroup:
         self.reservation = reservation or DeviceReservation(config)
         self.slots = list(self.reservation.slots[:config.world_size] if slots is None else slots)
         share = 1.0 / groups_per_device(config)
-        remote_cls = ray.remote(num_cpus=share, num_gpus=share if self.reservation.use_gpu else 0)(worker_cls)
+        remote_cls = ray.remote(num_cpus=share, num_gpus=share if self.reservation.use_gpu else 0)(
+            with_portable_exceptions(worker_cls))
         self.actors = []
         for rank, (node, local) in enumerate(self.slots):
             strategy = PlacementGroupSchedulingStrategy(self.reservation.groups[node], placement_group_bundle_index=local)

@@ -23,8 +23,9 @@ from rlkit.core.batch import Batch
 from rlkit.core.cluster.failures import WorkerFailure, checkpoint_write_failure
 from rlkit.core.cluster.placement import Placement
 from rlkit.core.cluster.worker_group import WorkerGroup, init_ray
-from rlkit.core.controller.run_dir import RunDir, prepare_data_files, resolve_model_path
-from rlkit.core.data.dataset import PromptRow, PromptSampler, load_prompt_dataset
+from rlkit.core.controller.preflight import RunInputs, check_inputs
+from rlkit.core.controller.run_dir import RunDir
+from rlkit.core.data.dataset import PromptSampler
 from rlkit.core.rewards.scoring import RewardScorer
 from rlkit.core.rollout.source import SyncRolloutSource, timed
 from rlkit.core.state import checkpoint
@@ -40,16 +41,11 @@ def masked_mean(values: torch.Tensor, mask: torch.Tensor) -> float:
 
 
 class Controller:
-    def __init__(self, config: RLConfig, run: RunDir) -> None:
-        from transformers import AutoTokenizer
-
+    def __init__(self, config: RLConfig, run: RunDir, inputs: RunInputs | None = None) -> None:
+        """`inputs`: what the preflight checks loaded (the run loop passes them; None runs the checks here)."""
         self.config, self.run = config, run
-        self.model_path = resolve_model_path(config.model.path)
-        self.tokenizer = AutoTokenizer.from_pretrained(self.model_path)
-        files = prepare_data_files(config, run.path)
-        self.rows: list[PromptRow] = load_prompt_dataset(
-            files, self.tokenizer, max_prompt_length=config.data.max_prompt_length,
-            overlong=config.data.overlong_prompts)
+        inputs = inputs or check_inputs(config)
+        self.model_path, self.tokenizer, self.rows = inputs.model_path, inputs.tokenizer, inputs.rows
         self.kl_ctrl = (AdaptiveKLController(config.algorithm.kl_ctrl.kl_coef, config.algorithm.kl_ctrl.target_kl,
                                              config.algorithm.kl_ctrl.horizon)
                         if config.algorithm.kl_ctrl.type == "adaptive"
@@ -60,6 +56,9 @@ class Controller:
             self.placement = Placement(config, self.model_path)
             self.workers = self.placement.train
             self.setup_info = self.placement.setup()
+            self.fast_paths = self.setup_info[0]["fast_paths"]  # the same on every rank
+            # The critic and every checkpoint's config take the budget the workers resolved from "auto".
+            config.actor.micro_batch_tokens = self.fast_paths.micro_batch_tokens
             self.critic = start_critic_group(config, self.model_path, self.workers)
             sampler = PromptSampler(len(self.rows), config.data.train_batch_size, seed=config.trainer.seed,
                                     shuffle=config.data.shuffle)

@@ -19,7 +19,7 @@ from rlkit.core.controller.interrupt import (
     stop_after_step,
     stopped_at_once,
 )
-from rlkit.core.controller.preflight import check_inputs
+from rlkit.core.controller.preflight import RunInputs, check_inputs
 from rlkit.core.controller.run_dir import RunDir
 from rlkit.core.controller.tracking import Tracker, step_logger
 from rlkit.core.controller.validation import (
@@ -28,23 +28,29 @@ from rlkit.core.controller.validation import (
     validate,
     validation_due,
 )
+from rlkit.core.data.builders import write_parquet
 from rlkit.core.rollout.sync_check import check_weight_sync
 from rlkit.core.state.checkpoint import Checkpoint, discard_after
 from rlkit.core.state.shards import seed_rng
+from rlkit.errors import UserError
 from rlkit.recipes.schema import RLConfig, TrainerConfig
 
 CONSOLE_LOG = "console.log"
 logger = logging.getLogger("rlkit")
 
 
-def run_training(config: RLConfig, run: RunDir, resume_from: Checkpoint | None = None) -> Path:
-    """Train steps (resume_from.step + 1 or 1) .. trainer.total_steps; returns the run directory."""
+def run_training(config: RLConfig, run: RunDir, inputs: RunInputs, resume_from: Checkpoint | None = None) -> Path:
+    """Train steps (resume_from.step + 1 or 1) .. trainer.total_steps on the checked `inputs`;
+    returns the run directory."""
 
     trainer = config.trainer
     start = resume_from.step if resume_from else 0
     controller = tracker = None
     with run_log(run.path / CONSOLE_LOG), \
             StopOnSignal(logger.warning, save_on_interrupt=trainer.save_on_interrupt) as stop:
+        if run.restarted:
+            logger.warning("run directory %s held no checkpoint (its run stopped before the first one): "
+                           "starting run %s there again, replacing that attempt's logs and metrics", run.path, run.run_id)
         logger.info("%s run %s at step %d of %d", "resuming" if resume_from else "starting", run.run_id, start,
                     trainer.total_steps)
         run.write_status("running", step=start, total_steps=trainer.total_steps, error=None)
@@ -52,7 +58,8 @@ def run_training(config: RLConfig, run: RunDir, resume_from: Checkpoint | None =
         # resume then restores them from its checkpoint.
         seed_rng(trainer.seed)
         try:
-            controller = Controller(config, run)
+            controller = Controller(config, run, inputs)
+            logger.info(controller.fast_paths.describe())
             evaluator = training_evaluator(config, run.path, controller.tokenizer, controller.scorer,
                                            controller.placement.rollout)
             if resume_from:
@@ -94,7 +101,7 @@ def run_training(config: RLConfig, run: RunDir, resume_from: Checkpoint | None =
             raise exc from None
         except BaseException as exc:
             record_status(run, "failed", error=f"{type(exc).__name__}: {exc}"[:2000])
-            if isinstance(exc, RunFailure):
+            if isinstance(exc, (RunFailure, UserError)):  # a reward that failed mid-run, too
                 exc.next_step = continue_hint(run.path, run.run_id)
             raise
         finally:
@@ -170,6 +177,10 @@ def _screen_handler() -> logging.Handler:
 
 
 def train_run(config: RLConfig, run_id: str | None = None) -> Path:
-    """Check the inputs, create the run directory, train config.trainer.total_steps steps, return the run dir."""
-    check_inputs(config)
-    return run_training(config, RunDir.create(config, run_id))
+    """Check every input, then create the run directory and train config.trainer.total_steps steps;
+    returns the run dir."""
+    inputs = check_inputs(config)
+    run = RunDir.create(config, run_id)
+    if inputs.generated is not None:  # data.synthetic_task: the run dir keeps the prompts it trained on
+        write_parquet(inputs.generated, run.path / "data" / "train.parquet")
+    return run_training(config, run, inputs)

@@ -11,9 +11,7 @@ import logging
 from pathlib import Path
 from typing import Any
 
-import yaml
-
-from rlkit.core.cluster.failures import resume_command
+from rlkit.core.cluster.failures import restart_command, resume_command
 from rlkit.core.controller.run_dir import RunDir
 from rlkit.core.state import checkpoint
 from rlkit.errors import UserError
@@ -54,8 +52,6 @@ def resume_config(run: RunDir, ckpt: checkpoint.Checkpoint, overrides: list[str]
     saved_yaml = ckpt.path / checkpoint.CONFIG_FILE
     saved = load_config(str(saved_yaml))
     config = load_config(str(saved_yaml), overrides)
-    # load_config names the recipe after the file it read (config.yaml); keep the original name.
-    saved.recipe = config.recipe = str((yaml.safe_load(saved_yaml.read_text()) or {}).get("recipe", ""))
     changed = _diff(saved, config)
     refused = [f"{key}: {old!r} -> {new!r}" for key, (old, new) in changed.items() if key not in RESUME_SAFE_KEYS]
     if refused:
@@ -79,6 +75,7 @@ def resume_config(run: RunDir, ckpt: checkpoint.Checkpoint, overrides: list[str]
 def resume_run(run_id: str, overrides: list[str], runs_dir: str | Path = "runs") -> Path:
     """Continue run `run_id` (an id under runs_dir, or a path) from its latest complete checkpoint."""
     from rlkit.core.controller.loop import CONSOLE_LOG, run_log, run_training
+    from rlkit.core.controller.preflight import check_inputs
 
     run = RunDir.open(run_id, runs_dir)
     status = run.read_status()
@@ -88,12 +85,17 @@ def resume_run(run_id: str, overrides: list[str], runs_dir: str | Path = "runs")
                         f"down), delete {run.path / 'status.json'} and run `{resume_command(run.path, run.run_id)}` "
                         "again")
     with run_log(run.path / CONSOLE_LOG):
-        ckpt = checkpoint.latest_checkpoint(run.path)
+        try:
+            ckpt = checkpoint.latest_checkpoint(run.path)
+        except checkpoint.NoCheckpointError as exc:
+            raise UserError(f"{exc}: it stopped before its first one, so there is nothing to resume. Start it "
+                            f"again under the same id with: {restart_command(run.path, run.run_id)}") from None
         config = resume_config(run, ckpt, overrides)
         logger.info("resuming %s from checkpoint %s (step %d)%s", run.run_id, ckpt.path.name, ckpt.step,
                        f" with {' '.join(overrides)}" if overrides else "")
+        inputs = check_inputs(config)  # the model and data may have moved since
         (run.path / "config.yaml").write_text(config_to_yaml(config))
-        return run_training(config, run, resume_from=ckpt)
+        return run_training(config, run, inputs, resume_from=ckpt)
 
 
 def _diff(old: RLConfig, new: RLConfig) -> dict[str, tuple[Any, Any]]:

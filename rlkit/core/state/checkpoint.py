@@ -45,6 +45,10 @@ TMP_PREFIX = ".tmp-"
 _STEP_DIR = re.compile(r"^step_(\d+)$")
 
 
+class NoCheckpointError(UserError):
+    """A run that never wrote a checkpoint."""
+
+
 @dataclass
 class Checkpoint:
     step: int
@@ -172,8 +176,8 @@ def latest_checkpoint(run_path: Path, *, warn: bool = True) -> Checkpoint:
     if found:
         raise UserError(f"run {run_path} has no usable checkpoint: "
                         + "; ".join(f"{c.path.name}: {c.problem}" for c in found))
-    raise UserError(f"run {run_path} has no checkpoint to resume from; checkpoints are written every "
-                    "trainer.save_freq steps and at the end (start it again with `rlkit train`)")
+    raise NoCheckpointError(f"run {run_path} has no checkpoint (checkpoints are written every "
+                            "trainer.save_freq steps and at the end)")
 
 
 def checkpoint_at(run_path: Path, step: int | None) -> Checkpoint:

@@ -12,6 +12,7 @@ from typing import Any
 
 import numpy as np
 import torch
+import torch.distributed as dist
 
 from rlkit.core.algos.kl import kl_estimate
 from rlkit.core.algos.losses import (
@@ -28,7 +29,7 @@ from rlkit.core.rollout.base import RolloutSample, Sampling
 from rlkit.core.rollout.engines import make_engine
 from rlkit.core.rollout.sync_check import FirstSyncProbe
 from rlkit.core.state import shards as checkpoint_shards
-from rlkit.core.train import fsdp, packing
+from rlkit.core.train import fast_paths, fsdp, packing
 from rlkit.core.train.learner import micro_batches, optimize
 from rlkit.core.train.logprobs import selected_log_probs
 from rlkit.core.train.model import build_policy
@@ -54,6 +55,8 @@ class PolicyWorker(DeviceWorker):
         self.reward_model = RewardModel(
             resolve_model_path(cfg.reward_model.path), device=self.device, max_length=cfg.reward_model.max_length,
             micro_batch_size=cfg.reward_model.micro_batch_size) if cfg.reward_model.path else None
+        # Sized before the engine takes its share: during the update the engine sleeps.
+        self.fast_paths = fast_paths.resolve(cfg, self.device.type, sized=self._size_micro_batches())
         self.phase = "setup/rollout-engine"
         # Split placement: rollout workers on other devices hold the engine (rlkit.core.cluster.placement).
         self.engine = make_engine(cfg, self.model_path, device=self.device, dtype=self.dtype,
@@ -61,7 +64,26 @@ class PolicyWorker(DeviceWorker):
                                   sleep_mode=True) if cfg.rollout.placement == "colocated" else None
         self.sync_probe = FirstSyncProbe()
         self.phase = "idle"
-        return {"rank": self.rank, "shards": fsdp.shard_numels(self.model.module)}
+        return {"rank": self.rank, "shards": fsdp.shard_numels(self.model.module), "fast_paths": self.fast_paths}
+
+    def _size_micro_batches(self) -> tuple[int, float] | None:
+        """actor.micro_batch_tokens=auto on a GPU: (the budget all ranks agree on, this rank's free GiB)."""
+        cfg = self.config
+        if cfg.actor.micro_batch_tokens != "auto" or not self.use_cuda:
+            return None
+        free, total = torch.cuda.mem_get_info(self.device)
+        module = self.model.module
+        numels = fsdp.shard_numels(module)
+        trainable = sum(numels[name][0] for name, param in module.named_parameters() if param.requires_grad)
+        per_token = fast_paths.activation_bytes_per_token(module.config, fsdp.DTYPES[self.dtype].itemsize,
+                                                          cfg.model.gradient_checkpointing)
+        tokens = fast_paths.auto_micro_batch_tokens(
+            free_bytes=free, total_bytes=total, trainable_params=trainable,
+            critic_params=sum(local for local, _ in numels.values()) if cfg.critic_enabled else 0,  # same shape
+            bytes_per_token=per_token, longest_sequence=cfg.data.max_prompt_length + cfg.data.max_response_length)
+        agreed = torch.tensor([tokens], device=packing.collective_device())
+        dist.all_reduce(agreed, op=dist.ReduceOp.MIN)  # one budget for the run, the tightest rank's
+        return int(agreed.item()), free / (1 << 30)
 
     def _seed(self, seed: int) -> None:
         random.seed(seed + self.rank)
@@ -137,7 +159,7 @@ class PolicyWorker(DeviceWorker):
         log_probs = torch.zeros(batch["responses"].shape)
         entropy = torch.zeros(batch["responses"].shape)
         with self.model.reference() if which == "ref" else nullcontext(self.model.module) as model:
-            for rows in micro_batches(batch, self.config.actor.micro_batch_tokens):
+            for rows in micro_batches(batch, self.fast_paths.micro_batch_tokens):
                 packed = packing.pack(batch.select(rows)).to(self.device)
                 logits = fsdp.packed_outputs(model, packed)
                 lp, ent = selected_log_probs(logits, packed.targets, self.config.rollout.temperature,
@@ -156,7 +178,7 @@ class PolicyWorker(DeviceWorker):
         self.phase = "update_actor"
         cfg = self.config.actor
         totals = optimize(self.model, minibatches, norms, self._micro_step, grad_clip=cfg.grad_clip,
-                          micro_batch_tokens=cfg.micro_batch_tokens, per_update=("pg_loss", "kl_loss"))
+                          micro_batch_tokens=self.fast_paths.micro_batch_tokens, per_update=("pg_loss", "kl_loss"))
         self.phase = "idle"
         return {k if "/" in k else f"actor/{k}": v for k, v in totals.items()}
 
