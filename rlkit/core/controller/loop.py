@@ -21,6 +21,7 @@ from rlkit.core.controller.interrupt import (
 from rlkit.core.controller.preflight import check_inputs
 from rlkit.core.controller.run_dir import RunDir
 from rlkit.core.controller.tracking import Tracker, step_logger
+from rlkit.core.state import provenance
 from rlkit.core.state.checkpoint import Checkpoint, discard_after
 from rlkit.recipes.schema import RLConfig, TrainerConfig
 
@@ -41,6 +42,7 @@ def run_training(config: RLConfig, run: RunDir, resume_from: Checkpoint | None =
         run.write_status("running", step=start, total_steps=trainer.total_steps, error=None)
         try:
             controller = Controller(config, run)
+            provenance.write(run.path, config)  # after the controller has generated a synthetic task's data
             if resume_from:
                 discard_after(run.path, start)
                 controller.load_checkpoint(resume_from)

@@ -14,7 +14,7 @@ from typing import Any
 import yaml
 
 from rlkit.core.controller.run_dir import RunDir
-from rlkit.core.state import checkpoint
+from rlkit.core.state import checkpoint, provenance
 from rlkit.errors import UserError
 from rlkit.recipes.loader import config_to_yaml, load_config
 from rlkit.recipes.schema import RLConfig
@@ -83,6 +83,7 @@ def resume_run(run_id: str, overrides: list[str], runs_dir: str | Path = "runs")
         config = resume_config(run, ckpt, overrides)
         logger.info("resuming %s from checkpoint %s (step %d)%s", run.run_id, ckpt.path.name, ckpt.step,
                        f" with {' '.join(overrides)}" if overrides else "")
+        provenance.warn_if_changed(ckpt.path, config, run.path)
         (run.path / "config.yaml").write_text(config_to_yaml(config))
         return run_training(config, run, resume_from=ckpt)
 

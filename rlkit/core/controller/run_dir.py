@@ -16,6 +16,7 @@ from rlkit.recipes.schema import RLConfig
 
 TINY_PREFIX = "rlkit:"
 STATUS_FILE = "status.json"
+SYNTHETIC_TRAIN_FILE = Path("data") / "train.parquet"  # a synthetic task's generated prompts, in the run dir
 # status.json "status": running -> finished | failed | interrupted; "running" with a dead pid
 # means the process was killed (SIGKILL, OOM, power): `read_status` reports that as "dead".
 STATUSES = ("running", "finished", "failed", "interrupted")
@@ -125,4 +126,4 @@ def prepare_data_files(config: RLConfig, run_path: Path) -> list[str]:
     from rlkit.core.data.synthetic import build_synthetic
 
     splits = build_synthetic(task=config.data.synthetic_task, seed=config.trainer.seed)
-    return [str(write_parquet(splits["train"], run_path / "data" / "train.parquet"))]
+    return [str(write_parquet(splits["train"], run_path / SYNTHETIC_TRAIN_FILE))]
