@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from rlkit.recipes.reward_schema import RewardConfig, RewardModelConfig
 
@@ -47,7 +47,7 @@ class RolloutConfig(Section):
     ignore_eos: bool = Field(False, description="Always generate data.max_response_length tokens, EOS or not (benchmarks with fixed shapes).")
     placement: Literal["colocated", "split"] = Field("colocated", description="colocated: every training worker also runs a rollout engine on its device (vLLM sleeps during training); split: rollout.devices devices run only rollout and receive the weights after each update.")
     devices: int = Field(1, ge=1, description="split placement: devices (of trainer.nnodes x trainer.n_gpus_per_node) that run only rollout; the rest train.")
-    log_prob_check_freq: int = Field(10, ge=0, description="Every this many steps the engine also returns the log-prob of each sampled token, and rollout/log_prob_diff (mean |engine - trainer|) checks the weight sync and the engine's numerics; 0 = never. Not every step: vLLM decodes at half speed while returning them (docs/benchmarks.md). actor.old_log_probs=rollout takes them on every step.")
+    log_prob_check_freq: int = Field(10, ge=0, description="Every this many steps the engine also returns the log-prob of each sampled token, and rollout/log_prob_diff (mean |engine - trainer|) checks the weight sync and the engine's numerics; 0 = never (but step 1, for the step-1 invariants, unless trainer.invariants=off). Not every step: vLLM decodes at half speed while returning them (docs/benchmarks.md). actor.old_log_probs=rollout takes them on every step.")
     engine_kwargs: dict[str, Any] = Field(default_factory=dict, description="vLLM: further `vllm.LLM` arguments, e.g. {async_scheduling: true}; the keys above stay rlkit's.")
 
 
@@ -126,6 +126,14 @@ class TrainerConfig(Section):
     save_on_interrupt: bool = Field(True, description="On Ctrl-C/SIGTERM, finish the current step and checkpoint it before stopping (a second Ctrl-C stops at once).")
     nvlink_multicast: bool = Field(False, description="Let NCCL, torch symmetric memory and NVSHMEM use NVLink multicast (NVLS). Off by default: on hosts whose NVSwitch multicast is not set up (no fabric manager/IMEX), start-up fails or hangs with it on; turn it on where it works for faster all-reduce on 4+ GPUs. Off sets NCCL_NVLS_ENABLE=0, TORCH_SYMM_MEM_DISABLE_MULTICAST=1, NVSHMEM_DISABLE_NVLS=1 in every worker.")
     cpu_threads_per_worker: int = Field(1, ge=1, description="Torch threads per CPU worker process.")
+    invariants: Literal["error", "warn", "off"] = Field("error", description="Step-1 invariants of a fresh run (rlkit.core.controller.invariants): the KL to the reference is ~0 (the reference is the initial policy), rollout/log_prob_diff is under trainer.invariant_tolerance (step 1 is always a log-prob check step), and the first batch's prompts survive a tokenizer round trip (decode, then encode, gives the same ids). error stops the run naming the broken invariant; warn logs it and goes on; off skips them (and step 1's engine log-probs).")
+    invariant_tolerance: float = Field(0.05, gt=0, description="Largest |KL to the reference| and rollout/log_prob_diff (nats per token) the step-1 invariants accept. Measured: ~1e-7 on CPU (fp32), ~0.008 with vLLM in bf16 on an H200 (docs/benchmarks.md).")
+
+    @field_validator("invariants", mode="before")
+    @classmethod
+    def _bare_off(cls, value: Any) -> Any:
+        """YAML reads a bare `off` (trainer.invariants=off) as false."""
+        return "off" if value is False else value
 
 
 class RLConfig(Section):
@@ -163,6 +171,11 @@ class RLConfig(Section):
     def needs_rollout_log_probs(self) -> bool:
         """The math (not just the sync check) uses the engine's log-probs, so every step asks for them."""
         return self.actor.old_log_probs == "rollout" or self.actor.rollout_is_cap is not None
+
+    def log_prob_check_step(self, step: int) -> bool:
+        """The engine returns the sampled tokens' log-probs this step, for rollout/log_prob_diff."""
+        freq = self.rollout.log_prob_check_freq
+        return (freq > 0 and step % freq == 0) or (step == 1 and self.trainer.invariants != "off")
 
     @property
     def needs_reference(self) -> bool:

@@ -151,8 +151,7 @@ class Controller:
         """
         cfg, world = self.config, self.placement.rollout_size
         parts = [list(range(len(prompts)))[r::world] for r in range(world)]
-        freq = cfg.rollout.log_prob_check_freq
-        log_probs = cfg.needs_rollout_log_probs or (not greedy and freq > 0 and step % freq == 0)
+        log_probs = cfg.needs_rollout_log_probs or (not greedy and cfg.log_prob_check_step(step))
         per_rank = []
         # Extra dynamic-sampling rounds draw from seed ranges no plausible step count reaches.
         stream = cfg.trainer.seed * 1_000_003 + step + round_index * 10_000_019

@@ -11,6 +11,7 @@ from rich.console import Console
 from rich.logging import RichHandler
 
 from rlkit.core.cluster.failures import RunFailure, continue_hint
+from rlkit.core.controller import invariants
 from rlkit.core.controller.controller import Controller
 from rlkit.core.controller.interrupt import (
     RunInterrupted,
@@ -46,6 +47,8 @@ def run_training(config: RLConfig, run: RunDir, resume_from: Checkpoint | None =
             if resume_from:
                 discard_after(run.path, start)
                 controller.load_checkpoint(resume_from)
+            else:
+                invariants.check_prompts(config, controller.tokenizer, controller.rows, controller.sampler)
             stop.finish_steps()
             tracker = Tracker(run.path, trainer.logger, total_steps=trainer.total_steps, start_step=start,
                               project=trainer.project_name, name=trainer.experiment_name or run.run_id,
@@ -55,6 +58,7 @@ def run_training(config: RLConfig, run: RunDir, resume_from: Checkpoint | None =
                 metrics = controller.step(step)
                 rewards.append(metrics["reward/mean"])
                 tracker.log(metrics, step)
+                invariants.check_step(config, step, metrics)  # after logging: the broken step's metrics are kept
                 controller.completed_steps = step
                 if should_save(step, trainer):
                     path = controller.save_checkpoint("final" if step == trainer.total_steps else "periodic")

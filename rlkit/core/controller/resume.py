@@ -40,6 +40,8 @@ RESUME_SAFE_KEYS = {
     "rollout.gpu_memory_utilization": "performance only",
     "rollout.enforce_eager": "performance only",
     "rollout.log_prob_check_freq": "when the sync check runs (the samples stay the same)",
+    "trainer.invariants": "checked at step 1 only",
+    "trainer.invariant_tolerance": "checked at step 1 only",
 }
 
 
