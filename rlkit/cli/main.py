@@ -8,7 +8,7 @@ import typer
 from rich.syntax import Syntax
 from rich.table import Table
 
-from rlkit.cli import data_cmds, doctor_cmds, run_cmds
+from rlkit.cli import data_cmds, doctor_cmds, record_cmds, run_cmds
 from rlkit.cli.common import console, run_failures, user_errors
 
 app = typer.Typer(
@@ -75,6 +75,7 @@ def recipes_show(name: str = typer.Argument(..., help="Recipe name or path.")) -
 data_cmds.register(app)
 run_cmds.register(app)
 doctor_cmds.register(app)
+record_cmds.register(app)
 
 if __name__ == "__main__":
     app()

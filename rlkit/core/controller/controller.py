@@ -32,6 +32,7 @@ from rlkit.core.rewards.scoring import RewardScorer
 from rlkit.core.rollout.base import RolloutSample, Sampling
 from rlkit.core.rollout.dynamic_sampling import GroupCollector, group_rows
 from rlkit.core.state import checkpoint
+from rlkit.core.state.records import RolloutRecorder
 from rlkit.core.state.shards import rng_state, set_rng_state
 from rlkit.core.train.critic_worker import VALUE_INPUT_KEYS, start_critic_group
 from rlkit.errors import UserError
@@ -61,6 +62,7 @@ class Controller:
                         if config.algorithm.kl_ctrl.type == "adaptive"
                         else FixedKLController(config.algorithm.kl_ctrl.kl_coef))
         self.scorer = RewardScorer(config.reward)
+        self.recorder = RolloutRecorder.for_run(config, run.path)  # trainer.record_rollouts
         try:
             init_ray(config)
             self.placement = Placement(config, self.model_path)
@@ -98,12 +100,15 @@ class Controller:
                 with timed(timing, "update_critic"):
                     metrics.update(self.update_critic(batch))
             if self.critic is None or step > cfg.critic.warmup_steps:  # critic warm-up leaves the actor as is
+                self.recorder.add_trainer_log_probs(batch, self.log_probs)
                 with timed(timing, "update_actor"):
                     metrics.update(self.update_actor(batch))
                 with timed(timing, "sync"):
                     metrics.update(self.placement.sync_weights())
-        return {**self.batch_metrics(batch), **metrics,
-                **{f"timing/{k}": v for k, v in timing.items()}, **self.throughput(batch, timing["step"])}
+        metrics = {**self.batch_metrics(batch), **metrics,
+                   **{f"timing/{k}": v for k, v in timing.items()}, **self.throughput(batch, timing["step"])}
+        self.recorder.record(step, batch, metrics)  # the batch the update got, for `rlkit replay` / `inspect`
+        return metrics
 
     # -- phases -------------------------------------------------------------------------
     def sample(self, step: int, timing: dict[str, float]) -> tuple[Batch, dict[str, float]]:

@@ -41,6 +41,7 @@ RESUME_SAFE_KEYS = {
     "rollout.enforce_eager": "performance only",
     "rollout.log_prob_check_freq": "when the sync check runs (the samples stay the same)",
     "trainer.invariants": "checked at step 1 only",
+    "trainer.record_rollouts": "only writes down what each step computed",
     "trainer.invariant_tolerance": "checked at step 1 only",
 }
 
@@ -52,7 +53,7 @@ def resume_config(run: RunDir, ckpt: checkpoint.Checkpoint, overrides: list[str]
     config = load_config(str(saved_yaml), overrides)
     # load_config names the recipe after the file it read (config.yaml); keep the original name.
     saved.recipe = config.recipe = str((yaml.safe_load(saved_yaml.read_text()) or {}).get("recipe", ""))
-    changed = _diff(saved, config)
+    changed = config_diff(saved, config)
     refused = [f"{key}: {old!r} -> {new!r}" for key, (old, new) in changed.items() if key not in RESUME_SAFE_KEYS]
     if refused:
         raise UserError("a resume continues the same training, so these overrides are refused: "
@@ -90,7 +91,8 @@ def resume_run(run_id: str, overrides: list[str], runs_dir: str | Path = "runs")
         return run_training(config, run, resume_from=ckpt)
 
 
-def _diff(old: RLConfig, new: RLConfig) -> dict[str, tuple[Any, Any]]:
+def config_diff(old: RLConfig, new: RLConfig) -> dict[str, tuple[Any, Any]]:
+    """dotted key -> (old value, new value) for every key whose value differs."""
     a, b = _flatten(old.model_dump(mode="json")), _flatten(new.model_dump(mode="json"))
     return {key: (a.get(key), b.get(key)) for key in sorted(set(a) | set(b)) if a.get(key) != b.get(key)}
 

@@ -40,7 +40,8 @@ class PolicyWorker(DeviceWorker):
         return {"rank": self.rank, "pid": os.getpid(), "host": socket.gethostname(), "phase": self.phase,
                 "node_id": ray.get_runtime_context().get_node_id()}
 
-    def setup(self, master_addr: str, master_port: int) -> dict[str, Any]:
+    def setup(self, master_addr: str, master_port: int, with_engine: bool = True) -> dict[str, Any]:
+        """Load the models and start the rollout engine (`with_engine=False`: `rlkit replay` only updates)."""
         self.join_process_group(master_addr, master_port)
         self._seed(self.config.trainer.seed)
         cfg = self.config
@@ -70,7 +71,7 @@ class PolicyWorker(DeviceWorker):
             max_model_len=cfg.data.max_prompt_length + cfg.data.max_response_length, device=self.device,
             gpu_memory_utilization=cfg.rollout.gpu_memory_utilization, enforce_eager=cfg.rollout.enforce_eager,
             max_num_seqs=cfg.rollout.max_num_seqs, sleep_mode=True,
-            engine_kwargs=cfg.rollout.engine_kwargs) if cfg.rollout.placement == "colocated" else None
+            engine_kwargs=cfg.rollout.engine_kwargs) if cfg.rollout.placement == "colocated" and with_engine else None
         self.phase = "idle"
         return {"rank": self.rank, "shards": fsdp.shard_numels(self.actor)}
 
