@@ -32,7 +32,7 @@ GPU 00000000:2A:00.0
 
 
 def cli(*args: str):
-    return invoke(register, *args)  # TODO-plan: "doctor" once plan is registered too
+    return invoke(register, "doctor", *args)
 
 
 @pytest.fixture
