@@ -33,11 +33,11 @@ def overrides(args: argparse.Namespace, workload: Workload, data: str, runs_dir:
         f"rollout.n={workload.samples}", "rollout.ignore_eos=true", f"rollout.name={args.rollout}",
         f"rollout.placement={args.placement}", f"rollout.max_num_seqs={workload.sequences}",
         f"rollout.gpu_memory_utilization={args.gpu_memory_utilization}",
-        f"rollout.enforce_eager={str(not args.cuda_graphs).lower()}",
+        f"rollout.vllm.enforce_eager={str(not args.cuda_graphs).lower()}",
         # One optimizer step per RL step, like TRL's run of the same workload.
         f"actor.mini_batch_size={workload.prompts}", f"actor.micro_batch_tokens={args.micro_batch_tokens}",
         f"model.compile={str(args.compile).lower()}", f"model.gradient_checkpointing={str(args.grad_ckpt).lower()}",
-        f"actor.old_log_probs={args.old_log_probs}", f"rollout.engine_kwargs={args.engine_kwargs}",
+        f"actor.old_log_probs={args.old_log_probs}", f"rollout.vllm.engine_kwargs={args.engine_kwargs}",
         f"reward.function={reward}:score", "reward.num_workers=0",
         f"trainer.n_gpus_per_node={args.gpus}", f"trainer.total_steps={args.steps}", "trainer.logger=[jsonl]",
         f"trainer.runs_dir={runs_dir}",
@@ -79,11 +79,11 @@ def main() -> None:
     parser.add_argument("--rollout", default="vllm", choices=["vllm", "hf"])
     parser.add_argument("--placement", default="colocated", choices=["colocated", "split"])
     parser.add_argument("--compile", action="store_true", help="model.compile=true")
-    parser.add_argument("--cuda-graphs", action="store_true", help="vLLM with CUDA graphs (rollout.enforce_eager=false)")
+    parser.add_argument("--cuda-graphs", action="store_true", help="vLLM with CUDA graphs (rollout.vllm.enforce_eager=false)")
     parser.add_argument("--grad-ckpt", action="store_true", help="model.gradient_checkpointing=true")
     parser.add_argument("--old-log-probs", default="auto", choices=["auto", "recompute"],
                         help="actor.old_log_probs (auto skips the pass here: one optimizer step per RL step)")
-    parser.add_argument("--engine-kwargs", default="{}", help="rollout.engine_kwargs, e.g. '{async_scheduling: true}'")
+    parser.add_argument("--engine-kwargs", default="{}", help="rollout.vllm.engine_kwargs, e.g. '{async_scheduling: true}'")
     parser.add_argument("--micro-batch-tokens", type=int, default=32768)
     parser.add_argument("--gpu-memory-utilization", type=float, default=0.35)
     parser.add_argument("--steps", type=int, default=4)

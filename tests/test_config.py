@@ -60,7 +60,7 @@ def test_unsupported_verl_key_is_answered_with_our_spelling():
 @pytest.mark.parametrize("override, expected", [
     ("rollout.n=abc", "rollout.n='abc' (command line): Input should be a valid integer"),
     ("algorithm.adv_estimater=grpo", "did you mean 'algorithm.adv_estimator'"),
-    ("rollout.name=sglang", "Input should be 'vllm' or 'hf'"),
+    ("rollout.name=sglang", "unknown rollout engine 'sglang' (known: hf, vllm)"),
     ("algorithm.adv_estimator=grpoo", "did you mean 'grpo'"),
     ("rollout.n=1", "needs rollout.n >= 2"),
     ("actor.mini_batch_size=5", "must divide data.train_batch_size=16"),
@@ -95,10 +95,24 @@ def test_importance_weights_against_rollout_old_log_probs_would_all_be_one():
 
 
 def test_engine_kwargs_pass_through_but_cannot_override_rlkit_keys():
-    config = load_config("grpo-demo", ["rollout.engine_kwargs={async_scheduling: true}"])
-    assert config.rollout.engine_kwargs == {"async_scheduling": True}
-    with pytest.raises(ConfigError, match="rollout.engine_kwargs.*max_num_seqs is set by rlkit"):
-        load_config("grpo-demo", ["rollout.engine_kwargs={max_num_seqs: 4}"])
+    config = load_config("grpo-demo", ["rollout.vllm.engine_kwargs={async_scheduling: true}"])
+    assert config.rollout.vllm.engine_kwargs == {"async_scheduling": True}
+    with pytest.raises(ConfigError, match="rollout.vllm.engine_kwargs.*max_num_seqs is set by rlkit"):
+        load_config("grpo-demo", ["rollout.vllm.engine_kwargs={max_num_seqs: 4}"])
+
+
+def test_moved_engine_keys_still_read_from_old_configs_and_command_lines():
+    """rollout.enforce_eager / rollout.engine_kwargs moved under rollout.vllm; old spellings keep working."""
+    config = load_config("grpo-demo", ["rollout.enforce_eager=true", "rollout.engine_kwargs={async_scheduling: true}"])
+    assert config.rollout.vllm.enforce_eager is True
+    assert config.rollout.vllm.engine_kwargs == {"async_scheduling": True}
+    verl = load_config("grpo-demo", ["actor_rollout_ref.rollout.enforce_eager=false"])
+    assert verl.rollout.vllm.enforce_eager is False
+
+
+def test_an_unknown_engine_names_the_known_ones():
+    with pytest.raises(ConfigError, match="rollout.name.*unknown rollout engine 'vlm'.*hf, vllm.*did you mean 'vllm'"):
+        load_config("grpo-demo", ["rollout.name=vlm"])
 
 
 def test_a_renamed_key_is_answered_with_its_new_spelling():

@@ -17,6 +17,7 @@ from rlkit.core.cluster.device_worker import free_port
 from rlkit.core.controller.run_dir import resolve_model_path
 from rlkit.core.data.dataset import PromptRow
 from rlkit.core.rollout.base import RolloutSample
+from rlkit.core.rollout.trajectory import Trajectory
 from rlkit.core.train.critic_worker import CriticWorker
 from rlkit.recipes.loader import load_config
 
@@ -36,7 +37,7 @@ def fixed_batch() -> Batch:
     """Four sequences, prompts of 2-3 tokens, responses of 1-3 tokens (so both sides are padded)."""
     prompts = [[5, 6, 7], [8, 9], [10, 11, 12], [13, 14]]
     responses = [[20], [21, 22, 2], [23, 24], [25, 26, 27]]
-    samples = [(PromptRow(i, p, "synthetic/echo", "0"), i, RolloutSample(0, r, [0.0] * len(r), True))
+    samples = [Trajectory.single_turn(PromptRow(i, p, "synthetic/echo", "0"), i, RolloutSample(0, r, [0.0] * len(r), True))
                for i, (p, r) in enumerate(zip(prompts, responses))]
     batch = build_batch(samples, pad_id=0)
     # Returns a value model can fit: each sequence's score on every response token.

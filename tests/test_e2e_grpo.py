@@ -56,6 +56,7 @@ def test_two_workers_hold_shards_generate_and_stay_in_sync(tmp_path):
     from rlkit.core.controller.controller import Controller
     from rlkit.core.controller.run_dir import RunDir
     from rlkit.core.rollout.base import RolloutSample
+    from rlkit.core.rollout.trajectory import Trajectory
     from rlkit.recipes.loader import load_config
 
     config = load_config("grpo-demo", ["trainer.n_gpus_per_node=2", f"trainer.runs_dir={tmp_path}",
@@ -78,7 +79,7 @@ def test_two_workers_hold_shards_generate_and_stay_in_sync(tmp_path):
         # The policy after one update vs each worker's engine, on one fixed sequence.
         row = controller.rows[0]
         response = [5, 6, 7]
-        batch = build_batch([(row, 0, RolloutSample(0, response, [0.0] * 3, False))] * 2,
+        batch = build_batch([Trajectory.single_turn(row, 0, RolloutSample(0, response, [0.0] * 3, False))] * 2,
                             pad_id=controller.tokenizer.pad_token_id)
         policy = controller.log_probs(batch, "actor")["log_probs"][0]
         engines = controller.workers.call("engine_log_probs", [row.prompt_token_ids + response],

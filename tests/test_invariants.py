@@ -112,7 +112,7 @@ def _measure(folder: str) -> None:
         worker.load_checkpoint(f"{folder}/start")
         with torch.no_grad():  # a reference that is not the initial policy
             generator = torch.Generator().manual_seed(1)
-            for param in worker.ref.parameters():
+            for param in worker.model.base.parameters():
                 local = param.to_local() if hasattr(param, "to_local") else param
                 local.add_(torch.randn(local.shape, generator=generator) * 0.5)
         batch["ref_log_probs"] = worker.compute_log_probs(batch, "ref")["log_probs"]

@@ -19,6 +19,7 @@ from rlkit.core.controller.controller import masked_mean
 from rlkit.core.controller.run_dir import resolve_model_path
 from rlkit.core.data.dataset import PromptRow
 from rlkit.core.rollout.base import RolloutSample
+from rlkit.core.rollout.trajectory import Trajectory
 from rlkit.core.train.policy_worker import PolicyWorker
 from rlkit.recipes.loader import load_config
 
@@ -33,8 +34,8 @@ def _batch() -> Batch:
         prompt = torch.randint(3, 64, (3 + i,), generator=generator).tolist()
         for j in range(2):
             response = torch.randint(3, 64, (1 + (i + j) % 3,), generator=generator).tolist()
-            samples.append((PromptRow(i, prompt, "synthetic/echo", "x"), i,
-                            RolloutSample(i, response, [-4.0] * len(response), finished=False)))
+            samples.append(Trajectory.single_turn(PromptRow(i, prompt, "synthetic/echo", "x"), i,
+                                                  RolloutSample(i, response, [-4.0] * len(response), finished=False)))
     batch = build_batch(samples, pad_id=0)
     batch["advantages"] = torch.randn(batch["responses"].shape, generator=generator) * batch["response_mask"]
     return batch
@@ -42,7 +43,7 @@ def _batch() -> Batch:
 
 def _parameters(worker: PolicyWorker) -> dict[str, torch.Tensor]:
     return {name: (p.full_tensor() if hasattr(p, "full_tensor") else p).detach().clone()
-            for name, p in worker.actor.named_parameters()}
+            for name, p in worker.model.module.named_parameters()}
 
 
 def _update(worker: PolicyWorker, batch: Batch, keys: list[str]) -> dict[str, float]:

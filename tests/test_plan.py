@@ -156,6 +156,7 @@ def _measure(overrides: list[str]) -> dict[str, int]:
     from rlkit.core.cluster.device_worker import free_port
     from rlkit.core.data.dataset import PromptRow
     from rlkit.core.rollout.base import RolloutSample
+    from rlkit.core.rollout.trajectory import Trajectory
     from rlkit.core.train.policy_worker import PolicyWorker
 
     config = load_config("grpo-demo", [*MEASURED, *overrides])
@@ -163,16 +164,17 @@ def _measure(overrides: list[str]) -> dict[str, int]:
     worker = PolicyWorker(config, str(resolve_model_path("rlkit:tiny-qwen2")), 0, 1)
     worker.setup("127.0.0.1", free_port(), False)
     try:
-        samples = [(PromptRow(i, [5 + i % 40] * data.max_prompt_length, "x", "y"), i // 4,
-                    RolloutSample(i, [6] * data.max_response_length, [], finished=False)) for i in range(16)]
+        samples = [Trajectory.single_turn(PromptRow(i, [5 + i % 40] * data.max_prompt_length, "x", "y"), i // 4,
+                                          RolloutSample(i, [6] * data.max_response_length, [], finished=False))
+                   for i in range(16)]
         batch = build_batch(samples, pad_id=0)
         batch["advantages"] = torch.linspace(-1, 1, 16)[:, None] * batch["response_mask"]
-        sharded = {m: _storages(m.parameters()) for m in (worker.actor, worker.ref)}  # before any forward
+        sharded = {m: _storages(m.parameters()) for m in (worker.model.module, worker.model.base)}  # before any forward
         batch["ref_log_probs"] = worker.compute_log_probs(batch, "ref")["log_probs"]
         worker.compute_log_probs(batch, "actor")  # as a step's old-log-prob pass: the actor gathers its copy
         # With one rank a module keeps its gathered compute-dtype parameters after forward (until its backward).
         copies = {m: {k: v for k, v in _storages(m.parameters()).items() if k not in sharded[m]}
-                  for m in (worker.actor, worker.ref)}
+                  for m in (worker.model.module, worker.model.base)}
         keys = ["input_ids", "attention_mask", "position_ids", "responses", "response_mask", "advantages",
                 "ref_log_probs"]
         weights = set().union(*sharded.values(), *copies.values())
@@ -188,11 +190,12 @@ def _measure(overrides: list[str]) -> dict[str, int]:
         with torch.autograd.graph.saved_tensors_hooks(keep, lambda t: t):
             worker.update_actor([Batch({k: batch[k] for k in keys})],
                                 [{"num_tokens": float(mask.sum()), "num_seqs": float(len(batch))}])
-        moments = [v for state in worker.optimizer.state.values() for v in state.values() if v.dim() > 0]
-        state = {"weights": sum(sharded[worker.actor].values()),
-                 "gradients": sum(_storages(p.grad for p in worker.actor.parameters()).values()),
-                 "moments": sum(_storages(moments).values()), "actor_copy": sum(copies[worker.actor].values()),
-                 "reference": sum(sharded[worker.ref].values()) + sum(copies[worker.ref].values()),
+        actor, reference = worker.model.module, worker.model.base
+        moments = [v for state in worker.model.optimizer.state.values() for v in state.values() if v.dim() > 0]
+        state = {"weights": sum(sharded[actor].values()),
+                 "gradients": sum(_storages(p.grad for p in actor.parameters()).values()),
+                 "moments": sum(_storages(moments).values()), "actor_copy": sum(copies[actor].values()),
+                 "reference": sum(sharded[reference].values()) + sum(copies[reference].values()),
                  "saved": sum(saved.values())}
     finally:
         dist.destroy_process_group()

@@ -15,6 +15,7 @@ from rlkit.core.controller.replay import Replay, replay_config
 from rlkit.core.controller.run_dir import RunDir, resolve_model_path
 from rlkit.core.data.dataset import PromptRow
 from rlkit.core.rollout.base import RolloutSample
+from rlkit.core.rollout.trajectory import Trajectory
 from rlkit.core.state import records, rollout_view
 from rlkit.core.state.checkpoint import write_checkpoint
 from rlkit.errors import UserError
@@ -22,15 +23,15 @@ from rlkit.recipes.loader import config_to_yaml, load_config
 
 
 def recorded_batch() -> Batch:
-    """Two prompts x two samples, with what a step adds before the update."""
-    samples = [(PromptRow(0, [5, 6, 7], "synthetic/echo", "1", {"split": "train"}), 0,
-                RolloutSample(0, [8, 9], [-0.5, -1.25], finished=True)),
-               (PromptRow(0, [5, 6, 7], "synthetic/echo", "1", {"split": "train"}), 0,
-                RolloutSample(0, [10], [-2.0], finished=False)),
-               (PromptRow(1, [11], "synthetic/echo", "2", {}), 1, RolloutSample(1, [12, 13, 14], [-0.1, -0.2, -0.3],
-                                                                                 finished=True)),
-               (PromptRow(1, [11], "synthetic/echo", "2", {}), 1, RolloutSample(1, [15], [-3.0], finished=True))]
-    batch = build_batch(samples, pad_id=0)
+    """Two prompts x two samples, with what a step adds before the update. Sample 2 is a multi-turn
+    episode: its middle token (13) came from the environment, so the loss mask leaves it out."""
+    first, second = PromptRow(0, [5, 6, 7], "synthetic/echo", "1", {"split": "train"}), PromptRow(1, [11], "x", "2")
+    trajectories = [
+        Trajectory.single_turn(first, 0, RolloutSample(0, [8, 9], [-0.5, -1.25], finished=True)),
+        Trajectory.single_turn(first, 0, RolloutSample(0, [10], [-2.0], finished=False)),
+        Trajectory(second, 1, [12, 13, 14], loss_mask=[1, 0, 1], log_probs=[-0.1, 0.0, -0.3]),
+        Trajectory.single_turn(second, 1, RolloutSample(1, [15], [-3.0], finished=True))]
+    batch = build_batch(trajectories, pad_id=0)
     mask = batch["response_mask"]
     batch["scores"] = torch.tensor([1.0, 0.0, 0.25, 0.75])
     batch["advantages"] = torch.tensor([0.7071, -0.7071, -0.7071, 0.7071])[:, None] * mask
@@ -91,7 +92,9 @@ def test_views_show_per_token_gaps_advantages_and_sort(tmp_path, tokenizer) -> N
                                          [tokenizer.decode([t]) for t in (12, 13, 14)], [tokenizer.decode([15])]]
     assert views[0].prompt == tokenizer.decode([5, 6, 7]) and views[2].prompt == tokenizer.decode([11])
     assert views[0].gaps == pytest.approx([0.001, 0.002], abs=1e-7)  # float32 differences
-    assert views[2].gaps == pytest.approx([0.001, 0.002, 0.0], abs=1e-7)
+    # the environment's token is shown, not trained, and has no gap
+    assert views[2].trained == [True, False, True]
+    assert views[2].gaps[0] == pytest.approx(0.001, abs=1e-7) and views[2].gaps[1:] == [None, 0.0]
     assert views[0].mean_gap == pytest.approx(0.0015, abs=1e-7)
     assert [v.advantage for v in views] == pytest.approx([0.7071, -0.7071, -0.7071, 0.7071])
     assert [v.index for v in rollout_view.sort_views(views, "reward")] == [0, 3, 2, 1]

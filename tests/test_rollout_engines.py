@@ -8,6 +8,11 @@ import torch
 
 from rlkit.core.rollout.base import Sampling
 from rlkit.core.rollout.engines import make_engine
+from rlkit.recipes.schema import RLConfig
+
+
+def _config(engine: str) -> RLConfig:
+    return RLConfig(rollout={"name": engine}, data={"max_prompt_length": 32, "max_response_length": 32})
 
 
 def _reference_log_probs(model, sequence: list[int], prompt_len: int) -> torch.Tensor:
@@ -57,13 +62,13 @@ def _check_engine(engine, model_dir):
 
 
 def test_hf_engine(tiny_model_dir):
-    engine = make_engine("hf", str(tiny_model_dir), dtype="float32", seed=0, max_model_len=64,
-                         device=torch.device("cpu"))
+    engine = make_engine(_config("hf"), str(tiny_model_dir), dtype="float32", seed=0, device=torch.device("cpu"),
+                         sleep_mode=False)
     _check_engine(engine, tiny_model_dir)
 
 
 @pytest.mark.slow
 def test_vllm_engine_including_tied_lm_head(tiny_model_dir):
-    engine = make_engine("vllm", str(tiny_model_dir), dtype="float32", seed=0, max_model_len=64,
-                         device=torch.device("cpu"))
+    engine = make_engine(_config("vllm"), str(tiny_model_dir), dtype="float32", seed=0, device=torch.device("cpu"),
+                         sleep_mode=False)
     _check_engine(engine, tiny_model_dir)

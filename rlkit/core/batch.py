@@ -5,9 +5,11 @@ per-row Python values (data_source, ground truth, ...). Layout of a rollout batc
   input_ids       [B, P+R]  prompt left-padded to P, response right-padded to R
   attention_mask  [B, P+R]
   position_ids    [B, P+R]
-  responses       [B, R]    response token ids (pad after the end)
-  response_mask   [B, R]    1 on real response tokens
+  responses       [B, R]    response token ids (pad after the end): policy and environment tokens
+  response_mask   [B, R]    the loss mask: 1 on tokens the policy generated (0 on padding and on
+                            tool/environment tokens, which attention_mask still covers)
   rollout_log_probs [B, R]  log-probs the engine sampled with (steps that ask for them)
+  group_ids [B], finished [B], policy_version [B]
 """
 
 from __future__ import annotations
@@ -18,8 +20,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 if TYPE_CHECKING:
-    from rlkit.core.data.dataset import PromptRow
-    from rlkit.core.rollout.base import RolloutSample
+    from rlkit.core.rollout.trajectory import Trajectory
 
 
 @dataclass
@@ -67,31 +68,39 @@ class Batch:
         return Batch({k: v.to(device) for k, v in self.tensors.items()}, self.meta)
 
 
-def build_batch(samples: list[tuple[PromptRow, int, RolloutSample]], pad_id: int) -> Batch:
-    """Pad prompts left and responses right into the Batch layout (see rlkit.core.batch)."""
-    width_p = max(len(row.prompt_token_ids) for row, _, _ in samples)
-    width_r = max(max(len(s.token_ids) for _, _, s in samples), 1)
-    n = len(samples)
+def build_batch(trajectories: list[Trajectory], pad_id: int) -> Batch:
+    """Pad prompts left and responses right into the Batch layout (see rlkit.core.batch).
+
+    The loss mask comes from each trajectory: attention covers every real token, the loss only
+    the policy's own.
+    """
+    width_p = max(len(t.prompt_ids) for t in trajectories)
+    width_r = max(max(len(t.response_ids) for t in trajectories), 1)
+    n = len(trajectories)
     input_ids = torch.full((n, width_p + width_r), pad_id, dtype=torch.long)
     attention = torch.zeros((n, width_p + width_r), dtype=torch.long)
+    loss_mask = torch.zeros((n, width_r))
     rollout_lp = torch.zeros((n, width_r))
-    with_log_probs = any(s.log_probs for _, _, s in samples)  # the engine was asked for them
-    for i, (row, _, sample) in enumerate(samples):
-        p, r = row.prompt_token_ids, sample.token_ids
+    with_log_probs = any(t.log_probs for t in trajectories)  # the engine was asked for them
+    for i, t in enumerate(trajectories):
+        p, r = t.prompt_ids, t.response_ids
         input_ids[i, width_p - len(p):width_p] = torch.tensor(p)
         input_ids[i, width_p:width_p + len(r)] = torch.tensor(r, dtype=torch.long)
         attention[i, width_p - len(p):width_p + len(r)] = 1
+        loss_mask[i, :len(r)] = torch.tensor(t.loss_mask, dtype=torch.float32)
         if with_log_probs:
-            rollout_lp[i, :len(r)] = torch.tensor(sample.log_probs)
+            rollout_lp[i, :len(r)] = torch.tensor(t.log_probs)
     position_ids = (attention.cumsum(-1) - 1).clamp(min=0)
     return Batch(
         tensors={"input_ids": input_ids, "attention_mask": attention, "position_ids": position_ids,
-                 "responses": input_ids[:, width_p:].clone(), "response_mask": attention[:, width_p:].float(),
-                 **({"rollout_log_probs": rollout_lp} if with_log_probs else {}),
-                 "group_ids": torch.tensor([index for _, index, _ in samples]),
-                 "finished": torch.tensor([s.finished for _, _, s in samples])},
-        meta={"row_index": [row.index for row, _, _ in samples],
-              "data_source": [row.data_source for row, _, _ in samples],
-              "ground_truth": [row.ground_truth for row, _, _ in samples],
-              "extra_info": [row.extra_info for row, _, _ in samples]},
+                 "responses": input_ids[:, width_p:].clone(), "response_mask": loss_mask,
+                 **({"rollout_log_probs": rollout_lp * loss_mask} if with_log_probs else {}),
+                 "group_ids": torch.tensor([t.group for t in trajectories]),
+                 "finished": torch.tensor([t.finished for t in trajectories]),
+                 "policy_version": torch.tensor([t.policy_version for t in trajectories])},
+        meta={"row_index": [t.row.index for t in trajectories],
+              "data_source": [t.row.data_source for t in trajectories],
+              "ground_truth": [t.row.ground_truth for t in trajectories],
+              "extra_info": [t.row.extra_info for t in trajectories],
+              "env_reward": [t.reward for t in trajectories]},
     )

@@ -14,7 +14,8 @@ VERL_ALIASES: dict[str, str] = {
     f"{_ARR}.rollout.top_p": "rollout.top_p",
     f"{_ARR}.rollout.top_k": "rollout.top_k",
     f"{_ARR}.rollout.gpu_memory_utilization": "rollout.gpu_memory_utilization",
-    f"{_ARR}.rollout.enforce_eager": "rollout.enforce_eager",
+    f"{_ARR}.rollout.enforce_eager": "rollout.vllm.enforce_eager",
+    f"{_ARR}.rollout.engine_kwargs.vllm": "rollout.vllm.engine_kwargs",
     f"{_ARR}.rollout.max_num_seqs": "rollout.max_num_seqs",
     f"{_ARR}.actor.optim.lr": "actor.lr",
     f"{_ARR}.actor.optim.weight_decay": "actor.weight_decay",
@@ -75,10 +76,19 @@ RENAMED: dict[str, str] = {
 }
 
 
+# rlkit keys that moved, and their place now: read silently (run dirs written before keep resuming).
+MOVED: dict[str, str] = {
+    "rollout.enforce_eager": "rollout.vllm.enforce_eager",
+    "rollout.engine_kwargs": "rollout.vllm.engine_kwargs",
+}
+
+
 def translate_key(key: str, origin: str) -> str:
     """Map a verl spelling to ours; refuse known-but-unsupported verl keys with our spelling."""
-    if key in VERL_ALIASES:
-        return VERL_ALIASES[key]
+    for table in (VERL_ALIASES, MOVED):
+        for old, new in table.items():  # a dict-valued key arrives flattened: old.sub -> new.sub
+            if key == old or key.startswith(old + "."):
+                return new + key[len(old):]
     if key in VERL_ANSWERS:
         raise ConfigError(f"{key} ({origin}) is verl's key: {VERL_ANSWERS[key]}")
     if key in RENAMED:

@@ -17,6 +17,7 @@ def check_config(config: RLConfig, origins: dict[str, str] | None = None, *, req
     from rlkit.core.algos.advantages import ADV_ESTIMATORS
     from rlkit.core.algos.kl import KL_ESTIMATORS
     from rlkit.core.algos.losses import POLICY_LOSSES
+    from rlkit.core.rollout.engines import ENGINES
 
     origins = origins or {}
 
@@ -28,7 +29,8 @@ def check_config(config: RLConfig, origins: dict[str, str] | None = None, *, req
     for key, name, registry in (("algorithm.adv_estimator", algo.adv_estimator, ADV_ESTIMATORS),
                                 ("actor.policy_loss", actor.policy_loss, POLICY_LOSSES),
                                 ("actor.kl_loss_type", actor.kl_loss_type, KL_ESTIMATORS),
-                                ("algorithm.kl_penalty", algo.kl_penalty, KL_ESTIMATORS)):
+                                ("algorithm.kl_penalty", algo.kl_penalty, KL_ESTIMATORS),
+                                ("rollout.name", rollout.name, ENGINES)):
         if name not in registry:
             fail(key, registry.unknown_message(name))
     if require_inputs and not config.model.path:
@@ -68,11 +70,11 @@ def check_config(config: RLConfig, origins: dict[str, str] | None = None, *, req
     if actor.rollout_is_cap is not None and actor.old_log_probs == "rollout":
         fail("actor.rollout_is_cap", "with actor.old_log_probs=rollout the old and rollout log-probs are the same, "
              "so every weight is 1; use actor.old_log_probs=auto or recompute")
-    reserved = sorted(set(rollout.engine_kwargs) & VLLM_KEYS_SET_BY_RLKIT)
+    reserved = sorted(set(rollout.vllm.engine_kwargs) & VLLM_KEYS_SET_BY_RLKIT)
     if reserved:
-        fail("rollout.engine_kwargs", f"{', '.join(reserved)} is set by rlkit; use its own key instead "
+        fail("rollout.vllm.engine_kwargs", f"{', '.join(reserved)} is set by rlkit; use its own key instead "
              "(model.path, model.dtype, trainer.seed, data.max_*_length, rollout.gpu_memory_utilization, "
-             "rollout.enforce_eager, rollout.max_num_seqs)")
+             "rollout.vllm.enforce_eager, rollout.max_num_seqs)")
     check_algorithm(config, origins, fail)
 
 

@@ -35,20 +35,33 @@ class ModelConfig(Section):
     compile: bool = Field(False, description="torch.compile each decoder layer and the log-prob kernels (GPU; the first step pays the compile, later ones run fused).")
 
 
+class VLLMOptions(Section):
+    """`rollout.vllm.*`: options only the vLLM engine reads."""
+
+    enforce_eager: bool | None = Field(None, description="Skip CUDA graphs/compile (faster start, slower decode); None = eager on CPU, CUDA graphs on GPU (2x the decode speed on an H200, ~1 min more start-up; docs/benchmarks.md). Was rollout.enforce_eager.")
+    engine_kwargs: dict[str, Any] = Field(default_factory=dict, description="Further `vllm.LLM` arguments, e.g. {async_scheduling: true}; arguments rlkit derives from its own keys are refused. Was rollout.engine_kwargs.")
+
+
+class HFOptions(Section):
+    """`rollout.hf.*`: options only the transformers `generate` engine reads."""
+
+    batch_size: int = Field(512, ge=1, description="Sequences per `generate` call (memory: the KV cache of this many).")
+
+
 class RolloutConfig(Section):
-    name: Literal["vllm", "hf"] = Field("vllm", description="Generation engine: vLLM, or transformers `generate` as the fallback.")
+    name: str = Field("vllm", description="Generation engine, from the registry in rlkit/core/rollout/engines.py: vllm, or hf (transformers `generate`, the fallback that needs nothing more). Each engine's own options live under rollout.<name>.")
     n: int = Field(8, ge=1, description="Samples per prompt (the group size for GRPO/RLOO).")
     temperature: float = Field(1.0, gt=0, description="Sampling temperature (1.0 keeps rollouts on-policy).")
     top_p: float = Field(1.0, gt=0, le=1, description="Nucleus sampling; < 1 makes the rollout policy differ from the trained one.")
     top_k: int = Field(-1, description="Top-k sampling; -1 disables.")
-    gpu_memory_utilization: float = Field(0.5, gt=0, le=1, description="vLLM: fraction of device memory for weights + KV cache.")
-    enforce_eager: bool | None = Field(None, description="vLLM: skip CUDA graphs/compile (faster start, slower decode); None = eager on CPU, CUDA graphs on GPU (2x the decode speed on an H200, ~1 min more start-up; docs/benchmarks.md).")
-    max_num_seqs: int = Field(256, ge=1, description="vLLM: sequences decoded at once.")
+    gpu_memory_utilization: float = Field(0.5, gt=0, le=1, description="Fraction of device memory the engine takes for weights + KV cache.")
+    max_num_seqs: int = Field(256, ge=1, description="Sequences the engine decodes at once.")
     ignore_eos: bool = Field(False, description="Always generate data.max_response_length tokens, EOS or not (benchmarks with fixed shapes).")
     placement: Literal["colocated", "split"] = Field("colocated", description="colocated: every training worker also runs a rollout engine on its device (vLLM sleeps during training); split: rollout.devices devices run only rollout and receive the weights after each update.")
     devices: int = Field(1, ge=1, description="split placement: devices (of trainer.nnodes x trainer.n_gpus_per_node) that run only rollout; the rest train.")
     log_prob_check_freq: int = Field(10, ge=0, description="Every this many steps the engine also returns the log-prob of each sampled token, and rollout/log_prob_diff (mean |engine - trainer|) checks the weight sync and the engine's numerics; 0 = never (but step 1, for the step-1 invariants, unless trainer.invariants=off). Not every step: vLLM decodes at half speed while returning them (docs/benchmarks.md). actor.old_log_probs=rollout takes them on every step.")
-    engine_kwargs: dict[str, Any] = Field(default_factory=dict, description="vLLM: further `vllm.LLM` arguments, e.g. {async_scheduling: true}; the keys above stay rlkit's.")
+    vllm: VLLMOptions = Field(default_factory=VLLMOptions)
+    hf: HFOptions = Field(default_factory=HFOptions)
 
 
 class ActorConfig(Section):

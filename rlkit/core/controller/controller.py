@@ -7,30 +7,26 @@ passes, the controller does the cheap, visible math (rewards -> advantages).
 from __future__ import annotations
 
 import shutil
-import time
-from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import torch
 
 from rlkit.core.algos.advantages import AdvantageInputs, compute_advantages
-from rlkit.core.algos.dapo import groups_with_signal, overlong_penalty
 from rlkit.core.algos.kl import (
     AdaptiveKLController,
     FixedKLController,
     apply_kl_penalty,
     kl_estimate,
 )
-from rlkit.core.batch import Batch, build_batch
+from rlkit.core.batch import Batch
 from rlkit.core.cluster.failures import WorkerFailure, checkpoint_write_failure
 from rlkit.core.cluster.placement import Placement
 from rlkit.core.cluster.worker_group import WorkerGroup, init_ray
 from rlkit.core.controller.run_dir import RunDir, prepare_data_files, resolve_model_path
 from rlkit.core.data.dataset import PromptRow, PromptSampler, load_prompt_dataset
 from rlkit.core.rewards.scoring import RewardScorer
-from rlkit.core.rollout.base import RolloutSample, Sampling
-from rlkit.core.rollout.dynamic_sampling import GroupCollector, group_rows
+from rlkit.core.rollout.source import SyncRolloutSource, timed
 from rlkit.core.state import checkpoint
 from rlkit.core.state.records import RolloutRecorder
 from rlkit.core.state.shards import rng_state, set_rng_state
@@ -55,8 +51,6 @@ class Controller:
         self.rows: list[PromptRow] = load_prompt_dataset(
             files, self.tokenizer, max_prompt_length=config.data.max_prompt_length,
             overlong=config.data.overlong_prompts)
-        self.sampler = PromptSampler(len(self.rows), config.data.train_batch_size, seed=config.trainer.seed,
-                                     shuffle=config.data.shuffle)
         self.kl_ctrl = (AdaptiveKLController(config.algorithm.kl_ctrl.kl_coef, config.algorithm.kl_ctrl.target_kl,
                                              config.algorithm.kl_ctrl.horizon)
                         if config.algorithm.kl_ctrl.type == "adaptive"
@@ -69,6 +63,9 @@ class Controller:
             self.workers = self.placement.train
             self.setup_info = self.placement.setup()
             self.critic = start_critic_group(config, self.model_path, self.workers)
+            sampler = PromptSampler(len(self.rows), config.data.train_batch_size, seed=config.trainer.seed,
+                                    shuffle=config.data.shuffle)
+            self.source = SyncRolloutSource(config, self.rows, sampler, self.tokenizer, self.scorer, self.placement)
         except BaseException:  # a worker that died or hung in start-up, or Ctrl-C: stop what did start
             import ray
 
@@ -81,10 +78,7 @@ class Controller:
     def step(self, step: int) -> dict[str, Any]:
         cfg, timing = self.config, {}
         with timed(timing, "step"):
-            batch, metrics = self.sample(step, timing)  # gen + reward, over several rounds with dynamic sampling
-            if cfg.algorithm.adv_estimator == "remax":
-                with timed(timing, "gen_baseline"):
-                    metrics.update(self.greedy_baseline(batch, step))
+            batch, metrics = self.source.next_batch(step, timing)  # generated, scored (rlkit.core.rollout.source)
             if not cfg.old_log_probs_from_update:  # else the update's own detached log-probs are the old ones
                 with timed(timing, "old_log_prob"):
                     batch.update(self.old_log_probs(batch))
@@ -105,114 +99,13 @@ class Controller:
                     metrics.update(self.update_actor(batch))
                 with timed(timing, "sync"):
                     metrics.update(self.placement.sync_weights())
+                self.source.policy_version = step
         metrics = {**self.batch_metrics(batch), **metrics,
                    **{f"timing/{k}": v for k, v in timing.items()}, **self.throughput(batch, timing["step"])}
         self.recorder.record(step, batch, metrics)  # the batch the update got, for `rlkit replay` / `inspect`
         return metrics
 
     # -- phases -------------------------------------------------------------------------
-    def sample(self, step: int, timing: dict[str, float]) -> tuple[Batch, dict[str, float]]:
-        """Generate and score data.train_batch_size prompts' groups of rollout.n samples.
-
-        With dynamic sampling (DAPO), groups whose verifier scores are all equal are dropped and
-        more prompts are sampled, round after round, until the batch is full (rlkit.core.rollout.dynamic_sampling).
-        """
-        cfg = self.config
-        if not cfg.algorithm.dynamic_sampling.enable:
-            _, batch, metrics = self.sample_round(step, 0, timing)
-            return batch, {**metrics, "rollout/samples": float(len(batch))}
-        collector: GroupCollector[tuple[PromptRow, int, RolloutSample]] = GroupCollector(cfg.data.train_batch_size)
-        sampled_scores = []
-        for round_index in range(cfg.algorithm.dynamic_sampling.max_gen_rounds):
-            samples, batch, metrics = self.sample_round(step, round_index, timing)
-            sampled_scores.append(batch["scores"])
-            signal = groups_with_signal(batch["verifier_scores"], batch["group_ids"])
-            collector.add(samples, batch["group_ids"], {k: batch[k] for k in ("scores", "verifier_scores")}, signal)
-            if collector.full:
-                break
-        groups, scores, dapo_metrics = collector.take()
-        samples = [(row, g, sample) for g, group in enumerate(groups) for row, _, sample in group]
-        sampled = torch.cat(sampled_scores)
-        metrics.update(dapo_metrics)
-        metrics.update({"rollout/samples": float(len(sampled)), "dapo/reward_mean_sampled": float(sampled.mean())})
-        return build_batch(samples, pad_id=self.tokenizer.pad_token_id or 0).update(scores), metrics
-
-    def sample_round(self, step: int, round_index: int, timing: dict[str, float]
-                     ) -> tuple[list[tuple[PromptRow, int, RolloutSample]], Batch, dict[str, float]]:
-        """The next train_batch_size prompts, generated and scored: (samples, their batch, reward metrics)."""
-        prompts = [self.rows[i] for i in self.sampler.next_batch()]
-        with timed(timing, "gen"):
-            samples = self.generate(prompts, step, round_index=round_index)
-            batch = build_batch(samples, pad_id=self.tokenizer.pad_token_id or 0)
-        with timed(timing, "reward"):
-            scores, metrics = self.score(batch)
-        return samples, batch.update(scores), metrics
-
-    def generate(self, prompts: list[PromptRow], step: int, *, round_index: int = 0,
-                 greedy: bool = False) -> list[tuple[PromptRow, int, RolloutSample]]:
-        """Spread prompts over the workers; each samples rollout.n responses (one if greedy) with its own engine.
-
-        Returns (prompt row, prompt position, sample) in prompt-major order: group by group.
-        """
-        cfg, world = self.config, self.placement.rollout_size
-        parts = [list(range(len(prompts)))[r::world] for r in range(world)]
-        log_probs = cfg.needs_rollout_log_probs or (not greedy and cfg.log_prob_check_step(step))
-        per_rank = []
-        # Extra dynamic-sampling rounds draw from seed ranges no plausible step count reaches.
-        stream = cfg.trainer.seed * 1_000_003 + step + round_index * 10_000_019
-        for rank, part in enumerate(parts):
-            sampling = Sampling(n=1 if greedy else cfg.rollout.n, max_tokens=cfg.data.max_response_length,
-                                temperature=cfg.rollout.temperature, top_p=cfg.rollout.top_p,
-                                top_k=cfg.rollout.top_k, seed=stream * 1009 + rank, greedy=greedy,
-                                ignore_eos=cfg.rollout.ignore_eos, log_probs=log_probs)
-            per_rank.append(([prompts[i].prompt_token_ids for i in part], sampling))
-        results = self.placement.rollout.call("generate", per_rank=per_rank, phase="generate")
-        samples: list[tuple[PromptRow, int, RolloutSample]] = []
-        for part, rank_samples in zip(parts, results):
-            samples += [(prompts[part[s.prompt_index]], part[s.prompt_index], s) for s in rank_samples]
-        samples.sort(key=lambda item: item[1])  # prompt-major order, group by group
-        return samples
-
-    def score(self, batch: Batch) -> tuple[dict[str, torch.Tensor], dict[str, float]]:
-        """`verifier_scores` from the reward functions (or the reward model, when reward_model.path
-        is set); `scores` adds DAPO's overlong shaping when on."""
-        if self.config.reward_model.path:
-            verifier, metrics = self.reward_model_scores(batch), {}
-        else:
-            verifier, metrics = self.rule_scores(batch)
-        overlong = self.config.reward.overlong_buffer
-        if not overlong.enable:
-            return {"scores": verifier, "verifier_scores": verifier}, metrics
-        penalty = overlong_penalty(batch["response_mask"].sum(-1), max_response_length=self.config.data.max_response_length,
-                                   buffer_length=overlong.length, penalty_factor=overlong.penalty_factor)
-        metrics["reward/overlong_penalty"] = float(penalty.mean())
-        return {"scores": verifier + penalty, "verifier_scores": verifier}, metrics
-
-    def reward_model_scores(self, batch: Batch) -> torch.Tensor:
-        parts = torch.arange(len(batch)).tensor_split(self.config.world_size)
-        results = self.workers.call("reward_model_scores", per_rank=[(batch.select(p.tolist()),) for p in parts],
-                                    phase="reward model")
-        return torch.cat(results)
-
-    def rule_scores(self, batch: Batch) -> tuple[torch.Tensor, dict[str, float]]:
-        texts = self.tokenizer.batch_decode(batch["responses"].masked_fill(batch["response_mask"] == 0, 0).tolist(),
-                                            skip_special_tokens=True)
-        scored = self.scorer.score(texts, batch.meta["data_source"], batch.meta["ground_truth"],
-                                   batch.meta["extra_info"])
-        return torch.tensor(scored.scores, dtype=torch.float32), dict(scored.metrics)
-
-    def greedy_baseline(self, batch: Batch, step: int) -> dict[str, float]:
-        """ReMax: one greedy response per prompt, scored; each sample's baseline is its prompt's score."""
-        groups = group_rows(batch["group_ids"])
-        prompts = [self.rows[batch.meta["row_index"][rows[0]]] for rows in groups]
-        greedy = build_batch(self.generate(prompts, step, greedy=True), pad_id=self.tokenizer.pad_token_id or 0)
-        greedy_scores = self.score(greedy)[0]["scores"]  # one per prompt, in prompt order
-        baseline = torch.zeros(len(batch))
-        for score, rows in zip(greedy_scores, groups):
-            baseline[rows] = score
-        batch["baseline_scores"] = baseline
-        return {"remax/baseline_score_mean": float(greedy_scores.mean()), "rollout/greedy_samples": float(len(greedy))}
-
     def log_probs(self, batch: Batch, which: str) -> dict[str, torch.Tensor]:
         shards = batch.chunk(self.config.world_size)
         results = self.workers.call("compute_log_probs", per_rank=[(s, which) for s in shards], phase=f"{which} log-probs")
@@ -226,7 +119,7 @@ class Controller:
 
     def advantages(self, batch: Batch) -> dict[str, torch.Tensor]:
         cfg, mask = self.config.algorithm, batch["response_mask"]
-        last = (mask.sum(-1).long() - 1).clamp(min=0)
+        last = (mask > 0).long().cumsum(-1).argmax(-1)  # the policy's last token (a loss mask may have holes)
         token_rewards = torch.zeros_like(mask, dtype=torch.float32)
         token_rewards[torch.arange(len(batch)), last] = batch["scores"]
         out: dict[str, torch.Tensor] = {}
@@ -287,7 +180,7 @@ class Controller:
             "response/length_mean": float(lengths.mean()), "response/length_max": float(lengths.max()),
             "response/clip_frac": float((~batch["finished"]).float().mean()),
             "adv/mean": masked_mean(batch["advantages"], mask),
-            "prompt/length_mean": float(batch["attention_mask"].sum(-1).float().mean() - lengths.mean()),
+            "prompt/length_mean": float(batch["attention_mask"][:, :-mask.shape[1]].sum(-1).float().mean()),
         }
         if "entropy" in batch:  # the trainer recomputed the old log-probs; else update_actor measures these
             metrics["actor/entropy"] = masked_mean(batch["entropy"], mask)
@@ -324,7 +217,7 @@ class Controller:
             for name, group in self.checkpoint_groups().items():
                 group.call("save_checkpoint", str(folder / name), phase=f"save checkpoint ({name})")
 
-        state = {"sampler": self.sampler.state_dict(), "dataset_rows": len(self.rows),
+        state = {**self.source.state_dict(), "policy_version": self.source.policy_version, "dataset_rows": len(self.rows),
                  "kl_coef": self.kl_ctrl.value, "rollout_seed": self.config.trainer.seed,
                  "world_size": self.config.world_size, "total_steps": self.config.trainer.total_steps}
         try:
@@ -350,7 +243,8 @@ class Controller:
         for name, group in self.checkpoint_groups().items():
             group.call("load_checkpoint", str(ckpt.path / name), phase=f"load checkpoint ({name})")
         self.placement.sync_weights()
-        self.sampler.load_state_dict(state["sampler"])
+        self.source.load_state_dict(state)
+        self.source.policy_version = state.get("policy_version", state["step"])
         self.kl_ctrl.value = state["kl_coef"]
         set_rng_state(torch.load(ckpt.path / checkpoint.RNG_FILE, weights_only=True))
         self.completed_steps = state["step"]
@@ -363,11 +257,3 @@ class Controller:
             self.critic.shutdown()
         self.placement.shutdown()
         ray.shutdown()
-
-
-@contextmanager
-def timed(timing: dict[str, float], name: str) -> Iterator[None]:
-    """Add the block's wall time to timing[name] (a phase may run several times in a step)."""
-    start = time.perf_counter()
-    yield
-    timing[name] = timing.get(name, 0.0) + time.perf_counter() - start

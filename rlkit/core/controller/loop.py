@@ -48,7 +48,7 @@ def run_training(config: RLConfig, run: RunDir, resume_from: Checkpoint | None =
                 discard_after(run.path, start)
                 controller.load_checkpoint(resume_from)
             else:
-                invariants.check_prompts(config, controller.tokenizer, controller.rows, controller.sampler)
+                invariants.check_prompts(config, controller.tokenizer, controller.rows, controller.source.sampler)
             stop.finish_steps()
             tracker = Tracker(run.path, trainer.logger, total_steps=trainer.total_steps, start_step=start,
                               project=trainer.project_name, name=trainer.experiment_name or run.run_id,

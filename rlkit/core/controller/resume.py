@@ -38,7 +38,7 @@ RESUME_SAFE_KEYS = {
     "actor.micro_batch_tokens": "performance only (float sums may differ in the last bits)",
     "rollout.max_num_seqs": "performance only",
     "rollout.gpu_memory_utilization": "performance only",
-    "rollout.enforce_eager": "performance only",
+    "rollout.vllm.enforce_eager": "performance only",
     "rollout.log_prob_check_freq": "when the sync check runs (the samples stay the same)",
     "trainer.invariants": "checked at step 1 only",
     "trainer.record_rollouts": "only writes down what each step computed",

@@ -54,6 +54,7 @@ def sample_responses(model_path: str, rows: list[dict[str, Any]], *, n: int, max
     from rlkit.core.data.dataset import tokenize_prompt
     from rlkit.core.rollout.base import Sampling
     from rlkit.core.rollout.engines import make_engine
+    from rlkit.recipes.schema import RLConfig
 
     try:
         tokenizer = AutoTokenizer.from_pretrained(model_path)
@@ -61,8 +62,9 @@ def sample_responses(model_path: str, rows: list[dict[str, Any]], *, n: int, max
         raise UserError(f"--model {model_path}: cannot load a tokenizer ({exc})") from None
     prompts = [tokenize_prompt(tokenizer, row["prompt"]) for row in rows]
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    engine = make_engine("hf", model_path, dtype="float32", seed=seed, device=device,
-                         max_model_len=max(map(len, prompts)) + max_new_tokens)
+    config = RLConfig(rollout={"name": "hf"},
+                      data={"max_prompt_length": max(map(len, prompts)), "max_response_length": max_new_tokens})
+    engine = make_engine(config, model_path, dtype="float32", seed=seed, device=device, sleep_mode=False)
     sampling = Sampling(n=n, max_tokens=max_new_tokens, temperature=temperature, seed=seed,
                         greedy=temperature == 0)
     responses: list[list[str]] = [[] for _ in rows]

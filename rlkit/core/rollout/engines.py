@@ -1,28 +1,52 @@
-"""The rollout-engine registry: engines by name, imported only when chosen."""
+"""The rollout-engine registry: `rollout.name` picks one; its module is imported only when chosen.
+
+Every engine is built here, from the run's config, by one path: the policy workers
+(colocated) and the rollout workers (split placement) call `make_engine` alike. An engine's
+own options live under `rollout.<name>.*` (rlkit.recipes.schema); a new engine is a module
+with a `RolloutEngine` subclass plus a factory registered below.
+"""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Callable
 
 import torch
 
+from rlkit.core.registry import Registry
 from rlkit.core.rollout.base import RolloutEngine
 
+if TYPE_CHECKING:
+    from rlkit.recipes.schema import RLConfig
 
-def make_engine(name: str, model_path: str, *, dtype: str, seed: int, max_model_len: int,
-                device: torch.device, gpu_memory_utilization: float = 0.5, enforce_eager: bool | None = None,
-                max_num_seqs: int = 256, sleep_mode: bool = False,
-                engine_kwargs: dict[str, Any] | None = None) -> RolloutEngine:
-    """`sleep_mode`: the engine shares its device with training and releases memory between rollouts;
-    `engine_kwargs`: further vllm.LLM arguments."""
-    if name == "vllm":
-        from rlkit.core.rollout.vllm_engine import VLLMEngine
+EngineFactory = Callable[..., RolloutEngine]
+ENGINES: Registry[EngineFactory] = Registry("rollout engine")
 
-        return VLLMEngine(model_path, dtype=dtype, seed=seed, max_model_len=max_model_len, device=device,
-                          gpu_memory_utilization=gpu_memory_utilization, enforce_eager=enforce_eager,
-                          max_num_seqs=max_num_seqs, sleep_mode=sleep_mode, engine_kwargs=engine_kwargs)
-    if name == "hf":
-        from rlkit.core.rollout.hf_engine import HFEngine
 
-        return HFEngine(model_path, dtype=dtype, device=device)
-    raise ValueError(f"unknown rollout engine {name!r} (vllm, hf)")
+def make_engine(config: RLConfig, model_path: str, *, device: torch.device, dtype: str, seed: int,
+                sleep_mode: bool) -> RolloutEngine:
+    """The engine `rollout.name` names, for `model_path` on `device`.
+
+    `sleep_mode`: the engine shares its device with training and releases memory between rollouts.
+    """
+    return ENGINES.get(config.rollout.name)(config, model_path, device=device, dtype=dtype, seed=seed,
+                                            sleep_mode=sleep_mode)
+
+
+@ENGINES.register("vllm")
+def _vllm(config: RLConfig, model_path: str, *, device: torch.device, dtype: str, seed: int,
+          sleep_mode: bool) -> RolloutEngine:
+    from rlkit.core.rollout.vllm_engine import VLLMEngine
+
+    rollout, options = config.rollout, config.rollout.vllm
+    return VLLMEngine(model_path, dtype=dtype, seed=seed, device=device,
+                      max_model_len=config.data.max_prompt_length + config.data.max_response_length,
+                      gpu_memory_utilization=rollout.gpu_memory_utilization, enforce_eager=options.enforce_eager,
+                      max_num_seqs=rollout.max_num_seqs, sleep_mode=sleep_mode, engine_kwargs=options.engine_kwargs)
+
+
+@ENGINES.register("hf")
+def _hf(config: RLConfig, model_path: str, *, device: torch.device, dtype: str, seed: int,
+        sleep_mode: bool) -> RolloutEngine:
+    from rlkit.core.rollout.hf_engine import HFEngine
+
+    return HFEngine(model_path, dtype=dtype, device=device, batch_size=config.rollout.hf.batch_size)

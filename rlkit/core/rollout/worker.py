@@ -24,13 +24,9 @@ class RolloutWorker(DeviceWorker):
         self.phase = "setup/rollout-engine"
         cfg = self.config
         # Seeds continue after the training ranks', which seed their own engines when colocated.
-        self.engine = make_engine(
-            cfg.rollout.name, self.model_path, dtype=fsdp.compute_dtype(cfg.model.dtype, self.device),
-            seed=cfg.trainer.seed + 10_000 + self.rank,
-            max_model_len=cfg.data.max_prompt_length + cfg.data.max_response_length, device=self.device,
-            gpu_memory_utilization=cfg.rollout.gpu_memory_utilization, enforce_eager=cfg.rollout.enforce_eager,
-            max_num_seqs=cfg.rollout.max_num_seqs, sleep_mode=False,
-            engine_kwargs=cfg.rollout.engine_kwargs)
+        self.engine = make_engine(cfg, self.model_path, device=self.device,
+                                  dtype=fsdp.compute_dtype(cfg.model.dtype, self.device),
+                                  seed=cfg.trainer.seed + 10_000 + self.rank, sleep_mode=False)
         self.phase = "idle"
         return {"rank": self.rank, "node_id": ray.get_runtime_context().get_node_id()}
 

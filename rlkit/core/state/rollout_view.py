@@ -1,5 +1,8 @@
 """A recorded step's samples in words: prompt, response tokens, reward, advantage, per-token log-prob gap.
 
+Response tokens include an environment's or a tool's (multi-turn): they are shown, marked as
+not trained (the loss mask), and have no gap.
+
 What `rlkit inspect` prints and writes to TensorBoard. The gap is |engine - trainer| log-prob
 of each response token: the trainer's log-probs are the old-log-prob pass's, or (when the
 update took its own) the extra pass trainer.record_rollouts makes on log-prob check steps.
@@ -23,15 +26,18 @@ class SampleView:
     index: int      # row in the recorded batch
     group: int      # prompt group (GRPO's group)
     prompt: str
-    tokens: list[str]  # response tokens, each decoded on its own
-    gaps: list[float] | None  # |rollout - trainer| log-prob per response token; None without engine log-probs
+    tokens: list[str]  # response tokens, each decoded on its own (environment/tool tokens too)
+    trained: list[bool]  # per token: the policy generated it (the loss mask); False for environment tokens
+    gaps: list[float | None] | None  # |rollout - trainer| log-prob per policy token (None on the others);
+                                     # None without engine log-probs
     reward: float
     advantage: float  # mean over the response tokens (constant per sequence for GRPO/RLOO)
     finished: bool
 
     @property
     def mean_gap(self) -> float | None:
-        return sum(self.gaps) / len(self.gaps) if self.gaps else None
+        gaps = [g for g in self.gaps or [] if g is not None]
+        return sum(gaps) / len(gaps) if gaps else None
 
     def sort_value(self, key: str) -> float:
         return {"reward": self.reward, "advantage": self.advantage, "gap": self.mean_gap or 0.0,
@@ -48,20 +54,24 @@ def trainer_log_probs(record: Record) -> torch.Tensor | None:
 
 def sample_views(record: Record, tokenizer: Any) -> list[SampleView]:
     batch = record.batch
-    mask = batch["response_mask"].bool()
+    loss_mask = batch["response_mask"].bool()
     prompt_width = batch["input_ids"].shape[1] - batch["responses"].shape[1]
+    real = batch["attention_mask"][:, prompt_width:].bool()  # every response token, the environment's too
     engine, trainer = batch.tensors.get("rollout_log_probs"), trainer_log_probs(record)
     gaps = (engine - trainer).abs() if engine is not None and trainer is not None else None
-    advantages = (batch["advantages"] * mask).sum(-1) / mask.sum(-1).clamp(min=1)
+    advantages = (batch["advantages"] * loss_mask).sum(-1) / loss_mask.sum(-1).clamp(min=1)
     views = []
     for i in range(len(batch)):
         prompt_ids = batch["input_ids"][i, :prompt_width][batch["attention_mask"][i, :prompt_width].bool()]
-        response_ids = batch["responses"][i][mask[i]].tolist()
+        trained = loss_mask[i][real[i]].tolist()
+        row_gaps = None
+        if gaps is not None:
+            row_gaps = [g if t else None for g, t in zip(gaps[i][real[i]].tolist(), trained)]
         views.append(SampleView(
             index=i, group=int(batch["group_ids"][i]), prompt=tokenizer.decode(prompt_ids.tolist()),
-            tokens=[tokenizer.decode([t]) for t in response_ids],
-            gaps=gaps[i][mask[i]].tolist() if gaps is not None else None,
-            reward=float(batch["scores"][i]), advantage=float(advantages[i]), finished=bool(batch["finished"][i])))
+            tokens=[tokenizer.decode([t]) for t in batch["responses"][i][real[i]].tolist()], trained=trained,
+            gaps=row_gaps, reward=float(batch["scores"][i]), advantage=float(advantages[i]),
+            finished=bool(batch["finished"][i])))
     return views
 
 
@@ -73,7 +83,7 @@ def sort_views(views: list[SampleView], key: str, descending: bool = True) -> li
 
 def summary(record: Record, views: list[SampleView]) -> dict[str, float]:
     rewards = [v.reward for v in views]
-    gaps = [g for v in views for g in (v.gaps or [])]
+    gaps = [g for v in views for g in (v.gaps or []) if g is not None]
     out = {"samples": float(len(views)), "groups": float(len({v.group for v in views})),
            "reward_mean": sum(rewards) / len(rewards), "reward_max": max(rewards), "reward_min": min(rewards)}
     if gaps:
