@@ -52,12 +52,14 @@ class MemorySampler(threading.Thread):
 
 
 def record_phases(spans: list[tuple[int, str, float, float]], step_of: list[int]) -> None:
-    """Wrap the controller's `timed` so every phase's (step, name, start, end) is kept."""
+    """Wrap rlkit's `timed` wherever the step uses it (controller, rollout source), keeping every
+    phase's (step, name, start, end)."""
     from contextlib import contextmanager
 
     from rlkit.core.controller import controller as controller_module
+    from rlkit.core.rollout import source as source_module
 
-    original = controller_module.timed
+    original = source_module.timed
 
     @contextmanager
     def timed(timing, name):
@@ -66,7 +68,8 @@ def record_phases(spans: list[tuple[int, str, float, float]], step_of: list[int]
             yield
         spans.append((step_of[0], name, start, time.monotonic()))
 
-    controller_module.timed = timed
+    for module in (controller_module, source_module):
+        module.timed = timed
 
 
 def main() -> None:
