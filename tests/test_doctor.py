@@ -15,7 +15,6 @@ from rlkit.core import compat, doctor, environment
 from rlkit.core.environment import GPU
 from rlkit.recipes.loader import load_config
 
-pytestmark = pytest.mark.usefixtures("wide_console")
 FABRIC_QUERY = """GPU 00000000:18:00.0
     Product Name                          : NVIDIA H200
     Fabric

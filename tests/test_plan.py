@@ -124,7 +124,6 @@ def test_a_config_that_does_not_fit_gets_the_knob_that_makes_it_fit(qwen05) -> N
     assert squeezed.knobs[0] == "rollout.gpu_memory_utilization=0.84 (now 0.95)"
 
 
-@pytest.mark.usefixtures("wide_console")
 def test_the_plan_command_prints_verdict_time_and_cost(qwen05) -> None:
     result = invoke(register, "plan", "grpo", *BENCH, "--model", qwen05, "--usd-per-gpu-hour", "3",
                     "--gpu-memory-gib", "140")

@@ -99,7 +99,6 @@ def test_resume_warns_naming_a_changed_package_and_data_file(tmp_path, monkeypat
         in caplog.text
 
 
-@pytest.mark.usefixtures("wide_console")
 def test_runs_show_prints_the_provenance(tmp_path) -> None:
     config, run, data_file = make_run(tmp_path)
     record = provenance.write(run.path, config)

@@ -32,7 +32,6 @@ def run(tmp_path_factory) -> dict:
     root = tmp_path_factory.mktemp("replay")
     with pytest.MonkeyPatch.context() as patch:
         patch.setenv("RLKIT_CACHE", str(tmp_path_factory.getbasetemp() / "rlkit-cache"))
-        patch.setenv("COLUMNS", "200")
         data = write_parquet(build_synthetic(task="echo", n_train=12, n_test=1, seed=3)["train"], root / "echo.parquet")
         (root / "reward.py").write_text(REWARD)
         runs = root / "runs"

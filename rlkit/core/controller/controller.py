@@ -23,6 +23,7 @@ from rlkit.core.batch import Batch
 from rlkit.core.cluster.failures import WorkerFailure, checkpoint_write_failure
 from rlkit.core.cluster.placement import Placement
 from rlkit.core.cluster.worker_group import WorkerGroup, init_ray
+from rlkit.core.controller import invariants
 from rlkit.core.controller.run_dir import RunDir, prepare_data_files, resolve_model_path
 from rlkit.core.data.dataset import PromptRow, PromptSampler, load_prompt_dataset
 from rlkit.core.rewards.scoring import RewardScorer
@@ -51,6 +52,9 @@ class Controller:
         self.rows: list[PromptRow] = load_prompt_dataset(
             files, self.tokenizer, max_prompt_length=config.data.max_prompt_length,
             overlong=config.data.overlong_prompts)
+        sampler = PromptSampler(len(self.rows), config.data.train_batch_size, seed=config.trainer.seed,
+                                shuffle=config.data.shuffle)
+        invariants.check_prompts(config, self.tokenizer, self.rows, sampler)  # the first batch, before workers start
         self.kl_ctrl = (AdaptiveKLController(config.algorithm.kl_ctrl.kl_coef, config.algorithm.kl_ctrl.target_kl,
                                              config.algorithm.kl_ctrl.horizon)
                         if config.algorithm.kl_ctrl.type == "adaptive"
@@ -63,8 +67,6 @@ class Controller:
             self.workers = self.placement.train
             self.setup_info = self.placement.setup()
             self.critic = start_critic_group(config, self.model_path, self.workers)
-            sampler = PromptSampler(len(self.rows), config.data.train_batch_size, seed=config.trainer.seed,
-                                    shuffle=config.data.shuffle)
             self.source = SyncRolloutSource(config, self.rows, sampler, self.tokenizer, self.scorer, self.placement)
         except BaseException:  # a worker that died or hung in start-up, or Ctrl-C: stop what did start
             import ray
