@@ -123,8 +123,10 @@ def test_remax_baseline_is_the_greedy_score_of_each_prompt(tokenizer) -> None:
 
 
 @pytest.mark.parametrize("overrides, asked", [
-    (["rollout.log_prob_check_freq=3"], [False, False, True, False, False, True]),
-    (["rollout.log_prob_check_freq=0"], [False] * 6),
+    (["rollout.log_prob_check_freq=3"], [True, False, True, False, False, True]),  # step 1: the invariants
+    (["rollout.log_prob_check_freq=3", "trainer.invariants=off"], [False, False, True, False, False, True]),
+    (["rollout.log_prob_check_freq=0"], [True] + [False] * 5),
+    (["rollout.log_prob_check_freq=0", "trainer.invariants=off"], [False] * 6),
     (["rollout.log_prob_check_freq=0", "actor.old_log_probs=rollout"], [True] * 6),  # the PPO ratio needs them
     (["rollout.log_prob_check_freq=0", "actor.rollout_is_cap=2.0"], [True] * 6),     # and so do TIS weights
 ])

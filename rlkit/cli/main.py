@@ -7,7 +7,7 @@ from typing import Optional
 import typer
 from rich.table import Table
 
-from rlkit.cli import data_cmds, eval_cmds, run_cmds
+from rlkit.cli import data_cmds, doctor_cmds, eval_cmds, record_cmds, run_cmds
 from rlkit.cli.common import console, print_yaml, run_failures, user_errors
 
 app = typer.Typer(
@@ -84,6 +84,8 @@ def recipes_show(name: str = typer.Argument(..., help="Recipe name or path.")) -
 data_cmds.register(app)
 run_cmds.register(app)
 eval_cmds.register(app)
+doctor_cmds.register(app)
+record_cmds.register(app)
 
 if __name__ == "__main__":
     app()

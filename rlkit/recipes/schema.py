@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from rlkit.recipes.reward_schema import RewardConfig, RewardModelConfig
 
@@ -67,7 +67,7 @@ class RolloutConfig(Section):
     ignore_eos: bool = Field(False, description="Always generate data.max_response_length tokens, EOS or not (benchmarks with fixed shapes).")
     placement: Literal["colocated", "split"] = Field("colocated", description="colocated: every training worker also runs a rollout engine on its device (vLLM sleeps during training); split: rollout.devices devices run only rollout and receive the weights after each update.")
     devices: int = Field(1, ge=1, description="split placement: devices (of trainer.nnodes x trainer.n_gpus_per_node) that run only rollout; the rest train.")
-    log_prob_check_freq: int = Field(10, ge=0, description="Every this many steps the engine also returns the log-prob of each sampled token, and rollout/log_prob_diff (mean |engine - trainer|) checks the weight sync and the engine's numerics; 0 = never. Not every step: vLLM decodes at half speed while returning them (docs/benchmarks.md). actor.old_log_probs=rollout takes them on every step.")
+    log_prob_check_freq: int = Field(10, ge=0, description="Every this many steps the engine also returns the log-prob of each sampled token, and rollout/log_prob_diff (mean |engine - trainer|) checks the weight sync and the engine's numerics; 0 = never (but step 1, for the step-1 invariants, unless trainer.invariants=off). Not every step: vLLM decodes at half speed while returning them (docs/benchmarks.md). actor.old_log_probs=rollout takes them on every step.")
     log_prob_tolerance: float = Field(0.05, gt=0, description="Weight-sync check: the most rollout/log_prob_diff (mean |engine - trainer| log-prob per token, nats) a check step may show; more means the engine is not running the trained weights. Measured: ~1e-7 on CPU (fp32), 0.008 with vLLM bf16 on an H200. Not applied with rollout.top_p < 1 or top_k > 0, where the two differ by design.")
     sync_check: Literal["error", "warn"] = Field("error", description="What a failed weight-sync check does (log-prob gap over rollout.log_prob_tolerance, or a first sync that left the engine's outputs unchanged): error stops the run with the reason; warn logs it and trains on.")
     vllm: VLLMOptions = Field(default_factory=VLLMOptions)
@@ -152,6 +152,15 @@ class TrainerConfig(Section):
     save_on_interrupt: bool = Field(True, description="On Ctrl-C/SIGTERM, finish the current step and checkpoint it before stopping (a second Ctrl-C stops at once).")
     nvlink_multicast: bool = Field(False, description="Let NCCL, torch symmetric memory and NVSHMEM use NVLink multicast (NVLS). Off by default: on hosts whose NVSwitch multicast is not set up (no fabric manager/IMEX), start-up fails or hangs with it on; turn it on where it works for faster all-reduce on 4+ GPUs. Off sets NCCL_NVLS_ENABLE=0, TORCH_SYMM_MEM_DISABLE_MULTICAST=1, NVSHMEM_DISABLE_NVLS=1 in every worker.")
     cpu_threads_per_worker: int = Field(1, ge=1, description="Torch threads per CPU worker process.")
+    record_rollouts: bool = Field(False, description="Keep each step's batch, as the actor update received it (token ids, masks, scores, rollout/old/reference log-probs, advantages), with the step's metrics, as RUN/rollouts/step_N.parquet: `rlkit inspect` shows it, `rlkit replay` re-runs its update (docs/replay.md). On steps with engine log-probs but no old-log-prob pass it adds one forward pass, for the per-token gap. About 15-25 bytes per token of the batch (zstd parquet): ~5 MB for the benchmark's 393k-token step.")
+    invariants: Literal["error", "warn", "off"] = Field("error", description="Step-1 invariants of a fresh run (rlkit.core.controller.invariants): the KL to the reference is ~0 (the reference is the initial policy), rollout/log_prob_diff is under trainer.invariant_tolerance (step 1 is always a log-prob check step), and the first batch's prompts survive a tokenizer round trip (decode, then encode, gives the same ids). error stops the run naming the broken invariant; warn logs it and goes on; off skips them (and step 1's engine log-probs).")
+    invariant_tolerance: float = Field(0.05, gt=0, description="Largest |KL to the reference| and rollout/log_prob_diff (nats per token) the step-1 invariants accept. Measured: ~1e-7 on CPU (fp32), ~0.008 with vLLM in bf16 on an H200 (docs/benchmarks.md).")
+
+    @field_validator("invariants", mode="before")
+    @classmethod
+    def _bare_off(cls, value: Any) -> Any:
+        """YAML reads a bare `off` (trainer.invariants=off) as false."""
+        return "off" if value is False else value
 
 
 class RLConfig(Section):
@@ -189,6 +198,11 @@ class RLConfig(Section):
     def needs_rollout_log_probs(self) -> bool:
         """The math (not just the sync check) uses the engine's log-probs, so every step asks for them."""
         return self.actor.old_log_probs == "rollout" or self.actor.rollout_is_cap is not None
+
+    def log_prob_check_step(self, step: int) -> bool:
+        """The engine returns the sampled tokens' log-probs this step, for rollout/log_prob_diff."""
+        freq = self.rollout.log_prob_check_freq
+        return (freq > 0 and step % freq == 0) or (step == 1 and self.trainer.invariants != "off")
 
     @property
     def needs_reference(self) -> bool:

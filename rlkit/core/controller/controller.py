@@ -23,12 +23,14 @@ from rlkit.core.batch import Batch
 from rlkit.core.cluster.failures import WorkerFailure, checkpoint_write_failure
 from rlkit.core.cluster.placement import Placement
 from rlkit.core.cluster.worker_group import WorkerGroup, init_ray
+from rlkit.core.controller import invariants
 from rlkit.core.controller.preflight import RunInputs, check_inputs
 from rlkit.core.controller.run_dir import RunDir
 from rlkit.core.data.dataset import PromptSampler
 from rlkit.core.rewards.scoring import RewardScorer
 from rlkit.core.rollout.source import SyncRolloutSource, timed
 from rlkit.core.state import checkpoint
+from rlkit.core.state.records import RolloutRecorder
 from rlkit.core.state.shards import rng_state, set_rng_state
 from rlkit.core.train.critic_worker import VALUE_INPUT_KEYS, start_critic_group
 from rlkit.errors import UserError
@@ -46,11 +48,15 @@ class Controller:
         self.config, self.run = config, run
         inputs = inputs or check_inputs(config)
         self.model_path, self.tokenizer, self.rows = inputs.model_path, inputs.tokenizer, inputs.rows
+        sampler = PromptSampler(len(self.rows), config.data.train_batch_size, seed=config.trainer.seed,
+                                shuffle=config.data.shuffle)
+        invariants.check_prompts(config, self.tokenizer, self.rows, sampler)  # the first batch, before workers start
         self.kl_ctrl = (AdaptiveKLController(config.algorithm.kl_ctrl.kl_coef, config.algorithm.kl_ctrl.target_kl,
                                              config.algorithm.kl_ctrl.horizon)
                         if config.algorithm.kl_ctrl.type == "adaptive"
                         else FixedKLController(config.algorithm.kl_ctrl.kl_coef))
         self.scorer = RewardScorer(config.reward)
+        self.recorder = RolloutRecorder.for_run(config, run.path)  # trainer.record_rollouts
         try:
             init_ray(config)
             self.placement = Placement(config, self.model_path)
@@ -60,8 +66,6 @@ class Controller:
             # The critic and every checkpoint's config take the budget the workers resolved from "auto".
             config.actor.micro_batch_tokens = self.fast_paths.micro_batch_tokens
             self.critic = start_critic_group(config, self.model_path, self.workers)
-            sampler = PromptSampler(len(self.rows), config.data.train_batch_size, seed=config.trainer.seed,
-                                    shuffle=config.data.shuffle)
             self.source = SyncRolloutSource(config, self.rows, sampler, self.tokenizer, self.scorer, self.placement)
         except BaseException:  # a worker that died or hung in start-up, or Ctrl-C: stop what did start
             import ray
@@ -91,13 +95,16 @@ class Controller:
                 with timed(timing, "update_critic"):
                     metrics.update(self.update_critic(batch))
             if self.critic is None or step > cfg.critic.warmup_steps:  # critic warm-up leaves the actor as is
+                self.recorder.add_trainer_log_probs(batch, self.log_probs)
                 with timed(timing, "update_actor"):
                     metrics.update(self.update_actor(batch))
                 with timed(timing, "sync"):
                     metrics.update(self.placement.sync_weights())
                 self.source.policy_version = step
-        return {**self.batch_metrics(batch), **metrics,
-                **{f"timing/{k}": v for k, v in timing.items()}, **self.throughput(batch, timing["step"])}
+        metrics = {**self.batch_metrics(batch), **metrics,
+                   **{f"timing/{k}": v for k, v in timing.items()}, **self.throughput(batch, timing["step"])}
+        self.recorder.record(step, batch, metrics)  # the batch the update got, for `rlkit replay` / `inspect`
+        return metrics
 
     # -- phases -------------------------------------------------------------------------
     def log_probs(self, batch: Batch, which: str) -> dict[str, torch.Tensor]:

@@ -12,6 +12,7 @@ from rich.logging import RichHandler
 
 from rlkit.console import make_console
 from rlkit.core.cluster.failures import RunFailure, continue_hint
+from rlkit.core.controller import invariants
 from rlkit.core.controller.controller import Controller
 from rlkit.core.controller.interrupt import (
     RunInterrupted,
@@ -29,7 +30,9 @@ from rlkit.core.controller.validation import (
     validation_due,
 )
 from rlkit.core.data.builders import write_parquet
+from rlkit.core.data.synthetic import SYNTHETIC_TRAIN_FILE
 from rlkit.core.rollout.sync_check import check_weight_sync
+from rlkit.core.state import provenance
 from rlkit.core.state.checkpoint import Checkpoint, discard_after
 from rlkit.core.state.shards import seed_rng
 from rlkit.errors import UserError
@@ -59,6 +62,7 @@ def run_training(config: RLConfig, run: RunDir, inputs: RunInputs, resume_from: 
         seed_rng(trainer.seed)
         try:
             controller = Controller(config, run, inputs)
+            provenance.write(run.path, config)  # after the run dir holds a synthetic task's data
             logger.info(controller.fast_paths.describe())
             evaluator = training_evaluator(config, run.path, controller.tokenizer, controller.scorer,
                                            controller.placement.rollout)
@@ -84,6 +88,7 @@ def run_training(config: RLConfig, run: RunDir, inputs: RunInputs, resume_from: 
                     metrics.update(validate(evaluator, run.path, step))
                     val_scores[step] = metrics["val/reward/mean@1"]
                 tracker.log(metrics, step)
+                invariants.check_step(config, step, metrics)  # after logging: the broken step's metrics are kept
                 controller.completed_steps = step
                 run.write_status("running", step=step)  # with metrics.jsonl, not after a long checkpoint
                 if should_save(step, trainer):
@@ -182,5 +187,5 @@ def train_run(config: RLConfig, run_id: str | None = None) -> Path:
     inputs = check_inputs(config)
     run = RunDir.create(config, run_id)
     if inputs.generated is not None:  # data.synthetic_task: the run dir keeps the prompts it trained on
-        write_parquet(inputs.generated, run.path / "data" / "train.parquet")
+        write_parquet(inputs.generated, run.path / SYNTHETIC_TRAIN_FILE)
     return run_training(config, run, inputs)

@@ -11,9 +11,11 @@ import logging
 from pathlib import Path
 from typing import Any
 
+import yaml
+
 from rlkit.core.cluster.failures import restart_command, resume_command
 from rlkit.core.controller.run_dir import RunDir
-from rlkit.core.state import checkpoint
+from rlkit.core.state import checkpoint, provenance
 from rlkit.errors import UserError
 from rlkit.recipes.loader import config_to_yaml, load_config
 from rlkit.recipes.schema import RLConfig
@@ -44,6 +46,9 @@ RESUME_SAFE_KEYS = {
     "rollout.log_prob_check_freq": "when the sync check runs (the samples stay the same)",
     "rollout.log_prob_tolerance": "what the sync check accepts, not the math",
     "rollout.sync_check": "what a failed sync check does, not the math",
+    "trainer.invariants": "checked at step 1 only",
+    "trainer.record_rollouts": "only writes down what each step computed",
+    "trainer.invariant_tolerance": "checked at step 1 only",
 }
 
 
@@ -52,7 +57,9 @@ def resume_config(run: RunDir, ckpt: checkpoint.Checkpoint, overrides: list[str]
     saved_yaml = ckpt.path / checkpoint.CONFIG_FILE
     saved = load_config(str(saved_yaml))
     config = load_config(str(saved_yaml), overrides)
-    changed = _diff(saved, config)
+    # load_config names the recipe after the file it read (config.yaml); keep the original name.
+    saved.recipe = config.recipe = str((yaml.safe_load(saved_yaml.read_text()) or {}).get("recipe", ""))
+    changed = config_diff(saved, config)
     refused = [f"{key}: {old!r} -> {new!r}" for key, (old, new) in changed.items() if key not in RESUME_SAFE_KEYS]
     if refused:
         raise UserError("a resume continues the same training, so these overrides are refused: "
@@ -94,11 +101,13 @@ def resume_run(run_id: str, overrides: list[str], runs_dir: str | Path = "runs")
         logger.info("resuming %s from checkpoint %s (step %d)%s", run.run_id, ckpt.path.name, ckpt.step,
                        f" with {' '.join(overrides)}" if overrides else "")
         inputs = check_inputs(config)  # the model and data may have moved since
+        provenance.warn_if_changed(ckpt.path, config, run.path)
         (run.path / "config.yaml").write_text(config_to_yaml(config))
         return run_training(config, run, inputs, resume_from=ckpt)
 
 
-def _diff(old: RLConfig, new: RLConfig) -> dict[str, tuple[Any, Any]]:
+def config_diff(old: RLConfig, new: RLConfig) -> dict[str, tuple[Any, Any]]:
+    """dotted key -> (old value, new value) for every key whose value differs."""
     a, b = _flatten(old.model_dump(mode="json")), _flatten(new.model_dump(mode="json"))
     return {key: (a.get(key), b.get(key)) for key in sorted(set(a) | set(b)) if a.get(key) != b.get(key)}
 

@@ -8,12 +8,15 @@ on `echo` from chance (~0.1) to > 0.9 within ~100 steps (measured on the tiny mo
 from __future__ import annotations
 
 import random
+from pathlib import Path
 from typing import Any, Callable
 
 from rlkit.core.data.builders import DATASET_BUILDERS, Row, make_row
 from rlkit.core.rewards.registry import ANSWER_FNS, REWARD_FNS
 
 # name -> fn(rng) -> (prompt text, answer)
+# Where a run directory keeps the prompts a synthetic task generated for it.
+SYNTHETIC_TRAIN_FILE = Path("data") / "train.parquet"
 TASKS: dict[str, Callable[[random.Random], tuple[str, str]]] = {}
 
 

@@ -111,8 +111,7 @@ class SyncRolloutSource:
         Streams keep seeds apart: training rounds by round_index, other users (validation) by `stream`.
         """
         cfg = self.config
-        freq = cfg.rollout.log_prob_check_freq
-        log_probs = cfg.needs_rollout_log_probs or (not greedy and freq > 0 and step % freq == 0)
+        log_probs = cfg.needs_rollout_log_probs or (not greedy and cfg.log_prob_check_step(step))
         # Extra dynamic-sampling rounds draw from seed ranges no plausible step count reaches.
         seed = cfg.trainer.seed * 1_000_003 + step + round_index * 10_000_019 + stream * 100_000_007
         return Sampling(n=1 if greedy else (n or cfg.rollout.n), max_tokens=cfg.data.max_response_length,

@@ -45,7 +45,8 @@ class PolicyWorker(DeviceWorker):
         return {"rank": self.rank, "pid": os.getpid(), "host": socket.gethostname(), "phase": self.phase,
                 "node_id": ray.get_runtime_context().get_node_id()}
 
-    def setup(self, master_addr: str, master_port: int) -> dict[str, Any]:
+    def setup(self, master_addr: str, master_port: int, with_engine: bool = True) -> dict[str, Any]:
+        """Load the models and start the rollout engine (`with_engine=False`: `rlkit replay` only updates)."""
         self.join_process_group(master_addr, master_port)
         self._seed(self.config.trainer.seed)
         cfg = self.config
@@ -61,7 +62,7 @@ class PolicyWorker(DeviceWorker):
         # Split placement: rollout workers on other devices hold the engine (rlkit.core.cluster.placement).
         self.engine = make_engine(cfg, self.model_path, device=self.device, dtype=self.dtype,
                                   seed=cfg.trainer.seed + self.rank,
-                                  sleep_mode=True) if cfg.rollout.placement == "colocated" else None
+                                  sleep_mode=True) if cfg.rollout.placement == "colocated" and with_engine else None
         self.sync_probe = FirstSyncProbe()
         self.phase = "idle"
         return {"rank": self.rank, "shards": fsdp.shard_numels(self.model.module), "fast_paths": self.fast_paths}
