@@ -76,7 +76,7 @@ def main() -> None:
     parser.add_argument("--label", default="rlkit")
     parser.add_argument("--tiny", action="store_true", help="a tiny model and batch (CPU smoke run)")
     parser.add_argument("--gpus", type=int, default=1, help="devices (trainer.n_gpus_per_node)")
-    parser.add_argument("--rollout", default="vllm", choices=["vllm", "hf"])
+    parser.add_argument("--rollout", default="vllm", choices=["vllm", "sglang", "hf"])
     parser.add_argument("--placement", default="colocated", choices=["colocated", "split"])
     parser.add_argument("--compile", action="store_true", help="model.compile=true")
     parser.add_argument("--cuda-graphs", action="store_true", help="vLLM with CUDA graphs (rollout.vllm.enforce_eager=false)")

@@ -1,5 +1,6 @@
-"""Both rollout engines: samples come back prompt-major with their log-probs, and
-`load_weights` really changes what the engine computes (checked against transformers)."""
+"""Every rollout engine that runs on a CPU: samples come back prompt-major with their
+log-probs, and `load_weights` really changes what the engine computes (checked against
+transformers)."""
 
 from __future__ import annotations
 
@@ -40,7 +41,7 @@ def _check_engine(engine, model_dir):
     # The seed makes the call reproducible, and samples of one prompt still differ.
     again = engine.generate(prompts, Sampling(n=3, max_tokens=4, seed=7, log_probs=False))
     other = engine.generate(prompts, Sampling(n=3, max_tokens=4, seed=8))
-    assert [s.token_ids for s in again] == [s.token_ids for s in samples]
+    assert ([s.token_ids for s in again] == [s.token_ids for s in samples]) == engine.honors_seeds
     assert all(s.log_probs == [] for s in again)  # not asked for
     assert [s.token_ids for s in other] != [s.token_ids for s in samples]
     assert len({tuple(s.token_ids) for s in samples[:3]}) > 1
@@ -72,3 +73,16 @@ def test_vllm_engine_including_tied_lm_head(tiny_model_dir):
     engine = make_engine(_config("vllm"), str(tiny_model_dir), dtype="float32", seed=0, device=torch.device("cpu"),
                          sleep_mode=False)
     _check_engine(engine, tiny_model_dir)
+
+
+@pytest.mark.slow
+def test_sglang_engine_including_tied_lm_head(tiny_model_dir):
+    """SGLang on a CPU (docs/compatibility.md: how to install it there); its seeds count on GPUs only."""
+    pytest.importorskip("sglang", reason="SGLang is not installed (docs/compatibility.md)")
+    engine = make_engine(_config("sglang"), str(tiny_model_dir), dtype="float32", seed=0,
+                         device=torch.device("cpu"), sleep_mode=False)
+    try:
+        assert not engine.honors_seeds
+        _check_engine(engine, tiny_model_dir)
+    finally:
+        engine.shutdown()

@@ -42,6 +42,13 @@ class VLLMOptions(Section):
     engine_kwargs: dict[str, Any] = Field(default_factory=dict, description="Further `vllm.LLM` arguments, e.g. {async_scheduling: true}; arguments rlkit derives from its own keys are refused. Was rollout.engine_kwargs.")
 
 
+class SGLangOptions(Section):
+    """`rollout.sglang.*`: options only the SGLang engine reads."""
+
+    attention_backend: str | None = Field(None, description="SGLang attention backend (its --attention-backend, e.g. fa3, flashinfer, triton); None = SGLang's choice on GPU, torch_native on CPU. Per-request seeds need one SGLang runs deterministically (fa3, fa4, flashinfer, triton).")
+    engine_kwargs: dict[str, Any] = Field(default_factory=dict, description="Further `sglang.Engine` arguments (its server arguments), e.g. {chunked_prefill_size: 4096}; arguments rlkit derives from its own keys are refused.")
+
+
 class HFOptions(Section):
     """`rollout.hf.*`: options only the transformers `generate` engine reads."""
 
@@ -49,7 +56,7 @@ class HFOptions(Section):
 
 
 class RolloutConfig(Section):
-    name: str = Field("vllm", description="Generation engine, from the registry in rlkit/core/rollout/engines.py: vllm, or hf (transformers `generate`, the fallback that needs nothing more). Each engine's own options live under rollout.<name>.")
+    name: str = Field("vllm", description="Generation engine, from the registry in rlkit/core/rollout/engines.py: vllm, sglang, or hf (transformers `generate`, the fallback that needs nothing more). Each engine's own options live under rollout.<name>.")
     n: int = Field(8, ge=1, description="Samples per prompt (the group size for GRPO/RLOO).")
     temperature: float = Field(1.0, gt=0, description="Sampling temperature (1.0 keeps rollouts on-policy).")
     top_p: float = Field(1.0, gt=0, le=1, description="Nucleus sampling; < 1 makes the rollout policy differ from the trained one.")
@@ -61,6 +68,7 @@ class RolloutConfig(Section):
     devices: int = Field(1, ge=1, description="split placement: devices (of trainer.nnodes x trainer.n_gpus_per_node) that run only rollout; the rest train.")
     log_prob_check_freq: int = Field(10, ge=0, description="Every this many steps the engine also returns the log-prob of each sampled token, and rollout/log_prob_diff (mean |engine - trainer|) checks the weight sync and the engine's numerics; 0 = never. Not every step: vLLM decodes at half speed while returning them (docs/benchmarks.md). actor.old_log_probs=rollout takes them on every step.")
     vllm: VLLMOptions = Field(default_factory=VLLMOptions)
+    sglang: SGLangOptions = Field(default_factory=SGLangOptions)
     hf: HFOptions = Field(default_factory=HFOptions)
 
 
