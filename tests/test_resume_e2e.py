@@ -161,7 +161,8 @@ def test_sigkill_after_a_checkpoint_then_resume_is_exact(world) -> None:
     wait_for(marker.exists, proc, log, f"step {K}'s checkpoint")
     kill_tree(proc)
     status = json.loads((runs / "killed" / "status.json").read_text())
-    assert status["status"] == "running" and status["step"] >= K  # what a SIGKILL leaves behind
+    # What a SIGKILL leaves behind; status.json is rewritten just after the marker, so the kill may beat it.
+    assert status["status"] == "running" and status["step"] >= K - 1
 
     output = " ".join(run_cli(["resume", "killed", "--runs-dir", str(runs)], root / "killed-resume.log").split())
     resumed_from = int(re.search(r"from checkpoint step_(\d+)", output).group(1))
