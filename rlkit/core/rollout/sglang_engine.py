@@ -23,6 +23,9 @@ from rlkit.core.rollout.base import RolloutEngine, RolloutSample, Sampling
 # SGLang's memory-saver tags (sglang.srt.constants): the weights, and what generation needs besides.
 _WEIGHTS = ("weights",)
 _GENERATION = ("kv_cache", "cuda_graph")
+# A weight sync hands tensors over in buckets of about this size: one call per tensor would
+# cost a round trip to the scheduler each, one call for all would hold a full copy at once.
+BUCKET_BYTES = 512 * 2**20
 logger = logging.getLogger(__name__)
 
 
@@ -36,12 +39,14 @@ class SGLangEngine(RolloutEngine):
         self.sleep_mode = sleep_mode and on_gpu
         self.honors_seeds = on_gpu
         if not on_gpu:
-            logger.warning("SGLang on a CPU ignores per-request seeds: rollouts are not reproducible and a resumed "
-                        "run is not bit-exact (docs/compatibility.md)")
+            logger.warning("SGLang on a CPU ignores per-request seeds: rollouts are not reproducible and a "
+                           "resumed run is not bit-exact (docs/compatibility.md)")
         self.engine = sglang.Engine(
             model_path=model_path, dtype=dtype, random_seed=seed, context_length=max_model_len,
             device="cuda" if on_gpu else "cpu", base_gpu_id=device.index or 0,
             mem_fraction_static=gpu_memory_utilization, max_running_requests=max_num_seqs,
+            # On a CPU SGLang sizes its KV cache from free host memory; cap it at what a full batch needs.
+            max_total_tokens=None if on_gpu else max_num_seqs * max_model_len,
             # CPU: SGLang's native attention (its Xeon kernels need AMX and a source build).
             attention_backend=attention_backend or (None if on_gpu else "torch_native"),
             enable_deterministic_inference=on_gpu,  # makes `sampling_seed` count
@@ -75,8 +80,24 @@ class SGLangEngine(RolloutEngine):
         return [[entry[0] for entry in out["meta_info"]["input_token_logprobs"][1:]] for out in outputs]
 
     def load_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
-        # The model's own `load_weights` runs on them: a tied LM head follows the embedding.
-        self.engine.update_weights_from_tensor(list(named_tensors), flush_cache=True)
+        # The model's own `load_weights` runs on each bucket: a tied LM head follows the embedding.
+        # SGLang 0.5.21 takes updates only inside a begin/end session (which also re-packs
+        # weights its kernels keep in another layout); 0.5.17 has neither call.
+        session = hasattr(self.engine, "begin_weight_update")
+        if session:
+            _check("begin_weight_update", self.engine.begin_weight_update())
+        bucket: list[tuple[str, torch.Tensor]] = []
+        size = 0
+        for name, tensor in named_tensors:
+            bucket.append((name, tensor))
+            size += tensor.numel() * tensor.element_size()
+            if size >= BUCKET_BYTES:
+                _check("update_weights_from_tensor", self.engine.update_weights_from_tensor(bucket, flush_cache=False))
+                bucket, size = [], 0
+        # The rest, and the KV cache of the old weights dropped.
+        _check("update_weights_from_tensor", self.engine.update_weights_from_tensor(bucket, flush_cache=True))
+        if session:
+            _check("end_weight_update", self.engine.end_weight_update())
 
     def sleep(self) -> None:
         """Release weights (kept in host memory) and KV cache through SGLang's memory saver."""
@@ -95,3 +116,10 @@ class SGLangEngine(RolloutEngine):
     def shutdown(self) -> None:
         """Stop the scheduler process (it would otherwise outlive a test that made the engine)."""
         self.engine.shutdown()
+
+
+def _check(call: str, result: tuple[bool, str]) -> None:
+    """SGLang reports a failed weight update in its result, not by raising."""
+    success, message = result
+    if not success:
+        raise RuntimeError(f"SGLang {call} failed: {message}")
