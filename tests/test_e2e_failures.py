@@ -28,7 +28,7 @@ RUN_TIMEOUT_S = 300  # a tiny run takes well under a minute on 2 busy cores
 
 
 def env_with(fault: str | None) -> dict[str, str]:
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "COLUMNS": "250"}  # rich's log lines unwrapped
+    env = {**os.environ, "HF_HUB_OFFLINE": "1"}
     env.pop("RLKIT_FAULT", None)
     if fault:
         env["RLKIT_FAULT"] = fault

@@ -85,7 +85,7 @@ class ActorConfig(Section):
     policy_loss: str = Field("vanilla", description="Registered policy loss: vanilla (PPO clip), gspo.")
     clip_ratio_low: float = Field(0.2, ge=0, description="PPO clip: ratio lower bound is 1 - clip_ratio_low.")
     clip_ratio_high: float = Field(0.2, ge=0, description="PPO clip: ratio upper bound is 1 + clip_ratio_high (DAPO clip-higher raises it).")
-    clip_ratio_c: float | None = Field(None, gt=1, description="Dual-clip bound for negative advantages (e.g. 3.0); None disables.")
+    clip_ratio_c: float | None = Field(3.0, gt=1, description="Dual-clip PPO (Ye et al. 2020): where the advantage is negative, the policy loss is capped at -A * clip_ratio_c, so a token whose ratio ran far above 1 cannot blow up the update. 3.0 as verl's default; None disables.")
     loss_agg_mode: Literal["token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm"] = Field(
         "token-mean", description="How per-token losses become one number.")
     entropy_coeff: float = Field(0.0, ge=0, description="Entropy bonus weight (0 = off).")

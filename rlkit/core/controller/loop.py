@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import logging
+import sys
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Iterator
 
-from rich.console import Console
 from rich.logging import RichHandler
 
+from rlkit.console import make_console
 from rlkit.core.cluster.failures import RunFailure, continue_hint
 from rlkit.core.controller.controller import Controller
 from rlkit.core.controller.interrupt import (
@@ -22,6 +23,7 @@ from rlkit.core.controller.preflight import check_inputs
 from rlkit.core.controller.run_dir import RunDir
 from rlkit.core.controller.tracking import Tracker, step_logger
 from rlkit.core.state.checkpoint import Checkpoint, discard_after
+from rlkit.core.state.shards import seed_rng
 from rlkit.recipes.schema import RLConfig, TrainerConfig
 
 CONSOLE_LOG = "console.log"
@@ -39,6 +41,9 @@ def run_training(config: RLConfig, run: RunDir, resume_from: Checkpoint | None =
         logger.info("%s run %s at step %d of %d", "resuming" if resume_from else "starting", run.run_id, start,
                     trainer.total_steps)
         run.write_status("running", step=start, total_steps=trainer.total_steps, error=None)
+        # The controller's own draws (checkpointed as controller_rng.pt) start from the seed; a
+        # resume then restores them from its checkpoint.
+        seed_rng(trainer.seed)
         try:
             controller = Controller(config, run)
             if resume_from:
@@ -54,12 +59,11 @@ def run_training(config: RLConfig, run: RunDir, resume_from: Checkpoint | None =
                 rewards.append(metrics["reward/mean"])
                 tracker.log(metrics, step)
                 controller.completed_steps = step
+                run.write_status("running", step=step)  # with metrics.jsonl, not after a long checkpoint
                 if should_save(step, trainer):
                     path = controller.save_checkpoint("final" if step == trainer.total_steps else "periodic")
                     logger.info("checkpoint of step %d: %s", step, path)
-                    run.write_status("running", step=step, last_checkpoint=step)
-                else:
-                    run.write_status("running", step=step)
+                    run.write_status("running", last_checkpoint=step)
                 if stop.requested:
                     raise stop_after_step(controller, run, stop, saved=should_save(step, trainer))
             run.write_status("finished")
@@ -117,7 +121,7 @@ def run_log(path: Path) -> Iterator[None]:
     file_handler = logging.FileHandler(path)
     file_handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s",
                                                 "%Y-%m-%d %H:%M:%S"))
-    screen = RichHandler(console=Console(stderr=True, soft_wrap=True), show_time=False, show_path=False)
+    screen = _screen_handler()
     screen.addFilter(lambda record: record.name != step_logger.name)
     previous_level = logger.level
     logger.setLevel(logging.INFO)
@@ -130,6 +134,17 @@ def run_log(path: Path) -> Iterator[None]:
         logger.removeHandler(screen)
         logger.setLevel(previous_level)
         file_handler.close()
+
+
+def _screen_handler() -> logging.Handler:
+    """Rich's log layout on a terminal; plain whole lines when stderr is a file or a pipe (rich
+    would wrap them at 80 columns, or pad them to the width of an unlimited console)."""
+    console = make_console(stderr=True, soft_wrap=True)
+    if console.is_terminal:
+        return RichHandler(console=console, show_time=False, show_path=False)
+    plain = logging.StreamHandler(sys.stderr)
+    plain.setFormatter(logging.Formatter("%(levelname)-8s %(message)s"))
+    return plain
 
 
 def train_run(config: RLConfig, run_id: str | None = None) -> Path:
