@@ -109,7 +109,7 @@ def main() -> None:
     parser.add_argument("--prompts", type=int, default=None, help="prompts per step (default: the workload's)")
     parser.add_argument("--lora-rank", type=int, default=0, help="model.lora.rank (alpha = 2 x rank); 0 = full fine-tuning")
     parser.add_argument("--gpus", type=int, default=1, help="devices (trainer.n_gpus_per_node)")
-    parser.add_argument("--rollout", default="vllm", choices=["vllm", "hf"])
+    parser.add_argument("--rollout", default="vllm", choices=["vllm", "sglang", "hf"])
     parser.add_argument("--placement", default="colocated", choices=["colocated", "split"])
     parser.add_argument("--defaults", action="store_true", help="rlkit's defaults (auto) for model.compile, "
                         "rollout.vllm.enforce_eager and actor.micro_batch_tokens: --compile, --cuda-graphs and "

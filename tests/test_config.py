@@ -60,7 +60,7 @@ def test_unsupported_verl_key_is_answered_with_our_spelling():
 @pytest.mark.parametrize("override, expected", [
     ("rollout.n=abc", "rollout.n='abc' (command line): Input should be a valid integer"),
     ("algorithm.adv_estimater=grpo", "did you mean 'algorithm.adv_estimator'"),
-    ("rollout.name=sglang", "unknown rollout engine 'sglang' (known: hf, vllm)"),
+    ("rollout.name=slang", "unknown rollout engine 'slang' (known: hf, sglang, vllm)"),
     ("algorithm.adv_estimator=grpoo", "did you mean 'grpo'"),
     ("rollout.n=1", "needs rollout.n >= 2"),
     ("actor.mini_batch_size=5", "must divide data.train_batch_size=16"),
@@ -99,6 +99,11 @@ def test_engine_kwargs_pass_through_but_cannot_override_rlkit_keys():
     assert config.rollout.vllm.engine_kwargs == {"async_scheduling": True}
     with pytest.raises(ConfigError, match="rollout.vllm.engine_kwargs.*max_num_seqs is set by rlkit"):
         load_config("grpo-demo", ["rollout.vllm.engine_kwargs={max_num_seqs: 4}"])
+    verl = load_config("grpo-demo", ["rollout.name=sglang",
+                                     "actor_rollout_ref.rollout.engine_kwargs.sglang={chunked_prefill_size: 512}"])
+    assert verl.rollout.sglang.engine_kwargs == {"chunked_prefill_size": 512}
+    with pytest.raises(ConfigError, match="rollout.sglang.engine_kwargs.*mem_fraction_static is set by rlkit"):
+        load_config("grpo-demo", ["rollout.sglang.engine_kwargs={mem_fraction_static: 0.3}"])
 
 
 def test_moved_engine_keys_still_read_from_old_configs_and_command_lines():
@@ -111,7 +116,7 @@ def test_moved_engine_keys_still_read_from_old_configs_and_command_lines():
 
 
 def test_an_unknown_engine_names_the_known_ones():
-    with pytest.raises(ConfigError, match="rollout.name.*unknown rollout engine 'vlm'.*hf, vllm.*did you mean 'vllm'"):
+    with pytest.raises(ConfigError, match="rollout.name.*unknown rollout engine 'vlm'.*hf, sglang, vllm.*did you mean 'vllm'"):
         load_config("grpo-demo", ["rollout.name=vlm"])
 
 

@@ -1,7 +1,8 @@
 """The tested version matrix and the oldest versions rlkit runs with: the one table `rlkit doctor` reads.
 
 docs/compatibility.md shows the same table (tests/test_doctor.py checks they agree), and
-pyproject.toml's lower bounds are MINIMUM's (checked there too).
+pyproject.toml's lower bounds are MINIMUM's (checked there too). SGLang's entries, and the
+releases that fit each torch, are in its own section there (tests/test_compat.py).
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ from packaging.version import InvalidVersion, Version
 # covers its patch releases ("5.19" is any 5.19.x); a local part ("+cu130") must match.
 TESTED: dict[str, dict[str, str]] = {
     "cpu": {"python": "3.11", "torch": "2.13.0", "vllm": "0.32.0", "transformers": "5.19", "ray": "2.60",
-            "peft": "0.21"},
+            "peft": "0.21", "sglang": "0.5.21"},
     "gpu": {"python": "3.12", "torch": "2.11.0+cu130", "vllm": "0.26.0", "transformers": "5.17", "ray": "2.60"},
 }
 # Below these, rlkit does not run (APIs it calls are missing).

@@ -19,6 +19,7 @@ VERL_ALIASES: dict[str, str] = {
     f"{_ARR}.rollout.gpu_memory_utilization": "rollout.gpu_memory_utilization",
     f"{_ARR}.rollout.enforce_eager": "rollout.vllm.enforce_eager",
     f"{_ARR}.rollout.engine_kwargs.vllm": "rollout.vllm.engine_kwargs",
+    f"{_ARR}.rollout.engine_kwargs.sglang": "rollout.sglang.engine_kwargs",
     f"{_ARR}.rollout.max_num_seqs": "rollout.max_num_seqs",
     f"{_ARR}.actor.optim.lr": "actor.lr",
     f"{_ARR}.actor.optim.weight_decay": "actor.weight_decay",

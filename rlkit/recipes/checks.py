@@ -11,6 +11,13 @@ from rlkit.recipes.schema import RLConfig
 # vllm.LLM arguments rlkit derives from its own keys (rlkit.core.rollout.vllm_engine).
 VLLM_KEYS_SET_BY_RLKIT = {"model", "dtype", "seed", "max_model_len", "gpu_memory_utilization", "enforce_eager",
                           "max_num_seqs", "enable_sleep_mode", "enable_prefix_caching", "logprobs_mode"}
+# sglang.Engine arguments rlkit derives from its own keys (rlkit.core.rollout.sglang_engine).
+SGLANG_KEYS_SET_BY_RLKIT = {"model_path", "dtype", "random_seed", "context_length", "device", "base_gpu_id",
+                            "mem_fraction_static", "max_running_requests", "max_total_tokens", "attention_backend",
+                            "enable_deterministic_inference", "enable_memory_saver", "enable_weights_cpu_backup",
+                            "skip_tokenizer_init", "disable_radix_cache", "disable_cuda_graph", "log_level"}
+_OWN_KEYS = ("model.path, model.dtype, trainer.seed, data.max_*_length, rollout.gpu_memory_utilization, "
+             "rollout.max_num_seqs, rollout.<engine>.*")
 
 
 def check_config(config: RLConfig, origins: dict[str, str] | None = None, *, require_inputs: bool = True) -> None:
@@ -74,11 +81,12 @@ def check_config(config: RLConfig, origins: dict[str, str] | None = None, *, req
     if actor.rollout_is_cap is not None and actor.old_log_probs == "rollout":
         fail("actor.rollout_is_cap", "with actor.old_log_probs=rollout the old and rollout log-probs are the same, "
              "so every weight is 1; use actor.old_log_probs=auto or recompute")
-    reserved = sorted(set(rollout.vllm.engine_kwargs) & VLLM_KEYS_SET_BY_RLKIT)
-    if reserved:
-        fail("rollout.vllm.engine_kwargs", f"{', '.join(reserved)} is set by rlkit; use its own key instead "
-             "(model.path, model.dtype, trainer.seed, data.max_*_length, rollout.gpu_memory_utilization, "
-             "rollout.vllm.enforce_eager, rollout.max_num_seqs)")
+    for engine, kwargs, set_by_rlkit in (("vllm", rollout.vllm.engine_kwargs, VLLM_KEYS_SET_BY_RLKIT),
+                                         ("sglang", rollout.sglang.engine_kwargs, SGLANG_KEYS_SET_BY_RLKIT)):
+        reserved = sorted(set(kwargs) & set_by_rlkit)
+        if reserved:
+            fail(f"rollout.{engine}.engine_kwargs", f"{', '.join(reserved)} is set by rlkit; use its own key "
+                 f"instead ({_OWN_KEYS})")
     check_algorithm(config, origins, fail)
 
 

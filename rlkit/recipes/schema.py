@@ -50,6 +50,13 @@ class VLLMOptions(Section):
     engine_kwargs: dict[str, Any] = Field(default_factory=dict, description="Further `vllm.LLM` arguments, e.g. {async_scheduling: true}; arguments rlkit derives from its own keys are refused. Was rollout.engine_kwargs.")
 
 
+class SGLangOptions(Section):
+    """`rollout.sglang.*`: options only the SGLang engine reads."""
+
+    attention_backend: str | None = Field(None, description="SGLang attention backend (its --attention-backend, e.g. fa3, flashinfer, triton); None = SGLang's choice on GPU, torch_native on CPU. Per-request seeds need one SGLang runs deterministically (fa3, fa4, flashinfer, triton).")
+    engine_kwargs: dict[str, Any] = Field(default_factory=dict, description="Further `sglang.Engine` arguments (its server arguments), e.g. {chunked_prefill_size: 4096}; arguments rlkit derives from its own keys are refused.")
+
+
 class HFOptions(Section):
     """`rollout.hf.*`: options only the transformers `generate` engine reads."""
 
@@ -57,7 +64,7 @@ class HFOptions(Section):
 
 
 class RolloutConfig(Section):
-    name: str = Field("vllm", description="Generation engine, from the registry in rlkit/core/rollout/engines.py: vllm, or hf (transformers `generate`, the fallback that needs nothing more). Each engine's own options live under rollout.<name>.")
+    name: str = Field("vllm", description="Generation engine, from the registry in rlkit/core/rollout/engines.py: vllm, sglang, or hf (transformers `generate`, the fallback that needs nothing more). Each engine's own options live under rollout.<name>.")
     n: int = Field(8, ge=1, description="Samples per prompt (the group size for GRPO/RLOO).")
     temperature: float = Field(1.0, gt=0, description="Sampling temperature (1.0 keeps rollouts on-policy).")
     top_p: float = Field(1.0, gt=0, le=1, description="Nucleus sampling; < 1 makes the rollout policy differ from the trained one.")
@@ -71,6 +78,7 @@ class RolloutConfig(Section):
     log_prob_tolerance: float = Field(0.05, gt=0, description="Weight-sync check: the most rollout/log_prob_diff (mean |engine - trainer| log-prob per token, nats) a check step may show; more means the engine is not running the trained weights. Measured: ~1e-7 on CPU (fp32), 0.008 with vLLM bf16 on an H200. Not applied with rollout.top_p < 1 or top_k > 0, where the two differ by design.")
     sync_check: Literal["error", "warn"] = Field("error", description="What a failed weight-sync check does (log-prob gap over rollout.log_prob_tolerance, or a first sync that left the engine's outputs unchanged): error stops the run with the reason; warn logs it and trains on.")
     vllm: VLLMOptions = Field(default_factory=VLLMOptions)
+    sglang: SGLangOptions = Field(default_factory=SGLangOptions)
     hf: HFOptions = Field(default_factory=HFOptions)
 
 
