@@ -2,7 +2,9 @@
 
   python bench/rlkit_grpo.py --workdir /tmp/bench --out result.json [--gpus 2] [--rollout hf]
       [--placement split] [--compile] [--cuda-graphs] [--defaults] [--grad-ckpt] [--old-log-probs recompute]
-      [--engine-kwargs '{async_scheduling: true}'] [--shape 7b] [--lora-rank 16] [--prompts 16] [--tiny]
+      [--engine-kwargs '{async_scheduling: true}'] [--shape 7b] [--lora-rank 16] [--prompts 16]
+      [--mode one_step_off|async] [--max-staleness 2] [--weight-sync broadcast|object_store]
+      [--rollout-is-cap 2.0] [--tiny]
 
 Steps after --warmup are averaged. The result JSON is rewritten after every step, so a run
 cut short still leaves its numbers. Peak memory is the most `nvidia-smi` showed on any GPU
@@ -49,7 +51,10 @@ def overrides(args: argparse.Namespace, workload: Workload, data: str, runs_dir:
         f"actor.mini_batch_size={workload.prompts}", f"model.gradient_checkpointing={str(args.grad_ckpt).lower()}",
         f"model.lora.rank={args.lora_rank}", f"model.lora.alpha={2 * max(args.lora_rank, 1)}",
         f"actor.old_log_probs={args.old_log_probs}", f"rollout.vllm.engine_kwargs={args.engine_kwargs}",
-        f"reward.function={reward}:score",
+        f"reward.function={reward}:score", f"rollout.mode={args.mode}",
+        *([f"rollout.max_staleness={args.max_staleness}"] if args.mode == "async" else []),
+        *([f"rollout.weight_sync={args.weight_sync}"] if args.placement == "split" else []),
+        *([f"actor.rollout_is_cap={args.rollout_is_cap}"] if args.rollout_is_cap else []),
         f"trainer.n_gpus_per_node={args.gpus}", f"trainer.total_steps={args.steps}", "trainer.logger=[jsonl]",
         f"trainer.runs_dir={runs_dir}",
     ]
@@ -68,10 +73,15 @@ def summarize(steps: list[dict], workload: Workload, train_gpus: int, peak: floa
                              "mfu": flops[phase] / seconds / train_gpus / peak,
                              "tflops_per_gpu": flops[phase] / seconds / train_gpus / 1e12}
     measured = sum(mean.get(f"timing/{p}", 0.0) for p in WORKER_PHASES)
+    # Asynchronous rollout: generation is off the step's path; the rollout worker reports its own time.
+    gen = mean.get("timing/gen", mean.get("rollout/generate_seconds"))
+    overlap = {k.split("/", 1)[1]: mean[k] for k in ("timing/wait_for_rollout", "rollout/wait_for_weights_seconds",
+                                                     "rollout/idle_seconds", "sync/rollout_load_seconds",
+                                                     "rollout/staleness_mean") if k in mean}
     return {
         "step_seconds": mean["timing/step"], "phases": phases,
-        "rollout": {"seconds": mean["timing/gen"], "tokens_per_s": mean["perf/response_tokens"] / mean["timing/gen"]},
-        "sync_seconds": mean["timing/sync"], "sync_bytes": mean.get("sync/bytes"),
+        "rollout": {"seconds": gen, "tokens_per_s": mean["perf/response_tokens"] / gen},
+        "sync_seconds": mean["timing/sync"], "sync_bytes": mean.get("sync/bytes"), "overlap": overlap,
         "reward_seconds": mean.get("timing/reward"), "adv_seconds": mean.get("timing/adv"),
         "controller_overhead_seconds": mean["timing/step"] - measured,
         "tokens_per_step": tokens, "response_tokens_per_step": mean["perf/response_tokens"],
@@ -120,6 +130,14 @@ def main() -> None:
     parser.add_argument("--old-log-probs", default="auto", choices=["auto", "recompute"],
                         help="actor.old_log_probs (auto skips the pass here: one optimizer step per RL step)")
     parser.add_argument("--engine-kwargs", default="{}", help="rollout.vllm.engine_kwargs, e.g. '{async_scheduling: true}'")
+    parser.add_argument("--mode", default="sync", choices=["sync", "one_step_off", "async"],
+                        help="rollout.mode (one_step_off/async need --placement split)")
+    parser.add_argument("--max-staleness", type=int, default=2, help="rollout.max_staleness (--mode async)")
+    parser.add_argument("--weight-sync", default="broadcast", choices=["broadcast", "object_store"],
+                        help="rollout.weight_sync (split placement)")
+    parser.add_argument("--rollout-is-cap", type=float, default=None,
+                        help="actor.rollout_is_cap: importance weights, so vLLM returns log-probs every step "
+                             "(the like-for-like setting against TRL; on by default in async modes)")
     parser.add_argument("--micro-batch-tokens", type=int, default=32768)
     parser.add_argument("--gpu-memory-utilization", type=float, default=0.35)
     parser.add_argument("--steps", type=int, default=4)

@@ -35,7 +35,8 @@ class ScriptedWorkers:
         self.by_prompt = {tuple(row.prompt_token_ids): row for row in rows}
         self.respond, self.samplings = respond, []
 
-    def call(self, method: str, *, per_rank: list[tuple], phase: str) -> list[list[RolloutSample]]:
+    def submit(self, method: str, *, per_rank: list[tuple]) -> list[list[RolloutSample]]:
+        """The results themselves stand in for the calls' ObjectRefs (answered at once)."""
         assert method == "generate"
         results = []
         for prompts, sampling in per_rank:
@@ -44,6 +45,9 @@ class ScriptedWorkers:
                             for i, prompt in enumerate(prompts) for j in range(sampling.n)
                             for tokens in [self.respond(len(self.samplings), self.by_prompt[tuple(prompt)], j)]])
         return results
+
+    def collect(self, refs: list[list[RolloutSample]], phase: str) -> list[list[RolloutSample]]:
+        return refs
 
 
 @pytest.fixture

@@ -78,9 +78,14 @@ def check_config(config: RLConfig, origins: dict[str, str] | None = None, *, req
     if actor.old_log_probs == "rollout" and (actor.ppo_epochs > 1 or actor.mini_batch_size != data.train_batch_size):
         fail("actor.old_log_probs", "rollout log-probs stand in for old log-probs only with one "
              "optimizer step per RL step (ppo_epochs=1, mini_batch_size == data.train_batch_size); use auto")
-    if actor.rollout_is_cap is not None and actor.old_log_probs == "rollout":
-        fail("actor.rollout_is_cap", "with actor.old_log_probs=rollout the old and rollout log-probs are the same, "
+    check_rollout_mode(config, fail)
+    if config.rollout_correction is not None and actor.old_log_probs == "rollout":
+        fail("actor.rollout_is_cap" if actor.rollout_is_cap is not None else "actor.rollout_is",
+             "with actor.old_log_probs=rollout the old and rollout log-probs are the same, "
              "so every weight is 1; use actor.old_log_probs=auto or recompute")
+    if actor.rollout_is is None and actor.rollout_is_cap is not None:
+        fail("actor.rollout_is_cap", "truncates importance weights that actor.rollout_is=off turns off; "
+             "remove one of them")
     for engine, kwargs, set_by_rlkit in (("vllm", rollout.vllm.engine_kwargs, VLLM_KEYS_SET_BY_RLKIT),
                                          ("sglang", rollout.sglang.engine_kwargs, SGLANG_KEYS_SET_BY_RLKIT)):
         reserved = sorted(set(kwargs) & set_by_rlkit)
@@ -88,6 +93,27 @@ def check_config(config: RLConfig, origins: dict[str, str] | None = None, *, req
             fail(f"rollout.{engine}.engine_kwargs", f"{', '.join(reserved)} is set by rlkit; use its own key "
                  f"instead ({_OWN_KEYS})")
     check_algorithm(config, origins, fail)
+
+
+def check_rollout_mode(config: RLConfig, fail: Callable[[str, str], None]) -> None:
+    """rollout.mode one_step_off/async: what overlapping generation with training needs."""
+    rollout, actor, algo = config.rollout, config.actor, config.algorithm
+    if rollout.mode == "sync":
+        return
+    if rollout.placement != "split":
+        fail("rollout.mode", f"{rollout.mode} generates while the trainer trains, on devices of its own: set "
+             "rollout.placement=split and rollout.devices=N (N of trainer.n_gpus_per_node x trainer.nnodes "
+             "devices then only generate), or use rollout.mode=sync")
+    if actor.old_log_probs == "rollout":
+        fail("actor.old_log_probs", f"with rollout.mode={rollout.mode} the engine's log-probs come from an older "
+             "policy than the one the update starts from; use auto or recompute (importance weights, "
+             "actor.rollout_is, then correct for the gap)")
+    if algo.dynamic_sampling.enable:
+        fail("algorithm.dynamic_sampling.enable", f"dynamic sampling's extra rounds are not supported with "
+             f"rollout.mode={rollout.mode} yet; use rollout.mode=sync")
+    if algo.adv_estimator == "remax":
+        fail("algorithm.adv_estimator", f"remax's greedy baseline is not generated ahead with rollout.mode="
+             f"{rollout.mode} yet; use rollout.mode=sync")
 
 
 def check_algorithm(config: RLConfig, origins: dict[str, str], fail: Callable[[str, str], None]) -> None:
@@ -125,6 +151,8 @@ def check_algorithm(config: RLConfig, origins: dict[str, str], fail: Callable[[s
         "algorithm.lam": (algo.adv_estimator != "gae", "only adv_estimator=gae uses it"),
         "algorithm.gamma": (algo.adv_estimator not in ("gae", "reinforce_plus_plus"),
                             "only adv_estimator=gae and reinforce_plus_plus use it"),
+        "rollout.max_staleness": (rollout.mode != "async", f"only rollout.mode=async reads it (mode is {rollout.mode})"),
+        "rollout.weight_sync": (rollout.placement != "split", "only split placement sends weights to other devices"),
     }
     switches = ("critic.enable", "reward.overlong_buffer.enable")
     for key, origin in origins.items():

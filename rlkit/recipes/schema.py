@@ -12,6 +12,9 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from rlkit.recipes.reward_schema import RewardConfig, RewardModelConfig
 
+# The truncation of rollout importance weights when none is given (TIS's and verl's default).
+DEFAULT_ROLLOUT_IS_CAP = 2.0
+
 
 class Section(BaseModel):
     model_config = ConfigDict(extra="forbid", validate_assignment=True)
@@ -74,6 +77,10 @@ class RolloutConfig(Section):
     ignore_eos: bool = Field(False, description="Always generate data.max_response_length tokens, EOS or not (benchmarks with fixed shapes).")
     placement: Literal["colocated", "split"] = Field("colocated", description="colocated: every training worker also runs a rollout engine on its device (vLLM sleeps during training); split: rollout.devices devices run only rollout and receive the weights after each update.")
     devices: int = Field(1, ge=1, description="split placement: devices (of trainer.nnodes x trainer.n_gpus_per_node) that run only rollout; the rest train.")
+    mode: Literal["sync", "one_step_off", "async"] = Field("sync", description="sync: each step generates its batch with the current policy, then trains on it. one_step_off: step k+1's batch is generated (with the policy before step k's update) while step k trains. async: the rollout workers run up to rollout.max_staleness batches ahead of the trainer. Both overlapping modes need rollout.placement=split and correct the staleness with importance weights (actor.rollout_is); docs/async.md.")
+    max_staleness: int = Field(2, ge=1, description="rollout.mode=async: batches generated ahead of the trainer, so no trained sample is more than this many policy versions older than the policy being updated (one_step_off is 1).")
+    weight_sync: Literal["broadcast", "object_store"] = Field("broadcast", description="split placement: how the weights travel from training rank 0 to the rollout workers after each update. broadcast: a collective of their own (NCCL on GPUs, gloo on CPU), full tensors in flat buckets. object_store: through Ray's object store (slower; no extra communicator).")
+    weight_sync_timeout_s: float = Field(300.0, gt=0, description="split placement: deadline of one weight transfer once both sides have joined it; a transfer that stalls past it stops the run with a message naming it.")
     log_prob_check_freq: int = Field(10, ge=0, description="Every this many steps the engine also returns the log-prob of each sampled token, and rollout/log_prob_diff (mean |engine - trainer|) checks the weight sync and the engine's numerics; 0 = never (but step 1, for the step-1 invariants, unless trainer.invariants=off). Not every step: vLLM decodes at half speed while returning them (docs/benchmarks.md). actor.old_log_probs=rollout takes them on every step.")
     log_prob_tolerance: float = Field(0.05, gt=0, description="Weight-sync check: the most rollout/log_prob_diff (mean |engine - trainer| log-prob per token, nats) a check step may show; more means the engine is not running the trained weights. Measured: ~1e-7 on CPU (fp32), 0.008 with vLLM bf16 on an H200. Not applied with rollout.top_p < 1 or top_k > 0, where the two differ by design.")
     sync_check: Literal["error", "warn"] = Field("error", description="What a failed weight-sync check does (log-prob gap over rollout.log_prob_tolerance, or a first sync that left the engine's outputs unchanged): error stops the run with the reason; warn logs it and trains on.")
@@ -102,7 +109,14 @@ class ActorConfig(Section):
     use_kl_loss: bool = Field(False, description="Add a KL(policy || reference) term to the loss (GRPO-style).")
     kl_loss_coef: float = Field(0.001, ge=0, description="Weight of the KL loss term.")
     kl_loss_type: str = Field("low_var_kl", description="KL estimator of the loss term: k1, k2, k3/low_var_kl, abs.")
-    rollout_is_cap: float | None = Field(None, gt=0, description="Truncated importance sampling (TIS): weight each token's policy loss by min(pi_old / pi_rollout, cap), correcting for the engine sampling with slightly different numerics than the trainer (e.g. 2.0; TRL's vllm_importance_sampling_correction, verl's tis_imp_ratio_cap). The engine then returns log-probs every step, which costs rollout speed (docs/benchmarks.md). None = off.")
+    rollout_is: Literal["auto", "token", "sequence"] | None = Field("auto", description="Importance weights that correct for samples the rollout engine drew from another policy than the one the update starts from (its numerics, or staleness in rollout.mode one_step_off/async): each token's policy loss times min(pi_old / pi_rollout, actor.rollout_is_cap). token: a weight per token (TIS). sequence: one weight per sequence, the product of its tokens' ratios, truncated. auto: token when rollout.mode is not sync or actor.rollout_is_cap is set, else off. off (or null): none. The engine then returns log-probs every step, which costs rollout speed (docs/benchmarks.md).")
+    rollout_is_cap: float | None = Field(None, gt=0, description="Truncation of the importance weights of actor.rollout_is (TIS: Yao et al. 2025; TRL's vllm_importance_sampling_correction, verl's rollout_is_threshold). Setting it turns token-level weights on in sync mode too. None = 2.0 wherever weights are on.")
+    @field_validator("rollout_is", mode="before")
+    @classmethod
+    def _off_is_none(cls, value: Any) -> Any:
+        """`off` reads as YAML's false (on the command line too): it means no weights, like null."""
+        return None if value is False or value == "off" else value
+
     old_log_probs: Literal["auto", "recompute", "rollout"] = Field("auto", description="Where the PPO ratio's old log-probs come from. recompute: a forward pass of the trainer before the update. rollout: the engine's (exact only with one optimizer step per RL step). auto: with one optimizer step per RL step (ppo_epochs 1, mini_batch_size == train_batch_size) and no KL in the reward, the update's own log-probs, detached, which are the old policy's exactly (TRL's num_iterations=1), so the pass is skipped; otherwise recompute.")
 
 
@@ -203,9 +217,20 @@ class RLConfig(Section):
                 and actor.mini_batch_size == self.data.train_batch_size and not self.algorithm.use_kl_in_reward)
 
     @property
+    def rollout_correction(self) -> tuple[str, float] | None:
+        """(level, cap) of the rollout importance weights (actor.rollout_is), or None when they are off."""
+        actor = self.actor
+        if actor.rollout_is is None:
+            return None
+        if actor.rollout_is == "auto" and self.rollout.mode == "sync" and actor.rollout_is_cap is None:
+            return None
+        level = "token" if actor.rollout_is == "auto" else actor.rollout_is
+        return level, actor.rollout_is_cap if actor.rollout_is_cap is not None else DEFAULT_ROLLOUT_IS_CAP
+
+    @property
     def needs_rollout_log_probs(self) -> bool:
         """The math (not just the sync check) uses the engine's log-probs, so every step asks for them."""
-        return self.actor.old_log_probs == "rollout" or self.actor.rollout_is_cap is not None
+        return self.actor.old_log_probs == "rollout" or self.rollout_correction is not None
 
     def log_prob_check_step(self, step: int) -> bool:
         """The engine returns the sampled tokens' log-probs this step, for rollout/log_prob_diff."""

@@ -159,12 +159,21 @@ class WorkerGroup:
         The deadline is trainer.phase_timeout_s, or trainer.setup_timeout_s for start-up calls
         (startup=True: model load, engine start), which also log each rank's progress.
         """
-        phase = phase or method
-        trainer = self.config.trainer
+        return self.collect(self.submit(method, *args, per_rank=per_rank), phase or method, startup=startup)
+
+    def submit(self, method: str, *args: Any, per_rank: Sequence[tuple] | None = None) -> list[Any]:
+        """Start `method` on every rank without waiting: one Ray ObjectRef per rank, in rank order.
+
+        An actor runs its calls one at a time in the order they were submitted, so a call
+        submitted after another on the same group runs after it on every rank.
+        """
         if per_rank is not None:
-            refs = [getattr(a, method).remote(*per_rank[r]) for r, a in enumerate(self.actors)]
-        else:
-            refs = [getattr(a, method).remote(*args) for a in self.actors]
+            return [getattr(a, method).remote(*per_rank[r]) for r, a in enumerate(self.actors)]
+        return [getattr(a, method).remote(*args) for a in self.actors]
+
+    def collect(self, refs: list[Any], phase: str, *, startup: bool = False) -> list[Any]:
+        """Wait for submitted calls (deadline as `call`'s, counted from now) and return their results in rank order."""
+        trainer = self.config.trainer
         key = "trainer.setup_timeout_s" if startup else "trainer.phase_timeout_s"
         timeout = trainer.setup_timeout_s if startup else trainer.phase_timeout_s
         return self._wait(refs, phase, timeout=timeout, timeout_key=key, progress=startup)

@@ -28,6 +28,7 @@ from rlkit.core.controller.preflight import RunInputs, check_inputs
 from rlkit.core.controller.run_dir import RunDir
 from rlkit.core.data.dataset import PromptSampler
 from rlkit.core.rewards.scoring import RewardScorer
+from rlkit.core.rollout.async_source import AsyncRolloutSource
 from rlkit.core.rollout.source import SyncRolloutSource, timed
 from rlkit.core.state import checkpoint
 from rlkit.core.state.records import RolloutRecorder
@@ -66,7 +67,8 @@ class Controller:
             # The critic and every checkpoint's config take the budget the workers resolved from "auto".
             config.actor.micro_batch_tokens = self.fast_paths.micro_batch_tokens
             self.critic = start_critic_group(config, self.model_path, self.workers)
-            self.source = SyncRolloutSource(config, self.rows, sampler, self.tokenizer, self.scorer, self.placement)
+            source_cls = SyncRolloutSource if config.rollout.mode == "sync" else AsyncRolloutSource
+            self.source = source_cls(config, self.rows, sampler, self.tokenizer, self.scorer, self.placement)
         except BaseException:  # a worker that died or hung in start-up, or Ctrl-C: stop what did start
             import ray
 
@@ -98,9 +100,8 @@ class Controller:
                 self.recorder.add_trainer_log_probs(batch, self.log_probs)
                 with timed(timing, "update_actor"):
                     metrics.update(self.update_actor(batch))
-                with timed(timing, "sync"):
-                    metrics.update(self.placement.sync_weights())
-                self.source.policy_version = step
+                with timed(timing, "sync"):  # the source's policy version becomes `step`
+                    metrics.update(self.source.sync_weights(step))
         metrics = {**self.batch_metrics(batch), **metrics,
                    **{f"timing/{k}": v for k, v in timing.items()}, **self.throughput(batch, timing["step"])}
         self.recorder.record(step, batch, metrics)  # the batch the update got, for `rlkit replay` / `inspect`
@@ -137,7 +138,7 @@ class Controller:
 
     def update_actor(self, batch: Batch) -> dict[str, float]:
         # Without old log-probs the update takes its own, and measures the rollout's gap to them;
-        # rollout log-probs also weight the loss with actor.rollout_is_cap.
+        # rollout log-probs also weight the loss (actor.rollout_is).
         keys = ["input_ids", "attention_mask", "position_ids", "responses", "response_mask", "advantages"]
         keys += [k for k in ("old_log_probs", "rollout_log_probs") if k in batch]
         keys += ["ref_log_probs"] if self.config.actor.use_kl_loss else []
@@ -243,9 +244,8 @@ class Controller:
                             "an exact resume needs the same data (start a new run for new data)")
         for name, group in self.checkpoint_groups().items():
             group.call("load_checkpoint", str(ckpt.path / name), phase=f"load checkpoint ({name})")
-        self.placement.sync_weights()
+        self.source.sync_weights(state.get("policy_version", state["step"]))
         self.source.load_state_dict(state)
-        self.source.policy_version = state.get("policy_version", state["step"])
         self.kl_ctrl.value = state["kl_coef"]
         set_rng_state(torch.load(ckpt.path / checkpoint.RNG_FILE, weights_only=True))
         self.completed_steps = state["step"]

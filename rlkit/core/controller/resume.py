@@ -49,6 +49,8 @@ RESUME_SAFE_KEYS = {
     "trainer.invariants": "checked at step 1 only",
     "trainer.record_rollouts": "only writes down what each step computed",
     "trainer.invariant_tolerance": "checked at step 1 only",
+    "rollout.weight_sync": "how the weights travel to the rollout workers (the same values arrive)",
+    "rollout.weight_sync_timeout_s": "a deadline, not the math",
 }
 
 

@@ -22,6 +22,7 @@ from rlkit.core.algos.losses import (
 )
 from rlkit.core.batch import Batch
 from rlkit.core.cluster.device_worker import DeviceWorker
+from rlkit.core.cluster.weight_transfer import TensorSpec, TransferGroup, WeightSender
 from rlkit.core.controller.run_dir import resolve_model_path
 from rlkit.core.rewards.reward_model import RewardModel
 from rlkit.core.rollout import sync_check
@@ -141,6 +142,30 @@ class PolicyWorker(DeviceWorker):
         self.phase = "idle"
         return refs if self.rank == 0 else None
 
+    # -- weights to the rollout workers over a collective (split placement) -------------
+    def weight_specs(self) -> list[TensorSpec]:
+        """Every parameter's name and full shape, in the order send_weights gathers them."""
+        return [TensorSpec(name, tuple(param.shape)) for name, param in self.actor.named_parameters()]
+
+    def join_weight_transfer(self, host: str, port: int, world_size: int, bucket_bytes: int) -> None:
+        """Rank 0 joins the rollout workers' transfer group (as its rank 0); the other ranks only help gather."""
+        if self.rank == 0:
+            timeouts = self.config.trainer.phase_timeout_s, self.config.rollout.weight_sync_timeout_s
+            group = TransferGroup(host, port, 0, world_size, self.device, handshake_timeout_s=timeouts[0],
+                                  transfer_timeout_s=timeouts[1])
+            self.weight_sender = WeightSender(group, self.weight_specs(), fsdp.DTYPES[self.dtype], bucket_bytes)
+
+    def send_weights(self) -> None:
+        """Gather the full tensors (every rank); rank 0 stages them and broadcasts them in the background."""
+        self.phase = "send_weights"
+        items = fsdp.full_state_items(self.actor)
+        if self.rank == 0:
+            self.weight_sender.send(items)
+        else:
+            for _ in items:  # each gather is a collective: every rank takes part
+                pass
+        self.phase = "idle"
+
     # -- passes over a batch ------------------------------------------------------------
     @torch.no_grad()
     def reward_model_scores(self, batch: Batch) -> torch.Tensor:
@@ -200,8 +225,10 @@ class PolicyWorker(DeviceWorker):
         per_token, pg_metrics = policy_loss(
             cfg.policy_loss, log_probs, old_log_probs, mb["advantages"], mask,
             clip_ratio_low=cfg.clip_ratio_low, clip_ratio_high=cfg.clip_ratio_high, clip_ratio_c=cfg.clip_ratio_c)
-        if cfg.rollout_is_cap is not None:
-            weights = rollout_importance_weights(old_log_probs, mb["rollout_log_probs"], cfg.rollout_is_cap)
+        correction = self.config.rollout_correction  # (level, cap), or None
+        if correction is not None:
+            weights = rollout_importance_weights(old_log_probs, mb["rollout_log_probs"], correction[1],
+                                                 level=correction[0], response_mask=mask)
             per_token = per_token * weights
             pg_metrics["rollout_is_weight"] = (weights * mask).sum() / mask.sum().clamp(min=1)
         agg = dict(global_num_tokens=norm["num_tokens"], global_num_seqs=norm["num_seqs"],
