@@ -145,7 +145,7 @@ class PolicyWorker(DeviceWorker):
     # -- weights to the rollout workers over a collective (split placement) -------------
     def weight_specs(self) -> list[TensorSpec]:
         """Every parameter's name and full shape, in the order send_weights gathers them."""
-        return [TensorSpec(name, tuple(param.shape)) for name, param in self.actor.named_parameters()]
+        return [TensorSpec(name, shape) for name, shape in self.model.engine_weight_shapes()]
 
     def join_weight_transfer(self, host: str, port: int, world_size: int, bucket_bytes: int) -> None:
         """Rank 0 joins the rollout workers' transfer group (as its rank 0); the other ranks only help gather."""
@@ -158,7 +158,7 @@ class PolicyWorker(DeviceWorker):
     def send_weights(self) -> None:
         """Gather the full tensors (every rank); rank 0 stages them and broadcasts them in the background."""
         self.phase = "send_weights"
-        items = fsdp.full_state_items(self.actor)
+        items = self.model.engine_weights()
         if self.rank == 0:
             self.weight_sender.send(items)
         else:
