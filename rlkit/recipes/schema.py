@@ -69,7 +69,7 @@ class RolloutConfig(Section):
     devices: int = Field(1, ge=1, description="split placement: devices (of trainer.nnodes x trainer.n_gpus_per_node) that run only rollout; the rest train.")
     log_prob_check_freq: int = Field(10, ge=0, description="Every this many steps the engine also returns the log-prob of each sampled token, and rollout/log_prob_diff (mean |engine - trainer|) checks the weight sync and the engine's numerics; 0 = never. Not every step: vLLM decodes at half speed while returning them (docs/benchmarks.md). actor.old_log_probs=rollout takes them on every step.")
     log_prob_tolerance: float = Field(0.05, gt=0, description="Weight-sync check: the most rollout/log_prob_diff (mean |engine - trainer| log-prob per token, nats) a check step may show; more means the engine is not running the trained weights. Measured: ~1e-7 on CPU (fp32), 0.008 with vLLM bf16 on an H200. Not applied with rollout.top_p < 1 or top_k > 0, where the two differ by design.")
-    sync_check: Literal["error", "warn"] = Field("error", description="What a failed weight-sync check does (log-prob gap over rollout.log_prob_tolerance, or a first sync that left the engine's outputs unchanged): error stops the run with the reason; warn logs it and trains on.")
+    sync_check: Literal["error", "warn"] = Field("error", description="What a failed weight-sync check does (log-prob gap over rollout.log_prob_tolerance, or the first sync that changed the weights left the engine's outputs unchanged): error stops the run with the reason; warn logs it and trains on.")
     vllm: VLLMOptions = Field(default_factory=VLLMOptions)
     hf: HFOptions = Field(default_factory=HFOptions)
 

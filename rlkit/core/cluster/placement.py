@@ -50,7 +50,7 @@ class Placement:
         return info
 
     def sync_weights(self) -> dict[str, float]:
-        """Load the trained weights into every engine; with the first load's check (rlkit.core.rollout.sync_check)."""
+        """Load the trained weights into every engine, checked by each engine's SyncProbe (rlkit.core.rollout.sync_check)."""
         if not self.split:
             synced = self.train.call("sync_weights")
             return {**synced[0], **first_change(synced)}

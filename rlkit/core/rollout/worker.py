@@ -13,9 +13,8 @@ import ray
 
 from rlkit.core.cluster.device_worker import DeviceWorker
 from rlkit.core.rollout.base import RolloutSample, Sampling
-from rlkit.core.rollout import sync_check
 from rlkit.core.rollout.engines import make_engine
-from rlkit.core.rollout.sync_check import FirstSyncProbe
+from rlkit.core.rollout.sync_check import SyncProbe
 from rlkit.core.train import fsdp
 
 
@@ -29,7 +28,7 @@ class RolloutWorker(DeviceWorker):
         self.engine = make_engine(cfg, self.model_path, device=self.device,
                                   dtype=fsdp.compute_dtype(cfg.model.dtype, self.device),
                                   seed=cfg.trainer.seed + 10_000 + self.rank, sleep_mode=False)
-        self.sync_probe = FirstSyncProbe()
+        self.sync_probe = SyncProbe()
         self.phase = "idle"
         return {"rank": self.rank, "node_id": ray.get_runtime_context().get_node_id()}
 
@@ -51,7 +50,8 @@ class RolloutWorker(DeviceWorker):
                     moved += tensor.numel() * tensor.element_size()
                     yield name, tensor.to(self.device)
 
-        checked = self.sync_probe.measure(self.engine, lambda: sync_check.load_weights(self.engine, weights()))
+        engine_dtype = fsdp.DTYPES[fsdp.compute_dtype(self.config.model.dtype, self.device)]
+        checked = self.sync_probe.load(self.engine, weights(), engine_dtype)
         self.phase = "idle"
         return {"bytes": float(moved), "seconds": time.perf_counter() - start, **checked}
 
