@@ -1,8 +1,10 @@
 """One rlkit configuration on the benchmark workload: per-phase seconds, tokens/s/GPU, MFU, peak GPU memory.
 
   python bench/rlkit_grpo.py --workdir /tmp/bench --out result.json [--gpus 2] [--rollout hf]
-      [--placement split] [--compile] [--cuda-graphs] [--grad-ckpt] [--old-log-probs recompute]
-      [--engine-kwargs '{async_scheduling: true}'] [--shape 7b] [--lora-rank 16] [--prompts 16] [--tiny]
+      [--placement split] [--compile] [--cuda-graphs] [--defaults] [--grad-ckpt] [--old-log-probs recompute]
+      [--engine-kwargs '{async_scheduling: true}'] [--shape 7b] [--lora-rank 16] [--prompts 16]
+      [--mode one_step_off|async] [--max-staleness 2] [--weight-sync broadcast|object_store]
+      [--rollout-is-cap 2.0] [--tiny]
 
 Steps after --warmup are averaged. The result JSON is rewritten after every step, so a run
 cut short still leaves its numbers. Peak memory is the most `nvidia-smi` showed on any GPU
@@ -36,19 +38,23 @@ WORKER_PHASES = ("gen", "old_log_prob", "ref", "update_actor", "sync")
 
 def overrides(args: argparse.Namespace, workload: Workload, data: str, runs_dir: str) -> list[str]:
     reward = Path(__file__).resolve().parent / "reward.py"
+    fast_paths = [] if args.defaults else [
+        f"rollout.vllm.enforce_eager={str(not args.cuda_graphs).lower()}",
+        f"actor.micro_batch_tokens={args.micro_batch_tokens}", f"model.compile={str(args.compile).lower()}"]
     return [
         f"data.train_files=[{data}]", f"data.train_batch_size={workload.prompts}",
         f"data.max_prompt_length={workload.prompt_tokens}", f"data.max_response_length={workload.response_tokens}",
         f"rollout.n={workload.samples}", "rollout.ignore_eos=true", f"rollout.name={args.rollout}",
         f"rollout.placement={args.placement}", f"rollout.max_num_seqs={workload.sequences}",
-        f"rollout.gpu_memory_utilization={args.gpu_memory_utilization}",
-        f"rollout.vllm.enforce_eager={str(not args.cuda_graphs).lower()}",
+        f"rollout.gpu_memory_utilization={args.gpu_memory_utilization}", *fast_paths,
         # One optimizer step per RL step, like TRL's run of the same workload.
-        f"actor.mini_batch_size={workload.prompts}", f"actor.micro_batch_tokens={args.micro_batch_tokens}",
-        f"model.compile={str(args.compile).lower()}", f"model.gradient_checkpointing={str(args.grad_ckpt).lower()}",
+        f"actor.mini_batch_size={workload.prompts}", f"model.gradient_checkpointing={str(args.grad_ckpt).lower()}",
         f"model.lora.rank={args.lora_rank}", f"model.lora.alpha={2 * max(args.lora_rank, 1)}",
         f"actor.old_log_probs={args.old_log_probs}", f"rollout.vllm.engine_kwargs={args.engine_kwargs}",
-        f"reward.function={reward}:score", "reward.num_workers=0",
+        f"reward.function={reward}:score", f"rollout.mode={args.mode}",
+        *([f"rollout.max_staleness={args.max_staleness}"] if args.mode == "async" else []),
+        *([f"rollout.weight_sync={args.weight_sync}"] if args.placement == "split" else []),
+        *([f"actor.rollout_is_cap={args.rollout_is_cap}"] if args.rollout_is_cap else []),
         f"trainer.n_gpus_per_node={args.gpus}", f"trainer.total_steps={args.steps}", "trainer.logger=[jsonl]",
         f"trainer.runs_dir={runs_dir}",
     ]
@@ -67,10 +73,15 @@ def summarize(steps: list[dict], workload: Workload, train_gpus: int, peak: floa
                              "mfu": flops[phase] / seconds / train_gpus / peak,
                              "tflops_per_gpu": flops[phase] / seconds / train_gpus / 1e12}
     measured = sum(mean.get(f"timing/{p}", 0.0) for p in WORKER_PHASES)
+    # Asynchronous rollout: generation is off the step's path; the rollout worker reports its own time.
+    gen = mean.get("timing/gen", mean.get("rollout/generate_seconds"))
+    overlap = {k.split("/", 1)[1]: mean[k] for k in ("timing/wait_for_rollout", "rollout/wait_for_weights_seconds",
+                                                     "rollout/idle_seconds", "sync/rollout_load_seconds",
+                                                     "rollout/staleness_mean") if k in mean}
     return {
         "step_seconds": mean["timing/step"], "phases": phases,
-        "rollout": {"seconds": mean["timing/gen"], "tokens_per_s": mean["perf/response_tokens"] / mean["timing/gen"]},
-        "sync_seconds": mean["timing/sync"], "sync_bytes": mean.get("sync/bytes"),
+        "rollout": {"seconds": gen, "tokens_per_s": mean["perf/response_tokens"] / gen},
+        "sync_seconds": mean["timing/sync"], "sync_bytes": mean.get("sync/bytes"), "overlap": overlap,
         "reward_seconds": mean.get("timing/reward"), "adv_seconds": mean.get("timing/adv"),
         "controller_overhead_seconds": mean["timing/step"] - measured,
         "tokens_per_step": tokens, "response_tokens_per_step": mean["perf/response_tokens"],
@@ -109,14 +120,25 @@ def main() -> None:
     parser.add_argument("--lora-rank", type=int, default=0,
                         help="model.lora.rank (alpha = 2 x rank); 0 = full fine-tuning")
     parser.add_argument("--gpus", type=int, default=1, help="devices (trainer.n_gpus_per_node)")
-    parser.add_argument("--rollout", default="vllm", choices=["vllm", "hf"])
+    parser.add_argument("--rollout", default="vllm", choices=["vllm", "sglang", "hf"])
     parser.add_argument("--placement", default="colocated", choices=["colocated", "split"])
+    parser.add_argument("--defaults", action="store_true", help="rlkit's defaults (auto) for model.compile, "
+                        "rollout.vllm.enforce_eager and actor.micro_batch_tokens: --compile, --cuda-graphs and "
+                        "--micro-batch-tokens are ignored")
     parser.add_argument("--compile", action="store_true", help="model.compile=true")
     parser.add_argument("--cuda-graphs", action="store_true", help="vLLM with CUDA graphs (rollout.vllm.enforce_eager=false)")
     parser.add_argument("--grad-ckpt", action="store_true", help="model.gradient_checkpointing=true")
     parser.add_argument("--old-log-probs", default="auto", choices=["auto", "recompute"],
                         help="actor.old_log_probs (auto skips the pass here: one optimizer step per RL step)")
     parser.add_argument("--engine-kwargs", default="{}", help="rollout.vllm.engine_kwargs, e.g. '{async_scheduling: true}'")
+    parser.add_argument("--mode", default="sync", choices=["sync", "one_step_off", "async"],
+                        help="rollout.mode (one_step_off/async need --placement split)")
+    parser.add_argument("--max-staleness", type=int, default=2, help="rollout.max_staleness (--mode async)")
+    parser.add_argument("--weight-sync", default="broadcast", choices=["broadcast", "object_store"],
+                        help="rollout.weight_sync (split placement)")
+    parser.add_argument("--rollout-is-cap", type=float, default=None,
+                        help="actor.rollout_is_cap: importance weights, so vLLM returns log-probs every step "
+                             "(the like-for-like setting against TRL; on by default in async modes)")
     parser.add_argument("--micro-batch-tokens", type=int, default=32768)
     parser.add_argument("--gpu-memory-utilization", type=float, default=0.35)
     parser.add_argument("--steps", type=int, default=4)
@@ -150,6 +172,8 @@ def main() -> None:
     try:
         controller = Controller(config, RunDir.create(config))
         result["setup_seconds"] = time.perf_counter() - start
+        result["fast_paths"] = controller.fast_paths.describe()
+        print(f"[{args.label}] {result['fast_paths']}", flush=True)
         for step in range(1, args.steps + 1):
             steps.append(controller.step(step))
             check_weight_sync(steps[-1], config.rollout, step)  # as a training run does

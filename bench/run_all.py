@@ -35,17 +35,31 @@ CONFIGS: dict[str, tuple[list[str], int, int]] = {
     "rlkit-1gpu-vllm": ([RLKIT], 1, 150),
     "rlkit-1gpu-vllm-compile": ([RLKIT, "--compile"], 1, 200),
     "rlkit-1gpu-vllm-cudagraphs-compile": (FAST, 1, 200),
+    # rlkit's own defaults for compile, CUDA graphs and the micro-batch budget (all "auto")
+    "rlkit-1gpu-defaults": ([RLKIT, "--defaults"], 1, 200),
     "rlkit-1gpu-vllm-cudagraphs-compile-async": (FAST + ASYNC, 1, 200),
     "rlkit-1gpu-vllm-cudagraphs-compile-recompute": (FAST + ["--old-log-probs", "recompute"], 1, 200),
     "rlkit-2gpu-vllm-cudagraphs-compile": (FAST + ["--gpus", "2"], 2, 200),
     "rlkit-2gpu-split-cudagraphs-compile": (FAST + ["--gpus", "2", "--placement", "split"], 2, 200),
+    # Asynchronous rollout (split: 1 rollout + 1 training GPU), and sync with rollout log-probs on every
+    # step (importance weights), the like-for-like setting for a correction.
+    "rlkit-2gpu-split-one-step-off-cudagraphs-compile": (FAST + ["--gpus", "2", "--placement", "split", "--mode",
+                                                                 "one_step_off", "--steps", "6", "--warmup", "2"], 2, 240),
+    "rlkit-2gpu-split-async2-cudagraphs-compile": (FAST + ["--gpus", "2", "--placement", "split", "--mode", "async",
+                                                           "--max-staleness", "2", "--steps", "6", "--warmup", "2"], 2, 240),
+    "rlkit-2gpu-split-objectstore-cudagraphs-compile": (FAST + ["--gpus", "2", "--placement", "split",
+                                                                "--weight-sync", "object_store"], 2, 200),
+    "rlkit-2gpu-vllm-cudagraphs-compile-logprobs": (FAST + ["--gpus", "2", "--rollout-is-cap", "2"], 2, 200),
+    "rlkit-1gpu-vllm-cudagraphs-compile-logprobs": (FAST + ["--rollout-is-cap", "2"], 1, 200),
     "vllm-rollout-1gpu": ([ROLLOUT], 1, 200),
     "vllm-rollout-1gpu-async": ([ROLLOUT, "--async-scheduling"], 1, 200),
     "rlkit-1gpu-vllm-gradckpt": ([RLKIT, "--grad-ckpt"], 1, 150),
     "rlkit-1gpu-hf": ([RLKIT, "--rollout", "hf", "--steps", "2"], 1, 200),
+    "rlkit-1gpu-sglang": ([RLKIT, "--compile", "--rollout", "sglang"], 1, 240),
     "rlkit-2gpu-vllm": ([RLKIT, "--gpus", "2"], 2, 150),
     "rlkit-2gpu-split": ([RLKIT, "--gpus", "2", "--placement", "split"], 2, 180),
     "trl-1gpu-vllm": ([TRL, "--vllm"], 1, 330),
+    "trl-2gpu-vllm-server": ([TRL, "--vllm-server"], 2, 400),  # its vLLM server on one GPU, the trainer on the other
     "trl-1gpu-hf": ([TRL, "--steps", "2"], 1, 150),
 }
 
@@ -127,10 +141,16 @@ def table(results: dict) -> str:
         if ours and theirs:
             ratios.append(f"- {name} vs trl-1gpu-{engine}: rlkit {ours:.2f} s/step, TRL {theirs:.2f} s/step: "
                           f"rlkit is {theirs / ours:.2f}x faster")
+    theirs = results["configs"].get("trl-2gpu-vllm-server", {}).get("step_seconds")
+    for name, res in results["configs"].items():  # every 2-GPU rlkit configuration against TRL's server mode
+        ours = res.get("summary", {}).get("step_seconds") if name.startswith("rlkit-2gpu-") else None
+        if ours and theirs:
+            ratios.append(f"- {name} vs trl-2gpu-vllm-server: rlkit {ours:.2f} s/step, TRL {theirs:.2f} s/step: "
+                          f"rlkit is {theirs / ours:.2f}x faster")
     for name, res in results["configs"].items():
         for way, run in res.get("runs", {}).items():  # vllm_rollout.py
             ratios.append(f"- {name} {way}: {min(run['seconds']):.2f} s, {run['tokens_per_s']:,.0f} tok/s")
-    return "\n".join(lines + (["", "Same workload, same run, 1 GPU (and rollout probes):"] + ratios if ratios else [])) + "\n"
+    return "\n".join(lines + (["", "Same workload, same run (and rollout probes):"] + ratios if ratios else [])) + "\n"
 
 
 class Runner:

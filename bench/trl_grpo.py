@@ -1,21 +1,28 @@
 """TRL's GRPOTrainer on the same workload as bench/rlkit_grpo.py, for a like-for-like step time.
 
-  python bench/trl_grpo.py --workdir /tmp/bench --out trl.json [--vllm] [--tiny]
+  python bench/trl_grpo.py --workdir /tmp/bench --out trl.json [--vllm | --vllm-server] [--tiny]
 
 Same model files, prompts, reward, sampling and batch: 64 prompts x 8 samples per
 optimizer step (per_device 16 x gradient accumulation 32 = one generation batch of 512),
 responses forced to 512 tokens, fp32 master weights with bf16 autocast, KL to a reference
 (beta 0.001, as rlkit's grpo recipe), gradient checkpointing off (rlkit's default).
---vllm uses TRL's colocated vLLM (its defaults: CUDA graphs, no sleep mode); without it,
-transformers generate. A step is timed from one optimizer step's end to the next.
+--vllm uses TRL's colocated vLLM (its defaults: CUDA graphs, no sleep mode); --vllm-server
+TRL's two-GPU setup: `trl vllm-serve` on the second visible GPU, the trainer on the first
+(weights sent to the server over NCCL after each step); without either, transformers
+generate. A step is timed from one optimizer step's end to the next.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
+import shutil
+import socket
+import subprocess
 import sys
 import time
+import urllib.request
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
@@ -31,27 +38,32 @@ def main() -> None:
     parser.add_argument("--label", default="trl")
     parser.add_argument("--tiny", action="store_true")
     parser.add_argument("--vllm", action="store_true", help="TRL's vLLM colocate mode")
+    parser.add_argument("--vllm-server", action="store_true",
+                        help="TRL's server mode: `trl vllm-serve` on the second visible GPU, the trainer on the first")
     parser.add_argument("--steps", type=int, default=4)
     parser.add_argument("--warmup", type=int, default=1)
     args = parser.parse_args()
 
+    workload, workdir = prepared(args.workdir, args.tiny)
+    server = start_vllm_server(str(workdir / "model"), workload) if args.vllm_server else None
     import pyarrow.parquet as pq
     import trl
     from datasets import Dataset
     from transformers import AutoTokenizer, TrainerCallback
     from trl import GRPOConfig, GRPOTrainer
 
-    workload, workdir = prepared(args.workdir, args.tiny)
     prompts = pq.read_table(workdir / "prompts.parquet").column("prompt").to_pylist()
     per_device = min(16, workload.sequences)
-    forced = {"ignore_eos": True} if args.vllm else {"min_new_tokens": workload.response_tokens}
+    use_vllm = args.vllm or server is not None
+    forced = {"ignore_eos": True} if use_vllm else {"min_new_tokens": workload.response_tokens}
+    mode = {"vllm_mode": "server", "vllm_server_base_url": server[1]} if server else {"vllm_mode": "colocate"}
     config = GRPOConfig(
         output_dir=str(workdir / "trl-out"), per_device_train_batch_size=per_device,
         gradient_accumulation_steps=workload.sequences // per_device, num_generations=workload.samples,
         max_completion_length=workload.response_tokens, generation_kwargs=forced, temperature=1.0,
         learning_rate=1e-6, beta=0.001, max_steps=args.steps, logging_steps=1, save_strategy="no",
         report_to="none", bf16=not args.tiny, use_cpu=args.tiny, gradient_checkpointing=False,
-        use_vllm=args.vllm, vllm_mode="colocate", seed=0, dataloader_num_workers=0)
+        use_vllm=use_vllm, seed=0, dataloader_num_workers=0, **mode)
     result: dict = {"label": args.label, "args": vars(args), "trl_version": trl.__version__, "status": "starting"}
     out = Path(args.out)
     ends: list[float] = []
@@ -80,6 +92,34 @@ def main() -> None:
         result["status"] = "done"
     finally:
         out.write_text(json.dumps(result, indent=1))
+        if server is not None:
+            server[0].kill()
+
+
+def start_vllm_server(model: str, workload, timeout_s: float = 600) -> tuple[subprocess.Popen, str]:
+    """`trl vllm-serve` on the second visible GPU; this process keeps the first. Returns (process, base URL)."""
+    gpus = os.environ.get("CUDA_VISIBLE_DEVICES", "0,1").split(",")
+    if len(gpus) < 2:
+        raise SystemExit("--vllm-server needs two visible GPUs (one for the server, one for the trainer)")
+    with socket.socket() as sock:
+        sock.bind(("", 0))
+        port = sock.getsockname()[1]
+    trl_cli = [shutil.which("trl")] if shutil.which("trl") else [sys.executable, "-c", "from trl.cli import main; main()"]
+    server = subprocess.Popen(
+        [*trl_cli, "vllm-serve", "--model", model, "--port", str(port), "--gpu-memory-utilization", "0.9",
+         "--max-model-len", str(workload.prompt_tokens + workload.response_tokens)],
+        env={**os.environ, "CUDA_VISIBLE_DEVICES": gpus[1]})
+    os.environ["CUDA_VISIBLE_DEVICES"] = gpus[0]  # before torch initialises CUDA in this process
+    url, deadline = f"http://127.0.0.1:{port}", time.monotonic() + timeout_s
+    while True:
+        try:
+            urllib.request.urlopen(f"{url}/health/", timeout=5)
+            return server, url
+        except OSError:
+            if server.poll() is not None or time.monotonic() > deadline:
+                server.kill()
+                raise SystemExit(f"trl vllm-serve did not come up on port {port} (exit {server.poll()})") from None
+            time.sleep(2)
 
 
 if __name__ == "__main__":

@@ -255,3 +255,22 @@ def test_rollout_importance_weights_are_the_truncated_ratio_and_carry_no_gradien
     # pi_old / pi_rollout = 3, 0.5, 1; the cap of 2 truncates the first.
     assert torch.allclose(weights, torch.tensor([[2.0, 0.5, 1.0]]))
     assert not weights.requires_grad
+
+
+def test_sequence_level_importance_weights_are_the_truncated_product_over_the_loss_mask() -> None:
+    # Sequence 0: ratios 3 and 0.5 (product 1.5 < cap 2), padding with a huge ratio that must not count.
+    # Sequence 1: ratios 2 and 4 (product 8, truncated to 2). Sequence 2: ratio 0.25 once.
+    old = torch.tensor([[math.log(3.0), math.log(0.5), 30.0],
+                        [math.log(2.0), math.log(4.0), 0.0],
+                        [math.log(0.25), 0.0, 0.0]], requires_grad=True)
+    rollout = torch.zeros(3, 3)
+    mask = torch.tensor([[1.0, 1.0, 0.0], [1.0, 1.0, 1.0], [1.0, 0.0, 0.0]])
+    weights = rollout_importance_weights(old, rollout, 2.0, level="sequence", response_mask=mask)
+    assert torch.allclose(weights, torch.tensor([[1.5] * 3, [2.0] * 3, [0.25] * 3]))
+    assert not weights.requires_grad
+    # A product of many large ratios stays finite: exp(500) would overflow, its truncation is the cap.
+    long = rollout_importance_weights(torch.full((1, 100), 5.0), torch.zeros(1, 100), 2.0, level="sequence",
+                                      response_mask=torch.ones(1, 100))
+    assert torch.equal(long, torch.full((1, 100), 2.0))
+    with pytest.raises(ValueError, match="unknown importance-weight level 'geo'"):
+        rollout_importance_weights(old, rollout, 2.0, level="geo", response_mask=mask)

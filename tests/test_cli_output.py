@@ -12,6 +12,8 @@ import yaml
 from rlkit.core.controller.loop import logger, run_log
 from rlkit.core.controller.run_dir import RunDir
 from rlkit.core.controller.tracking import CONSOLE_KEYS, Tracker
+from rlkit.core.data.builders import write_parquet
+from rlkit.core.data.synthetic import build_synthetic
 from rlkit.recipes.loader import BUILTIN_DIR, load_config
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -35,6 +37,8 @@ def test_recipes_show_redirected_is_the_recipe_file_itself() -> None:
 
 def test_a_dry_run_redirected_prints_long_values_whole(tmp_path: Path) -> None:
     data = tmp_path / ("a-folder-with-a-long-name-" * 4) / "train.parquet"
+    # A dry run checks the data too: a real file of echo prompts.
+    write_parquet(build_synthetic(task="echo", n_train=32, n_test=1, seed=0)["train"], data)
     out = rlkit_piped("train", "grpo-demo", f"data.train_files=[{data}]", "--dry-run")
     resolved = yaml.safe_load(out.split("Batch arithmetic")[0])
     assert resolved["data"]["train_files"] == [str(data)]
@@ -57,7 +61,7 @@ def test_runs_list_piped_keeps_every_column_whole(tmp_path: Path) -> None:
 def test_the_step_table_in_a_log_file_prints_whole_numbers(tmp_path: Path, capsys) -> None:
     # stdout is pytest's capture here: not a terminal, as under nohup or `| tee run.log`.
     tracker = Tracker(tmp_path, ["console"], total_steps=3, start_step=0, project="p", name="n", config={})
-    values = [-2.7912345e-05, 512.0, -0.000123456, 3.21, 0.987654, 1.23e-07, 123456.7, 12.5]
+    values = [-2.7912345e-05, 0.5, 512.0, -0.000123456, 3.21, 0.987654, 1.23e-07, 123456.7, 12.5]
     tracker.log({key: value for (key, _), value in zip(CONSOLE_KEYS, values, strict=True)}, 1)
     tracker.close()
     out = capsys.readouterr().out

@@ -13,6 +13,8 @@ from rlkit.errors import ConfigError
 from rlkit.recipes.checks import batch_arithmetic
 from rlkit.recipes.loader import load_config, parse_override
 
+SPLIT = ["trainer.n_gpus_per_node=2", "rollout.placement=split", "rollout.devices=1"]
+
 runner = CliRunner()
 DEMO = ["model.path=rlkit:tiny-qwen2", "data.synthetic_task=echo"]
 
@@ -60,7 +62,7 @@ def test_unsupported_verl_key_is_answered_with_our_spelling():
 @pytest.mark.parametrize("override, expected", [
     ("rollout.n=abc", "rollout.n='abc' (command line): Input should be a valid integer"),
     ("algorithm.adv_estimater=grpo", "did you mean 'algorithm.adv_estimator'"),
-    ("rollout.name=sglang", "unknown rollout engine 'sglang' (known: hf, vllm)"),
+    ("rollout.name=slang", "unknown rollout engine 'slang' (known: hf, sglang, vllm)"),
     ("algorithm.adv_estimator=grpoo", "did you mean 'grpo'"),
     ("rollout.n=1", "needs rollout.n >= 2"),
     ("actor.mini_batch_size=5", "must divide data.train_batch_size=16"),
@@ -99,6 +101,11 @@ def test_engine_kwargs_pass_through_but_cannot_override_rlkit_keys():
     assert config.rollout.vllm.engine_kwargs == {"async_scheduling": True}
     with pytest.raises(ConfigError, match="rollout.vllm.engine_kwargs.*max_num_seqs is set by rlkit"):
         load_config("grpo-demo", ["rollout.vllm.engine_kwargs={max_num_seqs: 4}"])
+    verl = load_config("grpo-demo", ["rollout.name=sglang",
+                                     "actor_rollout_ref.rollout.engine_kwargs.sglang={chunked_prefill_size: 512}"])
+    assert verl.rollout.sglang.engine_kwargs == {"chunked_prefill_size": 512}
+    with pytest.raises(ConfigError, match="rollout.sglang.engine_kwargs.*mem_fraction_static is set by rlkit"):
+        load_config("grpo-demo", ["rollout.sglang.engine_kwargs={mem_fraction_static: 0.3}"])
 
 
 def test_moved_engine_keys_still_read_from_old_configs_and_command_lines():
@@ -111,7 +118,7 @@ def test_moved_engine_keys_still_read_from_old_configs_and_command_lines():
 
 
 def test_an_unknown_engine_names_the_known_ones():
-    with pytest.raises(ConfigError, match="rollout.name.*unknown rollout engine 'vlm'.*hf, vllm.*did you mean 'vllm'"):
+    with pytest.raises(ConfigError, match="rollout.name.*unknown rollout engine 'vlm'.*hf, sglang, vllm.*did you mean 'vllm'"):
         load_config("grpo-demo", ["rollout.name=vlm"])
 
 
@@ -195,3 +202,43 @@ def test_recipes_list_and_show():
     assert listed.exit_code == 0 and "grpo-demo" in listed.output
     shown = runner.invoke(app, ["recipes", "show", "grpo"])
     assert shown.exit_code == 0 and "adv_estimator: grpo" in shown.output
+
+
+@pytest.mark.parametrize("overrides, correction, every_step", [
+    ([], None, False),                                                       # sync: off unless asked
+    (["actor.rollout_is_cap=3.0"], ("token", 3.0), True),                    # TIS as before
+    (["actor.rollout_is=sequence"], ("sequence", 2.0), True),
+    (["rollout.mode=one_step_off", *SPLIT], ("token", 2.0), True),           # stale samples: on by default
+    (["rollout.mode=async", *SPLIT, "actor.rollout_is=sequence", "actor.rollout_is_cap=5"], ("sequence", 5.0), True),
+    (["rollout.mode=async", *SPLIT, "actor.rollout_is=off"], None, False),   # an ablation can turn it off
+    (["algorithm.rollout_correction.rollout_is=sequence",                    # verl's spellings
+      "algorithm.rollout_correction.rollout_is_threshold=4"], ("sequence", 4.0), True),
+])
+def test_rollout_importance_weights_by_mode_and_keys(overrides, correction, every_step):
+    config = load_config("grpo-demo", ["rollout.log_prob_check_freq=0", *overrides])
+    assert config.rollout_correction == correction
+    assert config.needs_rollout_log_probs is every_step  # the engine returns log-probs on every step
+
+
+@pytest.mark.parametrize("overrides, message", [
+    (["rollout.mode=one_step_off"], "rollout.mode (command line): one_step_off generates while the trainer trains, "
+                                    "on devices of its own: set rollout.placement=split"),
+    (["rollout.mode=async", *SPLIT, "actor.old_log_probs=rollout"],
+     "actor.old_log_probs (command line): with rollout.mode=async the engine's log-probs come from an older policy"),
+    (["rollout.mode=async", *SPLIT, "algorithm.dynamic_sampling.enable=true"],
+     "dynamic sampling's extra rounds are not supported with rollout.mode=async yet"),
+    (["rollout.mode=one_step_off", *SPLIT, "algorithm.adv_estimator=remax"],
+     "remax's greedy baseline is not generated ahead with rollout.mode=one_step_off yet"),
+    (["rollout.max_staleness=3"], "rollout.max_staleness (command line): has no effect: only rollout.mode=async "
+                                  "reads it (mode is sync)"),
+    (["rollout.weight_sync_timeout_s=9"], "rollout.weight_sync_timeout_s (command line): has no effect: only split "
+                                          "placement sends weights"),
+    (["actor.rollout_is=off", "actor.rollout_is_cap=2"], "actor.rollout_is_cap (command line): truncates importance "
+                                                          "weights that actor.rollout_is=off turns off"),
+    (["actor.rollout_is=token", "actor.old_log_probs=rollout"], "actor.rollout_is (command line): with "
+                                                                "actor.old_log_probs=rollout the old and rollout"),
+])
+def test_rollout_mode_and_correction_misconfigurations_name_the_key(overrides, message):
+    with pytest.raises(ConfigError) as info:
+        load_config("grpo-demo", overrides)
+    assert message in str(info.value)

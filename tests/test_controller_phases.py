@@ -25,7 +25,7 @@ from rlkit.recipes.loader import load_config
 
 TINY = ["model.path=rlkit:tiny-qwen2", "data.synthetic_task=echo", "data.train_batch_size=2", "rollout.n=2",
         "actor.mini_batch_size=2", "data.max_prompt_length=16", "data.max_response_length=3",
-        "actor.micro_batch_tokens=4096", "reward.num_workers=0", "data.shuffle=false"]
+        "actor.micro_batch_tokens=4096", "reward.num_workers=1", "data.shuffle=false"]
 
 
 class ScriptedWorkers:
@@ -35,7 +35,8 @@ class ScriptedWorkers:
         self.by_prompt = {tuple(row.prompt_token_ids): row for row in rows}
         self.respond, self.samplings = respond, []
 
-    def call(self, method: str, *, per_rank: list[tuple], phase: str) -> list[list[RolloutSample]]:
+    def submit(self, method: str, *, per_rank: list[tuple]) -> list[list[RolloutSample]]:
+        """The results themselves stand in for the calls' ObjectRefs (answered at once)."""
         assert method == "generate"
         results = []
         for prompts, sampling in per_rank:
@@ -44,6 +45,9 @@ class ScriptedWorkers:
                             for i, prompt in enumerate(prompts) for j in range(sampling.n)
                             for tokens in [self.respond(len(self.samplings), self.by_prompt[tuple(prompt)], j)]])
         return results
+
+    def collect(self, refs: list[list[RolloutSample]], phase: str) -> list[list[RolloutSample]]:
+        return refs
 
 
 @pytest.fixture
@@ -123,8 +127,10 @@ def test_remax_baseline_is_the_greedy_score_of_each_prompt(tokenizer) -> None:
 
 
 @pytest.mark.parametrize("overrides, asked", [
-    (["rollout.log_prob_check_freq=3"], [False, False, True, False, False, True]),
-    (["rollout.log_prob_check_freq=0"], [False] * 6),
+    (["rollout.log_prob_check_freq=3"], [True, False, True, False, False, True]),  # step 1: the invariants
+    (["rollout.log_prob_check_freq=3", "trainer.invariants=off"], [False, False, True, False, False, True]),
+    (["rollout.log_prob_check_freq=0"], [True] + [False] * 5),
+    (["rollout.log_prob_check_freq=0", "trainer.invariants=off"], [False] * 6),
     (["rollout.log_prob_check_freq=0", "actor.old_log_probs=rollout"], [True] * 6),  # the PPO ratio needs them
     (["rollout.log_prob_check_freq=0", "actor.rollout_is_cap=2.0"], [True] * 6),     # and so do TIS weights
 ])

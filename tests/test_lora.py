@@ -21,7 +21,11 @@ from rlkit.core.batch import Batch
 from rlkit.core.cluster.device_worker import free_port
 from rlkit.core.controller.run_dir import resolve_model_path
 from rlkit.core.rollout.base import Sampling
-from rlkit.core.rollout.sync_check import FIRST_CHANGE_KEY, WeightSyncError, check_weight_sync
+from rlkit.core.rollout.sync_check import (
+    FIRST_CHANGE_KEY,
+    WeightSyncError,
+    check_weight_sync,
+)
 from rlkit.core.state.shards import SHARDS_DIR
 from rlkit.core.train.policy_worker import PolicyWorker
 from rlkit.recipes.loader import load_config

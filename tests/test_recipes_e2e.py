@@ -25,7 +25,7 @@ from rlkit.recipes.loader import load_config
 TINY_WORLD = ["model.path=rlkit:tiny-qwen2", "data.synthetic_task=echo", "data.train_batch_size=4",
               "actor.mini_batch_size=2", "data.max_prompt_length=16", "data.max_response_length=3",
               "actor.micro_batch_tokens=4096", "trainer.total_steps=2", "rollout.name=hf",
-              "trainer.logger=[jsonl]", "reward.num_workers=0"]
+              "trainer.logger=[jsonl]", "reward.num_workers=1"]
 
 REWARD = "def spread(data_source, response, ground_truth, extra_info):\n    return sum(map(ord, response)) % 10 / 10 + 0.05\n"
 GRPO_EPS = 1e-6

@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import random
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import torch
 
 from rlkit.core.controller import loop
+from rlkit.core.controller.preflight import RunInputs
 from rlkit.core.controller.run_dir import RunDir
 from rlkit.core.controller.tracking import METRICS_FILE, read_metrics
 from rlkit.core.state.checkpoint import RNG_FILE, write_checkpoint
@@ -21,8 +23,11 @@ class StandInController:
 
     seen_at_save: list[tuple[int, int]] = []  # (status.json step, last metrics.jsonl step) when a save starts
 
-    def __init__(self, config, run: RunDir) -> None:
+    def __init__(self, config, run: RunDir, inputs: RunInputs) -> None:
         self.config, self.run, self.completed_steps = config, run, 0
+        self.tokenizer = self.scorer = None  # no validation data: the loop builds no evaluator
+        self.placement = SimpleNamespace(rollout=None)
+        self.fast_paths = SimpleNamespace(describe=lambda: "fast paths: none (a stand-in)")
 
     def step(self, step: int) -> dict[str, float]:
         return {"reward/mean": random.random() + float(torch.rand(()))}
@@ -45,10 +50,10 @@ def stand_in(monkeypatch) -> type[StandInController]:
 
 
 def run(tmp_path: Path, run_id: str, *overrides: str) -> RunDir:
-    config = load_config("grpo-demo", [f"trainer.runs_dir={tmp_path}", "trainer.logger=[jsonl]",
+    config = load_config("grpo-demo", [f"trainer.runs_dir={tmp_path}", "trainer.logger=[jsonl]", "trainer.val_freq=0",
                                        "trainer.total_steps=3", "trainer.save_freq=1", *overrides])
     run_dir = RunDir.create(config, run_id)
-    loop.run_training(config, run_dir)
+    loop.run_training(config, run_dir, RunInputs(model_path="", tokenizer=None, rows=[]))
     return run_dir
 
 

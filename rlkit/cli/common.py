@@ -36,6 +36,8 @@ def user_errors(fn: F) -> F:
             return fn(*args, **kwargs)
         except UserError as exc:
             err_console.print(f"[bold red]error:[/] {exc}", markup=True, highlight=False)
+            if exc.next_step:
+                err_console.print(exc.next_step, markup=False, highlight=False)
             raise typer.Exit(2) from None
 
     return wrapper  # type: ignore[return-value]

@@ -4,12 +4,20 @@ from __future__ import annotations
 
 from typing import Callable
 
+from rlkit.core.train.fast_paths import CPU_MICRO_BATCH_TOKENS
 from rlkit.errors import ConfigError
 from rlkit.recipes.schema import RLConfig
 
 # vllm.LLM arguments rlkit derives from its own keys (rlkit.core.rollout.vllm_engine).
 VLLM_KEYS_SET_BY_RLKIT = {"model", "dtype", "seed", "max_model_len", "gpu_memory_utilization", "enforce_eager",
                           "max_num_seqs", "enable_sleep_mode", "enable_prefix_caching", "logprobs_mode"}
+# sglang.Engine arguments rlkit derives from its own keys (rlkit.core.rollout.sglang_engine).
+SGLANG_KEYS_SET_BY_RLKIT = {"model_path", "dtype", "random_seed", "context_length", "device", "base_gpu_id",
+                            "mem_fraction_static", "max_running_requests", "max_total_tokens", "attention_backend",
+                            "enable_deterministic_inference", "enable_memory_saver", "enable_weights_cpu_backup",
+                            "skip_tokenizer_init", "disable_radix_cache", "disable_cuda_graph", "log_level"}
+_OWN_KEYS = ("model.path, model.dtype, trainer.seed, data.max_*_length, rollout.gpu_memory_utilization, "
+             "rollout.max_num_seqs, rollout.<engine>.*")
 
 
 def check_config(config: RLConfig, origins: dict[str, str] | None = None, *, require_inputs: bool = True) -> None:
@@ -50,6 +58,9 @@ def check_config(config: RLConfig, origins: dict[str, str] | None = None, *, req
     if data.train_batch_size % actor.mini_batch_size:
         fail("actor.mini_batch_size", f"must divide data.train_batch_size={data.train_batch_size} "
              f"(got {actor.mini_batch_size})")
+    if config.trainer.val_n == 1:
+        fail("trainer.val_n", "validation always scores one greedy response per prompt (mean@1); trainer.val_n "
+             "adds samples at trainer.val_temperature for mean@n, pass@k and maj@n: use 0 or >= 2")
     devices = config.trainer.nnodes * config.trainer.n_gpus_per_node
     if rollout.placement == "split" and rollout.devices >= devices:
         fail("rollout.devices", f"split placement gives {rollout.devices} of the {devices} device(s) to rollout, "
@@ -61,21 +72,48 @@ def check_config(config: RLConfig, origins: dict[str, str] | None = None, *, req
     if data.train_batch_size * rollout.n % config.world_size:
         fail("data.train_batch_size", f"{data.train_batch_size} x rollout.n={rollout.n} sequences cannot be "
              f"split evenly over {config.world_size} workers")
-    if data.max_prompt_length + data.max_response_length > actor.micro_batch_tokens:
+    if actor.micro_batch_tokens != "auto" and data.max_prompt_length + data.max_response_length > actor.micro_batch_tokens:
         fail("actor.micro_batch_tokens", f"{actor.micro_batch_tokens} tokens cannot hold one sequence of "
              f"max_prompt_length + max_response_length = {data.max_prompt_length + data.max_response_length}")
     if actor.old_log_probs == "rollout" and (actor.ppo_epochs > 1 or actor.mini_batch_size != data.train_batch_size):
         fail("actor.old_log_probs", "rollout log-probs stand in for old log-probs only with one "
              "optimizer step per RL step (ppo_epochs=1, mini_batch_size == data.train_batch_size); use auto")
-    if actor.rollout_is_cap is not None and actor.old_log_probs == "rollout":
-        fail("actor.rollout_is_cap", "with actor.old_log_probs=rollout the old and rollout log-probs are the same, "
+    check_rollout_mode(config, fail)
+    if config.rollout_correction is not None and actor.old_log_probs == "rollout":
+        fail("actor.rollout_is_cap" if actor.rollout_is_cap is not None else "actor.rollout_is",
+             "with actor.old_log_probs=rollout the old and rollout log-probs are the same, "
              "so every weight is 1; use actor.old_log_probs=auto or recompute")
-    reserved = sorted(set(rollout.vllm.engine_kwargs) & VLLM_KEYS_SET_BY_RLKIT)
-    if reserved:
-        fail("rollout.vllm.engine_kwargs", f"{', '.join(reserved)} is set by rlkit; use its own key instead "
-             "(model.path, model.dtype, trainer.seed, data.max_*_length, rollout.gpu_memory_utilization, "
-             "rollout.vllm.enforce_eager, rollout.max_num_seqs)")
+    if actor.rollout_is is None and actor.rollout_is_cap is not None:
+        fail("actor.rollout_is_cap", "truncates importance weights that actor.rollout_is=off turns off; "
+             "remove one of them")
+    for engine, kwargs, set_by_rlkit in (("vllm", rollout.vllm.engine_kwargs, VLLM_KEYS_SET_BY_RLKIT),
+                                         ("sglang", rollout.sglang.engine_kwargs, SGLANG_KEYS_SET_BY_RLKIT)):
+        reserved = sorted(set(kwargs) & set_by_rlkit)
+        if reserved:
+            fail(f"rollout.{engine}.engine_kwargs", f"{', '.join(reserved)} is set by rlkit; use its own key "
+                 f"instead ({_OWN_KEYS})")
     check_algorithm(config, origins, fail)
+
+
+def check_rollout_mode(config: RLConfig, fail: Callable[[str, str], None]) -> None:
+    """rollout.mode one_step_off/async: what overlapping generation with training needs."""
+    rollout, actor, algo = config.rollout, config.actor, config.algorithm
+    if rollout.mode == "sync":
+        return
+    if rollout.placement != "split":
+        fail("rollout.mode", f"{rollout.mode} generates while the trainer trains, on devices of its own: set "
+             "rollout.placement=split and rollout.devices=N (N of trainer.n_gpus_per_node x trainer.nnodes "
+             "devices then only generate), or use rollout.mode=sync")
+    if actor.old_log_probs == "rollout":
+        fail("actor.old_log_probs", f"with rollout.mode={rollout.mode} the engine's log-probs come from an older "
+             "policy than the one the update starts from; use auto or recompute (importance weights, "
+             "actor.rollout_is, then correct for the gap)")
+    if algo.dynamic_sampling.enable:
+        fail("algorithm.dynamic_sampling.enable", f"dynamic sampling's extra rounds are not supported with "
+             f"rollout.mode={rollout.mode} yet; use rollout.mode=sync")
+    if algo.adv_estimator == "remax":
+        fail("algorithm.adv_estimator", f"remax's greedy baseline is not generated ahead with rollout.mode="
+             f"{rollout.mode} yet; use rollout.mode=sync")
 
 
 def check_algorithm(config: RLConfig, origins: dict[str, str], fail: Callable[[str, str], None]) -> None:
@@ -113,6 +151,8 @@ def check_algorithm(config: RLConfig, origins: dict[str, str], fail: Callable[[s
         "algorithm.lam": (algo.adv_estimator != "gae", "only adv_estimator=gae uses it"),
         "algorithm.gamma": (algo.adv_estimator not in ("gae", "reinforce_plus_plus"),
                             "only adv_estimator=gae and reinforce_plus_plus use it"),
+        "rollout.max_staleness": (rollout.mode != "async", f"only rollout.mode=async reads it (mode is {rollout.mode})"),
+        "rollout.weight_sync": (rollout.placement != "split", "only split placement sends weights to other devices"),
     }
     switches = ("critic.enable", "reward.overlong_buffer.enable")
     for key, origin in origins.items():
@@ -129,16 +169,20 @@ def batch_arithmetic(config: RLConfig) -> list[str]:
     sequences = d.train_batch_size * r.n
     updates = d.train_batch_size // a.mini_batch_size * a.ppo_epochs
     longest = d.max_prompt_length + d.max_response_length
-    per_micro = max(1, a.micro_batch_tokens // longest)
     per_worker = a.mini_batch_size * r.n // w
+    if a.micro_batch_tokens == "auto":
+        micro = ("in micro-batches sized at start-up (actor.micro_batch_tokens=auto: from the free GPU memory, "
+                 f"{CPU_MICRO_BATCH_TOKENS} tokens on CPU)")
+    else:
+        per_micro = max(1, a.micro_batch_tokens // longest)
+        micro = (f"in micro-batches of up to {a.micro_batch_tokens} tokens (at least {per_micro} full-length "
+                 f"sequences, so at most {-(-per_worker // per_micro)} micro-batch(es))")
     return [
         f"each step samples {d.train_batch_size} prompts x rollout.n={r.n} = {sequences} sequences",
         f"the {sequences} sequences are split over {w} worker(s): {sequences // w} each",
         f"{updates} optimizer step(s) per RL step: {d.train_batch_size // a.mini_batch_size} mini-batch(es) "
         f"of {a.mini_batch_size} prompts ({a.mini_batch_size * r.n} sequences) x {a.ppo_epochs} epoch(s)",
-        f"each worker takes {per_worker} sequences per optimizer step, in micro-batches of up to "
-        f"{a.micro_batch_tokens} tokens (at least {per_micro} full-length sequences, "
-        f"so at most {-(-per_worker // per_micro)} micro-batch(es))",
+        f"each worker takes {per_worker} sequences per optimizer step, {micro}",
         f"{config.trainer.total_steps} RL steps in all = {config.trainer.total_steps * sequences} sampled sequences",
     ] + _algorithm_arithmetic(config)
 

@@ -174,7 +174,7 @@ def load_config(recipe: str, overrides: list[str] | None = None, *, model: str |
         _set_dotted(tree, translate_key(key, "command line"), value, "command line", origins)
     if model:
         _set_dotted(tree, "model.path", model, "--model", origins)
-    tree["recipe"] = layers[-1][0].stem
+    tree["recipe"] = tree.get("recipe") or layers[-1][0].stem  # a run's config.yaml keeps its recipe's name
     try:
         config = RLConfig.model_validate(tree)
     except ValidationError as exc:

@@ -8,6 +8,7 @@ job, which is where micro-batching and data parallelism are made harmless (see i
 from __future__ import annotations
 
 import difflib
+import math
 
 import torch
 from torch import Tensor
@@ -55,16 +56,30 @@ def policy_loss(
     )
 
 
-def rollout_importance_weights(old_log_probs: Tensor, rollout_log_probs: Tensor, cap: float) -> Tensor:
-    """Truncated importance weights min(pi_old / pi_rollout, cap) per token, detached.
+def rollout_importance_weights(old_log_probs: Tensor, rollout_log_probs: Tensor, cap: float, *,
+                               level: str = "token", response_mask: Tensor | None = None) -> Tensor:
+    """Truncated importance weights of the rollout policy's samples, [B,R], detached.
 
-    The engine samples with its own numerics (bf16 kernels, another attention), so its policy
-    differs slightly from the trainer's; weighting each token's policy loss by this ratio
-    corrects the gradient for it, and the cap bounds the variance (TIS: Yao et al. 2025,
-    "Your Efficient RL Framework Secretly Brings You Off-Policy RL Training").
+    The engine samples from a policy that differs from the one the update starts from (pi_old):
+    its numerics (bf16 kernels, another attention), or an older version in asynchronous
+    rollout. Weighting each token's policy loss by pi_old / pi_rollout corrects the gradient
+    for it, and truncating at `cap` bounds the variance (TIS: Yao et al. 2025, "Your Efficient
+    RL Framework Secretly Brings You Off-Policy RL Training"; IMPALA's truncated weights,
+    Espeholt et al. 2018). level "token": min(r_t, cap) per token. level "sequence": one
+    weight per sequence, min(prod_t r_t, cap) over its `response_mask` tokens, on all of them.
     """
-    log_ratio = (old_log_probs - rollout_log_probs).clamp(max=TOKEN_LOG_RATIO_BOUND)
-    return log_ratio.exp().clamp(max=cap).detach()
+    if level == "token":
+        log_ratio = (old_log_probs - rollout_log_probs).clamp(max=TOKEN_LOG_RATIO_BOUND)
+        return log_ratio.exp().clamp(max=cap).detach()
+    if level != "sequence":
+        raise ValueError(f"unknown importance-weight level {level!r} (token, sequence)")
+    if response_mask is None:
+        raise ValueError("sequence-level importance weights need the response mask")
+    mask = response_mask.bool()
+    token_log_ratio = torch.where(mask, old_log_probs - rollout_log_probs, torch.zeros_like(old_log_probs))
+    # min(exp(s), cap) = exp(min(s, log cap)): the product of many ratios never overflows.
+    weight = token_log_ratio.sum(-1).clamp(max=math.log(cap)).exp()
+    return weight.unsqueeze(-1).expand_as(old_log_probs).detach()
 
 
 def masked_mean(values: Tensor, mask: Tensor) -> Tensor:

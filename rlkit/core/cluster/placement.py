@@ -4,13 +4,22 @@ colocated: every training worker also holds a rollout engine on its own device; 
     sleeps (frees its KV cache, moves its weights to host memory) while training runs,
     and the weight sync is a local copy from the FSDP shards.
 split: rollout.devices devices hold only rollout workers; the others train. After each
-    update training rank 0 gathers the full weights into Ray's object store, in buckets,
-    and every rollout worker loads them from there (across nodes too).
+    update every training rank gathers the full weights and training rank 0 sends them to
+    every rollout worker (across nodes too): broadcast over a collective of their own
+    (rlkit.core.cluster.weight_transfer; NCCL on GPUs, gloo on CPU), or through Ray's object
+    store in buckets (rollout.weight_sync=object_store).
+
+A weight sync has two halves: `start_sync` does the training side and queues the rollout
+side on the rollout workers (behind any generation already queued there); `finish_sync`
+waits for the rollout side. `sync_weights` is both at once; an asynchronous rollout source
+(rlkit.core.rollout.async_source) waits for the rollout side only when it needs the batch
+generated after it.
 """
 
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass, field
 from typing import Any
 
 from rlkit.core.cluster.worker_group import DeviceReservation, WorkerGroup
@@ -19,8 +28,16 @@ from rlkit.core.rollout.worker import RolloutWorker
 from rlkit.core.train.policy_worker import PolicyWorker
 from rlkit.recipes.schema import RLConfig
 
-# Size of one object-store bucket of weights (split placement).
+# Size of one bucket of weights (split placement), for either way of sending them.
 BUCKET_BYTES = 256 << 20
+
+
+@dataclass
+class PendingSync:
+    """A weight sync whose training side is done: the training side's metrics, the rollout side's calls."""
+
+    metrics: dict[str, float]
+    rollout_refs: list[Any] = field(default_factory=list)  # empty when colocated (nothing left to wait for)
 
 
 class Placement:
@@ -33,6 +50,7 @@ class Placement:
         self.train = WorkerGroup(PolicyWorker, config, model_path, name="worker", reservation=self.reservation,
                                  slots=train_slots)
         self.split = config.rollout.placement == "split"
+        self.broadcast = self.split and config.rollout.weight_sync == "broadcast"
         self.rollout = WorkerGroup(RolloutWorker, config, model_path, name="rollout worker",
                                    reservation=self.reservation,
                                    slots=self.reservation.slots[config.world_size:]) if self.split else self.train
@@ -47,17 +65,48 @@ class Placement:
         info = self.train.call("setup", *master, phase="setup (model load + engine start)", startup=True)
         if self.split:
             self.rollout.call("setup", phase="rollout setup (engine start)", startup=True)
+        if self.broadcast:
+            self.join_weight_transfer()
         return info
 
+    def join_weight_transfer(self) -> None:
+        """Training rank 0 and every rollout worker form the transfer group (each side waits for the other)."""
+        host, port = self.train.call("address", phase="address")[0]
+        specs = self.train.call("weight_specs", phase="weight specs")[0]
+        world = 1 + self.rollout_size
+        train = self.train.submit("join_weight_transfer", host, port, world, BUCKET_BYTES)
+        rollout = self.rollout.submit("join_weight_transfer", host, port, world, specs, BUCKET_BYTES)
+        self.train.collect(train, "weight transfer group (training rank 0)", startup=True)
+        self.rollout.collect(rollout, "weight transfer group (rollout workers)", startup=True)
+
     def sync_weights(self) -> dict[str, float]:
-        """Load the trained weights into every engine, checked by each engine's SyncProbe (rlkit.core.rollout.sync_check)."""
+        """Load the trained weights into every engine; checked by each engine's SyncProbe (rlkit.core.rollout.sync_check)."""
+        pending = self.start_sync()
+        return {**pending.metrics, **self.finish_sync(pending)}
+
+    def start_sync(self) -> PendingSync:
+        """The training side of a weight sync; the rollout side is queued on the rollout workers."""
         if not self.split:
             synced = self.train.call("sync_weights")
-            return {**synced[0], **first_change(synced)}
+            return PendingSync({**synced[0], **first_change(synced)})
         start = time.perf_counter()
-        refs = self.train.call("export_weights", BUCKET_BYTES, phase="sync_weights (gather)")[0]
-        loaded = self.rollout.call("load_weights", refs, phase="sync_weights (load)")
-        return {"sync/bytes": loaded[0]["bytes"], "sync/seconds": time.perf_counter() - start, **first_change(loaded)}
+        if self.broadcast:
+            self.train.call("send_weights", phase="sync_weights (gather + stage)")
+            refs = self.rollout.submit("receive_weights")
+        else:
+            buckets = self.train.call("export_weights", BUCKET_BYTES, phase="sync_weights (gather)")[0]
+            refs = self.rollout.submit("load_weights", buckets)
+        return PendingSync({"sync/seconds": time.perf_counter() - start}, refs)
+
+    def finish_sync(self, pending: PendingSync) -> dict[str, float]:
+        """Wait for the rollout side of a sync; its metrics (the slowest rollout worker's)."""
+        if not pending.rollout_refs:
+            return {}
+        loaded = self.rollout.collect(pending.rollout_refs, "sync_weights (rollout workers load)")
+        return {"sync/bytes": loaded[0]["bytes"], "sync/rollout_load_seconds": max(r["seconds"] for r in loaded),
+                # From the end of the rollout's previous call: waiting for these weights, then loading them.
+                "rollout/wait_for_weights_seconds": max(r["idle_seconds"] + r["seconds"] for r in loaded),
+                **first_change(loaded)}
 
     def shutdown(self) -> None:
         if self.split:

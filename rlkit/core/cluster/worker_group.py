@@ -19,6 +19,7 @@ from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 from rlkit.core.cluster.failures import (
     WorkerFailure,
     late_worker,
+    with_portable_exceptions,
     worker_died,
     worker_raised,
     workers_late,
@@ -139,7 +140,8 @@ class WorkerGroup:
         self.reservation = reservation or DeviceReservation(config)
         self.slots = list(self.reservation.slots[:config.world_size] if slots is None else slots)
         share = 1.0 / groups_per_device(config)
-        remote_cls = ray.remote(num_cpus=share, num_gpus=share if self.reservation.use_gpu else 0)(worker_cls)
+        remote_cls = ray.remote(num_cpus=share, num_gpus=share if self.reservation.use_gpu else 0)(
+            with_portable_exceptions(worker_cls))
         self.actors = []
         for rank, (node, local) in enumerate(self.slots):
             strategy = PlacementGroupSchedulingStrategy(self.reservation.groups[node], placement_group_bundle_index=local)
@@ -157,12 +159,21 @@ class WorkerGroup:
         The deadline is trainer.phase_timeout_s, or trainer.setup_timeout_s for start-up calls
         (startup=True: model load, engine start), which also log each rank's progress.
         """
-        phase = phase or method
-        trainer = self.config.trainer
+        return self.collect(self.submit(method, *args, per_rank=per_rank), phase or method, startup=startup)
+
+    def submit(self, method: str, *args: Any, per_rank: Sequence[tuple] | None = None) -> list[Any]:
+        """Start `method` on every rank without waiting: one Ray ObjectRef per rank, in rank order.
+
+        An actor runs its calls one at a time in the order they were submitted, so a call
+        submitted after another on the same group runs after it on every rank.
+        """
         if per_rank is not None:
-            refs = [getattr(a, method).remote(*per_rank[r]) for r, a in enumerate(self.actors)]
-        else:
-            refs = [getattr(a, method).remote(*args) for a in self.actors]
+            return [getattr(a, method).remote(*per_rank[r]) for r, a in enumerate(self.actors)]
+        return [getattr(a, method).remote(*args) for a in self.actors]
+
+    def collect(self, refs: list[Any], phase: str, *, startup: bool = False) -> list[Any]:
+        """Wait for submitted calls (deadline as `call`'s, counted from now) and return their results in rank order."""
+        trainer = self.config.trainer
         key = "trainer.setup_timeout_s" if startup else "trainer.phase_timeout_s"
         timeout = trainer.setup_timeout_s if startup else trainer.phase_timeout_s
         return self._wait(refs, phase, timeout=timeout, timeout_key=key, progress=startup)

@@ -29,7 +29,7 @@ step_logger = logging.getLogger("rlkit.metrics")
 
 # The columns a person watches; everything else goes to the files.
 CONSOLE_KEYS = [
-    ("reward/mean", "reward"), ("response/length_mean", "resp len"), ("actor/pg_loss", "pg loss"),
+    ("reward/mean", "reward"), ("val/reward/mean@1", "val"), ("response/length_mean", "resp len"), ("actor/pg_loss", "pg loss"),
     ("actor/entropy", "entropy"), ("actor/grad_norm", "grad norm"), ("rollout/log_prob_diff", "|Δlogp|"),
     ("perf/tokens_per_s", "tok/s"), ("timing/step", "step s"),
 ]

@@ -60,11 +60,18 @@ def tokenize_prompt(tokenizer, messages: Any) -> list[int]:
 def load_prompt_dataset(files: list[str], tokenizer, *, max_prompt_length: int,
                         overlong: str = "error") -> list[PromptRow]:
     """All rows of `files`, tokenized; prompts longer than max_prompt_length error or are dropped."""
+    return tokenize_rows([(file, read_rows(file)) for file in files], tokenizer,
+                         max_prompt_length=max_prompt_length, overlong=overlong)
+
+
+def tokenize_rows(sources: list[tuple[str, list[dict[str, Any]]]], tokenizer, *, max_prompt_length: int,
+                  overlong: str = "error") -> list[PromptRow]:
+    """(name, raw rows) per source -> PromptRows; errors name the source and the row."""
     rows: list[PromptRow] = []
     dropped = 0
-    for file in files:
-        for i, raw in enumerate(read_rows(file)):
-            where = f"{file}, row {i}"
+    for name, raw_rows in sources:
+        for i, raw in enumerate(raw_rows):
+            where = f"{name}, row {i}"
             messages = raw["prompt"]
             if not messages or (not isinstance(messages, str) and not any(m.get("content") for m in messages)):
                 raise UserError(f"{where}: column 'prompt' is empty")
@@ -84,7 +91,7 @@ def load_prompt_dataset(files: list[str], tokenizer, *, max_prompt_length: int,
                 extra_info=dict(raw.get("extra_info") or {}),
             ))
     if not rows:
-        raise UserError(f"no usable rows in {files} ({dropped} dropped as too long)")
+        raise UserError(f"no usable rows in {[name for name, _ in sources]} ({dropped} dropped as too long)")
     if dropped:
         logger.warning("dropped %d of %d prompts longer than data.max_prompt_length=%d (data.overlong_prompts=filter)",
                        dropped, dropped + len(rows), max_prompt_length)
@@ -100,10 +107,14 @@ class PromptSampler:
     """
 
     def __init__(self, num_rows: int, batch_size: int, *, seed: int, shuffle: bool = True) -> None:
-        if batch_size > num_rows:
-            raise UserError(f"data.train_batch_size={batch_size} is larger than the dataset ({num_rows} rows)")
+        self.check_size(num_rows, batch_size)
         self.num_rows, self.batch_size, self.seed, self.shuffle = num_rows, batch_size, seed, shuffle
         self.epoch, self.position = 0, 0
+
+    @staticmethod
+    def check_size(num_rows: int, batch_size: int) -> None:
+        if batch_size > num_rows:
+            raise UserError(f"data.train_batch_size={batch_size} is larger than the dataset ({num_rows} rows)")
 
     def _order(self) -> list[int]:
         if not self.shuffle:

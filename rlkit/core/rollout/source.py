@@ -3,22 +3,23 @@
 The controller asks a rollout source for the next step's batch and does not care how it was
 made. `SyncRolloutSource` generates it now, with the current policy: prompts from the data
 sampler, rollout.n samples each on the rollout workers, scores from the reward functions (or
-the reward model), DAPO's dynamic sampling and overlong shaping, ReMax's greedy baseline. An
-asynchronous source (generation on other devices while the learner trains) implements the
-same `next_batch`.
+the reward model), DAPO's dynamic sampling and overlong shaping, ReMax's greedy baseline. The asynchronous
+source (rlkit.core.rollout.async_source: generation on other devices while the learner
+trains) implements the same protocol.
 """
 
 from __future__ import annotations
 
 import time
 from contextlib import contextmanager
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Iterator, Protocol
 
 import torch
 
 from rlkit.core.algos.dapo import groups_with_signal, overlong_penalty
 from rlkit.core.batch import Batch, build_batch
-from rlkit.core.rollout.base import Sampling
+from rlkit.core.rollout.base import RolloutSample, Sampling
 from rlkit.core.rollout.dynamic_sampling import GroupCollector, group_rows
 from rlkit.core.rollout.trajectory import Trajectory
 
@@ -34,10 +35,23 @@ class RolloutSource(Protocol):
         """The step's scored batch (prompt-major, rollout.n samples per group) and its rollout metrics;
         phase times are added to `timing`."""
 
+    def sync_weights(self, step: int) -> dict[str, float]:
+        """After step `step`'s update: the rollout engines get its weights (policy version `step`); sync metrics."""
+
     def state_dict(self) -> dict[str, Any]:
         """What a checkpoint must hold to continue exactly (the data position)."""
 
     def load_state_dict(self, state: dict[str, Any]) -> None: ...
+
+
+@dataclass
+class Generation:
+    """Generate calls submitted to the rollout workers, and what turns their results into trajectories."""
+
+    prompts: list[PromptRow]
+    parts: list[list[int]]  # per rollout rank: the positions (in `prompts`) of the prompts it generates
+    refs: list[Any]         # per rollout rank: the call's Ray ObjectRef
+    policy_version: int     # the policy the engines hold when the calls run
 
 
 class SyncRolloutSource:
@@ -48,7 +62,12 @@ class SyncRolloutSource:
         self.config, self.rows, self.sampler = config, rows, sampler
         self.tokenizer, self.scorer, self.placement = tokenizer, scorer, placement
         self.pad_id = tokenizer.pad_token_id or 0
-        self.policy_version = 0  # weight syncs so far; the controller advances it
+        self.policy_version = 0  # the step whose update the engines hold (0: the base model); sync_weights advances it
+
+    def sync_weights(self, step: int) -> dict[str, float]:
+        metrics = self.placement.sync_weights()
+        self.policy_version = step
+        return metrics
 
     def state_dict(self) -> dict[str, Any]:
         return {"sampler": self.sampler.state_dict()}
@@ -111,8 +130,7 @@ class SyncRolloutSource:
         Streams keep seeds apart: training rounds by round_index, other users (validation) by `stream`.
         """
         cfg = self.config
-        freq = cfg.rollout.log_prob_check_freq
-        log_probs = cfg.needs_rollout_log_probs or (not greedy and freq > 0 and step % freq == 0)
+        log_probs = cfg.needs_rollout_log_probs or (not greedy and cfg.log_prob_check_step(step))
         # Extra dynamic-sampling rounds draw from seed ranges no plausible step count reaches.
         seed = cfg.trainer.seed * 1_000_003 + step + round_index * 10_000_019 + stream * 100_000_007
         return Sampling(n=1 if greedy else (n or cfg.rollout.n), max_tokens=cfg.data.max_response_length,
@@ -124,13 +142,23 @@ class SyncRolloutSource:
 
         Returns trajectories in prompt-major order (group by group); group = the prompt's position.
         """
+        generation = self.submit_generation(prompts, sampling)
+        return self.trajectories(generation, self.placement.rollout.collect(generation.refs, "generate"))
+
+    def submit_generation(self, prompts: list[PromptRow], sampling: Sampling, method: str = "generate") -> Generation:
+        """Start the rollout workers' `method` calls on their shares of the prompts, without waiting."""
         world = self.placement.rollout_size
         parts = [list(range(len(prompts)))[r::world] for r in range(world)]
         per_rank = [([prompts[i].prompt_token_ids for i in part], _rank_sampling(sampling, rank))
                     for rank, part in enumerate(parts)]
-        results = self.placement.rollout.call("generate", per_rank=per_rank, phase="generate")
+        return Generation(prompts, parts, self.placement.rollout.submit(method, per_rank=per_rank),
+                          self.policy_version)
+
+    def trajectories(self, generation: Generation, results: list[list[RolloutSample]]) -> list[Trajectory]:
+        """The rollout workers' samples (per rank) as trajectories in prompt-major order."""
+        parts, prompts = generation.parts, generation.prompts
         trajectories = [Trajectory.single_turn(prompts[part[s.prompt_index]], part[s.prompt_index], s,
-                                               policy_version=self.policy_version)
+                                               policy_version=generation.policy_version)
                         for part, rank_samples in zip(parts, results) for s in rank_samples]
         trajectories.sort(key=lambda t: t.group)  # prompt-major order, group by group (a stable sort)
         return trajectories

@@ -1,17 +1,21 @@
 """A rollout-only worker (split placement): one Ray actor per rollout device, holding an engine.
 
-It trains nothing; after each update it loads the weights that training rank 0 put into
-Ray's object store (rlkit.core.cluster.placement), bucket by bucket.
+It trains nothing; after each update it loads the weights training rank 0 sends: over a
+collective of their own (rlkit.core.cluster.weight_transfer), or bucket by bucket from Ray's
+object store (rollout.weight_sync). Its calls run one at a time in the order they were
+submitted, so a weight load queued behind a generation waits for it (asynchronous rollout).
 """
 
 from __future__ import annotations
 
 import time
-from typing import Any
+from typing import Any, Iterable
 
 import ray
+import torch
 
 from rlkit.core.cluster.device_worker import DeviceWorker
+from rlkit.core.cluster.weight_transfer import TensorSpec, TransferGroup, WeightReceiver
 from rlkit.core.rollout.base import RolloutSample, Sampling
 from rlkit.core.rollout.engines import make_engine
 from rlkit.core.rollout.sync_check import SyncProbe
@@ -25,11 +29,12 @@ class RolloutWorker(DeviceWorker):
         self.phase = "setup/rollout-engine"
         cfg = self.config
         # Seeds continue after the training ranks', which seed their own engines when colocated.
-        self.engine = make_engine(cfg, self.model_path, device=self.device,
-                                  dtype=fsdp.compute_dtype(cfg.model.dtype, self.device),
+        self.dtype = fsdp.compute_dtype(cfg.model.dtype, self.device)
+        self.engine = make_engine(cfg, self.model_path, device=self.device, dtype=self.dtype,
                                   seed=cfg.trainer.seed + 10_000 + self.rank, sleep_mode=False)
         self.sync_probe = SyncProbe()
         self.phase = "idle"
+        self.idle_since = time.perf_counter()  # when the last call ended: the rollout's idle time starts there
         return {"rank": self.rank, "node_id": ray.get_runtime_context().get_node_id()}
 
     def generate(self, prompts: list[list[int]], sampling: Sampling) -> list[RolloutSample]:
@@ -39,21 +44,48 @@ class RolloutWorker(DeviceWorker):
         self.phase = "idle"
         return samples
 
+    def generate_timed(self, prompts: list[list[int]], sampling: Sampling) -> tuple[Any, dict[str, float]]:
+        """generate's result, and how long this worker sat idle before the call and then generated."""
+        start = time.perf_counter()
+        samples = self.generate(prompts, sampling)
+        return samples, self._timing(start)
+
+    def _timing(self, start: float) -> dict[str, float]:
+        end = time.perf_counter()
+        timing = {"idle_seconds": start - self.idle_since, "seconds": end - start}
+        self.idle_since = end
+        return timing
+
+    def join_weight_transfer(self, host: str, port: int, world_size: int, specs: list[TensorSpec],
+                             bucket_bytes: int) -> None:
+        """Join training rank 0's transfer group as rank 1 + this worker's rank."""
+        timeouts = self.config.trainer.phase_timeout_s, self.config.rollout.weight_sync_timeout_s
+        group = TransferGroup(host, port, 1 + self.rank, world_size, self.device, handshake_timeout_s=timeouts[0],
+                              transfer_timeout_s=timeouts[1])
+        self.weight_receiver = WeightReceiver(group, specs, fsdp.DTYPES[self.dtype], bucket_bytes)
+
+    def receive_weights(self) -> dict[str, float]:
+        """Load the weights training rank 0 broadcasts, bucket by bucket, straight into the engine."""
+        return self._load("receive_weights", self.weight_receiver.receive())
+
     def load_weights(self, bucket_refs: list) -> dict[str, float]:
-        self.phase = "load_weights"
+        """Load the weights training rank 0 put into Ray's object store (rollout.weight_sync=object_store)."""
+        return self._load("load_weights", ((name, tensor.to(self.device))
+                                           for ref in bucket_refs for name, tensor in ray.get(ref)))
+
+    def _load(self, phase: str, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> dict[str, float]:
+        self.phase = phase
         start, moved = time.perf_counter(), 0
 
-        def weights():
+        def counted():
             nonlocal moved
-            for ref in bucket_refs:
-                for name, tensor in ray.get(ref):
-                    moved += tensor.numel() * tensor.element_size()
-                    yield name, tensor.to(self.device)
+            for name, tensor in named_tensors:
+                moved += tensor.numel() * tensor.element_size()
+                yield name, tensor
 
-        engine_dtype = fsdp.DTYPES[fsdp.compute_dtype(self.config.model.dtype, self.device)]
-        checked = self.sync_probe.load(self.engine, weights(), engine_dtype)
+        checked = self.sync_probe.load(self.engine, counted(), fsdp.DTYPES[self.dtype])
         self.phase = "idle"
-        return {"bytes": float(moved), "seconds": time.perf_counter() - start, **checked}
+        return {"bytes": float(moved), **self._timing(start), **checked}
 
     def engine_log_probs(self, sequences: list[list[int]], prompt_len: int) -> list[list[float]]:
         return self.engine.score(sequences, prompt_len)

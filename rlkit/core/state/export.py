@@ -32,6 +32,7 @@ from rlkit.recipes.loader import load_config
 from rlkit.recipes.schema import LoraSettings
 
 EXPORT_INFO = "rlkit_export.json"
+EXPORT_CONFIG = "rlkit_config.yaml"
 ADAPTER_DIR = "adapter"  # where `lora_format=both` puts the peft adapter, next to the merged model
 LORA_FORMATS = ("both", "merged", "adapter")
 
@@ -40,6 +41,8 @@ def export_hf(run: RunDir, out: str | Path, *, step: int | None = None, dtype: s
               lora_format: str | None = None) -> Path:
     """Write the policy of `run` at `step` (default: the latest complete checkpoint) to `out`.
 
+    Next to the model: EXPORT_INFO (run, step, base model) and EXPORT_CONFIG (the config the
+    checkpoint was trained with, which `rlkit eval` of the directory validates with).
     `lora_format` (LoRA runs only; default both): the merged model in `out`, the peft adapter
     in `out` (adapter), or the merged model in `out` and the adapter in `out/adapter` (both).
     """
@@ -58,32 +61,23 @@ def export_hf(run: RunDir, out: str | Path, *, step: int | None = None, dtype: s
     if lora_format not in LORA_FORMATS:
         raise UserError(f"--lora-format {lora_format!r}: use {', '.join(LORA_FORMATS)}")
     with _no_progress_bars():  # one line says what was exported; load/save bars would only clutter it
-        save_dtype = _write_model(resolve_model_path(config.model.path), ckpt.path / "policy" / SHARDS_DIR, out,
-                                  dtype, lora=lora, seed=config.trainer.seed, lora_format=lora_format)
+        save_dtype = _write_model(resolve_model_path(config.model.path), ckpt, out, dtype, lora_format=lora_format)
     info = {"run": run.run_id, "step": ckpt.step, "checkpoint": str(ckpt.path), "base_model": config.model.path,
             "dtype": str(save_dtype).removeprefix("torch.")}
     if lora is not None:
         info["lora"] = {"format": lora_format, **lora.model_dump(mode="json")}
     (out / EXPORT_INFO).write_text(json.dumps(info, indent=2))
+    (out / EXPORT_CONFIG).write_text((ckpt.path / checkpoint.CONFIG_FILE).read_text())
     _default_permissions(out)
     return out
 
 
-def _write_model(base: str, shards: Path, out: Path, dtype: str, *, lora: LoraSettings | None, seed: int,
-                 lora_format: str) -> torch.dtype:
+def _write_model(base: str, ckpt: checkpoint.Checkpoint, out: Path, dtype: str, *, lora_format: str) -> torch.dtype:
     """The base model with the checkpoint's weights, saved to `out` with its tokenizer; returns the dtype."""
-    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoConfig, AutoTokenizer
 
     base_dtype = AutoConfig.from_pretrained(base).dtype  # before loading in fp32 overwrites it
-    model = AutoModelForCausalLM.from_pretrained(base, dtype=torch.float32)
-    if lora is not None:  # the adapters' structure; their values come from the checkpoint
-        model = adapters.add_lora(model, lora, seed=seed)
-    frozen = frozen_names(model)  # not in a checkpoint: the base model's own
-    target = {k: v for k, v in model.state_dict().items() if k not in frozen}
-    _check_keys(target, shards)
-    with warnings.catch_warnings():  # "torch.distributed is not initialized": intended, one process reads all
-        warnings.simplefilter("ignore", UserWarning)
-        dcp.load({MODEL_KEY: target}, checkpoint_id=str(shards), no_dist=True)
+    model, lora = load_policy(ckpt, base)
     save_dtype = DTYPES[dtype] if dtype != "auto" else _as_dtype(base_dtype)
     out.mkdir(parents=True, exist_ok=True)
     if lora is not None and lora_format != "merged":
@@ -123,6 +117,26 @@ def _default_permissions(out: Path) -> None:
     for path in out.rglob("*"):
         if path.is_file():
             path.chmod(0o666 & ~umask)
+
+
+def load_policy(ckpt: checkpoint.Checkpoint, base: str) -> tuple[torch.nn.Module, LoraSettings | None]:
+    """The checkpoint's policy in float32 (the trainer's master weights) on the CPU, in the base model's
+    architecture loaded from `base`; a LoRA run's with its adapters (and their settings), else None."""
+    from transformers import AutoModelForCausalLM
+
+    config = load_config(str(ckpt.path / checkpoint.CONFIG_FILE))
+    lora = config.model.lora if config.model.lora.rank > 0 else None
+    model = AutoModelForCausalLM.from_pretrained(base, dtype=torch.float32)
+    if lora is not None:  # the adapters' structure; their values come from the checkpoint
+        model = adapters.add_lora(model, lora, seed=config.trainer.seed)
+    frozen = frozen_names(model)  # not in a checkpoint: the base model's own
+    target = {k: v for k, v in model.state_dict().items() if k not in frozen}
+    shards = ckpt.path / "policy" / SHARDS_DIR
+    _check_keys(target, shards)
+    with warnings.catch_warnings():  # "torch.distributed is not initialized": intended, one process reads all
+        warnings.simplefilter("ignore", UserWarning)
+        dcp.load({MODEL_KEY: target}, checkpoint_id=str(shards), no_dist=True)
+    return model, lora
 
 
 def _check_keys(target: dict[str, torch.Tensor], shards: Path) -> None:

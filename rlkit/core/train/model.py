@@ -15,7 +15,7 @@ from typing import Iterator
 
 import torch
 
-from rlkit.core.train import adapters, fsdp
+from rlkit.core.train import adapters, fast_paths, fsdp
 from rlkit.recipes.schema import RLConfig
 
 
@@ -51,6 +51,13 @@ class TrainableModel:
             raise RuntimeError("this model was built without a reference (no KL term is configured)")
         yield self.base
 
+    def engine_weight_shapes(self) -> list[tuple[str, tuple[int, ...]]]:
+        """(HF name, full shape) of each tensor `engine_weights` yields, in its order, without gathering."""
+        named = self.module.named_parameters()
+        if self.lora:  # merged tensors have their base weight's shape
+            return [(adapters.engine_name(n), tuple(p.shape)) for n, p in named if ".lora_" not in n]
+        return [(n, tuple(p.shape)) for n, p in named]
+
     def engine_weights(self) -> Iterator[tuple[str, torch.Tensor]]:
         """(HF name, full tensor) of every weight a rollout engine loads; a collective on every rank.
 
@@ -65,11 +72,12 @@ def build_policy(config: RLConfig, model_path: str, device: torch.device) -> Tra
     With model.lora.rank > 0 the actor is the base model with LoRA adapters, and only they train.
     """
     dtype = fsdp.compute_dtype(config.model.dtype, device)
+    compile_layers = fast_paths.compile_enabled(config.model.compile, device.type)  # auto: on with CUDA
     model = fsdp.load_model(model_path, gradient_checkpointing=config.model.gradient_checkpointing)
     lora = config.model.lora.rank > 0
     if lora:
         model = adapters.add_lora(model, config.model.lora, seed=config.trainer.seed)
-    module = fsdp.shard_model(model, device=device, compute_dtype=dtype, compile=config.model.compile)
+    module = fsdp.shard_model(model, device=device, compute_dtype=dtype, compile=compile_layers)
     actor = config.actor
     optimizer = torch.optim.AdamW([p for p in module.parameters() if p.requires_grad], lr=actor.lr,
                                   betas=actor.betas, weight_decay=actor.weight_decay)
@@ -81,7 +89,7 @@ def build_policy(config: RLConfig, model_path: str, device: torch.device) -> Tra
     base = None
     if config.needs_reference and not lora:  # always the model on disk
         base = fsdp.shard_model(fsdp.load_model(model_path), device=device, compute_dtype=dtype,
-                                compile=config.model.compile)
+                                compile=compile_layers)
         base.eval().requires_grad_(False)
     return TrainableModel(module, optimizer, scheduler, base=base, lora=lora)
 

@@ -12,6 +12,7 @@ from typing import Any
 
 import numpy as np
 import torch
+import torch.distributed as dist
 
 from rlkit.core.algos.kl import kl_estimate
 from rlkit.core.algos.losses import (
@@ -21,13 +22,14 @@ from rlkit.core.algos.losses import (
 )
 from rlkit.core.batch import Batch
 from rlkit.core.cluster.device_worker import DeviceWorker
+from rlkit.core.cluster.weight_transfer import TensorSpec, TransferGroup, WeightSender
 from rlkit.core.controller.run_dir import resolve_model_path
 from rlkit.core.rewards.reward_model import RewardModel
 from rlkit.core.rollout.base import RolloutSample, Sampling
 from rlkit.core.rollout.engines import make_engine
 from rlkit.core.rollout.sync_check import SyncProbe
 from rlkit.core.state import shards as checkpoint_shards
-from rlkit.core.train import fsdp, packing
+from rlkit.core.train import fast_paths, fsdp, packing
 from rlkit.core.train.learner import micro_batches, optimize
 from rlkit.core.train.logprobs import selected_log_probs
 from rlkit.core.train.model import build_policy
@@ -43,7 +45,8 @@ class PolicyWorker(DeviceWorker):
         return {"rank": self.rank, "pid": os.getpid(), "host": socket.gethostname(), "phase": self.phase,
                 "node_id": ray.get_runtime_context().get_node_id()}
 
-    def setup(self, master_addr: str, master_port: int) -> dict[str, Any]:
+    def setup(self, master_addr: str, master_port: int, with_engine: bool = True) -> dict[str, Any]:
+        """Load the models and start the rollout engine (`with_engine=False`: `rlkit replay` only updates)."""
         self.join_process_group(master_addr, master_port)
         self._seed(self.config.trainer.seed)
         cfg = self.config
@@ -53,14 +56,35 @@ class PolicyWorker(DeviceWorker):
         self.reward_model = RewardModel(
             resolve_model_path(cfg.reward_model.path), device=self.device, max_length=cfg.reward_model.max_length,
             micro_batch_size=cfg.reward_model.micro_batch_size) if cfg.reward_model.path else None
+        # Sized before the engine takes its share: during the update the engine sleeps.
+        self.fast_paths = fast_paths.resolve(cfg, self.device.type, sized=self._size_micro_batches())
         self.phase = "setup/rollout-engine"
         # Split placement: rollout workers on other devices hold the engine (rlkit.core.cluster.placement).
         self.engine = make_engine(cfg, self.model_path, device=self.device, dtype=self.dtype,
                                   seed=cfg.trainer.seed + self.rank,
-                                  sleep_mode=True) if cfg.rollout.placement == "colocated" else None
+                                  sleep_mode=True) if cfg.rollout.placement == "colocated" and with_engine else None
         self.sync_probe = SyncProbe()
         self.phase = "idle"
-        return {"rank": self.rank, "shards": fsdp.shard_numels(self.model.module)}
+        return {"rank": self.rank, "shards": fsdp.shard_numels(self.model.module), "fast_paths": self.fast_paths}
+
+    def _size_micro_batches(self) -> tuple[int, float] | None:
+        """actor.micro_batch_tokens=auto on a GPU: (the budget all ranks agree on, this rank's free GiB)."""
+        cfg = self.config
+        if cfg.actor.micro_batch_tokens != "auto" or not self.use_cuda:
+            return None
+        free, total = torch.cuda.mem_get_info(self.device)
+        module = self.model.module
+        numels = fsdp.shard_numels(module)
+        trainable = sum(numels[name][0] for name, param in module.named_parameters() if param.requires_grad)
+        per_token = fast_paths.activation_bytes_per_token(module.config, fsdp.DTYPES[self.dtype].itemsize,
+                                                          cfg.model.gradient_checkpointing)
+        tokens = fast_paths.auto_micro_batch_tokens(
+            free_bytes=free, total_bytes=total, trainable_params=trainable,
+            critic_params=sum(local for local, _ in numels.values()) if cfg.critic_enabled else 0,  # same shape
+            bytes_per_token=per_token, longest_sequence=cfg.data.max_prompt_length + cfg.data.max_response_length)
+        agreed = torch.tensor([tokens], device=packing.collective_device())
+        dist.all_reduce(agreed, op=dist.ReduceOp.MIN)  # one budget for the run, the tightest rank's
+        return int(agreed.item()), free / (1 << 30)
 
     def _seed(self, seed: int) -> None:
         random.seed(seed + self.rank)
@@ -117,6 +141,30 @@ class PolicyWorker(DeviceWorker):
         self.phase = "idle"
         return refs if self.rank == 0 else None
 
+    # -- weights to the rollout workers over a collective (split placement) -------------
+    def weight_specs(self) -> list[TensorSpec]:
+        """Every parameter's name and full shape, in the order send_weights gathers them."""
+        return [TensorSpec(name, shape) for name, shape in self.model.engine_weight_shapes()]
+
+    def join_weight_transfer(self, host: str, port: int, world_size: int, bucket_bytes: int) -> None:
+        """Rank 0 joins the rollout workers' transfer group (as its rank 0); the other ranks only help gather."""
+        if self.rank == 0:
+            timeouts = self.config.trainer.phase_timeout_s, self.config.rollout.weight_sync_timeout_s
+            group = TransferGroup(host, port, 0, world_size, self.device, handshake_timeout_s=timeouts[0],
+                                  transfer_timeout_s=timeouts[1])
+            self.weight_sender = WeightSender(group, self.weight_specs(), fsdp.DTYPES[self.dtype], bucket_bytes)
+
+    def send_weights(self) -> None:
+        """Gather the full tensors (every rank); rank 0 stages them and broadcasts them in the background."""
+        self.phase = "send_weights"
+        items = self.model.engine_weights()
+        if self.rank == 0:
+            self.weight_sender.send(items)
+        else:
+            for _ in items:  # each gather is a collective: every rank takes part
+                pass
+        self.phase = "idle"
+
     # -- passes over a batch ------------------------------------------------------------
     @torch.no_grad()
     def reward_model_scores(self, batch: Batch) -> torch.Tensor:
@@ -136,7 +184,7 @@ class PolicyWorker(DeviceWorker):
         log_probs = torch.zeros(batch["responses"].shape)
         entropy = torch.zeros(batch["responses"].shape)
         with self.model.reference() if which == "ref" else nullcontext(self.model.module) as model:
-            for rows in micro_batches(batch, self.config.actor.micro_batch_tokens):
+            for rows in micro_batches(batch, self.fast_paths.micro_batch_tokens):
                 packed = packing.pack(batch.select(rows)).to(self.device)
                 logits = fsdp.packed_outputs(model, packed)
                 lp, ent = selected_log_probs(logits, packed.targets, self.config.rollout.temperature,
@@ -155,7 +203,7 @@ class PolicyWorker(DeviceWorker):
         self.phase = "update_actor"
         cfg = self.config.actor
         totals = optimize(self.model, minibatches, norms, self._micro_step, grad_clip=cfg.grad_clip,
-                          micro_batch_tokens=cfg.micro_batch_tokens, per_update=("pg_loss", "kl_loss"))
+                          micro_batch_tokens=self.fast_paths.micro_batch_tokens, per_update=("pg_loss", "kl_loss"))
         self.phase = "idle"
         return {k if "/" in k else f"actor/{k}": v for k, v in totals.items()}
 
@@ -176,8 +224,10 @@ class PolicyWorker(DeviceWorker):
         per_token, pg_metrics = policy_loss(
             cfg.policy_loss, log_probs, old_log_probs, mb["advantages"], mask,
             clip_ratio_low=cfg.clip_ratio_low, clip_ratio_high=cfg.clip_ratio_high, clip_ratio_c=cfg.clip_ratio_c)
-        if cfg.rollout_is_cap is not None:
-            weights = rollout_importance_weights(old_log_probs, mb["rollout_log_probs"], cfg.rollout_is_cap)
+        correction = self.config.rollout_correction  # (level, cap), or None
+        if correction is not None:
+            weights = rollout_importance_weights(old_log_probs, mb["rollout_log_probs"], correction[1],
+                                                 level=correction[0], response_mask=mask)
             per_token = per_token * weights
             pg_metrics["rollout_is_weight"] = (weights * mask).sum() / mask.sum().clamp(min=1)
         agg = dict(global_num_tokens=norm["num_tokens"], global_num_seqs=norm["num_seqs"],

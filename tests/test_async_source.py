@@ -1,0 +1,140 @@
+"""The asynchronous rollout source's schedule without Ray: which weights each batch is generated with.
+
+A stand-in for the split placement runs every call at once, in submission order (as a Ray
+actor runs its calls), and answers each prompt with the token `10 + the version of the weights
+its engine holds`, so a test sees the version that really generated a sample next to the one
+the source recorded for it.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from transformers import AutoTokenizer
+
+from rlkit.core.cluster.placement import PendingSync
+from rlkit.core.controller.run_dir import resolve_model_path
+from rlkit.core.data.dataset import PromptRow, PromptSampler
+from rlkit.core.rewards.scoring import RewardScorer
+from rlkit.core.rollout.async_source import AsyncRolloutSource
+from rlkit.core.rollout.base import RolloutSample
+from rlkit.recipes.loader import load_config
+
+SPLIT = ["model.path=rlkit:tiny-qwen2", "data.synthetic_task=echo", "data.train_batch_size=2", "rollout.n=2",
+         "actor.mini_batch_size=2", "data.max_prompt_length=16", "data.max_response_length=1",
+         "reward.num_workers=1", "trainer.n_gpus_per_node=2", "rollout.placement=split", "rollout.devices=1"]
+
+
+class ScriptedSplitPlacement:
+    """One rollout worker whose engine holds `engine_version`; weight loads and generations in call order."""
+
+    def __init__(self) -> None:
+        self.rollout, self.rollout_size = self, 1
+        self.engine_version = 0   # the weights the engine holds
+        self.trainer_version = 0  # the weights the trainer would send now
+        self.calls: list[tuple[str, int]] = []
+        self.samplings: list = []
+
+    def submit(self, method: str, *, per_rank: list[tuple]) -> list:
+        assert method == "generate_timed"
+        self.calls.append(("generate", self.engine_version))
+        self.samplings += [sampling for _, sampling in per_rank]
+        return [([RolloutSample(i, [10 + self.engine_version], [-0.5], finished=True)
+                  for i in range(len(prompts)) for _ in range(sampling.n)], {"seconds": 2.0, "idle_seconds": 0.5})
+                for prompts, sampling in per_rank]
+
+    def collect(self, refs: list, phase: str) -> list:
+        return refs
+
+    def start_sync(self) -> PendingSync:
+        self.engine_version = self.trainer_version  # the load runs after every call submitted before it
+        self.calls.append(("load", self.engine_version))
+        return PendingSync({"sync/seconds": 0.1}, ["load"])
+
+    def finish_sync(self, pending: PendingSync) -> dict[str, float]:
+        return {"sync/bytes": 8.0, "rollout/wait_for_weights_seconds": 0.3}
+
+
+@pytest.fixture(scope="module")
+def tokenizer(tmp_path_factory: pytest.TempPathFactory):
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("RLKIT_CACHE", str(tmp_path_factory.mktemp("cache")))
+        return AutoTokenizer.from_pretrained(resolve_model_path("rlkit:tiny-qwen2"))
+
+
+def make_source(overrides: list[str], tokenizer) -> AsyncRolloutSource:
+    config = load_config("grpo-demo", [*SPLIT, *overrides])
+    rows = [PromptRow(i, tokenizer(f"echo {i}")["input_ids"], "synthetic/echo", str(i)) for i in range(8)]
+    sampler = PromptSampler(8, config.data.train_batch_size, seed=0, shuffle=True)
+    return AsyncRolloutSource(config, rows, sampler, tokenizer, RewardScorer(config.reward), ScriptedSplitPlacement())
+
+
+def train(source: AsyncRolloutSource, steps: range) -> list[tuple]:
+    """The controller's loop around the source: take the step's batch, 'update', send the weights."""
+    out = []
+    for step in steps:
+        batch, metrics = source.next_batch(step, {})
+        source.placement.trainer_version = step
+        metrics.update(source.sync_weights(step))
+        out.append((batch, metrics))
+    return out
+
+
+@pytest.mark.parametrize("mode, lookahead", [(["rollout.mode=one_step_off"], 1),
+                                             (["rollout.mode=async", "rollout.max_staleness=2"], 2),
+                                             (["rollout.mode=async", "rollout.max_staleness=3"], 3)])
+def test_the_batch_of_step_s_is_generated_with_version_s_minus_1_minus_lookahead(mode, lookahead, tokenizer):
+    source = make_source(mode, tokenizer)
+    assert source.lookahead == lookahead
+    for step, (batch, metrics) in enumerate(train(source, range(1, 9)), start=1):
+        expected = max(0, step - 1 - lookahead)
+        generated_with = batch["responses"][:, 0] - 10  # what the engine really held
+        assert generated_with.tolist() == [expected] * 4
+        assert batch["policy_version"].tolist() == [expected] * 4  # what the source recorded
+        # Trained by version step - 1: never more than `lookahead` versions stale.
+        assert metrics["rollout/staleness_max"] == metrics["rollout/staleness_mean"] == min(step - 1, lookahead)
+        assert metrics["rollout/policy_version_min"] == expected
+        assert metrics["rollout/generate_seconds"] == 2.0 and metrics["rollout/idle_seconds"] == 0.5
+        # A batch submitted after a weight load reports that load (the first 1 + lookahead were not).
+        assert ("rollout/wait_for_weights_seconds" in metrics) == (step > 1 + lookahead)
+    # Step 1 submits the batches of steps 1..1+L at once; then one per step, each after the last load.
+    calls = source.placement.calls
+    assert calls[:1 + lookahead] == [("generate", 0)] * (1 + lookahead)
+    assert calls[1 + lookahead:1 + lookahead + 2] == [("load", 1), ("generate", 1)]
+
+
+def test_the_batch_of_step_s_has_the_prompts_and_seeds_sync_mode_gives_step_s(tokenizer):
+    source = make_source(["rollout.mode=async", "rollout.max_staleness=2"], tokenizer)
+    batches = [b for b, _ in train(source, range(1, 5))]
+    sync = make_source([], tokenizer)  # the same sampler and seeds, step by step
+    for step, batch in enumerate(batches, start=1):
+        assert batch.meta["row_index"] == [i for i in sync.sampler.next_batch() for _ in range(2)]
+    # Submitted ahead (steps 1..3 at step 1), but each with its own step's sampling seed.
+    seeds = [sampling.seed for sampling in source.placement.samplings]
+    assert seeds == [(sync.sampling(step).seed * 1009) for step in range(1, 7)]
+
+
+def test_a_checkpoint_drains_the_batches_in_flight_and_a_resumed_source_continues_exactly(tokenizer):
+    mode = ["rollout.mode=async", "rollout.max_staleness=2"]
+    reference = train(make_source(mode, tokenizer), range(1, 9))
+
+    killed = make_source(mode, tokenizer)
+    train(killed, range(1, 5))
+    state = json.loads(json.dumps(killed.state_dict()))  # through JSON, as trainer_state.json holds it
+    assert state["rollout_submitted_through"] == 6
+    assert [e["step"] for e in state["rollout_in_flight"]] == [5, 6]
+    assert [t["policy_version"] for t in state["rollout_in_flight"][0]["trajectories"]] == [2] * 4
+
+    resumed = make_source(mode, tokenizer)  # a new process: the engine holds the base model
+    resumed.placement.trainer_version = 4  # the trainer loaded step 4's checkpoint
+    resumed.sync_weights(4)  # as Controller.load_checkpoint does, before the source's state
+    resumed.load_state_dict(state)
+    for (want_batch, want), (got_batch, got) in zip(reference[4:], train(resumed, range(5, 9))):
+        assert set(got) == set(want)
+        assert {k: v for k, v in got.items() if "seconds" not in k} == {k: v for k, v in want.items()
+                                                                         if "seconds" not in k}
+        for key, tensor in want_batch.tensors.items():
+            assert torch.equal(got_batch[key], tensor), key
+        assert got_batch.meta == want_batch.meta
