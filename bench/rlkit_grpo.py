@@ -117,7 +117,8 @@ def main() -> None:
     parser.add_argument("--tiny", action="store_true", help="a tiny model and batch (CPU smoke run)")
     parser.add_argument("--shape", default="0.5b", choices=sorted(SHAPES), help="Qwen2.5 model shape (random weights)")
     parser.add_argument("--prompts", type=int, default=None, help="prompts per step (default: the workload's)")
-    parser.add_argument("--lora-rank", type=int, default=0, help="model.lora.rank (alpha = 2 x rank); 0 = full fine-tuning")
+    parser.add_argument("--lora-rank", type=int, default=0,
+                        help="model.lora.rank (alpha = 2 x rank); 0 = full fine-tuning")
     parser.add_argument("--gpus", type=int, default=1, help="devices (trainer.n_gpus_per_node)")
     parser.add_argument("--rollout", default="vllm", choices=["vllm", "sglang", "hf"])
     parser.add_argument("--placement", default="colocated", choices=["colocated", "split"])

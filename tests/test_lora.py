@@ -101,10 +101,11 @@ def test_the_reference_is_the_base_model_with_adapters_off(worker: PolicyWorker)
 
 def test_the_engine_gets_merged_weights_under_the_base_models_names(worker: PolicyWorker) -> None:
     samples = worker.generate([[1, 26, 24, 29]], Sampling(n=1, max_tokens=3, seed=1))
+    assert FIRST_CHANGE_KEY not in worker.sync_weights()  # B = 0: the base model's weights, unchanged
     batch = with_reference(worker)
     _update(worker, batch, UPDATE_KEYS)
     synced = worker.sync_weights()
-    assert synced[FIRST_CHANGE_KEY] > 0
+    assert synced[FIRST_CHANGE_KEY] > 0  # the first sync of changed weights changed the engine
     names = [name for name, _ in worker.model.engine_weights()]
     assert names == [n for n, _ in worker.engine.model.named_parameters()]  # HF names, same order, no peft parts
     trainer = worker.compute_log_probs(batch, "actor")["log_probs"]
@@ -117,9 +118,10 @@ def test_the_engine_gets_merged_weights_under_the_base_models_names(worker: Poli
 
 
 def test_a_sync_that_never_reaches_the_engine_is_caught(worker: PolicyWorker, monkeypatch) -> None:
-    worker.generate([[1, 26, 24, 29]], Sampling(n=1, max_tokens=3, seed=1))
-    _update(worker, with_reference(worker), UPDATE_KEYS)
     monkeypatch.setattr(worker.engine, "load_weights", lambda tensors: None)  # a broken sync
+    worker.generate([[1, 26, 24, 29]], Sampling(n=1, max_tokens=3, seed=1))
+    worker.sync_weights()
+    _update(worker, with_reference(worker), UPDATE_KEYS)
     metrics = worker.sync_weights()
     assert metrics[FIRST_CHANGE_KEY] == 0.0
     with pytest.raises(WeightSyncError, match="not receiving the trained weights"):

@@ -73,17 +73,17 @@ def test_lora_on_two_ranks_gives_the_engine_the_trainers_policy(world) -> None:
 
 
 @pytest.mark.parametrize("fault, extra, failed_step, reason", [
-    # The first sync never reaches the engine: caught right after it, before a stale rollout.
-    ("noop:engine-load:1", [], 1, "not receiving the trained weights"),
+    # No sync reaches the engine: caught at the first one that changed the weights after a rollout.
+    ("noop:engine-load:1,noop:engine-load:2", [], 2, "not receiving the trained weights"),
     # A later sync is dropped: the next check step sees the engine's log-probs off the trainer's.
-    ("noop:engine-load:2", ["rollout.log_prob_tolerance=1e-4"], 3, "differ from the trainer's by"),
+    ("noop:engine-load:3", ["rollout.log_prob_tolerance=1e-4"], 4, "differ from the trainer's by"),
 ])
 def test_a_broken_weight_sync_stops_the_run_with_the_reason(world, fault, extra, failed_step, reason) -> None:
     import subprocess
     import sys
 
     root, runs = world["root"], world["runs"]
-    run_id = f"broken-{fault.rsplit(':', 1)[1]}"
+    run_id = f"broken-{failed_step}"
     done = subprocess.run([sys.executable, "-m", "rlkit.cli.main", "train", "grpo-demo", *world["overrides"], *extra,
                            "--run-id", run_id], env=env(RLKIT_FAULT=fault), capture_output=True, text=True,
                           timeout=START_TIMEOUT_S, cwd=Path(__file__).resolve().parents[1])

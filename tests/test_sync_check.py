@@ -12,7 +12,7 @@ from rlkit.core.cluster import faults
 from rlkit.core.rollout.base import RolloutEngine, RolloutSample
 from rlkit.core.rollout.sync_check import (
     FIRST_CHANGE_KEY,
-    FirstSyncProbe,
+    SyncProbe,
     WeightSyncError,
     check_weight_sync,
     first_change,
@@ -53,9 +53,9 @@ def test_truncated_sampling_differs_by_design_and_is_not_held_to_the_tolerance()
     check_weight_sync({"rollout/log_prob_diff": 0.4}, RolloutConfig(top_k=20), step=3)
 
 
-def test_a_first_sync_that_changed_nothing_stops_the_run_and_the_key_leaves_the_metrics() -> None:
+def test_a_sync_that_changed_nothing_stops_the_run_and_the_key_leaves_the_metrics() -> None:
     metrics = {FIRST_CHANGE_KEY: 0.0, "reward/mean": 0.5}
-    with pytest.raises(WeightSyncError, match="first weight sync left the rollout engine's log-probs"):
+    with pytest.raises(WeightSyncError, match="changed the weights left the rollout engine's log-probs"):
         check_weight_sync(metrics, RolloutConfig(), step=1)
     metrics = {FIRST_CHANGE_KEY: 0.02, "reward/mean": 0.5}
     check_weight_sync(metrics, RolloutConfig(), step=1)
@@ -65,26 +65,38 @@ def test_a_first_sync_that_changed_nothing_stops_the_run_and_the_key_leaves_the_
 def test_warn_mode_logs_the_same_reason_and_trains_on(caplog) -> None:
     with caplog.at_level(logging.WARNING, logger="rlkit"):
         check_weight_sync({FIRST_CHANGE_KEY: 0.0, "rollout/log_prob_diff": 1.0}, RolloutConfig(sync_check="warn"), 4)
-    assert "first weight sync left" in caplog.text and "by 1 nats per token" in caplog.text
+    assert "changed the weights left" in caplog.text and "by 1 nats per token" in caplog.text
 
 
-def test_the_probe_scores_one_sampled_sequence_before_and_after_the_first_load_only() -> None:
-    engine, probe = ShiftEngine(), FirstSyncProbe()
-    assert probe.measure(engine, lambda: None) == {} and not engine.scored  # nothing sampled yet
+def test_the_probe_checks_the_first_load_that_changes_the_weights_and_no_other() -> None:
+    engine, probe = ShiftEngine(), SyncProbe()
+
+    def load(*values: float) -> dict[str, float]:
+        return probe.load(engine, [("w", torch.tensor(list(values)))], torch.float32)
+
+    assert load(0.25) == {} and not engine.scored  # nothing sampled yet: the load is only fingerprinted
     # Not an empty response, nor a prompt of one token (the probe leaves out the first token).
     probe.record([[4, 5, 6], [7]], [RolloutSample(1, [8], [], True), RolloutSample(0, [], [], True),
                                    RolloutSample(0, [8, 9], [], True)])
     probe.record([[1]], [RolloutSample(0, [2], [], True)])  # later rollouts keep the first probe
     assert probe.pending
-    measured = probe.measure(engine, lambda: engine.load_weights([("w", torch.tensor([0.25, 0.5]))]))
-    assert measured == {FIRST_CHANGE_KEY: 0.75}
-    assert engine.scored == [([5, 6, 8, 9], 2)] * 2
-    assert probe.measure(engine, lambda: engine.load_weights([("w", torch.tensor([1.0]))])) == {}
-    assert engine.offset == 1.0 and len(engine.scored) == 2  # later loads happen, unmeasured
+    assert load(0.25) == {} and probe.pending  # the same weights (a zero-gradient update): nothing to see
+    assert load(0.25, 0.5) == {FIRST_CHANGE_KEY: 0.5}
+    assert engine.scored == [([5, 6, 8, 9], 2)] * 3 and not probe.pending
+    assert load(1.0) == {} and engine.offset == 1.0 and len(engine.scored) == 3  # later loads: unmeasured
+
+
+def test_weights_equal_in_the_engines_dtype_are_no_change() -> None:
+    engine, probe = ShiftEngine(), SyncProbe()
+    probe.record([[4, 5]], [RolloutSample(0, [6], [], True)])
+    probe.load(engine, [("w", torch.tensor([1.0]))], torch.bfloat16)
+    # 1 + 2^-10 rounds to 1 in bfloat16 (8 bits of mantissa): an engine in bf16 cannot tell them apart.
+    assert probe.load(engine, [("w", torch.tensor([1.0 + 2 ** -10]))], torch.bfloat16) == {} and probe.pending
 
 
 def test_every_engine_must_change_so_the_smallest_change_counts() -> None:
-    assert first_change([{FIRST_CHANGE_KEY: 0.3}, {"sync/bytes": 1.0}, {FIRST_CHANGE_KEY: 0.0}]) == {FIRST_CHANGE_KEY: 0.0}
+    measured = [{FIRST_CHANGE_KEY: 0.3}, {"sync/bytes": 1.0}, {FIRST_CHANGE_KEY: 0.0}]
+    assert first_change(measured) == {FIRST_CHANGE_KEY: 0.0}
     assert first_change([{"sync/bytes": 1.0}]) == {}
 
 

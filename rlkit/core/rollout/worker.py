@@ -16,10 +16,9 @@ import torch
 
 from rlkit.core.cluster.device_worker import DeviceWorker
 from rlkit.core.cluster.weight_transfer import TensorSpec, TransferGroup, WeightReceiver
-from rlkit.core.rollout import sync_check
 from rlkit.core.rollout.base import RolloutSample, Sampling
 from rlkit.core.rollout.engines import make_engine
-from rlkit.core.rollout.sync_check import FirstSyncProbe
+from rlkit.core.rollout.sync_check import SyncProbe
 from rlkit.core.train import fsdp
 
 
@@ -33,7 +32,7 @@ class RolloutWorker(DeviceWorker):
         self.dtype = fsdp.compute_dtype(cfg.model.dtype, self.device)
         self.engine = make_engine(cfg, self.model_path, device=self.device, dtype=self.dtype,
                                   seed=cfg.trainer.seed + 10_000 + self.rank, sleep_mode=False)
-        self.sync_probe = FirstSyncProbe()
+        self.sync_probe = SyncProbe()
         self.phase = "idle"
         self.idle_since = time.perf_counter()  # when the last call ended: the rollout's idle time starts there
         return {"rank": self.rank, "node_id": ray.get_runtime_context().get_node_id()}
@@ -84,7 +83,7 @@ class RolloutWorker(DeviceWorker):
                 moved += tensor.numel() * tensor.element_size()
                 yield name, tensor
 
-        checked = self.sync_probe.measure(self.engine, lambda: sync_check.load_weights(self.engine, counted()))
+        checked = self.sync_probe.load(self.engine, counted(), fsdp.DTYPES[self.dtype])
         self.phase = "idle"
         return {"bytes": float(moved), **self._timing(start), **checked}
 

@@ -51,6 +51,13 @@ class TrainableModel:
             raise RuntimeError("this model was built without a reference (no KL term is configured)")
         yield self.base
 
+    def engine_weight_shapes(self) -> list[tuple[str, tuple[int, ...]]]:
+        """(HF name, full shape) of each tensor `engine_weights` yields, in its order, without gathering."""
+        named = self.module.named_parameters()
+        if self.lora:  # merged tensors have their base weight's shape
+            return [(adapters.engine_name(n), tuple(p.shape)) for n, p in named if ".lora_" not in n]
+        return [(n, tuple(p.shape)) for n, p in named]
+
     def engine_weights(self) -> Iterator[tuple[str, torch.Tensor]]:
         """(HF name, full tensor) of every weight a rollout engine loads; a collective on every rank.
 

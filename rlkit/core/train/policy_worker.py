@@ -25,10 +25,9 @@ from rlkit.core.cluster.device_worker import DeviceWorker
 from rlkit.core.cluster.weight_transfer import TensorSpec, TransferGroup, WeightSender
 from rlkit.core.controller.run_dir import resolve_model_path
 from rlkit.core.rewards.reward_model import RewardModel
-from rlkit.core.rollout import sync_check
 from rlkit.core.rollout.base import RolloutSample, Sampling
 from rlkit.core.rollout.engines import make_engine
-from rlkit.core.rollout.sync_check import FirstSyncProbe
+from rlkit.core.rollout.sync_check import SyncProbe
 from rlkit.core.state import shards as checkpoint_shards
 from rlkit.core.train import fast_paths, fsdp, packing
 from rlkit.core.train.learner import micro_batches, optimize
@@ -64,7 +63,7 @@ class PolicyWorker(DeviceWorker):
         self.engine = make_engine(cfg, self.model_path, device=self.device, dtype=self.dtype,
                                   seed=cfg.trainer.seed + self.rank,
                                   sleep_mode=True) if cfg.rollout.placement == "colocated" and with_engine else None
-        self.sync_probe = FirstSyncProbe()
+        self.sync_probe = SyncProbe()
         self.phase = "idle"
         return {"rank": self.rank, "shards": fsdp.shard_numels(self.model.module), "fast_paths": self.fast_paths}
 
@@ -106,7 +105,7 @@ class PolicyWorker(DeviceWorker):
         """Stream full tensors from the FSDP2 shards into the engine, one parameter at a time."""
         self.phase = "sync_weights"
         start, moved = time.perf_counter(), 0
-        # The first sync is checked by scoring a sequence before and after it: the whole engine must be awake.
+        # A checked sync scores a sequence before and after loading: the whole engine must be awake.
         self.engine.wake_up(weights_only=not self.sync_probe.pending)
 
         def weights():
@@ -115,7 +114,7 @@ class PolicyWorker(DeviceWorker):
                 moved += tensor.numel() * tensor.element_size()
                 yield name, tensor
 
-        checked = self.sync_probe.measure(self.engine, lambda: sync_check.load_weights(self.engine, weights()))
+        checked = self.sync_probe.load(self.engine, weights(), fsdp.DTYPES[self.dtype])
         # The engine stays awake (weights only, no KV cache) until the next rollout's generate.
         self.phase = "idle"
         return {"sync/bytes": float(moved), "sync/seconds": time.perf_counter() - start, **checked}
