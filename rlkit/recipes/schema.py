@@ -10,6 +10,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from rlkit.recipes.agent_schema import AgentConfig
 from rlkit.recipes.reward_schema import RewardConfig, RewardModelConfig
 
 
@@ -62,6 +63,7 @@ class RolloutConfig(Section):
     log_prob_check_freq: int = Field(10, ge=0, description="Every this many steps the engine also returns the log-prob of each sampled token, and rollout/log_prob_diff (mean |engine - trainer|) checks the weight sync and the engine's numerics; 0 = never. Not every step: vLLM decodes at half speed while returning them (docs/benchmarks.md). actor.old_log_probs=rollout takes them on every step.")
     vllm: VLLMOptions = Field(default_factory=VLLMOptions)
     hf: HFOptions = Field(default_factory=HFOptions)
+    agent: AgentConfig = Field(default_factory=AgentConfig, description="Multi-turn episodes: tools, environments (rlkit/recipes/agent_schema.py, docs/agents.md).")
 
 
 class ActorConfig(Section):

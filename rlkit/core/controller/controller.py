@@ -12,6 +12,7 @@ from typing import Any
 
 import torch
 
+from rlkit.core.agents.tool_env import prompt_tools
 from rlkit.core.algos.advantages import AdvantageInputs, compute_advantages
 from rlkit.core.algos.kl import (
     AdaptiveKLController,
@@ -49,7 +50,7 @@ class Controller:
         files = prepare_data_files(config, run.path)
         self.rows: list[PromptRow] = load_prompt_dataset(
             files, self.tokenizer, max_prompt_length=config.data.max_prompt_length,
-            overlong=config.data.overlong_prompts)
+            overlong=config.data.overlong_prompts, tools=prompt_tools(config.rollout.agent))
         self.kl_ctrl = (AdaptiveKLController(config.algorithm.kl_ctrl.kl_coef, config.algorithm.kl_ctrl.target_kl,
                                              config.algorithm.kl_ctrl.horizon)
                         if config.algorithm.kl_ctrl.type == "adaptive"

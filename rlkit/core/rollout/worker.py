@@ -11,14 +11,16 @@ from typing import Any
 
 import ray
 
+from rlkit.core.agents.worker import AgentEpisodes
 from rlkit.core.cluster.device_worker import DeviceWorker
 from rlkit.core.rollout.base import RolloutSample, Sampling
 from rlkit.core.rollout.engines import make_engine
 from rlkit.core.train import fsdp
 
 
-class RolloutWorker(DeviceWorker):
-    """A rollout-only rank (split placement): an engine on its own device, fed weights by the trainer."""
+class RolloutWorker(DeviceWorker, AgentEpisodes):
+    """A rollout-only rank (split placement): an engine on its own device, fed weights by the trainer
+    (`agent_episodes`: multi-turn rollout, rlkit.core.agents.worker)."""
 
     def setup(self) -> dict[str, Any]:
         self.phase = "setup/rollout-engine"

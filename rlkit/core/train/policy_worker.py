@@ -13,6 +13,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
+from rlkit.core.agents.worker import AgentEpisodes
 from rlkit.core.algos.kl import kl_estimate
 from rlkit.core.algos.losses import (
     aggregate_loss,
@@ -30,8 +31,9 @@ from rlkit.core.train import fsdp, packing
 from rlkit.core.train.logprobs import selected_log_probs
 
 
-class PolicyWorker(DeviceWorker):
-    """Rank `rank` of the training group. Method names are the controller's phases."""
+class PolicyWorker(DeviceWorker, AgentEpisodes):
+    """Rank `rank` of the training group. Method names are the controller's phases (`agent_episodes`:
+    multi-turn rollout, rlkit.core.agents.worker)."""
 
     # -- set-up -------------------------------------------------------------------------
     def node_info(self) -> dict[str, Any]:
