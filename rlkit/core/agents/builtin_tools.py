@@ -61,9 +61,7 @@ def _python(config: AgentConfig) -> Callable[..., Any]:
             code: The program's source code; print() what you want to see.
         """
         result = run_python(code, limits)
-        text = result.stdout + (f"\n{result.stderr}" if result.stderr else "")
-        if not result.ok:
-            text += f"\n[{result.describe()}]"
-        return text.strip() or "(the program printed nothing)"
+        parts = [result.stdout.rstrip(), result.stderr.rstrip(), "" if result.ok else f"[{result.describe()}]"]
+        return "\n".join(part for part in parts if part) or "(the program printed nothing)"
 
     return python

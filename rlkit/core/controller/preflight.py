@@ -12,6 +12,7 @@ import os
 from pathlib import Path
 from typing import Any
 
+from rlkit.core.agents.preflight import check_agent
 from rlkit.core.controller.run_dir import TINY_PREFIX, resolve_model_path
 from rlkit.core.data.dataset import open_parquet
 from rlkit.errors import UserError
@@ -21,7 +22,7 @@ HUB_TIMEOUT_S = 10.0
 
 
 def check_inputs(config: RLConfig) -> None:
-    """Model, tokenizer, data files and devices; raises UserError naming the key and the fix."""
+    """Model, tokenizer, data files, agent code (rollout.agent) and devices; raises UserError naming the key and the fix."""
     spec = config.model.path
     tokenizer = load_tokenizer(check_model(spec), spec)
     if config.reward_model.path:
@@ -29,6 +30,7 @@ def check_inputs(config: RLConfig) -> None:
     for key, files in (("data.train_files", config.data.train_files), ("data.val_files", config.data.val_files)):
         for file in files:
             check_data_file(file, key, tokenizer, spec)
+    check_agent(config, tokenizer)
     check_devices(config)
 
 

@@ -74,12 +74,14 @@ def exact_match_reward(response: str, ground_truth: str, extra_info: dict[str, A
 
 @REWARD_FNS.register("synthetic/lookup")
 def lookup_reward(response: str, ground_truth: str, extra_info: dict[str, Any]) -> float:
-    """1 for the secret digit answered after a `lookup` call, 0.2 for a call and a wrong answer,
-    0 without a call (an answer without it is a guess)."""
+    """1 for the secret digit answered after a `lookup` call; 0.2 for a call and a wrong digit;
+    0 without a call (an answer without it is a guess) or without a digit after the last call."""
     if "</tool_call>" not in response:
         return 0.0
     answer = response.rsplit("</tool_call>", 1)[1].strip()
-    return 1.0 if answer == ground_truth.strip() else 0.2
+    if answer == ground_truth.strip():
+        return 1.0
+    return 0.2 if answer.isdigit() else 0.0
 
 
 @BUILTIN_TOOLS.register("lookup")

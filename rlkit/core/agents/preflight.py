@@ -1,0 +1,54 @@
+"""rollout.agent checked before Ray starts: environment and tool code imports, has the right shape,
+and the tokenizer's chat template can write tool/environment messages. Exit code 2, one line."""
+
+from __future__ import annotations
+
+import inspect
+from typing import TYPE_CHECKING, Any
+
+from rlkit.core.agents.chat import TurnBoundary
+from rlkit.core.agents.envs import load_env_class
+from rlkit.core.agents.tool_env import load_tools
+from rlkit.errors import UserError
+
+if TYPE_CHECKING:
+    from rlkit.recipes.schema import RLConfig
+
+LOOPS = ("single_turn", "tool", "env")
+
+
+def check_agent(config: RLConfig, tokenizer: Any) -> None:
+    """UserError naming the rollout.agent key and the fix, for anything that would fail in the workers."""
+    agent, data = config.rollout.agent, config.data
+    if agent.loop not in LOOPS:
+        raise UserError(f"rollout.agent.loop={agent.loop!r}: choose one of {', '.join(LOOPS)}")
+    if agent.loop == "single_turn":
+        for key, value in (("env", agent.env), ("tools", agent.tools)):
+            if value:
+                raise UserError(f"rollout.agent.{key} is set but rollout.agent.loop=single_turn never uses it; "
+                                f"set rollout.agent.loop={'env' if key == 'env' else 'tool'}")
+        return
+    if agent.max_tokens_per_turn is not None and agent.max_tokens_per_turn > data.max_response_length:
+        raise UserError(f"rollout.agent.max_tokens_per_turn={agent.max_tokens_per_turn} is more than the whole "
+                        f"response may hold (data.max_response_length={data.max_response_length})")
+    tools = None
+    if agent.loop == "env":
+        if not agent.env:
+            raise UserError("rollout.agent.loop=env needs rollout.agent.env=path/file.py:ClassName")
+        cls = load_env_class(agent.env)
+        try:
+            inspect.signature(cls).bind(**agent.env_kwargs)
+        except TypeError as exc:
+            raise UserError(f"rollout.agent.env_kwargs={agent.env_kwargs} do not fit {cls.__name__}"
+                            f"{inspect.signature(cls)}: {exc}") from None
+    else:
+        if not agent.tools:
+            raise UserError("rollout.agent.loop=tool needs rollout.agent.tools: the built-in calculator or python, "
+                            "or your own as path/file.py:function")
+        tools = [tool.schema for tool in load_tools(agent)]
+    try:
+        TurnBoundary(tokenizer, tools).delta([{"role": "tool" if tools else "user", "content": "probe"}])
+    except Exception as exc:  # noqa: BLE001 - a template can fail in many ways (jinja, a missing role)
+        raise UserError(f"rollout.agent.loop={agent.loop}: the chat template of model.path={config.model.path} cannot "
+                        f"write the {'tool' if tools else 'environment'}'s messages ({type(exc).__name__}: {exc}); "
+                        "use a chat model whose template has that role") from None
