@@ -33,6 +33,9 @@ def check_agent(config: RLConfig, tokenizer: Any) -> None:
                         f"response may hold (data.max_response_length={data.max_response_length})")
     tools = None
     if agent.loop == "env":
+        if agent.tools:
+            raise UserError("rollout.agent.tools is set but rollout.agent.loop=env never uses it (the environment "
+                            "answers the policy's turns); drop it or set rollout.agent.loop=tool")
         if not agent.env:
             raise UserError("rollout.agent.loop=env needs rollout.agent.env=path/file.py:ClassName")
         cls = load_env_class(agent.env)
