@@ -39,12 +39,15 @@ class Guard:
     def call(self, fn: Callable[..., Any], *args: Any) -> Outcome:
         return self.call_all([(fn, args)])[0]
 
+    def submit(self, fn: Callable[..., Any], *args: Any) -> concurrent.futures.Future:
+        """Start fn(*args) with its deadline; the future's result is its Outcome."""
+        return asyncio.run_coroutine_threadsafe(self._guarded(fn, args), self._event_loop())
+
     def call_all(self, calls: list[tuple[Callable[..., Any], tuple]]) -> list[Outcome]:
         """Run every call concurrently; each outcome holds its value or its error."""
         if not calls:
             return []
-        loop = self._event_loop()
-        futures = [asyncio.run_coroutine_threadsafe(self._guarded(fn, args), loop) for fn, args in calls]
+        futures = [self.submit(fn, *args) for fn, args in calls]
         concurrent.futures.wait(futures, timeout=self.timeout_s + _GRACE_S)
         outcomes = []
         for future in futures:

@@ -7,6 +7,7 @@ import inspect
 from typing import TYPE_CHECKING, Any
 
 from rlkit.core.agents.chat import TurnBoundary
+from rlkit.core.agents.client_loop import agent_function
 from rlkit.core.agents.envs import load_env_class
 from rlkit.core.agents.tool_env import load_tools
 from rlkit.errors import UserError
@@ -20,8 +21,9 @@ LOOPS = ("single_turn", "tool", "env")
 def check_agent(config: RLConfig, tokenizer: Any) -> None:
     """UserError naming the rollout.agent key and the fix, for anything that would fail in the workers."""
     agent, data = config.rollout.agent, config.data
-    if agent.loop not in LOOPS:
-        raise UserError(f"rollout.agent.loop={agent.loop!r}: choose one of {', '.join(LOOPS)}")
+    if agent.loop not in LOOPS and ":" not in agent.loop:
+        raise UserError(f"rollout.agent.loop={agent.loop!r}: choose one of {', '.join(LOOPS)}, or your own "
+                        "`async def rollout(client, row)` as path/file.py:function")
     if agent.loop == "single_turn":
         for key, value in (("env", agent.env), ("tools", agent.tools)):
             if value:
@@ -32,6 +34,13 @@ def check_agent(config: RLConfig, tokenizer: Any) -> None:
         raise UserError(f"rollout.agent.max_tokens_per_turn={agent.max_tokens_per_turn} is more than the whole "
                         f"response may hold (data.max_response_length={data.max_response_length})")
     tools = None
+    if agent.loop not in LOOPS:  # an agent function: it writes its own messages
+        if agent.env or agent.tools:
+            raise UserError("rollout.agent.env and rollout.agent.tools are not used by an agent function "
+                            f"(rollout.agent.loop={agent.loop}); drop them")
+        agent_function(agent.loop)
+        TurnBoundary(tokenizer).delta([{"role": "tool", "content": "probe"}])
+        return
     if agent.loop == "env":
         if agent.tools:
             raise UserError("rollout.agent.tools is set but rollout.agent.loop=env never uses it (the environment "

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from rlkit.core.agents.client_loop import ClientAgentLoop, agent_function
 from rlkit.core.agents.envs import env_factory, load_env_class
 from rlkit.core.agents.guard import Guard
 from rlkit.core.agents.loop import AgentLoop, Limits
@@ -24,7 +25,7 @@ if TYPE_CHECKING:
 _TOOL_STEP_MARGIN_S = 5.0
 
 
-def build_agent_loop(config: RLConfig, tokenizer: Any) -> AgentLoop:
+def build_agent_loop(config: RLConfig, tokenizer: Any) -> AgentLoop | ClientAgentLoop:
     """The loop rollout.agent describes, with its environment factory and limits."""
     agent, data = config.rollout.agent, config.data
     limits = Limits(max_turns=agent.max_turns,
@@ -38,13 +39,13 @@ def build_agent_loop(config: RLConfig, tokenizer: Any) -> AgentLoop:
     if agent.loop == "env":
         make_env = env_factory(load_env_class(agent.env or ""), agent.env_kwargs)
         return AgentLoop(tokenizer, make_env, limits, Guard(agent.call_timeout_s))
-    raise ValueError(f"rollout.agent.loop={agent.loop!r} has no agent loop")
+    return ClientAgentLoop(tokenizer, agent_function(agent.loop), limits, agent.call_timeout_s)
 
 
 class AgentEpisodes:
     """Mixed into a worker that has `engine`, `config`, `model_path` and `phase`."""
 
-    _agent_loop: AgentLoop | None = None
+    _agent_loop: AgentLoop | ClientAgentLoop | None = None
 
     def agent_episodes(self, rows: list[Any], groups: list[int], sampling: Sampling) -> list[Trajectory]:
         """sampling.n episodes per row, run turn by turn on this worker's engine."""
