@@ -33,7 +33,9 @@ class AgentConfig(BaseModel):
         description="single_turn: one completion per sample (no agent code). tool: the policy calls "
                     "rollout.agent.tools in the Hermes/Qwen2.5 `<tool_call>{json}</tool_call>` format and sees "
                     "their results as tool messages; a turn without a call ends the episode. env: "
-                    "rollout.agent.env answers every turn (reset/step; docs/agents.md).")
+                    "rollout.agent.env answers every turn (reset/step). 'path/file.py:fn': your "
+                    "`async def rollout(client, row) -> float` drives each episode through an openai client "
+                    "served by the rollout worker (docs/agents.md).")
     env: str | None = Field(
         None,
         description="loop=env: your environment class as 'path/file.py:ClassName' (or a registered name), "
@@ -50,8 +52,9 @@ class AgentConfig(BaseModel):
         None, ge=1, description="Most tokens the policy generates in one turn; None = data.max_response_length. A turn "
                                 "cut here is still handed to the environment (closed by the template's end-of-turn tokens).")
     call_timeout_s: float = Field(
-        30.0, gt=0, description="Seconds one environment reset/step or tool call may take; past it the episode ends "
-                                "with reward 0 (a tool call: an error message to the model) and is counted in agent/env_errors.")
+        30.0, gt=0, description="Seconds one environment reset/step or tool call may take (an agent function: "
+                                "max_turns x this in all); past it the episode ends with reward 0 (a tool call: an "
+                                "error message to the model) and is counted in agent/env_errors.")
     max_error_rate: float = Field(
         0.25, ge=0, le=1, description="Share of a step's episodes whose environment failed (exception, timeout, "
                                       "bad return value) above which the run stops with the first error; below it "

@@ -14,6 +14,7 @@ has waited `batch_wait_s`. Sampling is the run's (rollout.temperature, ...), wha
 request asks; `max_tokens` is honoured up to rollout.agent.max_tokens_per_turn. Samples are
 seeded by their place in the call (in episode order), so a run repeats exactly when the agent
 code is deterministic and each turn's requests arrive within `batch_wait_s` of each other.
+An episode sends one request at a time (its conversation is one sequence).
 """
 
 from __future__ import annotations
@@ -116,8 +117,9 @@ class EpisodeServer:
             turn_sampling = replace(sampling, n=1, max_tokens=max(r.max_tokens for r in batch),
                                     seed=sampling.seed + turn * seed_stride)
             samples = engine.generate([r.context for r in batch], turn_sampling)
-            for request, sample in zip(batch, samples):
-                self._answer(request, sample, sampling.log_probs)
+            with self.lock:
+                for request, sample in zip(batch, samples):
+                    self._answer(request, sample, sampling.log_probs)
             turn += 1
 
     def _ready(self) -> bool:
