@@ -75,6 +75,24 @@ def test_a_conversation_that_does_not_continue_starts_over(tok):
     assert t.response_ids == [a] and t.reward == 0.5 and t.info["restarts"] == 1
 
 
+def test_requests_past_max_turns_get_an_empty_cut_reply(tok):
+    a = tok.convert_tokens_to_ids("a")
+    replies = []
+
+    async def talkative(client, row):
+        messages = [{"role": "user", "content": "go"}]
+        for _ in range(3):
+            reply = await client.chat.completions.create(model="m", messages=messages)
+            replies.append((reply.choices[0].message.content, reply.choices[0].finish_reason))
+            messages += [reply.choices[0].message.model_dump(exclude_none=True), {"role": "user", "content": "more"}]
+        return 1.0
+
+    [t] = _loop(tok, talkative, total=32).run(ScriptedEngine(lambda ctx: ([a], False)), rows(tok, ["x"], ["1"]), [0],
+                                              Sampling(n=1))
+    assert replies == [("a", "length"), ("a", "length"), ("", "length")]  # max_turns=2
+    assert t.finish_reason == "truncated" and t.info["turns"] == 2 and t.loss_mask.count(1) == 2
+
+
 async def _raises(client, row):
     await client.chat.completions.create(model="m", messages=[{"role": "user", "content": "x"}])
     raise KeyError("oops")

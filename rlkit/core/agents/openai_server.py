@@ -156,20 +156,26 @@ class EpisodeServer:
         with self.lock:
             if episode not in self.running:
                 raise ValueError(f"episode {episode} is over (its agent function returned or timed out)")
+            if self.conversations[episode].turns >= self.limits.max_turns:  # out of turns: an empty, cut reply
+                return self._refuse(episode, 0)
             context = self._context(episode, body)
             conversation = self.conversations[episode]
             room = self.limits.max_response_tokens - len(conversation.response_ids)
             per_turn = self.limits.max_tokens_per_turn
             asked = body.get("max_completion_tokens") or body.get("max_tokens") or per_turn
             request.context, request.max_tokens = context, min(int(asked), per_turn, room)
-            if request.max_tokens <= 0:
-                conversation.truncated = True
-                return _completion(episode, conversation.turns, {"role": "assistant", "content": ""}, len(context), 0,
-                                   "length")
+            if request.max_tokens <= 0:  # out of tokens
+                return self._refuse(episode, len(context))
             self.queue.append(request)
             self.lock.notify_all()
         request.done.wait()
         return request.reply  # type: ignore[return-value]  (set by _answer)
+
+    def _refuse(self, episode: int, prompt_tokens: int) -> dict[str, Any]:
+        """The episode reached rollout.agent.max_turns or data.max_response_length: it is truncated there."""
+        conversation = self.conversations[episode]
+        conversation.truncated = True
+        return _completion(episode, conversation.turns, {"role": "assistant", "content": ""}, prompt_tokens, 0, "length")
 
     def _context(self, episode: int, body: dict[str, Any]) -> list[int]:
         """Prompt ids for the request; continues the conversation token by token where it can."""
