@@ -29,21 +29,33 @@ CHATML = ("{% for m in messages %}{{ '<|im_start|>' + m['role'] + '\n' + m['cont
 TINY_RESPONSE_TOKENS = 96  # the tiny workload's 8 response tokens hold no turn boundary
 
 
-def turn_shape(model_dir: Path, response_tokens: int, turns: int, message_chars: int) -> tuple[int, int]:
-    """(tokens per policy turn, the whole response) for `turns` turns in `response_tokens`.
+def agent_model(workdir: Path) -> Path:
+    """The workload's model with a ChatML template (its prompts are plain strings, so the
+    single-turn benchmark has none): weights linked, tokenizer files of its own, so a
+    single-turn run reading the shared folder at the same time is not disturbed."""
+    from transformers import AutoTokenizer
 
-    The benchmark's tokenizer gets a ChatML template (its prompts are plain strings, so the
-    single-turn benchmark never reads it).
-    """
+    folder = workdir / "agent-model"
+    if not (folder / "tokenizer_config.json").exists():
+        folder.mkdir(exist_ok=True)
+        for file in (workdir / "model").iterdir():
+            if file.name in ("config.json", "generation_config.json") or file.suffix == ".safetensors":
+                (folder / file.name).unlink(missing_ok=True)
+                (folder / file.name).symlink_to(file)
+        tokenizer = AutoTokenizer.from_pretrained(workdir / "model")
+        tokenizer.chat_template = CHATML
+        tokenizer.save_pretrained(folder)
+    return folder
+
+
+def turn_shape(model_dir: Path, response_tokens: int, turns: int, message_chars: int) -> tuple[int, int]:
+    """(tokens per policy turn, the whole response) for `turns` turns in `response_tokens`."""
     from transformers import AutoTokenizer
 
     from rlkit.core.agents.chat import TurnBoundary
 
-    tokenizer = AutoTokenizer.from_pretrained(model_dir)
-    if tokenizer.chat_template != CHATML:
-        tokenizer.chat_template = CHATML
-        tokenizer.save_pretrained(model_dir)
-    boundary = len(TurnBoundary(tokenizer).after_turn([], [{"role": "user", "content": "x" * message_chars}]))
+    boundary = len(TurnBoundary(AutoTokenizer.from_pretrained(model_dir)).after_turn(
+        [], [{"role": "user", "content": "x" * message_chars}]))
     per_turn = (response_tokens - (turns - 1) * boundary) // turns
     if per_turn < 1:
         raise SystemExit(f"{turns} turns with {boundary}-token answers do not fit {response_tokens} response tokens")
@@ -78,13 +90,14 @@ def main() -> None:
     workload, workdir = prepared(args.workdir, args.tiny)
     if args.tiny:
         workload = dataclasses.replace(workload, response_tokens=TINY_RESPONSE_TOKENS)
-    per_turn, response = turn_shape(workdir / "model", workload.response_tokens, args.turns, args.message_chars)
+    model = agent_model(workdir)
+    per_turn, response = turn_shape(model, workload.response_tokens, args.turns, args.message_chars)
     agent = [f"data.max_response_length={response}", "rollout.agent.loop=env",
              f"rollout.agent.env={Path(__file__).resolve().parent / 'agent_env.py'}:FixedTurns",
              f"rollout.agent.env_kwargs={{turns: {args.turns}, chars: {args.message_chars}}}",
              f"rollout.agent.max_turns={args.turns}", f"rollout.agent.max_tokens_per_turn={per_turn}"]
     config = load_config("grpo", overrides(args, workload, str(workdir / "prompts.parquet"), str(workdir / "runs")) + agent,
-                         model=str(workdir / "model"))
+                         model=str(model))
     result: dict = {"label": args.label, "args": vars(args), "tokens_per_turn": per_turn, "response_tokens": response,
                     "status": "starting"}
     out = Path(args.out)
