@@ -30,7 +30,7 @@ def test_bad_environment_code_exits_2_before_ray(tmp_path, source, overrides, me
     (["rollout.agent.loop=env", "rollout.agent.env=nowhere"], "unknown environment 'nowhere'"),
     (["rollout.agent.loop=tool"], "rollout.agent.loop=tool needs rollout.agent.tools"),
     (["rollout.agent.loop=tool", "rollout.agent.tools=[calculater]"], "did you mean 'calculator'"),
-    (["rollout.agent.loop=chat"], "rollout.agent.loop='chat': choose one of single_turn, tool, env"),
+    (["rollout.agent.loop=chat"], "rollout.agent.loop='chat': choose one of single_turn, tool, env, or your own"),
     (["rollout.agent.tools=[calculator]"], "rollout.agent.tools is set but rollout.agent.loop=single_turn never uses it"),
     (["rollout.agent.loop=tool", "rollout.agent.tools=[calculator]", "rollout.agent.max_tokens_per_turn=9",
       "data.max_response_length=8"], "rollout.agent.max_tokens_per_turn=9 is more than the whole response may hold"),
@@ -44,3 +44,10 @@ def test_a_tool_without_a_docstring_exits_2(tmp_path):
     file.write_text("def lookup(key: str) -> str:\n    return key\n")
     line = _one_line_error(_train(tmp_path, "rollout.agent.loop=tool", f"rollout.agent.tools=[{file}:lookup]"))
     assert f"{file}:lookup: tool 'lookup' has no docstring" in line
+
+
+def test_an_agent_function_that_is_not_async_exits_2(tmp_path):
+    file = tmp_path / "agent.py"
+    file.write_text("def rollout(client, row):\n    return 1.0\n")
+    line = _one_line_error(_train(tmp_path, f"rollout.agent.loop={file}:rollout", "rollout.agent.tools=[]"))
+    assert "rollout must be `async def rollout(client, row) -> float`" in line
