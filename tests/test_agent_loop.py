@@ -156,3 +156,27 @@ def test_turn_boundaries_reproduce_the_templates_own_rendering(tmp_path):
     assert ids == whole[:len(ids)] and tok.decode(whole[len(ids):]) == "\n"
     # A turn cut before its end token is closed by the environment's tokens instead.
     assert boundary.after_turn(turn1[:-1], answers) == [tok.eos_token_id] + boundary.after_turn(turn1, answers)
+
+
+def test_messages_the_template_cannot_write_cost_the_episode(tmp_path):
+    tok = chatml_tokenizer(tmp_path)
+
+    class OddRole:
+        def reset(self, row):
+            return None
+
+        def step(self, action):
+            return {"role": "user", "content": 7}, None, False  # content must be text
+
+    class Refusing(OddRole):
+        def step(self, action):
+            return {"role": "system", "content": "x"}, None, False
+
+    tok.chat_template = tok.chat_template.replace("{%- else %}", "{%- elif message.role == 'system' and not loop.first %}"
+                                                  "{{ raise_exception('system only first') }}{%- else %}")
+    limits = Limits(max_turns=2, max_tokens_per_turn=2, max_response_tokens=64, max_prompt_tokens=64)
+    engine = ScriptedEngine(lambda ctx: (tok.encode("hi", add_special_tokens=False), False))
+    for env, error in ((OddRole, "step returned an observation of {'role': 'user', 'content': 7}"),
+                       (Refusing, "TemplateError: system only first")):
+        [t] = AgentLoop(tok, env, limits, Guard(2.0)).run(engine, rows(tok, ["x"], ["1"]), [0], Sampling(n=1))
+        assert t.finish_reason == "error" and error in t.info["env_error"], t.info

@@ -159,7 +159,12 @@ class AgentLoop:
                 self.answer(episode, messages)
 
     def answer(self, episode: Episode, messages: list[dict[str, Any]]) -> None:
-        ids = self.boundary.after_turn(episode.last_turn, messages)
+        try:
+            ids = self.boundary.after_turn(episode.last_turn, messages)
+        except Exception as exc:  # noqa: BLE001 - e.g. a template that refuses a role: the episode's fault
+            episode.fail(f"the chat template cannot write the environment's messages {messages!r:.200}: "
+                         f"{type(exc).__name__}: {exc}")
+            return
         room = self.limits.max_response_tokens - len(episode.response_ids)
         episode.append(ids[:room], policy=False)
         if len(ids) >= room:  # no token left for the policy's next turn
