@@ -28,7 +28,7 @@ def process_group(monkeypatch):
 
 
 def make_trainer(path: str):
-    model = fsdp.load_sharded_model(path, device=torch.device("cpu"), compute_dtype="float32")
+    model = fsdp.shard_model(fsdp.load_model(path), device=torch.device("cpu"), compute_dtype="float32")
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, fsdp.lr_lambda(2, 10, "cosine"))
     return model, optimizer, scheduler

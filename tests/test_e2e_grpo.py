@@ -14,23 +14,37 @@ pytestmark = pytest.mark.slow
 
 def _rewards(run_dir):
     rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    rows = [row for row in rows if "reward/mean" in row]  # not the validation before training (step 0)
     return rows, [row["reward/mean"] for row in rows]
 
 
 def test_grpo_demo_learns_through_the_cli(tmp_path):
-    """`rlkit train grpo-demo` (Ray controller, FSDP2 worker, vLLM rollout) really learns `echo`."""
+    """`rlkit train grpo-demo` (Ray controller, FSDP2 worker, vLLM rollout) really learns `echo`, and its
+    validation on the task's test split (before training, every 20 steps, at the end) rises with it."""
     proc = subprocess.run(
         [sys.executable, "-m", "rlkit.cli.main", "train", "grpo-demo", "trainer.total_steps=70",
          f"trainer.runs_dir={tmp_path}", "trainer.logger=[jsonl]", "--run-id", "learn"],
         capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    rows, rewards = _rewards(tmp_path / "learn")
+    records = [json.loads(line) for line in (tmp_path / "learn" / "metrics.jsonl").read_text().splitlines()]
+    rows = [r for r in records if "reward/mean" in r]
+    rewards = [row["reward/mean"] for row in rows]
     assert [row["step"] for row in rows] == list(range(1, 71))
     for key in ("reward/mean", "timing/step", "perf/tokens_per_s", "timing/gen", "timing/sync",
                 "actor/grad_norm", "rollout/log_prob_diff", "response/clip_frac"):
         assert key in rows[0], key
     first, last = sum(rewards[:5]) / 5, sum(rewards[-5:]) / 5
     assert last - first >= 0.4, (first, last, rewards)
+
+    validated = {r["step"]: r for r in records if "val/reward/mean@1" in r}
+    assert sorted(validated) == [0, 20, 40, 60, 70]
+    assert validated[70]["val/reward/mean@1"] - validated[0]["val/reward/mean@1"] >= 0.4, validated
+    responses = (tmp_path / "learn" / "validation" / "step_00000070.jsonl").read_text().splitlines()
+    assert len(responses) == 128 * (1 + 4)  # the test split, greedy + trainer.val_n=4 samples each
+    assert "val/reward/mean@1 " in proc.stderr + proc.stdout  # the summary line: first -> last
+    plot = subprocess.run([sys.executable, "-m", "rlkit.cli.main", "plot", "learn", "--runs-dir", str(tmp_path)],
+                          capture_output=True, text=True, timeout=120)
+    assert plot.returncode == 0 and (tmp_path / "learn" / "plot.png").is_file(), plot.stderr[-2000:]
 
 
 def test_hf_rollout_with_kl_loss_runs_through_the_cli(tmp_path):

@@ -43,7 +43,7 @@ def _batch() -> Batch:
 
 def _parameters(worker: PolicyWorker) -> dict[str, torch.Tensor]:
     return {name: (p.full_tensor() if hasattr(p, "full_tensor") else p).detach().clone()
-            for name, p in worker.actor.named_parameters()}
+            for name, p in worker.model.module.named_parameters()}
 
 
 def _update(worker: PolicyWorker, batch: Batch, keys: list[str]) -> dict[str, float]:

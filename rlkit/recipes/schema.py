@@ -20,8 +20,8 @@ class Section(BaseModel):
 
 class DataConfig(Section):
     train_files: list[str] = Field(default_factory=list, description="Parquet files of training prompts (see `rlkit prep-data`).")
-    val_files: list[str] = Field(default_factory=list, description="Parquet files scored every trainer.val_freq steps (greedy).")
-    synthetic_task: str | None = Field(None, description="Built-in task (echo, succ, add) generated into the run dir when train_files is empty.")
+    val_files: list[str] = Field(default_factory=list, description="Parquet files of held-out prompts: validated before training (trainer.val_before_train), every trainer.val_freq steps and after the last step (docs/architecture.md, Validation).")
+    synthetic_task: str | None = Field(None, description="Built-in task (echo, succ, add) generated into the run dir when train_files is empty; with trainer.val_freq > 0 and no val_files, its test split is the validation set.")
     train_batch_size: int = Field(16, ge=1, description="Prompts per RL step (before rollout.n samples each).")
     max_prompt_length: int = Field(512, ge=1, description="Longest prompt in tokens; longer ones error or are dropped (overlong_prompts).")
     max_response_length: int = Field(512, ge=1, description="Most tokens generated per response.")
@@ -79,7 +79,7 @@ class ActorConfig(Section):
     policy_loss: str = Field("vanilla", description="Registered policy loss: vanilla (PPO clip), gspo.")
     clip_ratio_low: float = Field(0.2, ge=0, description="PPO clip: ratio lower bound is 1 - clip_ratio_low.")
     clip_ratio_high: float = Field(0.2, ge=0, description="PPO clip: ratio upper bound is 1 + clip_ratio_high (DAPO clip-higher raises it).")
-    clip_ratio_c: float | None = Field(None, gt=1, description="Dual-clip bound for negative advantages (e.g. 3.0); None disables.")
+    clip_ratio_c: float | None = Field(3.0, gt=1, description="Dual-clip PPO (Ye et al. 2020): where the advantage is negative, the policy loss is capped at -A * clip_ratio_c, so a token whose ratio ran far above 1 cannot blow up the update. 3.0 as verl's default; None disables.")
     loss_agg_mode: Literal["token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm"] = Field(
         "token-mean", description="How per-token losses become one number.")
     entropy_coeff: float = Field(0.0, ge=0, description="Entropy bonus weight (0 = off).")
@@ -135,7 +135,10 @@ class TrainerConfig(Section):
     experiment_name: str | None = Field(None, description="Run name for trackers (default: the run id).")
     save_freq: int = Field(0, ge=0, description="Checkpoint every N steps (0 = only at the end); the last step is always saved.")
     keep_last: int = Field(2, ge=1, description="Complete checkpoints kept on disk (older ones are deleted after each save).")
-    val_freq: int = Field(0, ge=0, description="Score data.val_files every N steps (0 = never).")
+    val_freq: int = Field(0, ge=0, description="Validate every N steps (0 = only before training and after the last step); validation runs only when there are validation prompts (data.val_files).")
+    val_before_train: bool = Field(True, description="Validate the starting policy (logged as step 0) before a fresh run trains; a resumed run continues the schedule instead.")
+    val_n: int = Field(0, ge=0, description="Sampled responses per validation prompt besides the greedy one: with n >= 2 validation also reports mean@n, unbiased pass@k (k = 1, 2, 4, ..., n) and maj@n. 0 = greedy only (mean@1).")
+    val_temperature: float | None = Field(None, gt=0, description="Temperature of the trainer.val_n samples (top-p/top-k are rollout's); None = rollout.temperature.")
     phase_timeout_s: float = Field(1800.0, gt=0, description="Deadline of one controller -> worker call in a step (generate, update, sync, save); past it the run stops and names the late workers.")
     setup_timeout_s: float = Field(3600.0, gt=0, description="Deadline of worker start-up (model load, rollout-engine start), whose progress is logged as it goes.")
     save_on_interrupt: bool = Field(True, description="On Ctrl-C/SIGTERM, finish the current step and checkpoint it before stopping (a second Ctrl-C stops at once).")

@@ -47,11 +47,12 @@ def continue_hint(run_path: Path, run_id: str) -> str:
             f"Continue with: {resume_command(run_path, run_id)}")
 
 
-def resume_command(run_path: Path, run_id: str) -> str:
-    """`rlkit resume ID`, with --runs-dir when the run is not under the default runs folder."""
+def resume_command(run_path: Path, run_id: str, command: str = "resume") -> str:
+    """`rlkit resume ID` (or another run command: export, runs show), with --runs-dir when the run
+    is not under the default runs folder."""
     default = Path(os.environ.get("RLKIT_RUNS_DIR", "runs")).expanduser().resolve()
     parent = Path(run_path).expanduser().resolve().parent
-    return f"rlkit resume {run_id}" + ("" if parent == default else f" --runs-dir {parent}")
+    return f"rlkit {command} {run_id}" + ("" if parent == default else f" --runs-dir {parent}")
 
 
 def checkpoint_write_failure(tmp: Path, step: int, exc: BaseException) -> CheckpointWriteError | None:

@@ -13,7 +13,7 @@ from typing import Any, Callable
 
 from rlkit.core.agents.builtin_tools import BUILTIN_TOOLS
 from rlkit.core.data.builders import DATASET_BUILDERS, Row, make_row
-from rlkit.core.rewards.registry import REWARD_FNS
+from rlkit.core.rewards.registry import ANSWER_FNS, REWARD_FNS
 
 # name -> fn(rng) -> (prompt text, answer)
 TASKS: dict[str, Callable[[random.Random], tuple[str, str]]] = {}
@@ -73,16 +73,31 @@ def exact_match_reward(response: str, ground_truth: str, extra_info: dict[str, A
     return 1.0 if response.strip() == ground_truth.strip() else 0.0
 
 
+@ANSWER_FNS.register("synthetic")
+def synthetic_answer(response: str) -> str | None:
+    """The whole stripped response is the answer (what exact match grades)."""
+    return response.strip() or None
+
+
 @REWARD_FNS.register("synthetic/lookup")
 def lookup_reward(response: str, ground_truth: str, extra_info: dict[str, Any]) -> float:
     """1 for the secret digit answered after a `lookup` call; 0.2 for a call and a wrong digit;
     0 without a call (an answer without it is a guess) or without a digit after the last call."""
-    if "</tool_call>" not in response:
+    answer = lookup_answer(response)
+    if answer is None:
         return 0.0
-    answer = response.rsplit("</tool_call>", 1)[1].strip()
     if answer == ground_truth.strip():
         return 1.0
     return 0.2 if answer.isdigit() else 0.0
+
+
+@ANSWER_FNS.register("synthetic/lookup")
+def lookup_answer(response: str) -> str | None:
+    """What follows the last tool call (None without a call, an answer without it being a guess, or
+    without anything after it)."""
+    if "</tool_call>" not in response:
+        return None
+    return response.rsplit("</tool_call>", 1)[1].strip() or None
 
 
 @BUILTIN_TOOLS.register("lookup")

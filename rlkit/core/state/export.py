@@ -8,8 +8,11 @@ one model. Needs no process group, no Ray and no GPU.
 from __future__ import annotations
 
 import json
+import os
 import warnings
+from contextlib import contextmanager
 from pathlib import Path
+from typing import Iterator
 
 import torch
 import torch.distributed.checkpoint as dcp
@@ -22,12 +25,15 @@ from rlkit.errors import UserError
 from rlkit.recipes.loader import load_config
 
 EXPORT_INFO = "rlkit_export.json"
+EXPORT_CONFIG = "rlkit_config.yaml"
 
 
 def export_hf(run: RunDir, out: str | Path, *, step: int | None = None, dtype: str = "auto") -> Path:
-    """Write the policy of `run` at `step` (default: the latest complete checkpoint) to `out`."""
-    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+    """Write the policy of `run` at `step` (default: the latest complete checkpoint) to `out`.
 
+    Next to the model: EXPORT_INFO (run, step, base model) and EXPORT_CONFIG (the config the
+    checkpoint was trained with, which `rlkit eval` of the directory validates with).
+    """
     out = Path(out).expanduser()
     if out.exists() and any(out.iterdir()):
         raise UserError(f"--out {out} is not empty; pick a new directory")
@@ -35,23 +41,65 @@ def export_hf(run: RunDir, out: str | Path, *, step: int | None = None, dtype: s
         raise UserError(f"--dtype {dtype!r}: use auto (the base model's dtype), {', '.join(DTYPES)}")
     ckpt = checkpoint.checkpoint_at(run.path, step)
     config = load_config(str(ckpt.path / checkpoint.CONFIG_FILE))
-    base = resolve_model_path(config.model.path)
+    with _no_progress_bars():  # one line says what was exported; load/save bars would only clutter it
+        save_dtype = _write_model(resolve_model_path(config.model.path), ckpt, out, dtype)
+    info = {"run": run.run_id, "step": ckpt.step, "checkpoint": str(ckpt.path), "base_model": config.model.path,
+            "dtype": str(save_dtype).removeprefix("torch.")}
+    (out / EXPORT_INFO).write_text(json.dumps(info, indent=2))
+    (out / EXPORT_CONFIG).write_text((ckpt.path / checkpoint.CONFIG_FILE).read_text())
+    _default_permissions(out)
+    return out
+
+
+def _write_model(base: str, ckpt: checkpoint.Checkpoint, out: Path, dtype: str) -> torch.dtype:
+    """The base model with the checkpoint's weights, saved to `out` with its tokenizer; returns the dtype."""
+    from transformers import AutoConfig, AutoTokenizer
+
     base_dtype = AutoConfig.from_pretrained(base).dtype  # before loading in fp32 overwrites it
+    model = load_policy(ckpt, base)
+    save_dtype = DTYPES[dtype] if dtype != "auto" else _as_dtype(base_dtype)
+    model.to(save_dtype)
+    out.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(out)
+    AutoTokenizer.from_pretrained(base).save_pretrained(out)
+    return save_dtype
+
+
+@contextmanager
+def _no_progress_bars() -> Iterator[None]:
+    from transformers.utils import logging as hf_logging
+
+    was_enabled = hf_logging.is_progress_bar_enabled()
+    hf_logging.disable_progress_bar()
+    try:
+        yield
+    finally:
+        if was_enabled:
+            hf_logging.enable_progress_bar()
+
+
+def _default_permissions(out: Path) -> None:
+    """Files as the umask allows (usually 0644). transformers writes the weights through a
+    private temporary file, which leaves them 0600: unreadable to the group that serves them."""
+    umask = os.umask(0)
+    os.umask(umask)
+    for path in out.rglob("*"):
+        if path.is_file():
+            path.chmod(0o666 & ~umask)
+
+
+def load_policy(ckpt: checkpoint.Checkpoint, base: str) -> torch.nn.Module:
+    """The checkpoint's policy in float32 (the trainer's master weights) on the CPU, in the base model's
+    architecture loaded from `base`."""
+    from transformers import AutoModelForCausalLM
+
     model = AutoModelForCausalLM.from_pretrained(base, dtype=torch.float32)
     target = model.state_dict()
     _check_keys(target, ckpt.path / "policy" / SHARDS_DIR)
     with warnings.catch_warnings():  # "torch.distributed is not initialized": intended, one process reads all
         warnings.simplefilter("ignore", UserWarning)
         dcp.load({MODEL_KEY: target}, checkpoint_id=str(ckpt.path / "policy" / SHARDS_DIR), no_dist=True)
-    save_dtype = DTYPES[dtype] if dtype != "auto" else _as_dtype(base_dtype)
-    model.to(save_dtype)
-    out.mkdir(parents=True, exist_ok=True)
-    model.save_pretrained(out)
-    AutoTokenizer.from_pretrained(base).save_pretrained(out)
-    info = {"run": run.run_id, "step": ckpt.step, "checkpoint": str(ckpt.path), "base_model": config.model.path,
-            "dtype": str(save_dtype).removeprefix("torch.")}
-    (out / EXPORT_INFO).write_text(json.dumps(info, indent=2))
-    return out
+    return model
 
 
 def _check_keys(target: dict[str, torch.Tensor], shards: Path) -> None:

@@ -39,6 +39,13 @@ def rng_state() -> dict[str, Any]:
     return state
 
 
+def seed_rng(seed: int) -> None:
+    """Seed the process's python, numpy and torch RNGs (the states `rng_state` saves)."""
+    random.seed(seed)
+    np.random.seed(seed % 2**32)
+    torch.manual_seed(seed)
+
+
 def set_rng_state(state: dict[str, Any]) -> None:
     version, internal, gauss = state["python"]
     random.setstate((version, tuple(internal), gauss))

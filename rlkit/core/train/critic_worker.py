@@ -11,7 +11,6 @@ from __future__ import annotations
 from typing import Any
 
 import torch
-import torch.distributed as dist
 
 from rlkit.core.algos.losses import aggregate_loss, value_loss
 from rlkit.core.batch import Batch
@@ -19,6 +18,8 @@ from rlkit.core.cluster.device_worker import DeviceWorker
 from rlkit.core.cluster.worker_group import WorkerGroup
 from rlkit.core.state import shards as checkpoint_shards
 from rlkit.core.train import fsdp, packing
+from rlkit.core.train.learner import micro_batches, optimize
+from rlkit.core.train.model import build_critic
 from rlkit.recipes.schema import RLConfig
 
 # What compute_values and update_critic read from a batch.
@@ -32,13 +33,8 @@ class CriticWorker(DeviceWorker):
         self.join_process_group(master_addr, master_port)
         cfg = self.config
         self.phase = "setup/load-models"
-        # The same seed on every rank: each rank shards the freshly initialised value head it
-        # builds itself, so all ranks must build the same one.
-        torch.manual_seed(cfg.trainer.seed)
-        self.critic = fsdp.load_sharded_model(self.model_path, device=self.device, compute_dtype=fsdp.compute_dtype(cfg.model.dtype, self.device),
-                                              value_head=True, gradient_checkpointing=cfg.model.gradient_checkpointing)
-        self.optimizer = torch.optim.AdamW(self.critic.parameters(), lr=cfg.critic.lr)
-        return {"rank": self.rank, "shards": fsdp.shard_numels(self.critic)}
+        self.model = build_critic(cfg, self.model_path, self.device)
+        return {"rank": self.rank, "shards": fsdp.shard_numels(self.model.module)}
 
     def _values(self, mb: Batch) -> tuple[torch.Tensor, Batch]:
         """V(s_t) for each response position t (the state before token t): [b, R], 0 on padding.
@@ -46,19 +42,15 @@ class CriticWorker(DeviceWorker):
         Returns the micro-batch moved to the device too; its sequences run packed (rlkit.core.train.packing).
         """
         packed = packing.pack(mb).to(self.device)
-        return packed.scatter(fsdp.packed_outputs(self.critic, packed).squeeze(-1).float()), mb.to(self.device)
-
-    def _micro_batches(self, batch: Batch) -> list[list[int]]:
-        return packing.plan_micro_batches(batch["attention_mask"].sum(-1).tolist(),
-                                          self.config.actor.micro_batch_tokens)
+        return packed.scatter(fsdp.packed_outputs(self.model.module, packed).squeeze(-1).float()), mb.to(self.device)
 
     @torch.no_grad()
     def compute_values(self, batch: Batch) -> torch.Tensor:
         """[B, R] values of the batch's response positions, 0 on padding."""
         self.phase = "compute_values"
-        self.critic.eval()
+        self.model.module.eval()
         values = torch.zeros(batch["responses"].shape)
-        for rows in self._micro_batches(batch):
+        for rows in micro_batches(batch, self.config.actor.micro_batch_tokens):
             values[rows] = self._values(batch.select(rows))[0].cpu()
         return values * batch["response_mask"]
 
@@ -69,39 +61,26 @@ class CriticWorker(DeviceWorker):
         `returns` (the targets). Metrics are global: summed over micro-batches, all-reduced over ranks.
         """
         self.phase = "update_critic"
-        cfg = self.config.critic
-        self.critic.train()
-        sums = torch.zeros(4, dtype=torch.float64)  # vf_loss, clipped tokens, tokens, grad_norm
-        for minibatch, norm in zip(minibatches, norms):
-            self.optimizer.zero_grad(set_to_none=True)
-            for rows in self._micro_batches(minibatch):
-                values, trimmed = self._values(minibatch.select(rows))
-                mask = trimmed["response_mask"].float()
-                per_token, metrics = value_loss(values, trimmed["values"], trimmed["returns"], mask,
-                                                cliprange_value=cfg.cliprange_value)
-                loss = aggregate_loss(per_token, mask, "token-mean", global_num_tokens=norm["num_tokens"])
-                # FSDP2 averages gradients over ranks; the normaliser is already global, so undo it.
-                (loss * self.world_size).backward()
-                loss, tokens = loss.detach(), float(mask.sum())
-                sums += torch.tensor([loss.item(), metrics["vf_clipfrac"].item() * tokens, tokens, 0.0],
-                                     dtype=torch.float64)
-            grad_norm = torch.nn.utils.clip_grad_norm_(self.critic.parameters(), cfg.grad_clip)
-            grad_norm = grad_norm.full_tensor() if hasattr(grad_norm, "full_tensor") else grad_norm
-            sums[3] += float(grad_norm) / self.world_size
-            self.optimizer.step()
-        sums = sums.to(packing.collective_device())
-        dist.all_reduce(sums)
-        vf_loss, clipped, tokens, grad_norm = sums.tolist()
-        steps = len(minibatches)
-        return {"critic/vf_loss": vf_loss / steps, "critic/vf_clipfrac": clipped / max(tokens, 1.0),
-                "critic/grad_norm": grad_norm / steps, "critic/lr": cfg.lr}
+        totals = optimize(self.model, minibatches, norms, self._micro_step, grad_clip=self.config.critic.grad_clip,
+                          micro_batch_tokens=self.config.actor.micro_batch_tokens, per_update=("vf_loss",))
+        self.phase = "idle"
+        return {f"critic/{k}": v for k, v in totals.items()}
+
+    def _micro_step(self, mb: Batch, norm: dict[str, float]) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        values, mb = self._values(mb)
+        mask = mb["response_mask"].float()
+        per_token, metrics = value_loss(values, mb["values"], mb["returns"], mask,
+                                        cliprange_value=self.config.critic.cliprange_value)
+        loss = aggregate_loss(per_token, mask, "token-mean", global_num_tokens=norm["num_tokens"])
+        tokens = mask.sum()
+        return loss, {"vf_loss": loss, "vf_clipfrac": metrics["vf_clipfrac"] * tokens, "tokens": tokens}
 
     # -- checkpoints (collective: every rank calls with the same folder) -----------------
     def save_checkpoint(self, folder: str) -> None:
-        checkpoint_shards.save_shards(folder, self.rank, model=self.critic, optimizer=self.optimizer)
+        checkpoint_shards.save_shards(folder, self.rank, model=self.model.module, optimizer=self.model.optimizer)
 
     def load_checkpoint(self, folder: str) -> None:
-        checkpoint_shards.load_shards(folder, self.rank, model=self.critic, optimizer=self.optimizer)
+        checkpoint_shards.load_shards(folder, self.rank, model=self.model.module, optimizer=self.model.optimizer)
 
 
 def start_critic_group(config: RLConfig, model_path: str, policy: WorkerGroup) -> WorkerGroup | None:

@@ -30,12 +30,11 @@ def compute_dtype(setting: str, device: torch.device) -> str:
     return "bfloat16" if device.type == "cuda" else "float32"
 
 
-def load_sharded_model(path: str, *, device: torch.device, compute_dtype: str, value_head: bool = False,
-                       gradient_checkpointing: bool = False, compile: bool = False) -> torch.nn.Module:
-    """Load in fp32 (master weights), shard each decoder layer and the root over all ranks.
+def load_model(path: str, *, value_head: bool = False, gradient_checkpointing: bool = False) -> torch.nn.Module:
+    """The transformers model at `path` in fp32 (the master weights), on the CPU, not sharded yet.
 
-    With one rank nothing is sharded, so layers keep their compute-dtype copy from forward
-    to backward instead of casting it again (reshard_after_forward=False).
+    A value head (`value_head=True`, for a critic) is the same trunk with a 1-output head on
+    every token; no dropout (transformers' default is 0.1).
     """
     from transformers import (
         AutoConfig,
@@ -44,7 +43,7 @@ def load_sharded_model(path: str, *, device: torch.device, compute_dtype: str, v
     )
 
     attention = packed_attention.register()
-    if value_head:  # a critic: the same trunk with a 1-output head; no dropout (transformers' default is 0.1)
+    if value_head:
         config = AutoConfig.from_pretrained(path, num_labels=1, classifier_dropout=0.0)
         model = AutoModelForTokenClassification.from_pretrained(path, config=config, dtype=torch.float32,
                                                                 attn_implementation=attention)
@@ -53,6 +52,16 @@ def load_sharded_model(path: str, *, device: torch.device, compute_dtype: str, v
     if gradient_checkpointing:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     model.config.use_cache = False
+    return model
+
+
+def shard_model(model: torch.nn.Module, *, device: torch.device, compute_dtype: str,
+                compile: bool = False) -> torch.nn.Module:
+    """Shard each decoder layer and the root over all ranks (fully_shard, in place); returns `model`.
+
+    With one rank nothing is sharded, so layers keep their compute-dtype copy from forward
+    to backward instead of casting it again (reshard_after_forward=False).
+    """
     model.to(device)
     mesh = init_device_mesh(device.type, (dist.get_world_size(),))
     policy = MixedPrecisionPolicy(param_dtype=DTYPES[compute_dtype], reduce_dtype=torch.float32)

@@ -7,11 +7,11 @@ import os
 import random
 import socket
 import time
+from contextlib import nullcontext
 from typing import Any
 
 import numpy as np
 import torch
-import torch.distributed as dist
 
 from rlkit.core.agents.worker import AgentEpisodes
 from rlkit.core.algos.kl import kl_estimate
@@ -28,7 +28,9 @@ from rlkit.core.rollout.base import RolloutSample, Sampling
 from rlkit.core.rollout.engines import make_engine
 from rlkit.core.state import shards as checkpoint_shards
 from rlkit.core.train import fsdp, packing
+from rlkit.core.train.learner import micro_batches, optimize
 from rlkit.core.train.logprobs import selected_log_probs
+from rlkit.core.train.model import build_policy
 
 
 class PolicyWorker(DeviceWorker, AgentEpisodes):
@@ -48,20 +50,7 @@ class PolicyWorker(DeviceWorker, AgentEpisodes):
         cfg = self.config
         self.phase = "setup/load-models"
         self.dtype = fsdp.compute_dtype(cfg.model.dtype, self.device)
-        self.actor = fsdp.load_sharded_model(self.model_path, device=self.device, compute_dtype=self.dtype,
-                                             gradient_checkpointing=cfg.model.gradient_checkpointing,
-                                             compile=cfg.model.compile)
-        self.optimizer = torch.optim.AdamW(self.actor.parameters(), lr=cfg.actor.lr, betas=cfg.actor.betas,
-                                           weight_decay=cfg.actor.weight_decay)
-        updates_per_step = cfg.data.train_batch_size // cfg.actor.mini_batch_size * cfg.actor.ppo_epochs
-        self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, fsdp.lr_lambda(
-            cfg.actor.warmup_steps, (cfg.trainer.total_steps - cfg.critic.warmup_steps) * updates_per_step,
-            cfg.actor.lr_schedule))  # critic warm-up steps do not update the actor
-        # The reference is always the base model on disk, so a resumed run keeps the original anchor.
-        self.ref = fsdp.load_sharded_model(self.model_path, device=self.device, compute_dtype=self.dtype,
-                                           compile=cfg.model.compile) if cfg.needs_reference else None
-        if self.ref is not None:
-            self.ref.eval().requires_grad_(False)
+        self.model = build_policy(cfg, self.model_path, self.device)
         self.reward_model = RewardModel(
             resolve_model_path(cfg.reward_model.path), device=self.device, max_length=cfg.reward_model.max_length,
             micro_batch_size=cfg.reward_model.micro_batch_size) if cfg.reward_model.path else None
@@ -71,7 +60,7 @@ class PolicyWorker(DeviceWorker, AgentEpisodes):
                                   seed=cfg.trainer.seed + self.rank,
                                   sleep_mode=True) if cfg.rollout.placement == "colocated" else None
         self.phase = "idle"
-        return {"rank": self.rank, "shards": fsdp.shard_numels(self.actor)}
+        return {"rank": self.rank, "shards": fsdp.shard_numels(self.model.module)}
 
     def _seed(self, seed: int) -> None:
         random.seed(seed + self.rank)
@@ -95,7 +84,7 @@ class PolicyWorker(DeviceWorker, AgentEpisodes):
 
         def weights():
             nonlocal moved
-            for name, tensor in fsdp.full_state_items(self.actor):
+            for name, tensor in self.model.engine_weights():
                 moved += tensor.numel() * tensor.element_size()
                 yield name, tensor
 
@@ -114,7 +103,7 @@ class PolicyWorker(DeviceWorker, AgentEpisodes):
 
         self.phase = "export_weights"
         refs, bucket, size = [], [], 0
-        for name, tensor in fsdp.full_state_items(self.actor):
+        for name, tensor in self.model.engine_weights():
             if self.rank == 0:
                 bucket.append((name, tensor.to(fsdp.DTYPES[self.dtype]).cpu()))
                 size += bucket[-1][1].numel() * bucket[-1][1].element_size()
@@ -137,22 +126,21 @@ class PolicyWorker(DeviceWorker, AgentEpisodes):
         self.phase = "idle"
         return scores
 
-
     @torch.no_grad()
     def compute_log_probs(self, batch: Batch, which: str = "actor") -> dict[str, torch.Tensor]:
         """Per-token log-probs (and entropy, for the actor) of the batch's responses."""
         self.phase = f"log_probs/{which}"
-        model = self.actor if which == "actor" else self.ref
-        model.eval()  # update_actor switches the actor back to train()
+        self.model.module.eval()  # the update switches it back to train()
         log_probs = torch.zeros(batch["responses"].shape)
         entropy = torch.zeros(batch["responses"].shape)
-        for rows in self._micro_batches(batch):
-            packed = packing.pack(batch.select(rows)).to(self.device)
-            logits = fsdp.packed_outputs(model, packed)
-            lp, ent = selected_log_probs(logits, packed.targets, self.config.rollout.temperature,
-                                         with_entropy=which == "actor")
-            log_probs[rows] = packed.scatter(lp).cpu()
-            entropy[rows] = packed.scatter(ent).cpu()
+        with self.model.reference() if which == "ref" else nullcontext(self.model.module) as model:
+            for rows in micro_batches(batch, self.config.actor.micro_batch_tokens):
+                packed = packing.pack(batch.select(rows)).to(self.device)
+                logits = fsdp.packed_outputs(model, packed)
+                lp, ent = selected_log_probs(logits, packed.targets, self.config.rollout.temperature,
+                                             with_entropy=which == "actor")
+                log_probs[rows] = packed.scatter(lp).cpu()
+                entropy[rows] = packed.scatter(ent).cpu()
         mask = batch["response_mask"]
         self.phase = "idle"
         return {"log_probs": log_probs * mask, "entropy": entropy * mask}
@@ -160,43 +148,24 @@ class PolicyWorker(DeviceWorker, AgentEpisodes):
     def update_actor(self, minibatches: list[Batch], norms: list[dict[str, float]]) -> dict[str, float]:
         """One optimizer step per mini-batch; `norms` are the whole mini-batch's token/sequence counts.
 
-        Metrics are token-weighted over every rank's micro-batches (one all-reduce at the end),
-        so each worker returns the same global numbers.
+        Metrics are global (rlkit.core.train.learner): every worker returns the same numbers.
         """
         self.phase = "update_actor"
-        self.actor.train()
-        sums: dict[str, torch.Tensor] = {}
-        for minibatch, norm in zip(minibatches, norms):
-            self.optimizer.zero_grad(set_to_none=True)
-            for rows in self._micro_batches(minibatch):
-                for key, value in self._micro_step(minibatch.select(rows), norm).items():
-                    sums[key] = sums.get(key, 0.0) + value
-            grad_norm = torch.nn.utils.clip_grad_norm_(self.actor.parameters(), self.config.actor.grad_clip)
-            grad_norm = grad_norm.full_tensor() if hasattr(grad_norm, "full_tensor") else grad_norm
-            sums["grad_norm"] = sums.get("grad_norm", 0.0) + grad_norm.detach().float().cpu() / self.world_size
-            self.optimizer.step()
-            self.scheduler.step()
-        keys = sorted(sums)
-        packed = torch.stack([torch.as_tensor(sums[k], dtype=torch.float64) for k in keys])
-        packed = packed.to(packing.collective_device())
-        dist.all_reduce(packed)
-        totals = dict(zip(keys, packed.tolist()))
-        tokens = totals.pop("tokens")
-        out = {f"actor/{k}": v / len(minibatches) for k, v in totals.items() if k in ("grad_norm", "pg_loss", "kl_loss")}
-        out.update({k if "/" in k else f"actor/{k}": v / tokens for k, v in totals.items() if f"actor/{k}" not in out})
-        out["actor/lr"] = self.scheduler.get_last_lr()[0]
+        cfg = self.config.actor
+        totals = optimize(self.model, minibatches, norms, self._micro_step, grad_clip=cfg.grad_clip,
+                          micro_batch_tokens=cfg.micro_batch_tokens, per_update=("pg_loss", "kl_loss"))
         self.phase = "idle"
-        return out
+        return {k if "/" in k else f"actor/{k}": v for k, v in totals.items()}
 
-    def _micro_step(self, mb: Batch, norm: dict[str, float]) -> dict[str, torch.Tensor]:
-        """Forward/backward of one micro-batch; returns sums to aggregate across micro-batches and ranks."""
+    def _micro_step(self, mb: Batch, norm: dict[str, float]) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        """The loss of one micro-batch, and metric sums to aggregate across micro-batches and ranks."""
         cfg = self.config.actor
         packed = packing.pack(mb).to(self.device)
         mb = mb.to(self.device)
         # No old log-probs: this update is the batch's only one, so the policy that sampled it (after
         # the weight sync) is the one being updated, and its log-probs are these, detached.
         old_from_here = "old_log_probs" not in mb
-        logits = fsdp.packed_outputs(self.actor, packed)
+        logits = fsdp.packed_outputs(self.model.module, packed)
         flat_log_probs, flat_entropy = selected_log_probs(logits, packed.targets, self.config.rollout.temperature,
                                                           with_entropy=cfg.entropy_coeff > 0 or old_from_here)
         log_probs = packed.scatter(flat_log_probs)
@@ -229,35 +198,28 @@ class PolicyWorker(DeviceWorker, AgentEpisodes):
                                      cfg.loss_agg_mode, **agg)
             loss = loss + cfg.kl_loss_coef * kl_loss
             sums["kl_loss"] = kl_loss.detach().cpu()
-        # FSDP2 averages gradients over ranks; the normalisers are already global, so undo it.
-        (loss * self.world_size).backward()
-        return sums
-
-    def _micro_batches(self, batch: Batch) -> list[list[int]]:
-        """Rows of each micro-batch: packed up to actor.micro_batch_tokens real tokens, same count on all ranks."""
-        lengths = batch["attention_mask"].sum(-1).tolist()
-        return packing.plan_micro_batches(lengths, self.config.actor.micro_batch_tokens)
+        return loss, sums
 
     # -- checkpoints (collective: every rank calls with the same folder) -----------------
     def save_checkpoint(self, folder: str) -> None:
         self.phase = "save_checkpoint"
-        checkpoint_shards.save_shards(folder, self.rank, model=self.actor, optimizer=self.optimizer,
-                                      scheduler=self.scheduler)
+        checkpoint_shards.save_shards(folder, self.rank, model=self.model.module, optimizer=self.model.optimizer,
+                                      scheduler=self.model.scheduler)
         self.phase = "idle"
 
     def load_checkpoint(self, folder: str) -> None:
         """The actor, its optimizer, LR schedule and RNG; the reference stays the base model."""
         self.phase = "load_checkpoint"
-        checkpoint_shards.load_shards(folder, self.rank, model=self.actor, optimizer=self.optimizer,
-                                      scheduler=self.scheduler)
+        checkpoint_shards.load_shards(folder, self.rank, model=self.model.module, optimizer=self.model.optimizer,
+                                      scheduler=self.model.scheduler)
         self.phase = "idle"
 
     # -- test and debugging hooks -------------------------------------------------------
     @torch.no_grad()
     def policy_logits(self, input_ids: torch.Tensor) -> torch.Tensor:
         """The actor's full logits for `input_ids` (for checking exported weights)."""
-        self.actor.eval()
-        return self.actor(input_ids=input_ids.to(self.device), use_cache=False).logits.float().cpu()
+        self.model.module.eval()
+        return self.model.module(input_ids=input_ids.to(self.device), use_cache=False).logits.float().cpu()
 
     def engine_log_probs(self, sequences: list[list[int]], prompt_len: int) -> list[list[float]]:
         """The engine's log-probs of given continuations (for checking the weight sync)."""

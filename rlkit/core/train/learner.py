@@ -1,0 +1,75 @@
+"""The one optimize loop, shared by the policy and the critic.
+
+Per mini-batch: zero the gradients, run its micro-batches (packed up to a per-device token
+budget, rlkit.core.train.packing) forward and backward, clip the global gradient norm, step
+the optimizer and the LR schedule. Micro-batching never changes the math: the loss of each
+micro-batch is already normalised by the whole mini-batch's counts, so summed gradients are
+the mini-batch's gradient. Metrics are sums over micro-batches, mini-batches and ranks, with
+one all-reduce at the end, so every rank returns the same global numbers.
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import torch
+import torch.distributed as dist
+
+from rlkit.core.batch import Batch
+from rlkit.core.train import packing
+from rlkit.core.train.model import TrainableModel
+
+# (micro-batch, the whole mini-batch's {"num_tokens", "num_seqs"}) -> (loss, metric sums).
+# The metric sums must include "tokens" (the micro-batch's loss tokens); every rank returns the same keys.
+MicroStep = Callable[[Batch, dict[str, float]], tuple[torch.Tensor, dict[str, torch.Tensor]]]
+
+
+def micro_batches(batch: Batch, budget: int) -> list[list[int]]:
+    """Rows of each micro-batch: at most `budget` real tokens each, the same count on every rank."""
+    return packing.plan_micro_batches(batch["attention_mask"].sum(-1).tolist(), budget)
+
+
+def optimize(model: TrainableModel, minibatches: list[Batch], norms: list[dict[str, float]], micro_step: MicroStep,
+             *, grad_clip: float, micro_batch_tokens: int, per_update: tuple[str, ...] = ()) -> dict[str, float]:
+    """One optimizer step per mini-batch; returns global metrics (names as `micro_step` gave them).
+
+    Keys in `per_update`, and `grad_norm`, are averaged over the optimizer steps (a mini-batch's
+    loss is already a mean); every other key is a token sum, divided by the loss tokens.
+    `lr` is the learning rate of the last step.
+    """
+    world = dist.get_world_size()
+    model.module.train()
+    sums: dict[str, torch.Tensor] = {}
+
+    def add(key: str, value: torch.Tensor) -> None:
+        sums[key] = sums.get(key, 0.0) + value.detach().double().cpu()
+
+    for minibatch, norm in zip(minibatches, norms):
+        model.optimizer.zero_grad(set_to_none=True)
+        for rows in micro_batches(minibatch, micro_batch_tokens):
+            loss, metrics = micro_step(minibatch.select(rows), norm)
+            # FSDP2 averages gradients over ranks; the normalisers are already global, so undo it.
+            (loss * world).backward()
+            for key, value in metrics.items():
+                add(key, torch.as_tensor(value))
+        grad_norm = torch.nn.utils.clip_grad_norm_(model.trainable_parameters(), grad_clip)
+        grad_norm = grad_norm.full_tensor() if hasattr(grad_norm, "full_tensor") else grad_norm
+        add("grad_norm", grad_norm.float() / world)  # the same on every rank: the all-reduce sums world copies
+        model.optimizer.step()
+        if model.scheduler is not None:
+            model.scheduler.step()
+    totals = all_reduce_sums(sums)
+    tokens = max(totals.pop("tokens"), 1.0)
+    steps = len(minibatches)
+    out = {k: v / steps if k in per_update or k == "grad_norm" else v / tokens for k, v in totals.items()}
+    out["lr"] = model.learning_rate
+    return out
+
+
+def all_reduce_sums(sums: dict[str, torch.Tensor]) -> dict[str, float]:
+    """Every rank's sums added up, in one collective (keys sorted, so ranks agree on the layout)."""
+    keys = sorted(sums)
+    packed = torch.stack([torch.as_tensor(sums[k], dtype=torch.float64).reshape(()) for k in keys])
+    packed = packed.to(packing.collective_device())
+    dist.all_reduce(packed)
+    return dict(zip(keys, packed.tolist()))

@@ -1,0 +1,81 @@
+"""The one place that builds what a worker trains: the sharded model, its optimizer and schedule.
+
+`build_policy` and `build_critic` load the model, shard it (FSDP2, rlkit.core.train.fsdp),
+and give it an AdamW over its trainable parameters. Anything that changes the model's
+structure (adapters) must be applied here, before `fully_shard`, so that every consumer
+(the update, the log-prob passes, the weight sync, checkpoints) sees one `TrainableModel`.
+"""
+
+from __future__ import annotations
+
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Iterator
+
+import torch
+
+from rlkit.core.train import fsdp
+from rlkit.recipes.schema import RLConfig
+
+
+@dataclass
+class TrainableModel:
+    """A sharded model with the optimizer (and LR schedule) that trains it."""
+
+    module: torch.nn.Module
+    optimizer: torch.optim.Optimizer
+    scheduler: torch.optim.lr_scheduler.LRScheduler | None  # None: a constant learning rate
+    base: torch.nn.Module | None = None  # a frozen copy of the base model, the reference of a KL term
+
+    def trainable_parameters(self) -> list[torch.nn.Parameter]:
+        return [p for p in self.module.parameters() if p.requires_grad]
+
+    @property
+    def learning_rate(self) -> float:
+        """The rate of the last optimizer step (the schedule has already advanced it)."""
+        return self.optimizer.param_groups[0]["lr"]
+
+    @contextmanager
+    def reference(self) -> Iterator[torch.nn.Module]:
+        """The reference policy: the base model, never trained (so a resumed run keeps the original anchor)."""
+        if self.base is None:
+            raise RuntimeError("this model was built without a reference (no KL term is configured)")
+        yield self.base
+
+    def engine_weights(self) -> Iterator[tuple[str, torch.Tensor]]:
+        """(HF name, full tensor) of every weight a rollout engine loads; a collective on every rank."""
+        return fsdp.full_state_items(self.module)
+
+
+def build_policy(config: RLConfig, model_path: str, device: torch.device) -> TrainableModel:
+    """The actor, its AdamW and LR schedule, and (when a KL term needs it) the frozen base model."""
+    dtype = fsdp.compute_dtype(config.model.dtype, device)
+    model = fsdp.load_model(model_path, gradient_checkpointing=config.model.gradient_checkpointing)
+    module = fsdp.shard_model(model, device=device, compute_dtype=dtype, compile=config.model.compile)
+    actor = config.actor
+    optimizer = torch.optim.AdamW([p for p in module.parameters() if p.requires_grad], lr=actor.lr,
+                                  betas=actor.betas, weight_decay=actor.weight_decay)
+    updates_per_step = config.data.train_batch_size // actor.mini_batch_size * actor.ppo_epochs
+    # Critic warm-up steps do not update the actor, so they are not in the schedule.
+    total_updates = (config.trainer.total_steps - config.critic.warmup_steps) * updates_per_step
+    scheduler = torch.optim.lr_scheduler.LambdaLR(
+        optimizer, fsdp.lr_lambda(actor.warmup_steps, total_updates, actor.lr_schedule))
+    base = None
+    if config.needs_reference:  # always the model on disk
+        base = fsdp.shard_model(fsdp.load_model(model_path), device=device, compute_dtype=dtype,
+                                compile=config.model.compile)
+        base.eval().requires_grad_(False)
+    return TrainableModel(module, optimizer, scheduler, base=base)
+
+
+def build_critic(config: RLConfig, model_path: str, device: torch.device) -> TrainableModel:
+    """The value model: the policy's base model with a one-output head, and its AdamW (constant rate).
+
+    Every rank must build the same freshly initialised head before sharding it, so the head's
+    initialisation draws from trainer.seed on every rank.
+    """
+    torch.manual_seed(config.trainer.seed)
+    model = fsdp.load_model(model_path, value_head=True, gradient_checkpointing=config.model.gradient_checkpointing)
+    module = fsdp.shard_model(model, device=device, compute_dtype=fsdp.compute_dtype(config.model.dtype, device))
+    optimizer = torch.optim.AdamW(module.parameters(), lr=config.critic.lr)
+    return TrainableModel(module, optimizer, scheduler=None)
