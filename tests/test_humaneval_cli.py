@@ -12,8 +12,6 @@ from conftest import invoke
 from rlkit.cli.data_cmds import register
 from rlkit.core.data.builders import write_parquet
 
-pytestmark = pytest.mark.usefixtures("wide_console")
-
 
 @pytest.fixture(scope="module")
 def humaneval_dir(tmp_path_factory) -> Path:
