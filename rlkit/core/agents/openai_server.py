@@ -77,8 +77,7 @@ class EpisodeServer:
         self.running: set[int] = set()
         self.queue: list[Request] = []
         self.lock = threading.Condition()
-        self.http = ThreadingHTTPServer(("127.0.0.1", 0), _handler(self))
-        self.http.daemon_threads = True
+        self.http = _Server(("127.0.0.1", 0), _handler(self))
         threading.Thread(target=self.http.serve_forever, name="rlkit-openai-endpoint", daemon=True).start()
 
     def base_url(self, episode: int) -> str:
@@ -220,8 +219,15 @@ def _completion(episode: int, turn: int, message: dict[str, Any], prompt_tokens:
                       "total_tokens": prompt_tokens + completion_tokens}}
 
 
+class _Server(ThreadingHTTPServer):
+    daemon_threads = True
+    request_queue_size = 4096  # every episode of a worker connects at once (the default 5 refuses them)
+
+
 def _handler(server: EpisodeServer) -> type[BaseHTTPRequestHandler]:
     class Handler(BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"  # keep-alive: an episode's requests reuse its connection
+
         def do_GET(self) -> None:  # noqa: N802 - the http.server interface
             match = _PATH.match(self.path)
             if not match or match.group(2) != "models":

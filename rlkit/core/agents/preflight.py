@@ -33,15 +33,14 @@ def check_agent(config: RLConfig, tokenizer: Any) -> None:
     if agent.max_tokens_per_turn is not None and agent.max_tokens_per_turn > data.max_response_length:
         raise UserError(f"rollout.agent.max_tokens_per_turn={agent.max_tokens_per_turn} is more than the whole "
                         f"response may hold (data.max_response_length={data.max_response_length})")
-    tools = None
+    tools, role = None, "tool"
     if agent.loop not in LOOPS:  # an agent function: it writes its own messages
         if agent.env or agent.tools:
             raise UserError("rollout.agent.env and rollout.agent.tools are not used by an agent function "
                             f"(rollout.agent.loop={agent.loop}); drop them")
         agent_function(agent.loop)
-        TurnBoundary(tokenizer).delta([{"role": "tool", "content": "probe"}])
-        return
-    if agent.loop == "env":
+    elif agent.loop == "env":
+        role = "user"
         if agent.tools:
             raise UserError("rollout.agent.tools is set but rollout.agent.loop=env never uses it (the environment "
                             "answers the policy's turns); drop it or set rollout.agent.loop=tool")
@@ -59,8 +58,18 @@ def check_agent(config: RLConfig, tokenizer: Any) -> None:
                             "or your own as path/file.py:function")
         tools = [tool.schema for tool in load_tools(agent)]
     try:
-        TurnBoundary(tokenizer, tools).delta([{"role": "tool" if tools else "user", "content": "probe"}])
+        TurnBoundary(tokenizer, tools).delta([{"role": role, "content": "probe"}])
     except Exception as exc:  # noqa: BLE001 - a template can fail in many ways (jinja, a missing role)
         raise UserError(f"rollout.agent.loop={agent.loop}: the chat template of model.path={config.model.path} cannot "
-                        f"write the {'tool' if tools else 'environment'}'s messages ({type(exc).__name__}: {exc}); "
-                        "use a chat model whose template has that role") from None
+                        f"write a {role!r} message ({type(exc).__name__}: {exc}); use a chat model whose template "
+                        "has that role") from None
+    check_no_validation(config)
+
+
+def check_no_validation(config: RLConfig) -> None:
+    """Validation (rlkit.core.controller.validation) samples single-turn completions, which say nothing
+    about an agent; refusing beats reporting numbers of the wrong thing."""
+    data = config.data
+    if data.val_files or (data.synthetic_task and config.trainer.val_freq):
+        raise UserError(f"validation generates single-turn completions and cannot run rollout.agent.loop="
+                        f"{config.rollout.agent.loop} episodes yet; set trainer.val_freq=0 and data.val_files=[]")
