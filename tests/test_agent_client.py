@@ -60,6 +60,16 @@ def test_an_openai_client_agent_trains_on_the_tokens_it_was_served(tok):
     assert data[1].prompt_token_ids + first.response_ids[:6] in engine.calls[1][0]
 
 
+def test_many_episodes_connect_at_once(tok):
+    """A worker's whole share (here 128 episodes) opens its connections together."""
+    call = tok.convert_tokens_to_ids(TOOL_CALL_TOKEN)
+    engine = ScriptedEngine(lambda ctx: ([call], False) if call not in ctx else ([ctx[-3]], False))
+    data = rows(tok, ["secret?"] * 64, [str(i % 10) for i in range(64)])
+    trajectories = _loop(tok, lookup_agent).run(engine, data, list(range(64)), Sampling(n=2))
+    assert [t.reward for t in trajectories] == [1.0] * 128
+    assert [len(prompts) for prompts, _ in engine.calls] == [128, 128]
+
+
 def test_a_conversation_that_does_not_continue_starts_over(tok):
     a = tok.convert_tokens_to_ids("a")
 

@@ -31,6 +31,7 @@ class ClientAgentLoop:
         self.agent_fn, self.limits = agent_fn, limits
         self.server = EpisodeServer(tokenizer, limits)
         self.guard = Guard(call_timeout_s * limits.max_turns, what="rollout.agent.max_turns x call_timeout_s")
+        self._http: Any = None  # the clients' shared connection pool, made on the guard's event loop
 
     def run(self, engine: RolloutEngine, rows: list[Any], groups: list[int], sampling: Sampling) -> list[Trajectory]:
         """sampling.n episodes per row, prompt-major; this thread serves their requests until all returned."""
@@ -44,14 +45,13 @@ class ClientAgentLoop:
                 for index, ((row, group), future) in enumerate(zip(episodes, futures))]
 
     async def _episode(self, index: int, row: Any) -> float:
-        from openai import AsyncOpenAI
+        import openai
 
-        client = AsyncOpenAI(base_url=self.server.base_url(index), api_key="rlkit", max_retries=0,
-                             timeout=self.guard.timeout_s)
-        try:
-            value = await self.agent_fn(client, row_dict(row))
-        finally:
-            await client.close()
+        if self._http is None:  # one connection pool for every episode (a client of its own costs ~20 ms)
+            self._http = openai.DefaultAsyncHttpxClient()
+        client = openai.AsyncOpenAI(base_url=self.server.base_url(index), api_key="rlkit", max_retries=0,
+                                    timeout=self.guard.timeout_s, http_client=self._http)
+        value = await self.agent_fn(client, row_dict(row))
         if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
             raise ValueError(f"the agent function returned {value!r:.80} ({type(value).__name__}); expected the "
                              "episode's reward as a finite number")

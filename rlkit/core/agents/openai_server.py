@@ -9,11 +9,11 @@ continue it starts the episode's conversation over (the earlier one is dropped f
 counted in `restarts`).
 
 Requests wait in a queue; the worker's thread (the one that owns the engine) generates every
-waiting request in one engine call once every running episode is waiting, or once the oldest
-has waited `batch_wait_s`. Sampling is the run's (rollout.temperature, ...), whatever the
+waiting request in one engine call once every running episode is waiting, or once no request
+has come for `batch_wait_s` (the other episodes are busy with their own work). Sampling is the run's (rollout.temperature, ...), whatever the
 request asks; `max_tokens` is honoured up to rollout.agent.max_tokens_per_turn. Samples are
 seeded by their place in the call (in episode order), so a run repeats exactly when the agent
-code is deterministic and each turn's requests arrive within `batch_wait_s` of each other.
+code is deterministic and each turn's requests come without a `batch_wait_s` pause.
 An episode sends one request at a time (its conversation is one sequence).
 """
 
@@ -71,7 +71,7 @@ def normalize(message: dict[str, Any]) -> dict[str, Any]:
 class EpisodeServer:
     """Serves chat completions for a worker's episodes from its engine, turn-batched."""
 
-    def __init__(self, tokenizer: Any, limits: Any, batch_wait_s: float = 0.05) -> None:
+    def __init__(self, tokenizer: Any, limits: Any, batch_wait_s: float = 0.2) -> None:
         self.tokenizer, self.limits, self.batch_wait_s = tokenizer, limits, batch_wait_s
         self.conversations: dict[int, Conversation] = {}
         self.running: set[int] = set()
@@ -122,14 +122,16 @@ class EpisodeServer:
             turn += 1
 
     def _ready(self) -> bool:
-        waiting = {r.episode for r in self.queue}
-        oldest = min((r.arrived for r in self.queue), default=None)
-        return bool(self.queue) and (waiting >= self.running or time.monotonic() - oldest >= self.batch_wait_s)
+        """Every running episode waits, or no request came for batch_wait_s (the others are busy)."""
+        if not self.queue:
+            return False
+        newest = max(r.arrived for r in self.queue)
+        return {r.episode for r in self.queue} >= self.running or time.monotonic() - newest >= self.batch_wait_s
 
     def _wait_left(self) -> float | None:
         if not self.queue:
             return None
-        return max(0.0, self.batch_wait_s - (time.monotonic() - min(r.arrived for r in self.queue)))
+        return max(0.0, self.batch_wait_s - (time.monotonic() - max(r.arrived for r in self.queue)))
 
     def _answer(self, request: Request, sample: Any, with_log_probs: bool) -> None:
         conversation = self.conversations[request.episode]
