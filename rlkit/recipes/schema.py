@@ -10,6 +10,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+from rlkit.recipes.agent_schema import AgentConfig
 from rlkit.recipes.reward_schema import RewardConfig, RewardModelConfig
 
 # The truncation of rollout importance weights when none is given (TIS's and verl's default).
@@ -87,6 +88,7 @@ class RolloutConfig(Section):
     vllm: VLLMOptions = Field(default_factory=VLLMOptions)
     sglang: SGLangOptions = Field(default_factory=SGLangOptions)
     hf: HFOptions = Field(default_factory=HFOptions)
+    agent: AgentConfig = Field(default_factory=AgentConfig, description="Multi-turn episodes: tools, environments (rlkit/recipes/agent_schema.py, docs/agents.md).")
 
 
 class ActorConfig(Section):

@@ -65,11 +65,6 @@ class TrainableModel:
         """
         return adapters.merged_weights(self.module) if self.lora else fsdp.full_state_items(self.module)
 
-    def engine_weight_shapes(self) -> list[tuple[str, tuple[int, ...]]]:
-        """(name, full shape) of what `engine_weights` yields, in its order, without gathering anything."""
-        return [(adapters.engine_name(name) if self.lora else name, tuple(param.shape))
-                for name, param in self.module.named_parameters() if not (self.lora and ".lora_" in name)]
-
 
 def build_policy(config: RLConfig, model_path: str, device: torch.device) -> TrainableModel:
     """The actor, its AdamW and LR schedule, and (when a KL term needs it) the frozen base model.

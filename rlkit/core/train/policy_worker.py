@@ -14,6 +14,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
+from rlkit.core.agents.worker import AgentEpisodes
 from rlkit.core.algos.kl import kl_estimate
 from rlkit.core.algos.losses import (
     aggregate_loss,
@@ -35,8 +36,9 @@ from rlkit.core.train.logprobs import selected_log_probs
 from rlkit.core.train.model import build_policy
 
 
-class PolicyWorker(DeviceWorker):
-    """Rank `rank` of the training group. Method names are the controller's phases."""
+class PolicyWorker(DeviceWorker, AgentEpisodes):
+    """Rank `rank` of the training group. Method names are the controller's phases (`agent_episodes`:
+    multi-turn rollout, rlkit.core.agents.worker)."""
 
     # -- set-up -------------------------------------------------------------------------
     def node_info(self) -> dict[str, Any]:
