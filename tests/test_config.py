@@ -115,6 +115,31 @@ def test_an_unknown_engine_names_the_known_ones():
         load_config("grpo-demo", ["rollout.name=vlm"])
 
 
+@pytest.mark.parametrize("override, message", [
+    ("actor_rollout_ref.rollout.nn=4", "unknown key 'actor_rollout_ref.rollout.nn' (command line); did you mean "
+                                       "'actor_rollout_ref.rollout.n' (verl's spelling of rollout.n)?"),
+    ("trainr.total_steps=3", "unknown key 'trainr.total_steps' (command line); did you mean 'trainer.total_steps'?"),
+    ("critic.optim.lrr=1e-5", "unknown key 'critic.optim.lrr' (command line); did you mean 'critic.optim.lr' "
+                              "(verl's spelling of critic.lr)?"),
+])
+def test_a_mistyped_key_is_named_whole_with_its_source_and_a_suggestion_from_its_namespace(override, message):
+    with pytest.raises(ConfigError) as info:
+        load_config("grpo-demo", [override])
+    assert str(info.value) == message
+
+
+def test_a_mistyped_key_in_a_recipe_file_names_the_file(tmp_path):
+    path = tmp_path / "mine.yaml"
+    path.write_text("base: grpo-demo\nactor_rollout_ref:\n  rollout:\n    nn: 4\n    temperatur: 0.7\n")
+    with pytest.raises(ConfigError) as info:
+        load_config(str(path))
+    assert str(info.value).splitlines() == [
+        "unknown key 'actor_rollout_ref.rollout.nn' (mine.yaml); did you mean 'actor_rollout_ref.rollout.n' "
+        "(verl's spelling of rollout.n)?",
+        "unknown key 'actor_rollout_ref.rollout.temperatur' (mine.yaml); did you mean "
+        "'actor_rollout_ref.rollout.temperature' (verl's spelling of rollout.temperature)?"]
+
+
 def test_a_renamed_key_is_answered_with_its_new_spelling():
     with pytest.raises(ConfigError, match=r"actor.recompute_old_log_probs \(command line\) is now actor.old_log_probs"):
         load_config("grpo-demo", ["actor.recompute_old_log_probs=false"])

@@ -7,9 +7,9 @@ import pytest
 from rlkit.core.cluster import faults
 from rlkit.core.cluster.failures import (
     CheckpointWriteError,
+    WorkerException,
     WorkerFailure,
     checkpoint_write_failure,
-    WorkerException,
     continue_hint,
     death_cause,
     headline,
@@ -54,9 +54,18 @@ def test_a_rule_fires_on_its_occurrence_only(monkeypatch):
     faults.reached("test.point")                     # third: nothing again
 
 
-def test_no_rule_no_effect(monkeypatch):
+def test_no_rule_no_effect(monkeypatch, capsys):
+    monkeypatch.setattr(faults, "_reached", type(faults._reached)())
     monkeypatch.delenv(faults.ENV, raising=False)
+    assert faults.reached("worker0.update_actor") is None
+    monkeypatch.setenv(faults.ENV, "")
+    faults.reached("worker0.update_actor", step=1)
+    assert not faults._reached  # unset or empty: the hook keeps no state and does nothing
+    # A rule for another point never acts here (a kill would end this test process); it only counts.
+    monkeypatch.setenv(faults.ENV, "kill:worker1.update_actor:1")
     faults.reached("worker0.update_actor")
+    assert faults._reached == {"worker0.update_actor": 1}
+    assert capsys.readouterr().err == ""  # no "rlkit fault injection:" line
 
 
 def test_killed_actor_cause_in_plain_words():

@@ -224,8 +224,8 @@ def test_prompt_plus_response_longer_than_the_models_context_names_both_keys(tmp
 
 
 def test_safetensors_header_check(tmp_path):
-    from safetensors.torch import save_file
     import torch
+    from safetensors.torch import save_file
 
     path = tmp_path / "w.safetensors"
     save_file({"w": torch.zeros(4, 4)}, str(path))
@@ -250,7 +250,7 @@ def test_dry_run_checks_the_model_and_the_data(tmp_path):
     assert f"data file {tmp_path}/missing.parquet does not exist" in line
 
 
-def test_dry_run_says_what_it_checked_and_what_it_skipped(tmp_path, wide_console):
+def test_dry_run_says_what_it_checked_and_what_it_skipped(tmp_path):
     result = _dry_run(tmp_path)
     assert result.exit_code == 0, result.output
     output = " ".join(result.output.split())

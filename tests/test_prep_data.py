@@ -14,8 +14,6 @@ from conftest import GSM8K, invoke
 from rlkit.cli.data_cmds import register
 from rlkit.core.data.gsm8k import INSTRUCTION
 
-pytestmark = pytest.mark.usefixtures("wide_console")
-
 
 def cli(*args: str):
     return invoke(register, "prep-data", *args)

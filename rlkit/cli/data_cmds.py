@@ -186,7 +186,7 @@ def eval_reward(
     save: Optional[Path] = typer.Option(
         None, "--save", help="Write the sampled responses here as jsonl (re-score with --responses)."),
     examples: int = typer.Option(3, "--examples", min=0, help="How many extraction failures and errors to show."),
-    as_json: bool = typer.Option(False, "--json", help="Print the report as one JSON object (for scripts)."),
+    as_json: bool = typer.Option(False, "--json", help="Print the report as one JSON object, each row's scores included (for scripts)."),
     overrides: Optional[list[str]] = typer.Argument(
         None, help="reward.KEY=VALUE settings, e.g. reward.gsm8k_method=flexible reward.function=my_reward.py:score"),
 ) -> None:
@@ -203,6 +203,8 @@ def eval_reward(
         raise UserError("--n, --limit and --save go with --model; with --responses every data row is scored")
     config = _reward_config(overrides or [])
     rows = read_rows(data)
+    if not rows:
+        raise UserError(f"--data {data} has no rows: nothing to score")
     if model is not None:
         rows = rows[:limit]
         status = f"sampling {n} response(s) for {len(rows)} prompts from {model}"

@@ -5,11 +5,10 @@ from __future__ import annotations
 from typing import Optional
 
 import typer
-from rich.syntax import Syntax
 from rich.table import Table
 
-from rlkit.cli import data_cmds, run_cmds
-from rlkit.cli.common import console, run_failures, user_errors
+from rlkit.cli import data_cmds, eval_cmds, run_cmds
+from rlkit.cli.common import console, print_yaml, run_failures, user_errors
 
 app = typer.Typer(
     name="rlkit",
@@ -44,7 +43,7 @@ def train(
     if dry_run:
         from rlkit.core.controller.preflight import Preflight
 
-        console.print(Syntax(config_to_yaml(config), "yaml", theme="ansi_dark"))
+        print_yaml(config_to_yaml(config))
         console.print("[bold]Batch arithmetic[/]")
         for line in batch_arithmetic(config):
             console.print(f"  - {line}")
@@ -78,12 +77,13 @@ def recipes_show(name: str = typer.Argument(..., help="Recipe name or path.")) -
     """Show a recipe's YAML (`rlkit train NAME --dry-run` shows it resolved). Example: rlkit recipes show dapo"""
     from rlkit.recipes.loader import find_recipe
 
-    console.print(Syntax(find_recipe(name).read_text(), "yaml", theme="ansi_dark"))
+    print_yaml(find_recipe(name).read_text())
 
 
 # Command groups that live in their own modules.
 data_cmds.register(app)
 run_cmds.register(app)
+eval_cmds.register(app)
 
 if __name__ == "__main__":
     app()

@@ -51,6 +51,9 @@ def check_config(config: RLConfig, origins: dict[str, str] | None = None, *, req
     if data.train_batch_size % actor.mini_batch_size:
         fail("actor.mini_batch_size", f"must divide data.train_batch_size={data.train_batch_size} "
              f"(got {actor.mini_batch_size})")
+    if config.trainer.val_n == 1:
+        fail("trainer.val_n", "validation always scores one greedy response per prompt (mean@1); trainer.val_n "
+             "adds samples at trainer.val_temperature for mean@n, pass@k and maj@n: use 0 or >= 2")
     devices = config.trainer.nnodes * config.trainer.n_gpus_per_node
     if rollout.placement == "split" and rollout.devices >= devices:
         fail("rollout.devices", f"split placement gives {rollout.devices} of the {devices} device(s) to rollout, "

@@ -19,8 +19,8 @@ class Section(BaseModel):
 
 class DataConfig(Section):
     train_files: list[str] = Field(default_factory=list, description="Parquet files of training prompts (see `rlkit prep-data`).")
-    val_files: list[str] = Field(default_factory=list, description="Parquet files scored every trainer.val_freq steps (greedy).")
-    synthetic_task: str | None = Field(None, description="Built-in task (echo, succ, add) generated into the run dir when train_files is empty.")
+    val_files: list[str] = Field(default_factory=list, description="Parquet files of held-out prompts: validated before training (trainer.val_before_train), every trainer.val_freq steps and after the last step (docs/architecture.md, Validation).")
+    synthetic_task: str | None = Field(None, description="Built-in task (echo, succ, add) generated into the run dir when train_files is empty; with trainer.val_freq > 0 and no val_files, its test split is the validation set.")
     train_batch_size: int = Field(16, ge=1, description="Prompts per RL step (before rollout.n samples each).")
     max_prompt_length: int = Field(512, ge=1, description="Longest prompt in tokens; longer ones error or are dropped (overlong_prompts).")
     max_response_length: int = Field(512, ge=1, description="Most tokens generated per response.")
@@ -28,11 +28,19 @@ class DataConfig(Section):
     shuffle: bool = Field(True, description="Shuffle prompts each epoch (seeded by trainer.seed).")
 
 
+class LoraSettings(Section):
+    rank: int = Field(0, ge=0, description="LoRA rank r (peft); 0 = off, every weight trains. On: only the adapters train and are checkpointed, the reference policy is the base with adapters off (no second model in memory), and the rollout engine receives merged weights W + alpha/r * B @ A. The critic (PPO) always trains all its weights.")
+    alpha: float = Field(16.0, gt=0, description="LoRA scaling numerator: the update is alpha / rank * B @ A.")
+    dropout: float = Field(0.0, ge=0, lt=1, description="Dropout on the adapters' input in training forward passes (not in log-prob passes or the engine).")
+    target_modules: str | list[str] = Field("all-linear", description="Modules that get adapters: peft's 'all-linear' (every linear layer but the output head) or a list of module names, e.g. [q_proj, v_proj].")
+
+
 class ModelConfig(Section):
     path: str = Field("", description="Hub id or local directory of the policy (also `--model`). 'rlkit:tiny-qwen2' builds a tiny offline model.")
     dtype: Literal["auto", "float32", "bfloat16"] = Field("auto", description="Compute dtype of forward/backward and rollout (parameters and optimizer stay fp32); auto = bfloat16 on GPU, float32 on CPU.")
     gradient_checkpointing: bool = Field(False, description="Recompute activations in backward: less memory, ~30% more compute.")
     compile: bool | Literal["auto"] = Field("auto", description="torch.compile each decoder layer and the log-prob kernels: the first step pays the compile, later ones run fused (ref/update passes ~40% instead of ~28% MFU on an H200, docs/benchmarks.md). auto = on with CUDA, off on CPU; false turns it off.")
+    lora: LoraSettings = Field(default_factory=LoraSettings)
 
 
 class VLLMOptions(Section):
@@ -60,6 +68,8 @@ class RolloutConfig(Section):
     placement: Literal["colocated", "split"] = Field("colocated", description="colocated: every training worker also runs a rollout engine on its device (vLLM sleeps during training); split: rollout.devices devices run only rollout and receive the weights after each update.")
     devices: int = Field(1, ge=1, description="split placement: devices (of trainer.nnodes x trainer.n_gpus_per_node) that run only rollout; the rest train.")
     log_prob_check_freq: int = Field(10, ge=0, description="Every this many steps the engine also returns the log-prob of each sampled token, and rollout/log_prob_diff (mean |engine - trainer|) checks the weight sync and the engine's numerics; 0 = never. Not every step: vLLM decodes at half speed while returning them (docs/benchmarks.md). actor.old_log_probs=rollout takes them on every step.")
+    log_prob_tolerance: float = Field(0.05, gt=0, description="Weight-sync check: the most rollout/log_prob_diff (mean |engine - trainer| log-prob per token, nats) a check step may show; more means the engine is not running the trained weights. Measured: ~1e-7 on CPU (fp32), 0.008 with vLLM bf16 on an H200. Not applied with rollout.top_p < 1 or top_k > 0, where the two differ by design.")
+    sync_check: Literal["error", "warn"] = Field("error", description="What a failed weight-sync check does (log-prob gap over rollout.log_prob_tolerance, or a first sync that left the engine's outputs unchanged): error stops the run with the reason; warn logs it and trains on.")
     vllm: VLLMOptions = Field(default_factory=VLLMOptions)
     hf: HFOptions = Field(default_factory=HFOptions)
 
@@ -77,7 +87,7 @@ class ActorConfig(Section):
     policy_loss: str = Field("vanilla", description="Registered policy loss: vanilla (PPO clip), gspo.")
     clip_ratio_low: float = Field(0.2, ge=0, description="PPO clip: ratio lower bound is 1 - clip_ratio_low.")
     clip_ratio_high: float = Field(0.2, ge=0, description="PPO clip: ratio upper bound is 1 + clip_ratio_high (DAPO clip-higher raises it).")
-    clip_ratio_c: float | None = Field(None, gt=1, description="Dual-clip bound for negative advantages (e.g. 3.0); None disables.")
+    clip_ratio_c: float | None = Field(3.0, gt=1, description="Dual-clip PPO (Ye et al. 2020): where the advantage is negative, the policy loss is capped at -A * clip_ratio_c, so a token whose ratio ran far above 1 cannot blow up the update. 3.0 as verl's default; None disables.")
     loss_agg_mode: Literal["token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm"] = Field(
         "token-mean", description="How per-token losses become one number.")
     entropy_coeff: float = Field(0.0, ge=0, description="Entropy bonus weight (0 = off).")
@@ -133,7 +143,10 @@ class TrainerConfig(Section):
     experiment_name: str | None = Field(None, description="Run name for trackers (default: the run id).")
     save_freq: int = Field(0, ge=0, description="Checkpoint every N steps (0 = only at the end); the last step is always saved.")
     keep_last: int = Field(2, ge=1, description="Complete checkpoints kept on disk (older ones are deleted after each save).")
-    val_freq: int = Field(0, ge=0, description="Score data.val_files every N steps (0 = never).")
+    val_freq: int = Field(0, ge=0, description="Validate every N steps (0 = only before training and after the last step); validation runs only when there are validation prompts (data.val_files).")
+    val_before_train: bool = Field(True, description="Validate the starting policy (logged as step 0) before a fresh run trains; a resumed run continues the schedule instead.")
+    val_n: int = Field(0, ge=0, description="Sampled responses per validation prompt besides the greedy one: with n >= 2 validation also reports mean@n, unbiased pass@k (k = 1, 2, 4, ..., n) and maj@n. 0 = greedy only (mean@1).")
+    val_temperature: float | None = Field(None, gt=0, description="Temperature of the trainer.val_n samples (top-p/top-k are rollout's); None = rollout.temperature.")
     phase_timeout_s: float = Field(1800.0, gt=0, description="Deadline of one controller -> worker call in a step (generate, update, sync, save); past it the run stops and names the late workers.")
     setup_timeout_s: float = Field(3600.0, gt=0, description="Deadline of worker start-up (model load, rollout-engine start), whose progress is logged as it goes.")
     save_on_interrupt: bool = Field(True, description="On Ctrl-C/SIGTERM, finish the current step and checkpoint it before stopping (a second Ctrl-C stops at once).")

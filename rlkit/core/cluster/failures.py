@@ -101,10 +101,11 @@ def continue_hint(run_path: Path, run_id: str) -> str:
             f"Continue with: {resume_command(run_path, run_id)}")
 
 
-def resume_command(run_path: Path, run_id: str) -> str:
-    """`rlkit resume ID`, with --runs-dir when the run is not under the default runs folder."""
+def resume_command(run_path: Path, run_id: str, command: str = "resume") -> str:
+    """`rlkit resume ID` (or another run command: export, runs show), with --runs-dir when the run
+    is not under the default runs folder."""
     parent = _runs_dir_if_not_default(run_path)
-    return f"rlkit resume {run_id}" + (f" --runs-dir {parent}" if parent else "")
+    return f"rlkit {command} {run_id}" + (f" --runs-dir {parent}" if parent else "")
 
 
 def restart_command(run_path: Path, run_id: str) -> str:

@@ -14,6 +14,7 @@ import time
 from typing import Any
 
 from rlkit.core.cluster.worker_group import DeviceReservation, WorkerGroup
+from rlkit.core.rollout.sync_check import first_change
 from rlkit.core.rollout.worker import RolloutWorker
 from rlkit.core.train.policy_worker import PolicyWorker
 from rlkit.recipes.schema import RLConfig
@@ -49,12 +50,14 @@ class Placement:
         return info
 
     def sync_weights(self) -> dict[str, float]:
+        """Load the trained weights into every engine; with the first load's check (rlkit.core.rollout.sync_check)."""
         if not self.split:
-            return self.train.call("sync_weights")[0]
+            synced = self.train.call("sync_weights")
+            return {**synced[0], **first_change(synced)}
         start = time.perf_counter()
         refs = self.train.call("export_weights", BUCKET_BYTES, phase="sync_weights (gather)")[0]
         loaded = self.rollout.call("load_weights", refs, phase="sync_weights (load)")
-        return {"sync/bytes": loaded[0]["bytes"], "sync/seconds": time.perf_counter() - start}
+        return {"sync/bytes": loaded[0]["bytes"], "sync/seconds": time.perf_counter() - start, **first_change(loaded)}
 
     def shutdown(self) -> None:
         if self.split:

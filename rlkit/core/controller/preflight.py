@@ -15,7 +15,13 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from rlkit.core.controller import model_checks
-from rlkit.core.data.dataset import PromptRow, PromptSampler, open_parquet, read_rows, tokenize_rows
+from rlkit.core.data.dataset import (
+    PromptRow,
+    PromptSampler,
+    open_parquet,
+    read_rows,
+    tokenize_rows,
+)
 from rlkit.errors import UserError
 from rlkit.recipes.schema import RLConfig
 

@@ -11,7 +11,7 @@ import logging
 from pathlib import Path
 from typing import Any
 
-from rlkit.core.cluster.failures import restart_command
+from rlkit.core.cluster.failures import restart_command, resume_command
 from rlkit.core.controller.run_dir import RunDir
 from rlkit.core.state import checkpoint
 from rlkit.errors import UserError
@@ -30,6 +30,9 @@ RESUME_SAFE_KEYS = {
     "trainer.experiment_name": "tracker run name",
     "trainer.val_freq": "validation only reads the policy",
     "data.val_files": "validation only reads the policy",
+    "trainer.val_before_train": "validation only reads the policy",
+    "trainer.val_n": "validation only reads the policy",
+    "trainer.val_temperature": "validation only reads the policy",
     "trainer.phase_timeout_s": "a deadline, not the math",
     "trainer.setup_timeout_s": "a deadline, not the math",
     "trainer.save_on_interrupt": "whether Ctrl-C writes a checkpoint",
@@ -39,6 +42,8 @@ RESUME_SAFE_KEYS = {
     "rollout.gpu_memory_utilization": "performance only",
     "rollout.vllm.enforce_eager": "performance only",
     "rollout.log_prob_check_freq": "when the sync check runs (the samples stay the same)",
+    "rollout.log_prob_tolerance": "what the sync check accepts, not the math",
+    "rollout.sync_check": "what a failed sync check does, not the math",
 }
 
 
@@ -53,7 +58,8 @@ def resume_config(run: RunDir, ckpt: checkpoint.Checkpoint, overrides: list[str]
         raise UserError("a resume continues the same training, so these overrides are refused: "
                         + "; ".join(refused) + ". Keys a resume may change: " + ", ".join(RESUME_SAFE_KEYS)
                         + ". To train with other settings, start a new run, e.g. from an export "
-                        f"(`rlkit export {run.run_id} --out DIR`, then `rlkit train ... --model DIR`)")
+                        f"(`{resume_command(run.path, run.run_id, 'export')} --out DIR`, then "
+                        "`rlkit train ... --model DIR`)")
     total = config.trainer.total_steps
     if "trainer.total_steps" in changed and config.actor.lr_schedule != "constant":
         raise UserError(f"trainer.total_steps cannot change on resume with actor.lr_schedule="
@@ -61,7 +67,8 @@ def resume_config(run: RunDir, ckpt: checkpoint.Checkpoint, overrides: list[str]
                         f"{saved.trainer.total_steps} steps, so the remaining learning rates would change")
     if total <= ckpt.step:
         raise UserError(f"run {run.run_id} already trained {ckpt.step} of trainer.total_steps={total} steps "
-                        f"(checkpoint {ckpt.path.name}); pass trainer.total_steps=N with N > {ckpt.step} to train on")
+                        f"(checkpoint {ckpt.path.name}); pass trainer.total_steps=N with N > {ckpt.step} to train on: "
+                        f"`{resume_command(run.path, run.run_id)} trainer.total_steps={2 * ckpt.step}`")
     return config
 
 
@@ -75,7 +82,8 @@ def resume_run(run_id: str, overrides: list[str], runs_dir: str | Path = "runs")
     if status.get("status") == "running":
         raise UserError(f"run {run.run_id} is still running (pid {status.get('pid')} on {status.get('host')}); "
                         "stop it first or wait for it to finish; if that process is gone (its machine went "
-                        f"down), delete {run.path / 'status.json'} and resume again")
+                        f"down), delete {run.path / 'status.json'} and run `{resume_command(run.path, run.run_id)}` "
+                        "again")
     with run_log(run.path / CONSOLE_LOG):
         try:
             ckpt = checkpoint.latest_checkpoint(run.path)

@@ -140,3 +140,23 @@ def resolve_model_path(spec: str, key: str = "model.path") -> str:
             raise UserError(f"{key}={spec}: the directory has no config.json (not a transformers model)")
         return str(local)
     return spec
+
+
+def prepare_val_files(config: RLConfig, run_path: Path) -> list[str]:
+    """The validation parquet files: data.val_files, or a synthetic task's test split when the run
+    trains on that task with trainer.val_freq > 0; [] for no validation."""
+    data = config.data
+    if data.val_files:
+        return [str(Path(f).expanduser()) for f in data.val_files]
+    if data.synthetic_task and not data.train_files and config.trainer.val_freq > 0:
+        return [_synthetic_split(config, run_path, "test", "val.parquet")]
+    return []
+
+
+def _synthetic_split(config: RLConfig, run_path: Path, split: str, name: str) -> str:
+    """data.synthetic_task's `split` (deterministic in trainer.seed), written into RUN/data/."""
+    from rlkit.core.data.builders import write_parquet
+    from rlkit.core.data.synthetic import build_synthetic
+
+    rows = build_synthetic(task=config.data.synthetic_task, seed=config.trainer.seed)[split]
+    return str(write_parquet(rows, run_path / "data" / name))

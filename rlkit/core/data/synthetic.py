@@ -11,7 +11,7 @@ import random
 from typing import Any, Callable
 
 from rlkit.core.data.builders import DATASET_BUILDERS, Row, make_row
-from rlkit.core.rewards.registry import REWARD_FNS
+from rlkit.core.rewards.registry import ANSWER_FNS, REWARD_FNS
 
 # name -> fn(rng) -> (prompt text, answer)
 TASKS: dict[str, Callable[[random.Random], tuple[str, str]]] = {}
@@ -63,3 +63,9 @@ def build_synthetic(source: str | None = None, *, task: str = "echo", n_train: i
 @REWARD_FNS.register("synthetic")
 def exact_match_reward(response: str, ground_truth: str, extra_info: dict[str, Any]) -> float:
     return 1.0 if response.strip() == ground_truth.strip() else 0.0
+
+
+@ANSWER_FNS.register("synthetic")
+def synthetic_answer(response: str) -> str | None:
+    """The whole stripped response is the answer (what exact match grades)."""
+    return response.strip() or None

@@ -12,8 +12,10 @@ from typing import Any
 import ray
 
 from rlkit.core.cluster.device_worker import DeviceWorker
+from rlkit.core.rollout import sync_check
 from rlkit.core.rollout.base import RolloutSample, Sampling
 from rlkit.core.rollout.engines import make_engine
+from rlkit.core.rollout.sync_check import FirstSyncProbe
 from rlkit.core.train import fsdp
 
 
@@ -27,12 +29,14 @@ class RolloutWorker(DeviceWorker):
         self.engine = make_engine(cfg, self.model_path, device=self.device,
                                   dtype=fsdp.compute_dtype(cfg.model.dtype, self.device),
                                   seed=cfg.trainer.seed + 10_000 + self.rank, sleep_mode=False)
+        self.sync_probe = FirstSyncProbe()
         self.phase = "idle"
         return {"rank": self.rank, "node_id": ray.get_runtime_context().get_node_id()}
 
     def generate(self, prompts: list[list[int]], sampling: Sampling) -> list[RolloutSample]:
         self.phase = "generate"
         samples = self.engine.generate(prompts, sampling)
+        self.sync_probe.record(prompts, samples)
         self.phase = "idle"
         return samples
 
@@ -47,9 +51,9 @@ class RolloutWorker(DeviceWorker):
                     moved += tensor.numel() * tensor.element_size()
                     yield name, tensor.to(self.device)
 
-        self.engine.load_weights(weights())
+        checked = self.sync_probe.measure(self.engine, lambda: sync_check.load_weights(self.engine, weights()))
         self.phase = "idle"
-        return {"bytes": float(moved), "seconds": time.perf_counter() - start}
+        return {"bytes": float(moved), "seconds": time.perf_counter() - start, **checked}
 
     def engine_log_probs(self, sequences: list[list[int]], prompt_len: int) -> list[list[float]]:
         return self.engine.score(sequences, prompt_len)

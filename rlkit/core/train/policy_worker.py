@@ -24,8 +24,10 @@ from rlkit.core.batch import Batch
 from rlkit.core.cluster.device_worker import DeviceWorker
 from rlkit.core.controller.run_dir import resolve_model_path
 from rlkit.core.rewards.reward_model import RewardModel
+from rlkit.core.rollout import sync_check
 from rlkit.core.rollout.base import RolloutSample, Sampling
 from rlkit.core.rollout.engines import make_engine
+from rlkit.core.rollout.sync_check import FirstSyncProbe
 from rlkit.core.state import shards as checkpoint_shards
 from rlkit.core.train import fast_paths, fsdp, packing
 from rlkit.core.train.learner import micro_batches, optimize
@@ -60,6 +62,7 @@ class PolicyWorker(DeviceWorker):
         self.engine = make_engine(cfg, self.model_path, device=self.device, dtype=self.dtype,
                                   seed=cfg.trainer.seed + self.rank,
                                   sleep_mode=True) if cfg.rollout.placement == "colocated" else None
+        self.sync_probe = FirstSyncProbe()
         self.phase = "idle"
         return {"rank": self.rank, "shards": fsdp.shard_numels(self.model.module), "fast_paths": self.fast_paths}
 
@@ -92,6 +95,7 @@ class PolicyWorker(DeviceWorker):
         self.phase = "generate"
         self.engine.wake_up()
         samples = self.engine.generate(prompts, sampling)
+        self.sync_probe.record(prompts, samples)
         self.engine.sleep()
         self.phase = "idle"
         return samples
@@ -100,7 +104,8 @@ class PolicyWorker(DeviceWorker):
         """Stream full tensors from the FSDP2 shards into the engine, one parameter at a time."""
         self.phase = "sync_weights"
         start, moved = time.perf_counter(), 0
-        self.engine.wake_up(weights_only=True)
+        # The first sync is checked by scoring a sequence before and after it: the whole engine must be awake.
+        self.engine.wake_up(weights_only=not self.sync_probe.pending)
 
         def weights():
             nonlocal moved
@@ -108,10 +113,10 @@ class PolicyWorker(DeviceWorker):
                 moved += tensor.numel() * tensor.element_size()
                 yield name, tensor
 
-        self.engine.load_weights(weights())
+        checked = self.sync_probe.measure(self.engine, lambda: sync_check.load_weights(self.engine, weights()))
         # The engine stays awake (weights only, no KV cache) until the next rollout's generate.
         self.phase = "idle"
-        return {"sync/bytes": float(moved), "sync/seconds": time.perf_counter() - start}
+        return {"sync/bytes": float(moved), "sync/seconds": time.perf_counter() - start, **checked}
 
     def export_weights(self, bucket_bytes: int) -> list | None:
         """Split placement: full tensors in the rollout dtype, in object-store buckets (rank 0 returns their refs).
