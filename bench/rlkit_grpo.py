@@ -1,12 +1,14 @@
-"""One rlkit configuration on the benchmark workload: per-phase seconds, tokens/s/GPU and MFU.
+"""One rlkit configuration on the benchmark workload: per-phase seconds, tokens/s/GPU, MFU, peak GPU memory.
 
   python bench/rlkit_grpo.py --workdir /tmp/bench --out result.json [--gpus 2] [--rollout hf]
-      [--placement split] [--compile] [--cuda-graphs] [--grad-ckpt] [--old-log-probs recompute]
-      [--engine-kwargs '{async_scheduling: true}'] [--mode one_step_off|async] [--max-staleness 2]
-      [--weight-sync broadcast|object_store] [--rollout-is-cap 2.0] [--tiny]
+      [--placement split] [--compile] [--cuda-graphs] [--defaults] [--grad-ckpt] [--old-log-probs recompute]
+      [--engine-kwargs '{async_scheduling: true}'] [--shape 7b] [--lora-rank 16] [--prompts 16]
+      [--mode one_step_off|async] [--max-staleness 2] [--weight-sync broadcast|object_store]
+      [--rollout-is-cap 2.0] [--tiny]
 
 Steps after --warmup are averaged. The result JSON is rewritten after every step, so a run
-cut short still leaves its numbers.
+cut short still leaves its numbers. Peak memory is the most `nvidia-smi` showed on any GPU
+(training and the rollout engine together), sampled twice a second; None without a GPU.
 """
 
 from __future__ import annotations
@@ -14,13 +16,21 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import subprocess
 import sys
+import threading
 import time
+from dataclasses import replace
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench.workload import H200_BF16_PEAK_FLOPS, Workload, prepared  # noqa: E402
+from bench.workload import (  # noqa: E402
+    H200_BF16_PEAK_FLOPS,
+    SHAPES,
+    Workload,
+    prepared,
+)
 
 # Phases the controller times (wait_for_rollout: asynchronous rollout's wait for the batch);
 # everything else in a step is controller overhead.
@@ -29,18 +39,20 @@ WORKER_PHASES = ("gen", "wait_for_rollout", "old_log_prob", "ref", "update_actor
 
 def overrides(args: argparse.Namespace, workload: Workload, data: str, runs_dir: str) -> list[str]:
     reward = Path(__file__).resolve().parent / "reward.py"
+    fast_paths = [] if args.defaults else [
+        f"rollout.vllm.enforce_eager={str(not args.cuda_graphs).lower()}",
+        f"actor.micro_batch_tokens={args.micro_batch_tokens}", f"model.compile={str(args.compile).lower()}"]
     return [
         f"data.train_files=[{data}]", f"data.train_batch_size={workload.prompts}",
         f"data.max_prompt_length={workload.prompt_tokens}", f"data.max_response_length={workload.response_tokens}",
         f"rollout.n={workload.samples}", "rollout.ignore_eos=true", f"rollout.name={args.rollout}",
         f"rollout.placement={args.placement}", f"rollout.max_num_seqs={workload.sequences}",
-        f"rollout.gpu_memory_utilization={args.gpu_memory_utilization}",
-        f"rollout.vllm.enforce_eager={str(not args.cuda_graphs).lower()}",
+        f"rollout.gpu_memory_utilization={args.gpu_memory_utilization}", *fast_paths,
         # One optimizer step per RL step, like TRL's run of the same workload.
-        f"actor.mini_batch_size={workload.prompts}", f"actor.micro_batch_tokens={args.micro_batch_tokens}",
-        f"model.compile={str(args.compile).lower()}", f"model.gradient_checkpointing={str(args.grad_ckpt).lower()}",
+        f"actor.mini_batch_size={workload.prompts}", f"model.gradient_checkpointing={str(args.grad_ckpt).lower()}",
+        f"model.lora.rank={args.lora_rank}", f"model.lora.alpha={2 * max(args.lora_rank, 1)}",
         f"actor.old_log_probs={args.old_log_probs}", f"rollout.vllm.engine_kwargs={args.engine_kwargs}",
-        f"reward.function={reward}:score", "reward.num_workers=0", f"rollout.mode={args.mode}",
+        f"reward.function={reward}:score", f"rollout.mode={args.mode}",
         *([f"rollout.max_staleness={args.max_staleness}"] if args.mode == "async" else []),
         *([f"rollout.weight_sync={args.weight_sync}"] if args.placement == "split" else []),
         *([f"actor.rollout_is_cap={args.rollout_is_cap}"] if args.rollout_is_cap else []),
@@ -79,15 +91,41 @@ def summarize(steps: list[dict], workload: Workload, train_gpus: int, peak: floa
     }
 
 
+class GpuMemoryPeak(threading.Thread):
+    """The most memory any GPU used (MiB, from nvidia-smi) while the benchmark ran."""
+
+    def __init__(self) -> None:
+        super().__init__(daemon=True)
+        self.peak_mib: float | None = None
+        self.stopped = threading.Event()
+
+    def run(self) -> None:
+        while not self.stopped.wait(0.5):
+            try:
+                out = subprocess.run(["nvidia-smi", "--query-gpu=memory.used", "--format=csv,noheader,nounits"],
+                                     capture_output=True, text=True, timeout=10).stdout
+            except (OSError, subprocess.TimeoutExpired):
+                return  # no GPU here
+            used = [float(x) for x in out.split()] or [0.0]
+            self.peak_mib = max(self.peak_mib or 0.0, *used)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--workdir", required=True, help="where the workload's model and prompts live (built once)")
     parser.add_argument("--out", required=True, help="result JSON")
     parser.add_argument("--label", default="rlkit")
     parser.add_argument("--tiny", action="store_true", help="a tiny model and batch (CPU smoke run)")
+    parser.add_argument("--shape", default="0.5b", choices=sorted(SHAPES), help="Qwen2.5 model shape (random weights)")
+    parser.add_argument("--prompts", type=int, default=None, help="prompts per step (default: the workload's)")
+    parser.add_argument("--lora-rank", type=int, default=0,
+                        help="model.lora.rank (alpha = 2 x rank); 0 = full fine-tuning")
     parser.add_argument("--gpus", type=int, default=1, help="devices (trainer.n_gpus_per_node)")
-    parser.add_argument("--rollout", default="vllm", choices=["vllm", "hf"])
+    parser.add_argument("--rollout", default="vllm", choices=["vllm", "sglang", "hf"])
     parser.add_argument("--placement", default="colocated", choices=["colocated", "split"])
+    parser.add_argument("--defaults", action="store_true", help="rlkit's defaults (auto) for model.compile, "
+                        "rollout.vllm.enforce_eager and actor.micro_batch_tokens: --compile, --cuda-graphs and "
+                        "--micro-batch-tokens are ignored")
     parser.add_argument("--compile", action="store_true", help="model.compile=true")
     parser.add_argument("--cuda-graphs", action="store_true", help="vLLM with CUDA graphs (rollout.vllm.enforce_eager=false)")
     parser.add_argument("--grad-ckpt", action="store_true", help="model.gradient_checkpointing=true")
@@ -112,9 +150,12 @@ def main() -> None:
     os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
     from rlkit.core.controller.controller import Controller
     from rlkit.core.controller.run_dir import RunDir
+    from rlkit.core.rollout.sync_check import check_weight_sync
     from rlkit.recipes.loader import load_config
 
-    workload, workdir = prepared(args.workdir, args.tiny)
+    workload, workdir = prepared(args.workdir, args.tiny, args.shape)
+    if args.prompts:
+        workload = replace(workload, prompts=args.prompts)
     config = load_config("grpo", overrides(args, workload, str(workdir / "prompts.parquet"), str(workdir / "runs")),
                          model=str(workdir / "model"))
     train_gpus = config.world_size
@@ -124,23 +165,35 @@ def main() -> None:
     def save() -> None:
         out.write_text(json.dumps(result, indent=1))
 
+    memory = GpuMemoryPeak()
+    memory.start()
     start = time.perf_counter()
-    controller = Controller(config, RunDir.create(config))
-    result["setup_seconds"] = time.perf_counter() - start
     steps: list[dict] = []
+    controller = None
     try:
+        controller = Controller(config, RunDir.create(config))
+        result["setup_seconds"] = time.perf_counter() - start
+        result["fast_paths"] = controller.fast_paths.describe()
+        print(f"[{args.label}] {result['fast_paths']}", flush=True)
         for step in range(1, args.steps + 1):
             steps.append(controller.step(step))
+            check_weight_sync(steps[-1], config.rollout, step)  # as a training run does
             result["steps"] = steps
             measured = steps[args.warmup:] or steps
             result.update(status=f"{step}/{args.steps} steps", summary=summarize(measured, workload, train_gpus,
                                                                                   args.peak_flops))
+            result["peak_gpu_memory_gib"] = memory.peak_mib / 1024 if memory.peak_mib else None
             save()
             print(f"[{args.label}] step {step}: {steps[-1]['timing/step']:.2f} s", flush=True)
         result["status"] = "done"
+    except Exception as exc:  # e.g. out of memory: the result says so, with the memory seen until then
+        result["status"] = f"failed: {type(exc).__name__}: {str(exc)[:1000]}"
+        raise
     finally:
+        result["peak_gpu_memory_gib"] = memory.peak_mib / 1024 if memory.peak_mib else None
         save()
-        controller.close()
+        if controller is not None:
+            controller.close()
 
 
 if __name__ == "__main__":

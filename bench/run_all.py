@@ -27,6 +27,7 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 RLKIT, TRL, ROLLOUT = str(HERE / "rlkit_grpo.py"), str(HERE / "trl_grpo.py"), str(HERE / "vllm_rollout.py")
+AGENT = str(HERE / "agent_grpo.py")  # the same workload, each response in 3 turns with an environment between
 FAST = [RLKIT, "--compile", "--cuda-graphs"]
 ASYNC = ["--engine-kwargs", "{async_scheduling: true}"]
 
@@ -35,6 +36,8 @@ CONFIGS: dict[str, tuple[list[str], int, int]] = {
     "rlkit-1gpu-vllm": ([RLKIT], 1, 150),
     "rlkit-1gpu-vllm-compile": ([RLKIT, "--compile"], 1, 200),
     "rlkit-1gpu-vllm-cudagraphs-compile": (FAST, 1, 200),
+    # rlkit's own defaults for compile, CUDA graphs and the micro-batch budget (all "auto")
+    "rlkit-1gpu-defaults": ([RLKIT, "--defaults"], 1, 200),
     "rlkit-1gpu-vllm-cudagraphs-compile-async": (FAST + ASYNC, 1, 200),
     "rlkit-1gpu-vllm-cudagraphs-compile-recompute": (FAST + ["--old-log-probs", "recompute"], 1, 200),
     "rlkit-2gpu-vllm-cudagraphs-compile": (FAST + ["--gpus", "2"], 2, 200),
@@ -53,11 +56,13 @@ CONFIGS: dict[str, tuple[list[str], int, int]] = {
     "vllm-rollout-1gpu-async": ([ROLLOUT, "--async-scheduling"], 1, 200),
     "rlkit-1gpu-vllm-gradckpt": ([RLKIT, "--grad-ckpt"], 1, 150),
     "rlkit-1gpu-hf": ([RLKIT, "--rollout", "hf", "--steps", "2"], 1, 200),
+    "rlkit-1gpu-sglang": ([RLKIT, "--compile", "--rollout", "sglang"], 1, 240),
     "rlkit-2gpu-vllm": ([RLKIT, "--gpus", "2"], 2, 150),
     "rlkit-2gpu-split": ([RLKIT, "--gpus", "2", "--placement", "split"], 2, 180),
     "trl-1gpu-vllm": ([TRL, "--vllm"], 1, 330),
     "trl-2gpu-vllm-server": ([TRL, "--vllm-server"], 2, 400),  # its vLLM server on one GPU, the trainer on the other
     "trl-1gpu-hf": ([TRL, "--steps", "2"], 1, 150),
+    "agent-1gpu-3turns-cudagraphs-compile": ([AGENT, "--compile", "--cuda-graphs", "--turns", "3"], 1, 240),
 }
 
 
@@ -170,7 +175,7 @@ class Runner:
             result_file = self.out / f"{name}.json"
             command = [sys.executable, *script_args, "--workdir", self.args.workdir, "--out", str(result_file),
                        "--label", name] + (["--tiny"] if self.args.tiny else []) + \
-                      (["--peak-flops", str(self.peak)] if self.peak and script_args[0] == RLKIT else [])
+                      (["--peak-flops", str(self.peak)] if self.peak and script_args[0] in (RLKIT, AGENT) else [])
             env = dict(os.environ, **({"CUDA_VISIBLE_DEVICES": str(gpu)} if gpu is not None else {}))
             where = f" on GPU {gpu}" if gpu is not None else ""
             print(f"== {name}{where}: {' '.join(command[1:])} ({left:.0f} s left)", flush=True)

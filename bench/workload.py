@@ -3,6 +3,7 @@
 GRPO with fixed shapes: 64 prompts x 8 samples, prompts of exactly 256 tokens, responses
 forced to 512 tokens (EOS ignored). The tokenizer encodes one token per character, so a
 prompt of 256 letters is exactly 256 tokens for rlkit, vLLM and TRL alike. `--tiny` shrinks everything to run on a CPU.
+Larger shapes (`SHAPES`: Qwen2.5-3B and -7B) measure what fits on one device (LoRA vs full fine-tuning).
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ class Workload:
     kv_heads: int = 2
     vocab: int = 151936
     max_positions: int = 32768
+    tied: bool = True  # input embedding and output head share one matrix (0.5B, 3B; not 7B)
 
     @property
     def head_dim(self) -> int:
@@ -64,13 +66,21 @@ class Workload:
 FULL = Workload()
 TINY = Workload(prompts=4, samples=4, prompt_tokens=16, response_tokens=8, hidden=128, intermediate=256,
                 layers=2, heads=2, kv_heads=2, vocab=512, max_positions=256)
+# Model shapes of Qwen2.5 (config.json of each), same batch as FULL.
+SHAPES = {
+    "0.5b": FULL,
+    "3b": Workload(hidden=2048, intermediate=11008, layers=36, heads=16, kv_heads=2),
+    "7b": Workload(hidden=3584, intermediate=18944, layers=28, heads=28, kv_heads=4, vocab=152064, tied=False),
+}
 
 
-def prepared(workdir: str | Path, tiny: bool) -> tuple[Workload, Path]:
-    """The workload (TINY or FULL) and its folder, built there on first use and shared by later runs."""
-    workload, folder = (TINY if tiny else FULL), Path(workdir)
+def prepared(workdir: str | Path, tiny: bool, shape: str = "0.5b") -> tuple[Workload, Path]:
+    """The workload (TINY, or the model shape named) and its folder, built there on first use and shared by later runs."""
+    workload, folder = (TINY if tiny else SHAPES[shape]), Path(workdir)
     if not (folder / "workload.json").exists():
         build(workload, folder)
+    elif Workload(**json.loads((folder / "workload.json").read_text())) != workload:
+        raise SystemExit(f"{folder} holds another workload ({folder / 'workload.json'}); use a new --workdir")
     return workload, folder
 
 
@@ -106,7 +116,7 @@ def build(workload: Workload, out_dir: str | Path, seed: int = 0, prompt_rows: i
         num_hidden_layers=workload.layers, num_attention_heads=workload.heads,
         num_key_value_heads=workload.kv_heads, head_dim=workload.head_dim,
         max_position_embeddings=workload.max_positions, rope_theta=1e6, rms_norm_eps=1e-6,
-        tie_word_embeddings=True, use_sliding_window=False, bos_token_id=None,
+        tie_word_embeddings=workload.tied, use_sliding_window=False, bos_token_id=None,
         pad_token_id=vocab["<|endoftext|>"], eos_token_id=vocab["<|im_end|>"], torch_dtype="bfloat16")
     torch.manual_seed(seed)
     model = Qwen2ForCausalLM(config).to(torch.bfloat16)

@@ -4,6 +4,8 @@
 class UserError(Exception):
     """Bad input from the user (config, paths, data). The message must say what to change."""
 
+    next_step = ""  # how to continue, when a run found the problem after it started (the run loop sets it)
+
 
 class ConfigError(UserError):
     """A recipe or override that does not validate."""

@@ -27,7 +27,7 @@ from rich.table import Table
 SAMPLES_PER_STEP = 128
 TINY_WORLD = ["model.path=rlkit:tiny-qwen2", "data.synthetic_task=echo", "data.max_prompt_length=16",
               "data.max_response_length=1", "actor.micro_batch_tokens=4096", "actor.lr=1e-3",
-              "actor.warmup_steps=0", "actor.weight_decay=0", "rollout.name=vllm", "reward.num_workers=0"]
+              "actor.warmup_steps=0", "actor.weight_decay=0", "rollout.name=vllm", "reward.num_workers=1"]
 
 # name -> (recipe, overrides on top of TINY_WORLD)
 ALGORITHMS = {

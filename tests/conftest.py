@@ -30,14 +30,6 @@ def _isolated_cache(tmp_path_factory, monkeypatch):
     monkeypatch.setenv("RLKIT_CACHE", str(tmp_path_factory.getbasetemp() / "rlkit-cache"))
 
 
-@pytest.fixture
-def wide_console(monkeypatch) -> None:
-    """Rich tables unwrapped, so a message or a reason reads as one string in CLI output."""
-    from rlkit.cli.common import console
-
-    monkeypatch.setattr(console, "width", 250)
-
-
 def invoke(register, *args: str):
     """Run CLI args against a fresh Typer app that holds only the commands `register` adds."""
     import typer

@@ -34,6 +34,9 @@ def test_each_recipe_sets_its_algorithm() -> None:
     assert gspo.actor.policy_loss == "gspo" and gspo.actor.loss_agg_mode == "seq-mean-token-mean"
     for name in ALGORITHM_RECIPES:
         assert not configs[name].critic_enabled or name == "ppo"
+    # Dual clip: verl's 3.0 unless the recipe says otherwise (DAPO's script 10; GSPO has none).
+    dual_clip = {name: configs[name].actor.clip_ratio_c for name in ALGORITHM_RECIPES}
+    assert dual_clip == {**dict.fromkeys(ALGORITHM_RECIPES, 3.0), "dapo": 10.0, "gspo": None}
 
 
 def test_verl_spellings_of_the_algorithm_keys() -> None:

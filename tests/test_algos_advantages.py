@@ -167,3 +167,44 @@ def test_missing_inputs_raise_value_error() -> None:
 def test_unknown_estimator_suggests_closest() -> None:
     with pytest.raises(KeyError, match="did you mean 'grpo'"):
         compute_advantages("grp0", full_inputs())
+
+
+# Fractional scores that float32 cannot sum exactly: 16 copies of each do not add up to 16x.
+CONSTANT_SCORES = [0.1, 0.7, 1 / 3, 0.123456, 2.2, -0.9]
+
+
+def groups_of_16(scores_per_group: list[list[float]]) -> AdvantageInputs:
+    """One group of 16 one-token samples per list, group ids 0, 1, ..."""
+    flat = [s for group in scores_per_group for s in group]
+    ids = [g for g, group in enumerate(scores_per_group) for _ in group]
+    return seq_inputs(flat, [1] * len(flat), ids, r=1)
+
+
+@pytest.mark.parametrize(
+    ("name", "norm_adv_by_std", "mixed_expected"),
+    [
+        # Mixed group: 0.1 x15 and 0.9: mean .15, deviations -.05 (x15) and .75,
+        # unbiased var (15 * .0025 + .5625) / 15 = .04, std .2.
+        ("grpo", True, [-0.05 / (0.2 + EPS), 0.75 / (0.2 + EPS)]),
+        ("grpo", False, [-0.05, 0.75]),  # Dr.GRPO: no std division
+        ("rloo", True, [-0.05 * 16 / 15, 0.75 * 16 / 15]),  # n/(n-1) (s - mean)
+    ],
+)
+def test_group_of_equal_fractional_scores_gets_exactly_zero(
+    name: str, norm_adv_by_std: bool, mixed_expected: list[float]
+) -> None:
+    # A group whose 16 scores are all equal carries no signal: its advantage must be exactly 0,
+    # not the +-0.1 that float32 rounding of (s - mean) / (std + eps) with std ~1e-8 makes.
+    groups = [[s] * 16 for s in CONSTANT_SCORES] + [[0.1] * 15 + [0.9]]
+    adv, _ = compute_advantages(name, groups_of_16(groups), norm_adv_by_std=norm_adv_by_std)
+    constant = adv[: 16 * len(CONSTANT_SCORES), 0]
+    assert torch.equal(constant, torch.zeros_like(constant))
+    mixed = adv[16 * len(CONSTANT_SCORES) :, 0]
+    expected = torch.tensor([mixed_expected[0]] * 15 + [mixed_expected[1]])
+    assert torch.allclose(mixed, expected, atol=1e-6)
+
+
+def test_reinforce_plus_plus_baseline_equal_fractional_scores_are_zero() -> None:
+    # Every group constant: the group-centred scores are exactly 0, and whitening keeps 0.
+    adv, _ = compute_advantages("reinforce_plus_plus_baseline", groups_of_16([[s] * 16 for s in CONSTANT_SCORES]))
+    assert torch.equal(adv, torch.zeros_like(adv))

@@ -16,6 +16,7 @@ from rlkit.core.algos import (
     rollout_importance_weights,
     value_loss,
 )
+from rlkit.recipes.schema import ActorConfig
 
 LN = math.log
 
@@ -79,6 +80,24 @@ def test_dual_clip_caps_negative_advantages() -> None:
         policy_loss("vanilla", logp, old, adv, mask, clip_ratio_c=1.0)
 
 
+def test_dual_clip_is_on_by_default_as_in_verl() -> None:
+    # verl's compute_policy_loss_vanilla: pg = max(-A r, -A clip(r, .8, 1.2)); where A < 0,
+    # min(pg, -A c) with c = clip_ratio_c = 3.0 by default. Ours takes c from the schema.
+    #   r 4,   A -.5: max(2, .6)     = 2    > -A c = 1.5 -> 1.5, dual-capped: no gradient
+    #   r 2.5, A -.5: max(1.25, .6)  = 1.25 < 1.5        -> 1.25, d/dlogp (-A r) = .5 * 2.5 = 1.25
+    #   r 4,   A +.5: max(-2, -.6)   = -.6 (A > 0: never capped), clipped: no gradient
+    #   r .5,  A -2:  max(1, 1.6)    = 1.6  < -A c = 6    -> 1.6, clipped: no gradient
+    c = ActorConfig().clip_ratio_c
+    assert c == 3.0
+    logp, old, adv, mask = ratios_batch([4.0, 2.5, 4.0, 0.5], [-0.5, -0.5, 0.5, -2.0])
+    loss, m = policy_loss("vanilla", logp, old, adv, mask, clip_ratio_c=c)
+    assert torch.allclose(loss, torch.tensor([[1.5, 1.25, -0.6, 1.6, 0.0]]), atol=1e-6)
+    assert m["pg_clipfrac_lower"].item() == pytest.approx(1 / 4)  # only the first token
+    assert m["pg_clipfrac"].item() == pytest.approx(2 / 4)  # tokens 2, 3: the clipped term is larger
+    loss.sum().backward()
+    assert torch.allclose(logp.grad, torch.tensor([[0.0, 1.25, 0.0, 0.0, 0.0]]), atol=1e-6)
+
+
 def gspo_batch() -> tuple[torch.Tensor, ...]:
     # Seq 0: token log-ratios .1, .3 (len 2). Seq 1: log-ratio -.5 (len 1) + garbage padding.
     old = torch.tensor([[-1.0, -2.0], [-0.7, 0.0]])
@@ -95,6 +114,8 @@ def test_gspo_sequence_ratio_and_clip() -> None:
     assert torch.allclose(loss, torch.tensor([[-1.2, -1.2], [-0.606531, 0.0]]), atol=1e-6)
     assert m["pg_clipfrac"].item() == pytest.approx(2 / 3)
     assert m["ppo_kl"].item() == pytest.approx(-(0.1 + 0.3 - 0.5) / 3, abs=1e-6)
+    # Token mean of the sequence ratio: (2 * exp(.2) + exp(-.5)) / 3.
+    assert m["seq_ratio_mean"].item() == pytest.approx((2 * math.exp(0.2) + math.exp(-0.5)) / 3, abs=1e-6)
     # high .28: s_0 = 1.221403 < 1.28, not clipped.
     loss, m = policy_loss("gspo", logp, old, adv, mask, clip_ratio_high=0.28)
     assert torch.allclose(loss[0], torch.tensor([-1.221403, -1.221403]), atol=1e-6)

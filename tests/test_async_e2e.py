@@ -13,7 +13,15 @@ import json
 import re
 
 import pytest
-from test_resume_e2e import assert_same_metrics, kill_tree, metrics, run_cli, start, training_overrides, wait_for
+from test_resume_e2e import (
+    assert_same_metrics,
+    kill_tree,
+    metrics,
+    run_cli,
+    start,
+    training_overrides,
+    wait_for,
+)
 
 from rlkit.core.data.builders import write_parquet
 from rlkit.core.data.synthetic import build_synthetic

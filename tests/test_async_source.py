@@ -24,7 +24,7 @@ from rlkit.recipes.loader import load_config
 
 SPLIT = ["model.path=rlkit:tiny-qwen2", "data.synthetic_task=echo", "data.train_batch_size=2", "rollout.n=2",
          "actor.mini_batch_size=2", "data.max_prompt_length=16", "data.max_response_length=1",
-         "reward.num_workers=0", "trainer.n_gpus_per_node=2", "rollout.placement=split", "rollout.devices=1"]
+         "reward.num_workers=1", "trainer.n_gpus_per_node=2", "rollout.placement=split", "rollout.devices=1"]
 
 
 class ScriptedSplitPlacement:

@@ -93,7 +93,7 @@ def test_a_missing_file_is_named(tmp_path) -> None:
 
 
 def test_no_usable_checkpoint_is_a_user_error_that_says_why(tmp_path) -> None:
-    with pytest.raises(UserError, match="has no checkpoint to resume from"):
+    with pytest.raises(UserError, match=r"has no checkpoint \(checkpoints are written every"):
         latest_checkpoint(tmp_path)
     (save(tmp_path, 1) / MARKER).write_text("{not json")
     with pytest.raises(UserError, match="no usable checkpoint: step_00000001: its COMPLETE marker is unreadable"):

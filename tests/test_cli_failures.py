@@ -49,3 +49,23 @@ def test_ctrl_c_during_shutdown_still_prints_how_to_continue(capsys):
 
     assert _exit_code(stopped_then_pressed_again) == 130
     assert capsys.readouterr().err.strip() == "stopped by SIGINT after step 7. Continue with: rlkit resume x"
+
+
+def test_an_input_error_found_mid_run_also_says_how_to_continue(capsys):
+    """A reward that fails in step 1 stops the run with exit code 2; the run loop adds how to go on."""
+    from rlkit.cli.common import user_errors
+    from rlkit.core.rewards.scoring import RewardError
+
+    def reward_hangs():
+        error = RewardError("reward failed on row 0 (...): timed out after 2 s (reward.timeout_s)")
+        error.next_step = "No checkpoint was written yet, so there is nothing to resume. Start the run again " \
+                          "under the same id with: rlkit train runs/x/config.yaml --run-id x"
+        raise error
+
+    with pytest.raises(typer.Exit) as info:
+        user_errors(reward_hangs)()
+    assert info.value.exit_code == 2
+    assert capsys.readouterr().err.splitlines() == [
+        "error: reward failed on row 0 (...): timed out after 2 s (reward.timeout_s)",
+        "No checkpoint was written yet, so there is nothing to resume. Start the run again under the same id "
+        "with: rlkit train runs/x/config.yaml --run-id x"]

@@ -62,7 +62,7 @@ def test_unsupported_verl_key_is_answered_with_our_spelling():
 @pytest.mark.parametrize("override, expected", [
     ("rollout.n=abc", "rollout.n='abc' (command line): Input should be a valid integer"),
     ("algorithm.adv_estimater=grpo", "did you mean 'algorithm.adv_estimator'"),
-    ("rollout.name=sglang", "unknown rollout engine 'sglang' (known: hf, vllm)"),
+    ("rollout.name=slang", "unknown rollout engine 'slang' (known: hf, sglang, vllm)"),
     ("algorithm.adv_estimator=grpoo", "did you mean 'grpo'"),
     ("rollout.n=1", "needs rollout.n >= 2"),
     ("actor.mini_batch_size=5", "must divide data.train_batch_size=16"),
@@ -101,6 +101,11 @@ def test_engine_kwargs_pass_through_but_cannot_override_rlkit_keys():
     assert config.rollout.vllm.engine_kwargs == {"async_scheduling": True}
     with pytest.raises(ConfigError, match="rollout.vllm.engine_kwargs.*max_num_seqs is set by rlkit"):
         load_config("grpo-demo", ["rollout.vllm.engine_kwargs={max_num_seqs: 4}"])
+    verl = load_config("grpo-demo", ["rollout.name=sglang",
+                                     "actor_rollout_ref.rollout.engine_kwargs.sglang={chunked_prefill_size: 512}"])
+    assert verl.rollout.sglang.engine_kwargs == {"chunked_prefill_size": 512}
+    with pytest.raises(ConfigError, match="rollout.sglang.engine_kwargs.*mem_fraction_static is set by rlkit"):
+        load_config("grpo-demo", ["rollout.sglang.engine_kwargs={mem_fraction_static: 0.3}"])
 
 
 def test_moved_engine_keys_still_read_from_old_configs_and_command_lines():
@@ -113,8 +118,33 @@ def test_moved_engine_keys_still_read_from_old_configs_and_command_lines():
 
 
 def test_an_unknown_engine_names_the_known_ones():
-    with pytest.raises(ConfigError, match="rollout.name.*unknown rollout engine 'vlm'.*hf, vllm.*did you mean 'vllm'"):
+    with pytest.raises(ConfigError, match="rollout.name.*unknown rollout engine 'vlm'.*hf, sglang, vllm.*did you mean 'vllm'"):
         load_config("grpo-demo", ["rollout.name=vlm"])
+
+
+@pytest.mark.parametrize("override, message", [
+    ("actor_rollout_ref.rollout.nn=4", "unknown key 'actor_rollout_ref.rollout.nn' (command line); did you mean "
+                                       "'actor_rollout_ref.rollout.n' (verl's spelling of rollout.n)?"),
+    ("trainr.total_steps=3", "unknown key 'trainr.total_steps' (command line); did you mean 'trainer.total_steps'?"),
+    ("critic.optim.lrr=1e-5", "unknown key 'critic.optim.lrr' (command line); did you mean 'critic.optim.lr' "
+                              "(verl's spelling of critic.lr)?"),
+])
+def test_a_mistyped_key_is_named_whole_with_its_source_and_a_suggestion_from_its_namespace(override, message):
+    with pytest.raises(ConfigError) as info:
+        load_config("grpo-demo", [override])
+    assert str(info.value) == message
+
+
+def test_a_mistyped_key_in_a_recipe_file_names_the_file(tmp_path):
+    path = tmp_path / "mine.yaml"
+    path.write_text("base: grpo-demo\nactor_rollout_ref:\n  rollout:\n    nn: 4\n    temperatur: 0.7\n")
+    with pytest.raises(ConfigError) as info:
+        load_config(str(path))
+    assert str(info.value).splitlines() == [
+        "unknown key 'actor_rollout_ref.rollout.nn' (mine.yaml); did you mean 'actor_rollout_ref.rollout.n' "
+        "(verl's spelling of rollout.n)?",
+        "unknown key 'actor_rollout_ref.rollout.temperatur' (mine.yaml); did you mean "
+        "'actor_rollout_ref.rollout.temperature' (verl's spelling of rollout.temperature)?"]
 
 
 def test_a_renamed_key_is_answered_with_its_new_spelling():

@@ -25,7 +25,7 @@ from rlkit.recipes.loader import load_config
 
 TINY = ["model.path=rlkit:tiny-qwen2", "data.synthetic_task=echo", "data.train_batch_size=2", "rollout.n=2",
         "actor.mini_batch_size=2", "data.max_prompt_length=16", "data.max_response_length=3",
-        "actor.micro_batch_tokens=4096", "reward.num_workers=0", "data.shuffle=false"]
+        "actor.micro_batch_tokens=4096", "reward.num_workers=1", "data.shuffle=false"]
 
 
 class ScriptedWorkers:
@@ -127,8 +127,10 @@ def test_remax_baseline_is_the_greedy_score_of_each_prompt(tokenizer) -> None:
 
 
 @pytest.mark.parametrize("overrides, asked", [
-    (["rollout.log_prob_check_freq=3"], [False, False, True, False, False, True]),
-    (["rollout.log_prob_check_freq=0"], [False] * 6),
+    (["rollout.log_prob_check_freq=3"], [True, False, True, False, False, True]),  # step 1: the invariants
+    (["rollout.log_prob_check_freq=3", "trainer.invariants=off"], [False, False, True, False, False, True]),
+    (["rollout.log_prob_check_freq=0"], [True] + [False] * 5),
+    (["rollout.log_prob_check_freq=0", "trainer.invariants=off"], [False] * 6),
     (["rollout.log_prob_check_freq=0", "actor.old_log_probs=rollout"], [True] * 6),  # the PPO ratio needs them
     (["rollout.log_prob_check_freq=0", "actor.rollout_is_cap=2.0"], [True] * 6),     # and so do TIS weights
 ])

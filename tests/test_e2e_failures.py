@@ -9,6 +9,7 @@ from __future__ import annotations
 import ctypes
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -23,12 +24,12 @@ pytestmark = pytest.mark.slow
 
 # The transformers rollout engine starts in seconds; these tests are about the controller.
 TINY = ["trainer.logger=[jsonl]", "rollout.name=hf", "data.train_batch_size=4", "actor.mini_batch_size=4",
-        "rollout.n=2"]
+        "rollout.n=2", "trainer.val_freq=0"]  # no validation: metrics.jsonl holds the trained steps only
 RUN_TIMEOUT_S = 300  # a tiny run takes well under a minute on 2 busy cores
 
 
 def env_with(fault: str | None) -> dict[str, str]:
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "COLUMNS": "250"}  # rich's log lines unwrapped
+    env = {**os.environ, "HF_HUB_OFFLINE": "1"}
     env.pop("RLKIT_FAULT", None)
     if fault:
         env["RLKIT_FAULT"] = fault
@@ -99,6 +100,15 @@ def test_hung_phase_stops_at_its_deadline_naming_the_late_worker(tmp_path):
     assert "'generate' did not finish within 3 s (trainer.phase_timeout_s)" in line
     assert "worker rank 0 (node 0, host " in line and "still in 'generate' after 3 s" in line
     assert status(tmp_path / "hung") == "failed"
+
+    # No checkpoint yet (the first is at the end): the message gives the command that starts the run
+    # again under its id, which reuses its directory.
+    restart = re.search(r"Start the run again under the same id with: rlkit (train .*)$", proc.stderr, re.M)
+    assert restart, proc.stderr[-3000:]
+    again = rlkit(*restart.group(1).split())
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert "held no checkpoint (its run stopped before the first one): starting run hung there again" in again.stderr
+    assert steps_logged(tmp_path / "hung") == [1, 2, 3] and status(tmp_path / "hung") == "finished"
 
 
 def test_ctrl_c_finishes_the_step_checkpoints_it_and_resume_continues(tmp_path):

@@ -14,17 +14,21 @@ pytestmark = pytest.mark.slow
 
 def _rewards(run_dir):
     rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    rows = [row for row in rows if "reward/mean" in row]  # not the validation before training (step 0)
     return rows, [row["reward/mean"] for row in rows]
 
 
 def test_grpo_demo_learns_through_the_cli(tmp_path):
-    """`rlkit train grpo-demo` (Ray controller, FSDP2 worker, vLLM rollout) really learns `echo`."""
+    """`rlkit train grpo-demo` (Ray controller, FSDP2 worker, vLLM rollout) really learns `echo`, and its
+    validation on the task's test split (before training, every 20 steps, at the end) rises with it."""
     proc = subprocess.run(
         [sys.executable, "-m", "rlkit.cli.main", "train", "grpo-demo", "trainer.total_steps=70",
          f"trainer.runs_dir={tmp_path}", "trainer.logger=[jsonl]", "--run-id", "learn"],
         capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    rows, rewards = _rewards(tmp_path / "learn")
+    records = [json.loads(line) for line in (tmp_path / "learn" / "metrics.jsonl").read_text().splitlines()]
+    rows = [r for r in records if "reward/mean" in r]
+    rewards = [row["reward/mean"] for row in rows]
     assert [row["step"] for row in rows] == list(range(1, 71))
     for key in ("reward/mean", "timing/step", "perf/tokens_per_s", "timing/gen", "timing/sync",
                 "actor/grad_norm", "rollout/log_prob_diff", "response/clip_frac"):
@@ -32,12 +36,27 @@ def test_grpo_demo_learns_through_the_cli(tmp_path):
     first, last = sum(rewards[:5]) / 5, sum(rewards[-5:]) / 5
     assert last - first >= 0.4, (first, last, rewards)
 
+    validated = {r["step"]: r for r in records if "val/reward/mean@1" in r}
+    assert sorted(validated) == [0, 20, 40, 60, 70]
+    assert validated[70]["val/reward/mean@1"] - validated[0]["val/reward/mean@1"] >= 0.4, validated
+    responses = (tmp_path / "learn" / "validation" / "step_00000070.jsonl").read_text().splitlines()
+    assert len(responses) == 128 * (1 + 4)  # the test split, greedy + trainer.val_n=4 samples each
+    assert "val/reward/mean@1 " in proc.stderr + proc.stdout  # the summary line: first -> last
+    plot = subprocess.run([sys.executable, "-m", "rlkit.cli.main", "plot", "learn", "--runs-dir", str(tmp_path)],
+                          capture_output=True, text=True, timeout=120)
+    assert plot.returncode == 0 and (tmp_path / "learn" / "plot.png").is_file(), plot.stderr[-2000:]
+
 
 def test_hf_rollout_with_kl_loss_runs_through_the_cli(tmp_path):
     """The transformers fallback engine, the reference policy loaded for a KL loss, and TIS weights."""
+    # A reward with spread in every group, so step 1 has a gradient whatever the samples (echo's
+    # 0/1 reward is 0 for all 128 samples about one time in eight, and then nothing moves).
+    (tmp_path / "spread.py").write_text("def spread(data_source, response, ground_truth, extra_info):\n"
+                                        "    return sum(map(ord, response)) % 10 / 10\n")
     proc = subprocess.run(
         [sys.executable, "-m", "rlkit.cli.main", "train", "grpo-demo", "trainer.total_steps=2", "rollout.name=hf",
          "actor.use_kl_loss=true", "actor.rollout_is_cap=2.0", "rollout.log_prob_check_freq=0",
+         f"reward.function={tmp_path / 'spread.py'}:spread",
          f"trainer.runs_dir={tmp_path}", "trainer.logger=[jsonl]", "--run-id", "hf"],
         capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -48,6 +67,21 @@ def test_hf_rollout_with_kl_loss_runs_through_the_cli(tmp_path):
     assert rows[1]["rollout/log_prob_diff"] < 1e-4                      # HF engine synced exactly
     # TIS asks for the engine's log-probs every step; an exact engine gives weights of 1.
     assert rows[1]["actor/rollout_is_weight"] == pytest.approx(1.0, abs=1e-4)
+
+
+def test_sglang_rollout_runs_through_the_cli(tmp_path):
+    """rollout.name=sglang in the worker: generation, a bucketed weight sync after each update, exact on CPU."""
+    pytest.importorskip("sglang", reason="SGLang is not installed (docs/compatibility.md)")
+    proc = subprocess.run(
+        [sys.executable, "-m", "rlkit.cli.main", "train", "grpo-demo", "trainer.total_steps=3", "rollout.name=sglang",
+         "rollout.log_prob_check_freq=1", f"trainer.runs_dir={tmp_path}", "trainer.logger=[jsonl]",
+         "--run-id", "sglang"],
+        capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    rows, _ = _rewards(tmp_path / "sglang")
+    assert [row["step"] for row in rows] == [1, 2, 3]
+    # Steps 2 and 3 generate with weights synced after an update: the engine scores as the trainer does.
+    assert all(row["rollout/log_prob_diff"] < 1e-4 for row in rows), [row["rollout/log_prob_diff"] for row in rows]
 
 
 def test_two_workers_hold_shards_generate_and_stay_in_sync(tmp_path):

@@ -13,8 +13,6 @@ from rlkit.core.data.builders import write_parquet
 from rlkit.core.data.gsm8k import build_gsm8k
 from rlkit.core.data.synthetic import build_synthetic
 
-pytestmark = pytest.mark.usefixtures("wide_console")
-
 
 def cli(*args: str):
     return invoke(register, "eval-reward", *args)
@@ -152,3 +150,22 @@ def test_responses_sampled_from_a_tiny_model_and_saved(tmp_path: Path) -> None:
     write_parquet(build_synthetic(task="echo", n_test=8)["test"][:3], tmp_path / "three.parquet")
     rescored = report("--data", str(tmp_path / "three.parquet"), "--responses", str(saved))
     assert rescored["mean_score"] == sampled["mean_score"]
+
+
+def test_json_report_holds_each_rows_scores(gsm8k_test, tmp_path: Path) -> None:
+    data = small_gsm8k(tmp_path, gsm8k_test)
+    answers = write_lines(tmp_path / "r.jsonl", [{"responses": [f"#### {a}", "#### 0"]} for a in (18, 3, 1, 1)])
+    result = report("--data", str(data), "--responses", str(answers))
+    assert result["per_row"] == [
+        {"row": 0, "ground_truth": "18", "scores": [1.0, 0.0]}, {"row": 1, "ground_truth": "3", "scores": [1.0, 0.0]},
+        {"row": 2, "ground_truth": "70000", "scores": [0.0, 0.0]}, {"row": 3, "ground_truth": "540", "scores": [0.0, 0.0]}]
+
+
+def test_a_data_file_without_rows_exits_2(gsm8k_test, tmp_path: Path) -> None:
+    import pyarrow.parquet as pq
+
+    empty = tmp_path / "empty.parquet"  # the columns, no rows
+    pq.write_table(pq.read_table(small_gsm8k(tmp_path, gsm8k_test)).slice(0, 0), empty)
+    (tmp_path / "r.jsonl").write_text("")
+    result = cli("--data", str(empty), "--responses", str(tmp_path / "r.jsonl"))
+    assert result.exit_code == 2 and f"--data {empty} has no rows: nothing to score" in flat(result.output)

@@ -1,5 +1,6 @@
 """`rlkit export`: a trained run becomes a Hugging Face directory that transformers and vLLM load,
-and it computes the trainer's logits."""
+and it computes the trainer's logits; a LoRA run's export is the merged model and the peft adapter,
+which peft and vLLM's LoRA support load."""
 
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ import pytest
 import torch
 
 from rlkit.core.controller.run_dir import RunDir, resolve_model_path
-from rlkit.core.state.export import EXPORT_INFO, export_hf
+from rlkit.core.state.export import ADAPTER_DIR, EXPORT_INFO, export_hf
 from rlkit.errors import UserError
 from rlkit.recipes.loader import load_config
 
@@ -32,12 +33,20 @@ def trained(tmp_path_factory) -> Iterator[dict]:
         yield train_and_export(tmp_path_factory.mktemp("export"))
 
 
-def train_and_export(root: Path) -> dict:
+@pytest.fixture(scope="module")
+def trained_lora(tmp_path_factory) -> Iterator[dict]:
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("RLKIT_CACHE", str(tmp_path_factory.getbasetemp() / "rlkit-cache"))
+        yield train_and_export(tmp_path_factory.mktemp("export-lora"),
+                               ["model.lora.rank=4", "model.lora.alpha=8", "actor.lr=1e-2"])
+
+
+def train_and_export(root: Path, overrides: list[str] = ()) -> dict:
     """Two GRPO steps at a high learning rate, a checkpoint, and the trainer's logits on PROBE."""
     from rlkit.core.controller.controller import Controller
 
     config = load_config("grpo-demo", ["rollout.name=hf", "trainer.total_steps=2", "trainer.logger=[jsonl]",
-                                       f"trainer.runs_dir={root / 'runs'}"])
+                                       f"trainer.runs_dir={root / 'runs'}", *overrides])
     run = RunDir.create(config, "exported")
     controller = Controller(config, run)
     try:
@@ -69,27 +78,73 @@ def test_transformers_loads_the_export_and_gives_the_trainers_logits(trained) ->
     assert json.loads((out / EXPORT_INFO).read_text())["step"] == 2
 
 
-def test_vllm_loads_the_export(trained) -> None:
-    """vLLM (in a fresh process, as `vllm serve` would) scores PROBE like the trainer does."""
+def vllm_log_probs(model: Path | str, adapter: Path | None = None) -> torch.Tensor:
+    """vLLM's log-probs of PROBE (in a fresh process, as `vllm serve` would load the model or adapter)."""
     script = (
         "import json, sys\n"
         "from vllm import LLM, SamplingParams\n"
         "from vllm.inputs import TokensPrompt\n"
+        "from vllm.lora.request import LoRARequest\n"
+        "adapter = sys.argv[3] if len(sys.argv) > 3 else None\n"
         "llm = LLM(model=sys.argv[1], dtype='float32', enforce_eager=True, max_model_len=64, seed=0,\n"
-        "          gpu_memory_utilization=0.2)\n"
+        "          gpu_memory_utilization=0.2, enable_lora=adapter is not None, max_lora_rank=8)\n"
         "params = SamplingParams(max_tokens=1, prompt_logprobs=0, detokenize=False)\n"
-        "out = llm.generate([TokensPrompt(prompt_token_ids=json.loads(sys.argv[2]))], params, use_tqdm=False)[0]\n"
+        "lora = LoRARequest('policy', 1, adapter) if adapter else None\n"
+        "out = llm.generate([TokensPrompt(prompt_token_ids=json.loads(sys.argv[2]))], params, use_tqdm=False,\n"
+        "                   lora_request=lora)[0]\n"
         "ids = json.loads(sys.argv[2])\n"
         "print('LOGPROBS', json.dumps([e[t].logprob for e, t in zip(out.prompt_logprobs[1:], ids[1:])]))\n"
     )
     env = {**os.environ, "PYTHONPATH": str(REPO), "VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
-    done = subprocess.run([sys.executable, "-c", script, str(trained["out"]), json.dumps(PROBE)], env=env,
-                          capture_output=True, text=True, timeout=300)
+    args = [sys.executable, "-c", script, str(model), json.dumps(PROBE)] + ([str(adapter)] if adapter else [])
+    done = subprocess.run(args, env=env, capture_output=True, text=True, timeout=300)
     line = next((x for x in done.stdout.splitlines() if x.startswith("LOGPROBS ")), None)
     assert line, done.stdout[-2000:] + done.stderr[-4000:]
-    vllm_logprobs = torch.tensor(json.loads(line.removeprefix("LOGPROBS ")))
-    trainer = trained["logits"][0, :-1].log_softmax(-1).gather(-1, torch.tensor(PROBE[1:]).unsqueeze(-1)).squeeze(-1)
-    torch.testing.assert_close(vllm_logprobs, trainer, rtol=0, atol=1e-4)
+    return torch.tensor(json.loads(line.removeprefix("LOGPROBS ")))
+
+
+def trainer_log_probs(trained: dict) -> torch.Tensor:
+    return trained["logits"][0, :-1].log_softmax(-1).gather(-1, torch.tensor(PROBE[1:]).unsqueeze(-1)).squeeze(-1)
+
+
+def test_vllm_loads_the_export(trained) -> None:
+    torch.testing.assert_close(vllm_log_probs(trained["out"]), trainer_log_probs(trained), rtol=0, atol=1e-4)
+
+
+def test_a_lora_export_is_the_merged_model_and_the_peft_adapter(trained_lora) -> None:
+    """Both give the trainer's logits: the merged model in transformers, the adapter on the base in peft."""
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM
+
+    out: Path = trained_lora["out"]
+    assert {"config.json", "model.safetensors", "tokenizer.json"} <= set(os.listdir(out))
+    assert {"adapter_config.json", "adapter_model.safetensors"} <= set(os.listdir(out / ADAPTER_DIR))
+    probe = torch.tensor([PROBE])
+    with torch.no_grad():
+        merged = AutoModelForCausalLM.from_pretrained(out).eval()(input_ids=probe).logits
+        base = AutoModelForCausalLM.from_pretrained(trained_lora["base"]).eval()
+        base_logits = base(input_ids=probe).logits
+        adapted = PeftModel.from_pretrained(base, out / ADAPTER_DIR).eval()(input_ids=probe).logits
+    torch.testing.assert_close(merged, trained_lora["logits"], rtol=0, atol=1e-5)
+    torch.testing.assert_close(adapted, trained_lora["logits"], rtol=0, atol=1e-5)
+    assert (merged - base_logits).abs().max() > 1e-3  # the adapters were trained and exported
+    info = json.loads((out / EXPORT_INFO).read_text())
+    assert info["lora"]["format"] == "both" and info["lora"]["rank"] == 4
+
+
+def test_vllm_loads_the_lora_export_merged_and_as_an_adapter(trained_lora) -> None:
+    trainer = trainer_log_probs(trained_lora)
+    torch.testing.assert_close(vllm_log_probs(trained_lora["out"]), trainer, rtol=0, atol=1e-4)
+    adapter = trained_lora["out"] / ADAPTER_DIR
+    torch.testing.assert_close(vllm_log_probs(trained_lora["base"], adapter), trainer, rtol=0, atol=1e-4)
+
+
+def test_lora_format_is_for_lora_runs_and_adapter_alone_is_small(trained, trained_lora) -> None:
+    with pytest.raises(UserError, match="trained every weight"):
+        export_hf(RunDir.open("exported", trained["root"] / "runs"), trained["root"] / "x", lora_format="adapter")
+    out = export_hf(RunDir.open("exported", trained_lora["root"] / "runs"), trained_lora["root"] / "adapter-only",
+                    lora_format="adapter")
+    assert "adapter_model.safetensors" in os.listdir(out) and "model.safetensors" not in os.listdir(out)
 
 
 def test_export_refuses_a_non_empty_directory_and_a_missing_step(trained) -> None:

@@ -7,13 +7,18 @@ import pytest
 from rlkit.core.cluster import faults
 from rlkit.core.cluster.failures import (
     CheckpointWriteError,
+    WorkerException,
     WorkerFailure,
     checkpoint_write_failure,
     continue_hint,
     death_cause,
+    headline,
     late_worker,
+    portable,
     resume_command,
+    with_portable_exceptions,
     worker_died,
+    worker_raised,
     workers_late,
 )
 from rlkit.core.cluster.phases import WorkerPlace
@@ -49,9 +54,18 @@ def test_a_rule_fires_on_its_occurrence_only(monkeypatch):
     faults.reached("test.point")                     # third: nothing again
 
 
-def test_no_rule_no_effect(monkeypatch):
+def test_no_rule_no_effect(monkeypatch, capsys):
+    monkeypatch.setattr(faults, "_reached", type(faults._reached)())
     monkeypatch.delenv(faults.ENV, raising=False)
+    assert faults.reached("worker0.update_actor") is None
+    monkeypatch.setenv(faults.ENV, "")
+    faults.reached("worker0.update_actor", step=1)
+    assert not faults._reached  # unset or empty: the hook keeps no state and does nothing
+    # A rule for another point never acts here (a kill would end this test process); it only counts.
+    monkeypatch.setenv(faults.ENV, "kill:worker1.update_actor:1")
     faults.reached("worker0.update_actor")
+    assert faults._reached == {"worker0.update_actor": 1}
+    assert capsys.readouterr().err == ""  # no "rlkit fault injection:" line
 
 
 def test_killed_actor_cause_in_plain_words():
@@ -112,12 +126,95 @@ def test_continue_hint_names_the_last_checkpoint_and_the_command(tmp_path, monke
 
     monkeypatch.delenv("RLKIT_RUNS_DIR", raising=False)
     run = tmp_path / "runs" / "my-run"
-    assert continue_hint(run, "my-run").startswith("No checkpoint was written yet")
+    monkeypatch.chdir(tmp_path)  # runs/ is the default --runs-dir here
+    assert continue_hint(run, "my-run") == ("No checkpoint was written yet, so there is nothing to resume. Start the "
+                                            f"run again under the same id with: rlkit train {run}/config.yaml "
+                                            "--run-id my-run")
     ckpt = run / "checkpoints" / step_dir_name(4)
     ckpt.mkdir(parents=True)
     (ckpt / MARKER).write_text('{"step": 4, "files": {}}')
-    monkeypatch.chdir(tmp_path)  # runs/ is the default --runs-dir here
     assert continue_hint(run, "my-run") == (f"The last complete checkpoint is step 4 ({ckpt}). "
                                             "Continue with: rlkit resume my-run")
     monkeypatch.chdir(run)
     assert resume_command(run, "my-run") == f"rlkit resume my-run --runs-dir {tmp_path / 'runs'}"
+
+
+def vllm_style_validation_error() -> Exception:
+    """What vLLM 0.26 raised for max_model_len 528 > 256: a pydantic dataclass's ValidationError, whose
+    input (ArgsKwargs) does not pickle, so it cannot cross Ray as it is."""
+    from pydantic import model_validator
+    from pydantic.dataclasses import dataclass
+
+    @dataclass
+    class ModelConfig:
+        max_model_len: int
+
+        @model_validator(mode="after")
+        def check(self):
+            raise ValueError(f"User-specified max_model_len ({self.max_model_len}) is greater than the derived "
+                             "max_model_len (max_position_embeddings=256)")
+
+    try:
+        ModelConfig(max_model_len=528)
+    except Exception as exc:  # noqa: BLE001
+        return exc
+    raise AssertionError("no error")
+
+
+class Flaky:
+    def __init__(self, fail: bool) -> None:
+        if fail:
+            raise vllm_style_validation_error()
+
+    def setup(self) -> None:
+        raise vllm_style_validation_error()
+
+    def plain(self) -> None:
+        raise ValueError("row 7 is not a number")
+
+    @staticmethod
+    def helper(x: int) -> int:
+        return x + 1
+
+
+def test_an_exception_that_cannot_cross_ray_arrives_as_its_type_and_message():
+    import pickle
+
+    original = vllm_style_validation_error()
+    with pytest.raises(TypeError, match="cannot pickle"):
+        pickle.dumps(original)
+    converted = portable(original)
+    assert isinstance(converted, WorkerException) and converted.type_name == "ValidationError"
+    assert str(pickle.loads(pickle.dumps(converted))) == str(original)
+    plain = ValueError("fine")
+    assert portable(plain) is plain
+
+    guarded = with_portable_exceptions(Flaky)
+    assert guarded.__name__ == "Flaky" and issubclass(guarded, Flaky) and guarded.helper(1) == 2
+    with pytest.raises(WorkerException) as info:
+        guarded(fail=False).setup()
+    assert isinstance(info.value.__cause__, type(original))  # the worker's traceback keeps the original
+    with pytest.raises(WorkerException):
+        guarded(fail=True)
+    with pytest.raises(ValueError, match="row 7"):  # a picklable exception is raised as it is
+        guarded(fail=False).plain()
+
+    failure = worker_raised("worker", 0, 0, "setup", None, info.value, "Traceback ...")
+    assert str(failure) == ("worker rank 0 (node 0) raised ValidationError during 'setup': 1 validation error "
+                            "for ModelConfig: Value error, User-specified max_model_len (528) is greater than the "
+                            "derived max_model_len (max_position_embeddings=256) [type=value_error, "
+                            "input_value=ArgsKwargs((), {'max_model_len': 528}), input_type=ArgsKwargs]")
+
+
+def test_headline_keeps_one_line_and_the_second_after_a_title():
+    assert headline("row 7 is not a number\nmore") == "row 7 is not a number"
+    assert headline("bad rows:\n  row 7\n  row 8") == "bad rows: row 7"
+    assert headline("1 validation error for X\n  the reason\n    For further information visit https://x") == \
+        "1 validation error for X: the reason"
+    # what vLLM's SchedulerConfig raised for rollout.vllm.engine_kwargs={max_num_batched_tokens: -5}
+    assert headline("1 validation error for SchedulerConfig\nmax_num_batched_tokens\n  Input should be greater "
+                    "than or equal to 1 [type=greater_than_equal, input_value=-5, input_type=int]\n    For further "
+                    "information visit https://errors.pydantic.dev/2.14/v/greater_than_equal") == (
+        "1 validation error for SchedulerConfig: max_num_batched_tokens: Input should be greater than or equal "
+        "to 1 [type=greater_than_equal, input_value=-5, input_type=int]")
+    assert headline("x" * 500) == "x" * 397 + "..."

@@ -10,7 +10,7 @@ from rlkit.core.controller.controller import Controller
 from rlkit.core.controller.run_dir import RunDir
 from rlkit.recipes.loader import load_config
 
-TINY_RUN = ["trainer.total_steps=2", "trainer.logger=[jsonl]", "rollout.name=hf", "reward.num_workers=0"]
+TINY_RUN = ["trainer.total_steps=2", "trainer.logger=[jsonl]", "rollout.name=hf", "reward.num_workers=1"]
 
 
 def run_steps(overrides: list[str], tmp_path, steps: int = 2) -> tuple[list[dict], list[dict]]:

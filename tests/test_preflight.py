@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import json
 import shutil
 
 import pytest
 from typer.testing import CliRunner
 
 from rlkit.cli.main import app
-from rlkit.core.controller import preflight
+from rlkit.core.controller import model_checks, preflight
 from rlkit.errors import UserError
 from rlkit.recipes.loader import load_config
 
@@ -120,4 +121,141 @@ def test_hub_answers_become_sentences(monkeypatch):
     monkeypatch.setattr(HfApi, "model_info", unreachable)
     with pytest.raises(UserError, match=r"not found on the hub: the hub could not be reached \(ConnectionError: "
                                         r"Name or service not known\); download the model where there is network"):
-        preflight.check_hub_model("Qwen/Qwen2.5-0.5B-Instruct")
+        model_checks.check_hub_model("Qwen/Qwen2.5-0.5B-Instruct")
+
+
+# -- every input is checked before the run directory exists ----------------------------------
+def _echo_data(tmp_path, *prompts: str, data_source: str = "synthetic/echo"):
+    from rlkit.core.data.builders import make_row, write_parquet
+
+    rows = [make_row(data_source, prompt, "1", split="train", index=i) for i, prompt in enumerate(prompts)]
+    return write_parquet(rows, tmp_path / "echo.parquet")
+
+
+def test_a_prompt_over_max_prompt_length_stops_the_run_before_its_directory_exists(tmp_path):
+    data = _echo_data(tmp_path, *["echo 1"] * 20, "echo " + "1" * 40)
+    line = _one_line_error(_train(tmp_path, f"data.train_files=[{data}]", "data.max_prompt_length=32"))
+    assert f"{data}, row 20: prompt has" in line and "> data.max_prompt_length=32" in line
+
+
+@pytest.mark.parametrize("overrides, message", [
+    (["data.train_batch_size=32", "actor.mini_batch_size=32"],
+     "data.train_batch_size=32 is larger than the dataset (20 rows)"),
+    (["reward.function=/no/such/reward.py:score"], "reward.function='/no/such/reward.py:score': file"),
+])
+def test_batch_size_and_reward_function_are_checked_before_the_run_directory(tmp_path, overrides, message):
+    data = _echo_data(tmp_path, *["echo 1"] * 20)
+    line = _one_line_error(_train(tmp_path, f"data.train_files=[{data}]", *overrides))
+    assert message in line
+
+
+def test_a_data_source_without_a_reward_names_the_file_and_row(tmp_path):
+    data = _echo_data(tmp_path, *["echo 1"] * 20, data_source="gsm9k")
+    line = _one_line_error(_train(tmp_path, f"data.train_files=[{data}]"))
+    assert f"{data}, row 0: unknown reward function for data_source 'gsm9k'" in line
+    assert "reward.function=path/file.py:fn" in line
+
+
+def test_an_unknown_synthetic_task_is_named(tmp_path):
+    line = _one_line_error(_train(tmp_path, "data.synthetic_task=echoo"))
+    assert "data.synthetic_task='echoo' is not a built-in task; choose one of ['add', 'echo', 'lookup', 'succ']" in line
+
+
+# -- the model: config, weights, tokenizer, context, each with its own message ---------------
+def _broken_model(tmp_path, tiny_model_dir, name: str):
+    return shutil.copytree(tiny_model_dir, tmp_path / name)
+
+
+def test_a_model_directory_without_weights(tmp_path, tiny_model_dir):
+    model = _broken_model(tmp_path, tiny_model_dir, "no-weights")
+    (model / "model.safetensors").unlink()
+    line = _one_line_error(_train(tmp_path, f"model.path={model}"))
+    assert f"model.path={model}: no weights in {model} (expected model.safetensors" in line
+
+
+def test_a_truncated_safetensors_file(tmp_path, tiny_model_dir):
+    model = _broken_model(tmp_path, tiny_model_dir, "truncated")
+    weights = model / "model.safetensors"
+    size = weights.stat().st_size
+    with weights.open("r+b") as handle:
+        handle.truncate(size - 1000)
+    line = _one_line_error(_train(tmp_path, f"model.path={model}"))
+    assert (f"model.path={model}: model.safetensors is truncated ({size - 1000} bytes, its header describes "
+            f"{size}); download or copy the model again") in line
+
+
+def test_a_weights_index_naming_a_missing_shard(tmp_path, tiny_model_dir):
+    model = _broken_model(tmp_path, tiny_model_dir, "sharded")
+    (model / "model.safetensors").rename(model / "model-00001-of-00002.safetensors")
+    (model / "model.safetensors.index.json").write_text(json.dumps({"weight_map": {
+        "a": "model-00001-of-00002.safetensors", "b": "model-00002-of-00002.safetensors"}}))
+    line = _one_line_error(_train(tmp_path, f"model.path={model}"))
+    assert "the weights index lists model-00002-of-00002.safetensors, which is missing" in line
+
+
+def test_an_unknown_model_type(tmp_path, tiny_model_dir):
+    model = _broken_model(tmp_path, tiny_model_dir, "unknown-type")
+    config = json.loads((model / "config.json").read_text())
+    (model / "config.json").write_text(json.dumps({**config, "model_type": "qwen9"}))
+    line = _one_line_error(_train(tmp_path, f"model.path={model}"))
+    assert f"model.path={model}: config.json has model_type 'qwen9', which transformers " in line
+
+
+def test_a_corrupted_config_is_blamed_on_the_config_not_the_tokenizer(tmp_path, tiny_model_dir):
+    model = _broken_model(tmp_path, tiny_model_dir, "bad-config")
+    text = (model / "config.json").read_text()
+    (model / "config.json").write_text(text[:len(text) // 2])
+    line = _one_line_error(_train(tmp_path, f"model.path={model}"))
+    assert f"model.path={model}: {model}/config.json is not valid JSON (" in line and "tokenizer" not in line
+
+
+def test_a_missing_tokenizer_is_blamed_on_the_tokenizer(tmp_path, tiny_model_dir):
+    model = _broken_model(tmp_path, tiny_model_dir, "no-tokenizer")
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        (model / name).unlink()
+    line = _one_line_error(_train(tmp_path, f"model.path={model}"))
+    assert f"model.path={model}: cannot load its tokenizer (" in line
+
+
+def test_prompt_plus_response_longer_than_the_models_context_names_both_keys(tmp_path):
+    line = _one_line_error(_train(tmp_path, "data.max_prompt_length=512", "data.max_response_length=16"))
+    assert ("data.max_prompt_length=512 + data.max_response_length=16 = 528 tokens, but "
+            "model.path=rlkit:tiny-qwen2 handles at most 256 (its config.json)") in line
+
+
+def test_safetensors_header_check(tmp_path):
+    import torch
+    from safetensors.torch import save_file
+
+    path = tmp_path / "w.safetensors"
+    save_file({"w": torch.zeros(4, 4)}, str(path))
+    assert model_checks.safetensors_problem(path) is None
+    path.write_bytes(path.read_bytes() + b"xx")
+    assert "is damaged" in model_checks.safetensors_problem(path)
+    path.write_bytes(b"\x10\x00\x00\x00\x00\x00\x00\x00not json at all!")
+    assert model_checks.safetensors_problem(path) == "has an unreadable header (not a safetensors file, or damaged)"
+    path.write_bytes(b"\x00" * 5)
+    assert "not even a safetensors header" in model_checks.safetensors_problem(path)
+
+
+# -- a dry run runs every check that needs no GPU ---------------------------------------------
+def _dry_run(tmp_path, *overrides: str):
+    return _train(tmp_path, "--dry-run", *overrides)
+
+
+def test_dry_run_checks_the_model_and_the_data(tmp_path):
+    line = _one_line_error(_dry_run(tmp_path, f"model.path={tmp_path}/models/my-sft"))
+    assert "no such directory" in line
+    line = _one_line_error(_dry_run(tmp_path, f"data.train_files=[{tmp_path}/missing.parquet]"))
+    assert f"data file {tmp_path}/missing.parquet does not exist" in line
+
+
+def test_dry_run_says_what_it_checked_and_what_it_skipped(tmp_path):
+    result = _dry_run(tmp_path)
+    assert result.exit_code == 0, result.output
+    output = " ".join(result.output.split())
+    assert "ok model.path=rlkit:tiny-qwen2: config (qwen2), weights: 1 file(s), complete, context: 17 of 256 tokens, " \
+           "tokenizer" in output
+    assert "ok data: 1024 training prompts of data.synthetic_task=echo, each within data.max_prompt_length=16" in output
+    assert "ok reward rules: synthetic/echo -> rlkit.core.data.synthetic.exact_match_reward" in output
+    assert "skipped loading the weights onto the devices and starting the rollout engine" in output

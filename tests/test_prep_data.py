@@ -14,8 +14,6 @@ from conftest import GSM8K, invoke
 from rlkit.cli.data_cmds import register
 from rlkit.core.data.gsm8k import INSTRUCTION
 
-pytestmark = pytest.mark.usefixtures("wide_console")
-
 
 def cli(*args: str):
     return invoke(register, "prep-data", *args)
@@ -118,7 +116,7 @@ def test_a_user_builder(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize("args, message", [
-    (["gsm9k"], "unknown dataset builder 'gsm9k' (known: gsm8k, math, synthetic); did you mean 'gsm8k'?"),
+    (["gsm9k"], "unknown dataset builder 'gsm9k' (known: gsm8k, humaneval, math, synthetic); did you mean 'gsm8k'?"),
     ([], "name one builder: NAME"),
     (["synthetic", "-o", "tsk=add"], "builder 'synthetic' takes no option 'tsk'"),
     (["synthetic", "--instruction", "Go."], "takes no option 'instruction'"),

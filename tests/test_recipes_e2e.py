@@ -1,7 +1,11 @@
 """Every algorithm recipe trains 2 steps end to end on CPU: Ray workers, the tiny Qwen2, the echo task.
 
 Each run goes through `train_run` (the path `rlkit train` takes) with the recipe plus tiny-world
-overrides, then reads the run's metrics.jsonl.
+overrides, then checks something only that recipe's algorithm produces, so a recipe wired to the
+wrong estimator, normalisation or loss fails here: the advantages the controller computed
+(recorded from the estimator registry, in this process) against the algorithm's own formula, and
+the metrics only its parts log. The reward is a fractional function of the response text, so
+groups have spread and the formulas are not checked on zeros.
 """
 
 from __future__ import annotations
@@ -9,50 +13,143 @@ from __future__ import annotations
 import json
 import math
 from pathlib import Path
+from typing import Callable
 
 import pytest
+import torch
 
+from rlkit.core.algos.advantages import ADV_ESTIMATORS, AdvantageInputs
 from rlkit.core.controller.loop import train_run
 from rlkit.recipes.loader import load_config
 
 TINY_WORLD = ["model.path=rlkit:tiny-qwen2", "data.synthetic_task=echo", "data.train_batch_size=4",
               "actor.mini_batch_size=2", "data.max_prompt_length=16", "data.max_response_length=3",
               "actor.micro_batch_tokens=4096", "trainer.total_steps=2", "rollout.name=hf",
-              "trainer.logger=[jsonl]", "reward.num_workers=0"]
+              "trainer.logger=[jsonl]", "reward.num_workers=1"]
 
-# recipe -> its extra overrides, and metrics that show its algorithm ran
-RECIPES = {
+REWARD = "def spread(data_source, response, ground_truth, extra_info):\n    return sum(map(ord, response)) % 10 / 10 + 0.05\n"
+GRPO_EPS = 1e-6
+
+Check = Callable[[AdvantageInputs, torch.Tensor], torch.Tensor]  # (inputs, advantages) -> expected advantages
+
+
+def scores(inputs: AdvantageInputs) -> torch.Tensor:
+    return (inputs.token_rewards * inputs.response_mask).sum(-1).double()
+
+
+def group_stats(inputs: AdvantageInputs) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Per sequence: its group's mean, unbiased std and size, computed group by group."""
+    s, ids = scores(inputs), inputs.group_ids
+    mean, std, size = torch.zeros_like(s), torch.zeros_like(s), torch.zeros_like(s)
+    for g in ids.unique():
+        rows = ids == g
+        mean[rows], std[rows], size[rows] = s[rows].mean(), s[rows].std(), rows.sum()
+    return mean, std, size
+
+
+def per_token(seq_values: torch.Tensor, inputs: AdvantageInputs) -> torch.Tensor:
+    return seq_values.unsqueeze(-1) * inputs.response_mask
+
+
+def grpo_expected(inputs: AdvantageInputs, _: torch.Tensor) -> torch.Tensor:
+    mean, std, _ = group_stats(inputs)
+    return per_token((scores(inputs) - mean) / (std + GRPO_EPS), inputs)
+
+
+def drgrpo_expected(inputs: AdvantageInputs, _: torch.Tensor) -> torch.Tensor:
+    mean, _, _ = group_stats(inputs)  # no std division
+    return per_token(scores(inputs) - mean, inputs)
+
+
+def rloo_expected(inputs: AdvantageInputs, _: torch.Tensor) -> torch.Tensor:
+    mean, _, n = group_stats(inputs)
+    others_mean = (mean * n - scores(inputs)) / (n - 1)
+    return per_token(scores(inputs) - others_mean, inputs)
+
+
+def remax_expected(inputs: AdvantageInputs, _: torch.Tensor) -> torch.Tensor:
+    return per_token(scores(inputs) - inputs.baseline_scores.double(), inputs)
+
+
+def whiten(values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    valid = values[mask.bool()]
+    return (values - valid.mean()) / valid.std() * mask
+
+
+def reinforce_pp_expected(inputs: AdvantageInputs, _: torch.Tensor) -> torch.Tensor:
+    rewards = (inputs.token_rewards * inputs.response_mask).double()
+    return_to_go = rewards.flip(-1).cumsum(-1).flip(-1)  # gamma = 1
+    return whiten(return_to_go * inputs.response_mask, inputs.response_mask)
+
+
+def gae_whitened(inputs: AdvantageInputs, advantages: torch.Tensor) -> torch.Tensor:
+    # GAE needs the critic's values; its advantages are whitened over the batch's tokens.
+    assert inputs.values is not None
+    return whiten(advantages.double(), inputs.response_mask)
+
+
+# recipe -> (extra overrides, advantage formula, metrics only its algorithm logs)
+RECIPES: dict[str, tuple[list[str], Check, list[str]]] = {
     # Two policy ranks and two colocated critic ranks; step 1 trains only the critic.
-    "ppo": (["trainer.n_gpus_per_node=2", "critic.warmup_steps=1"], ["critic/vf_loss", "critic/values_mean"]),
-    "grpo": ([], ["actor/kl_loss", "actor/kl_ref"]),
+    "ppo": (["trainer.n_gpus_per_node=2", "critic.warmup_steps=1"], gae_whitened,
+            ["critic/vf_loss", "critic/values_mean"]),
+    "grpo": ([], grpo_expected, ["actor/kl_loss", "actor/kl_ref"]),
     "dapo": (["rollout.n=4", "reward.overlong_buffer.length=2", "algorithm.dynamic_sampling.max_gen_rounds=2"],
-             ["dapo/gen_rounds", "dapo/groups_dropped", "dapo/groups_filled", "reward/overlong_penalty"]),
-    "rloo": ([], ["actor/kl_coef"]),
+             grpo_expected, ["dapo/gen_rounds", "dapo/groups_dropped", "dapo/groups_filled", "reward/overlong_penalty"]),
+    "rloo": ([], rloo_expected, ["actor/kl_coef"]),
     # vLLM here, so its greedy path is covered too.
-    "remax": (["rollout.name=vllm"], ["remax/baseline_score_mean", "actor/kl_coef"]),
-    "reinforce_pp": ([], ["actor/kl_coef"]),
-    "drgrpo": ([], ["actor/pg_loss"]),
-    "gspo": (["rollout.n=4"], ["actor/pg_clipfrac"]),
+    "remax": (["rollout.name=vllm"], remax_expected, ["remax/baseline_score_mean", "actor/kl_coef"]),
+    "reinforce_pp": ([], reinforce_pp_expected, ["actor/kl_coef"]),
+    "drgrpo": ([], drgrpo_expected, []),
+    "gspo": (["rollout.n=4"], grpo_expected, ["actor/seq_ratio_mean"]),
 }
+
+
+@pytest.fixture
+def recorded_advantages(monkeypatch: pytest.MonkeyPatch) -> list[tuple[str, AdvantageInputs, torch.Tensor]]:
+    """Every (estimator, inputs, advantages) the controller computes during the test."""
+    calls: list[tuple[str, AdvantageInputs, torch.Tensor]] = []
+
+    def recording(name: str, estimator: Callable) -> Callable:
+        def record(inputs: AdvantageInputs, **options: object) -> tuple[torch.Tensor, torch.Tensor]:
+            advantages, returns = estimator(inputs, **options)
+            calls.append((name, inputs, advantages))
+            return advantages, returns
+        return record
+
+    for name in ADV_ESTIMATORS.names():
+        monkeypatch.setitem(ADV_ESTIMATORS._items, name, recording(name, ADV_ESTIMATORS.get(name)))
+    return calls
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("recipe", list(RECIPES))
-def test_recipe_trains_two_steps(recipe: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_recipe_trains_two_steps(recipe: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                 recorded_advantages: list) -> None:
     monkeypatch.setenv("RLKIT_CACHE", str(tmp_path / "cache"))
-    extra, expected = RECIPES[recipe]
-    config = load_config(recipe, [*TINY_WORLD, f"trainer.runs_dir={tmp_path / 'runs'}", *extra])
+    (tmp_path / "spread.py").write_text(REWARD)
+    extra, expected_advantages, expected_metrics = RECIPES[recipe]
+    config = load_config(recipe, [*TINY_WORLD, f"trainer.runs_dir={tmp_path / 'runs'}",
+                                  f"reward.function={tmp_path / 'spread.py'}:spread", *extra])
     run_dir = train_run(config, run_id=recipe)
     rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     assert [row["step"] for row in rows] == [1, 2]
     for row in rows:
         assert all(math.isfinite(v) for v in row.values() if isinstance(v, float)), row
         assert row["rollout/samples"] >= 4 * config.rollout.n
-    for key in expected:
+    for key in expected_metrics:
         assert key in rows[-1], f"{recipe}: {key} missing from {sorted(rows[-1])}"
+    # The step's advantages follow this algorithm's formula (and are not all 0).
+    assert [name for name, _, _ in recorded_advantages] == [config.algorithm.adv_estimator] * 2
+    for _, inputs, advantages in recorded_advantages:
+        assert advantages.abs().max() > 0.01
+        expected = expected_advantages(inputs, advantages).float()
+        assert torch.allclose(advantages, expected, atol=1e-4), (recipe, advantages, expected)
     if recipe == "ppo":
         assert "actor/pg_loss" not in rows[0] and "actor/pg_loss" in rows[1]  # critic warm-up, then both
     if recipe == "dapo":
         assert 1 <= rows[-1]["dapo/gen_rounds"] <= 2
     if recipe == "remax":
         assert rows[-1]["rollout/greedy_samples"] == 4
+    if recipe == "gspo":  # the sequence ratio of the update's second mini-batch moved, within reason
+        assert 0.9 < rows[-1]["actor/seq_ratio_mean"] < 1.1

@@ -73,3 +73,19 @@ def test_an_unknown_run_names_the_runs_there(tmp_path) -> None:
     make_run(tmp_path)
     with pytest.raises(UserError, match=r"no run 'nope' in .* \(runs there: r\)"):
         resume_run("nope", [], tmp_path)
+
+
+def test_refusal_hints_name_the_runs_dir_of_a_run_outside_runs(tmp_path, monkeypatch) -> None:
+    monkeypatch.delenv("RLKIT_RUNS_DIR", raising=False)
+    monkeypatch.chdir(tmp_path.parent)  # ./runs is not where the run is
+    run, ckpt = make_run(tmp_path, step=6)
+    with pytest.raises(UserError) as finished:
+        resume_config(run, ckpt, [])
+    assert str(finished.value).endswith(f"to train on: `rlkit resume r --runs-dir {tmp_path} trainer.total_steps=12`")
+    with pytest.raises(UserError) as refused:
+        resume_config(run, ckpt, ["actor.lr=0.5", "trainer.total_steps=12"])
+    assert f"(`rlkit export r --runs-dir {tmp_path} --out DIR`, then `rlkit train ... --model DIR`)" in str(refused.value)
+    run.write_status("running", step=6)  # this test process: alive
+    with pytest.raises(UserError) as running:
+        resume_run(str(run.path), [], "runs")
+    assert str(running.value).endswith(f"and run `rlkit resume r --runs-dir {tmp_path}` again")

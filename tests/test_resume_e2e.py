@@ -7,6 +7,8 @@ resumed from the one before. Each time, metrics.jsonl holds every step once and 
 non-timing metrics equal the reference's bit for bit (the HF engine on CPU is deterministic,
 see docs/resume.md). K is the end of an epoch (12 prompts, 4 per step), so resuming at an
 epoch boundary is covered, and the KL loss pins that the reference policy stays the base model.
+Validation is on (before training, every 2 steps, greedy and 2 samples): its metrics and
+responses match too, and a run without it trains exactly the same steps.
 """
 
 from __future__ import annotations
@@ -37,9 +39,11 @@ N, K = 6, 3
 START_TIMEOUT_S = 240
 
 
-def training_overrides(data: Path, runs: Path) -> list[str]:
+def training_overrides(data: Path, runs: Path, val_data: Path | None = None) -> list[str]:
+    """A small run that exercises every piece of state a resume must restore (validation with `val_data`)."""
+    validation = [f"data.val_files=[{val_data}]", "trainer.val_freq=2", "trainer.val_n=2"] if val_data else []
     return [
-        f"data.train_files=[{data}]", "data.train_batch_size=4", "data.max_response_length=2",
+        f"data.train_files=[{data}]", "data.train_batch_size=4", "data.max_response_length=2", *validation,
         "rollout.name=hf", "rollout.n=4", "actor.mini_batch_size=2",  # two optimizer steps per RL step
         # The entropy bonus moves the policy even in steps where every reward is 0, so the
         # KL to the reference, the optimizer's moments and the schedule all matter.
@@ -126,13 +130,19 @@ def metrics(run: Path) -> list[dict]:
     return [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
 
 
-def assert_same_metrics(run: Path, reference: list[dict], steps: int = N) -> None:
+def assert_same_metrics(run: Path, reference: list[dict], reference_run: Path | None = None) -> None:
+    """Each step logged exactly once, with the reference's values; and the same validation responses."""
     records = metrics(run)
-    assert [r["step"] for r in records] == list(range(1, steps + 1))  # each step exactly once
+    assert [r["step"] for r in records] == [r["step"] for r in reference]
     for got, want in zip(records, reference):
         assert set(got) == set(want)
         mismatched = {k: (got[k], want[k]) for k in got if not is_timing_key(k) and got[k] != want[k]}
         assert not mismatched, f"step {got['step']}: {mismatched}"
+    if reference_run is not None:
+        files = sorted(p.name for p in (reference_run / "validation").glob("step_*.jsonl"))
+        assert sorted(p.name for p in (run / "validation").glob("step_*.jsonl")) == files
+        for name in files:
+            assert (run / "validation" / name).read_text() == (reference_run / "validation" / name).read_text()
 
 
 @pytest.fixture(scope="module")
@@ -143,13 +153,16 @@ def world(tmp_path_factory) -> Iterator[dict]:
 
 
 def reference_run(root: Path) -> dict:
-    rows = build_synthetic(task="echo", n_train=12, n_test=1, seed=3)["train"]
-    data = write_parquet(rows, root / "echo12.parquet")
+    splits = build_synthetic(task="echo", n_train=12, n_test=5, seed=3)
+    data = write_parquet(splits["train"], root / "echo12.parquet")
+    val_data = write_parquet(splits["test"], root / "echo-val5.parquet")
     runs = root / "runs"
-    overrides = training_overrides(data, runs)
+    overrides = training_overrides(data, runs, val_data)
     run_cli(["train", "grpo-demo", *overrides, "--run-id", "reference"], root / "reference.log")
     reference = metrics(runs / "reference")
-    assert len(reference) == N and all(r["actor/kl_loss"] > 0 for r in reference[1:])
+    assert [r["step"] for r in reference] == list(range(N + 1))  # step 0: the validation before training
+    assert all(r["actor/kl_loss"] > 0 for r in reference[2:])
+    assert [r["step"] for r in reference if "val/reward/mean@2" in r] == [0, 2, 4, 6]
     return {"root": root, "runs": runs, "data": data, "overrides": overrides, "reference": reference}
 
 
@@ -167,7 +180,7 @@ def test_sigkill_after_a_checkpoint_then_resume_is_exact(world) -> None:
     output = " ".join(run_cli(["resume", "killed", "--runs-dir", str(runs)], root / "killed-resume.log").split())
     resumed_from = int(re.search(r"from checkpoint step_(\d+)", output).group(1))
     assert resumed_from in (K, K + 1)  # the kill lands within one poll of the marker appearing
-    assert_same_metrics(runs / "killed", world["reference"])
+    assert_same_metrics(runs / "killed", world["reference"], runs / "reference")
     assert json.loads((runs / "killed" / "status.json").read_text())["status"] == "finished"
 
 
@@ -185,7 +198,7 @@ def test_sigkill_while_writing_a_checkpoint_then_resume_is_exact(world) -> None:
     output = " ".join(run_cli(["resume", "torn", "--runs-dir", str(runs)], root / "torn-resume.log").split())
     assert f"ignoring .tmp-{step_dir_name(K + 1)}" in output
     assert f"from checkpoint {step_dir_name(K)}" in output
-    assert_same_metrics(runs / "torn", world["reference"])
+    assert_same_metrics(runs / "torn", world["reference"], runs / "reference")
 
 
 def test_truncated_newest_checkpoint_resumes_from_the_previous_one(world) -> None:
@@ -201,13 +214,26 @@ def test_truncated_newest_checkpoint_resumes_from_the_previous_one(world) -> Non
     assert (f"skipping checkpoint {step_dir_name(N)}: policy/shards/__0_0.distcp has {size // 2} bytes, "
             f"the manifest says {size}") in output
     assert f"from checkpoint {step_dir_name(N - 1)}" in output
-    assert_same_metrics(runs / "truncated", world["reference"])
+    assert_same_metrics(runs / "truncated", world["reference"], runs / "reference")
+
+
+def test_validation_leaves_training_untouched(world) -> None:
+    """The same run without validation trains the same steps: validating draws nothing from the
+    training RNG, the data order or the engines' state."""
+    root, runs = world["root"], world["runs"]
+    run_cli(["train", "grpo-demo", *world["overrides"], "data.val_files=[]", "--run-id", "no-val"],
+            root / "no-val.log")
+    trained = [{k: v for k, v in r.items() if not k.startswith("val/") and k != "timing/val"}
+               for r in world["reference"][1:]]
+    assert_same_metrics(runs / "no-val", trained)
+    assert not (runs / "no-val" / "validation").exists()
 
 
 def test_ppo_with_a_critic_resumes_exactly(world) -> None:
     """The critic's shards, optimizer and RNG are part of the checkpoint too (a second worker group)."""
     root, runs = world["root"], world["runs"]
     overrides = [f"data.train_files=[{world['data']}]", "data.train_batch_size=4", "data.max_response_length=2",
+                 "data.max_prompt_length=16",
                  "rollout.name=hf", "actor.mini_batch_size=2", "actor.lr=1e-3", "critic.lr=1e-3",
                  "critic.warmup_steps=1", "trainer.total_steps=4", "trainer.save_freq=1", "trainer.keep_last=4",
                  "trainer.logger=[jsonl]", f"trainer.runs_dir={runs}", "model.path=rlkit:tiny-qwen2"]
@@ -220,4 +246,4 @@ def test_ppo_with_a_critic_resumes_exactly(world) -> None:
     assert (runs / "ppo-resumed" / "checkpoints" / step_dir_name(2) / "critic" / "shards" / ".metadata").is_file()
 
     run_cli(["resume", "ppo-resumed", "--runs-dir", str(runs)], root / "ppo-resume.log")
-    assert_same_metrics(runs / "ppo-resumed", reference, steps=4)
+    assert_same_metrics(runs / "ppo-resumed", reference)

@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import re
 import time
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
+from rlkit.core.rewards import scoring
 from rlkit.core.rewards.scoring import RewardError, RewardScorer
 from rlkit.errors import UserError
 from rlkit.recipes.reward_schema import RewardConfig
@@ -25,6 +28,10 @@ def behave(data_source, response, ground_truth, extra_info):
     if response == "no-score":
         return {"value": 1.0}
     if response == "sleep":
+        time.sleep(60)
+    if response == "stamp":  # note when the call started (in the file named by ground_truth), then hang
+        with open(ground_truth, "a") as f:
+            f.write(f"{time.time()}\\n")
         time.sleep(60)
     if response == "regex":  # catastrophic backtracking: stuck inside C code, deaf to signals
         re.match(r"(a+)+$", "a" * 40 + "b")
@@ -57,7 +64,7 @@ def run(scorer: RewardScorer, responses: list[str], truth: str = "ok"):
 
 
 def test_rules_are_picked_by_data_source() -> None:
-    with RewardScorer(RewardConfig(num_workers=0, gsm8k_method="flexible", format_score=0.1)) as scorer:
+    with RewardScorer(RewardConfig(num_workers=1, gsm8k_method="flexible", format_score=0.1)) as scorer:
         scored = scorer.score(
             ["#### 72", "it is 71", r"\boxed{\frac12}", "3", "4"],
             ["openai/gsm8k", "gsm8k", "lighteval/MATH", "synthetic/echo", "synthetic/add"],
@@ -67,7 +74,7 @@ def test_rules_are_picked_by_data_source() -> None:
 
 
 def test_unknown_data_source_names_the_row_and_the_fix() -> None:
-    with RewardScorer(RewardConfig(num_workers=0)) as scorer:
+    with RewardScorer(RewardConfig(num_workers=1)) as scorer:
         with pytest.raises(RewardError, match=r"row 1: unknown reward function for data_source 'gsm9k'.*"
                                               r"did you mean 'gsm8k'.*reward.function="):
             scorer.score(["a", "b"], ["gsm8k", "gsm9k"], ["1", "1"], [{}, {}])
@@ -86,7 +93,7 @@ def test_the_pool_persists_across_calls(pooled: RewardScorer) -> None:
     assert len(pids) <= 2 and pids == {d["pid"] for d in run(pooled, ["ok"] * 8).details}
 
 
-@pytest.mark.parametrize("num_workers", [0, 1])
+@pytest.mark.parametrize("num_workers", [1, 2])
 @pytest.mark.parametrize("response, error", [
     ("raise", r"RuntimeError: kaboom \(at .*my_reward.py:\d+ in behave\)"),
     ("nan", "is nan, not a finite number"),
@@ -101,7 +108,7 @@ def test_a_failing_call_stops_with_row_data_source_function_and_error(
     message = str(caught.value)
     assert "reward failed on row 1 (data_source 'my/data', dataset index 101, function " in message
     assert f"{custom_file}:behave" in message and "reward.on_error=zero" in message
-    assert __import__("re").search(error, message), message
+    assert re.search(error, message), message
 
 
 def test_on_error_zero_scores_zero_and_counts(pooled: RewardScorer) -> None:
@@ -129,6 +136,53 @@ def test_a_hung_call_stops_the_run_by_default(custom_file: Path) -> None:
         assert run(scorer, ["ok"]).scores == [1.0]
 
 
+def test_a_hung_reward_stops_the_batch_at_its_first_timeout(custom_file: Path) -> None:
+    """A reward that hangs on every row: the run stops after one timeout, not rows x timeout_s,
+    with the row, the function and the timeout named (before: 32 s for these 128 rows)."""
+    config = RewardConfig(function=f"{custom_file}:behave", num_workers=2, timeout_s=0.5)
+    with RewardScorer(config) as scorer:
+        start = time.monotonic()
+        with pytest.raises(RewardError) as caught:
+            run(scorer, ["sleep"] * 128)
+        assert time.monotonic() - start < 5
+    message = str(caught.value)
+    assert re.search(r"reward failed on row [01] \(data_source 'my/data', dataset index 10[01], function "
+                     rf"{re.escape(str(custom_file))}:behave\): timed out after 0.5 s \(reward.timeout_s\)", message)
+    assert "num_workers" not in message
+
+
+def test_hung_rows_time_out_together(custom_file: Path, tmp_path: Path) -> None:
+    """Four hung rows on four workers: all four calls run at once (each notes when it started), so
+    they time out together rather than one after another."""
+    config = RewardConfig(function=f"{custom_file}:behave", num_workers=4, timeout_s=1.0, on_error="zero")
+    stamps = tmp_path / "stamps"
+    with RewardScorer(config) as scorer:
+        run(scorer, ["ok"] * 4)  # every worker is up
+        scored = scorer.score(["stamp"] * 4, ["my/data"] * 4, [str(stamps)] * 4, [{}] * 4)
+    assert scored.metrics["reward/errors"] == 4.0
+    started = [float(line) for line in stamps.read_text().split()]
+    assert len(started) == 4 and max(started) - min(started) < 1.0  # each call lives >= 1 s: they overlapped
+
+
+def test_a_worker_started_late_in_a_batch_gets_its_own_start_up_deadline(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Replacements started late in a long batch are not a failed start (the deadline was once per batch)."""
+    pool = object.__new__(scoring._Pool)
+    pool.timeout_s = 1.0
+    now = 1000.0
+    monkeypatch.setattr(scoring.time, "monotonic", lambda: now)
+    replacement = SimpleNamespace(ready=False, row=None, spawned=now - 1.0, process=SimpleNamespace(pid=7))
+    pool.workers = [replacement]
+    pool._enforce_deadlines([None])  # the batch may have run for minutes: this worker started 1 s ago
+    replacement.spawned = now - scoring._STARTUP_TIMEOUT_S - 1.0
+    with pytest.raises(RewardError, match=r"a reward worker process \(pid 7\) did not start within 120 s"):
+        pool._enforce_deadlines([None])
+
+
+def test_scoring_in_the_controller_process_is_refused() -> None:
+    with pytest.raises(ValueError, match="num_workers"):
+        RewardConfig(num_workers=0)
+
+
 def test_a_dying_worker_fails_its_row_only(pooled: RewardScorer) -> None:
     scored = run(pooled, ["exit", "ok"])
     assert scored.scores == [0.0, 1.0]
@@ -153,13 +207,13 @@ def test_the_default_pool_is_reused_across_calls() -> None:
 ])
 def test_a_bad_function_spec_is_a_user_error(custom_file: Path, spec: str, message: str) -> None:
     with pytest.raises(UserError, match=message):
-        RewardScorer(RewardConfig(function=spec.format(file=custom_file), num_workers=0))
+        RewardScorer(RewardConfig(function=spec.format(file=custom_file), num_workers=1))
 
 
 def test_a_custom_file_that_fails_to_import_names_the_error(tmp_path: Path) -> None:
     (tmp_path / "broken.py").write_text("import not_a_module_anywhere\n")
     with pytest.raises(UserError, match="importing .*broken.py failed: ModuleNotFoundError"):
-        RewardScorer(RewardConfig(function=f"{tmp_path}/broken.py:fn", num_workers=0))
+        RewardScorer(RewardConfig(function=f"{tmp_path}/broken.py:fn", num_workers=1))
 
 
 def test_config_rejects_unknown_keys() -> None:

@@ -1,18 +1,20 @@
-"""Both rollout engines: samples come back prompt-major with their log-probs, and
-`load_weights` really changes what the engine computes (checked against transformers)."""
+"""Every rollout engine that runs on a CPU: samples come back prompt-major with their
+log-probs, and `load_weights` really changes what the engine computes (checked against
+transformers)."""
 
 from __future__ import annotations
 
 import pytest
 import torch
+from transformers import AutoModelForCausalLM
 
 from rlkit.core.rollout.base import Sampling
 from rlkit.core.rollout.engines import make_engine
 from rlkit.recipes.schema import RLConfig
 
 
-def _config(engine: str) -> RLConfig:
-    return RLConfig(rollout={"name": engine}, data={"max_prompt_length": 32, "max_response_length": 32})
+def _config(engine: str, **options) -> RLConfig:
+    return RLConfig(rollout={"name": engine, engine: options}, data={"max_prompt_length": 32, "max_response_length": 32})
 
 
 def _reference_log_probs(model, sequence: list[int], prompt_len: int) -> torch.Tensor:
@@ -23,8 +25,6 @@ def _reference_log_probs(model, sequence: list[int], prompt_len: int) -> torch.T
 
 
 def _perturbed(model_dir):
-    from transformers import AutoModelForCausalLM
-
     model = AutoModelForCausalLM.from_pretrained(model_dir)
     torch.manual_seed(1)
     with torch.no_grad():
@@ -40,7 +40,7 @@ def _check_engine(engine, model_dir):
     # The seed makes the call reproducible, and samples of one prompt still differ.
     again = engine.generate(prompts, Sampling(n=3, max_tokens=4, seed=7, log_probs=False))
     other = engine.generate(prompts, Sampling(n=3, max_tokens=4, seed=8))
-    assert [s.token_ids for s in again] == [s.token_ids for s in samples]
+    assert ([s.token_ids for s in again] == [s.token_ids for s in samples]) == engine.honors_seeds
     assert all(s.log_probs == [] for s in again)  # not asked for
     assert [s.token_ids for s in other] != [s.token_ids for s in samples]
     assert len({tuple(s.token_ids) for s in samples[:3]}) > 1
@@ -72,3 +72,37 @@ def test_vllm_engine_including_tied_lm_head(tiny_model_dir):
     engine = make_engine(_config("vllm"), str(tiny_model_dir), dtype="float32", seed=0, device=torch.device("cpu"),
                          sleep_mode=False)
     _check_engine(engine, tiny_model_dir)
+
+
+SGLANG_DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("device", SGLANG_DEVICES)
+def test_sglang_engine_including_tied_lm_head(tiny_model_dir, device, monkeypatch):
+    """SGLang (docs/compatibility.md: which release, how to install it); its seeds count on GPUs only.
+
+    On a GPU (float32 needs the triton attention backend) the engine also sleeps and wakes as
+    around a training step, and a weight sync in between still lands.
+    """
+    pytest.importorskip("sglang", reason="SGLang is not installed (docs/compatibility.md)")
+    from rlkit.core.rollout import sglang_engine
+
+    monkeypatch.setattr(sglang_engine, "BUCKET_BYTES", 1)  # every tensor its own bucket, then an empty last one
+    config = _config("sglang", attention_backend="triton" if device == "cuda" else None)
+    engine = make_engine(config, str(tiny_model_dir), dtype="float32", seed=0, device=torch.device(device),
+                         sleep_mode=device == "cuda")
+    try:
+        assert engine.honors_seeds == (device == "cuda")
+        _check_engine(engine, tiny_model_dir)
+        if device == "cuda":
+            engine.sleep()
+            engine.wake_up(weights_only=True)
+            model = AutoModelForCausalLM.from_pretrained(tiny_model_dir)  # the original weights again
+            engine.load_weights((name, p.detach().clone()) for name, p in model.named_parameters())
+            engine.wake_up()
+            sequence = [1, 26, 24, 29, 36, 21, 10, 2, 1, 10, 11, 2]
+            reference = _reference_log_probs(model, sequence, 9)
+            assert torch.allclose(torch.tensor(engine.score([sequence], 9)[0]), reference, atol=1e-4)
+    finally:
+        engine.shutdown()

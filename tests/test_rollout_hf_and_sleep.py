@@ -38,6 +38,28 @@ def test_ignore_eos_generates_max_tokens(hf_engine):
     assert [len(s.token_ids) for s in samples] == [9] * 6
 
 
+def test_a_sample_depends_only_on_its_own_seed(hf_engine):
+    # The engine contract: sample j of prompt i uses seed + i * n + j. Prompt [5, 6, 7] with
+    # seed 40 alone must come out the same as prompt 1, sample 0 of a bigger batch with base
+    # seed 38 (38 + 1 * 2 + 0 = 40), and as the same request in chunks of 2 rows.
+    sampling = Sampling(n=1, max_tokens=8, ignore_eos=True, seed=40)
+    global_rng = torch.get_rng_state()
+    alone = hf_engine.generate([[5, 6, 7]], sampling)[0]
+    assert torch.equal(torch.get_rng_state(), global_rng)  # the worker's RNG is not touched
+    batch = [[8, 9], [5, 6, 7], [10, 11, 12, 13]]
+    in_batch = hf_engine.generate(batch, Sampling(n=2, max_tokens=8, ignore_eos=True, seed=38))
+    assert (in_batch[2].prompt_index, in_batch[2].token_ids) == (1, alone.token_ids)
+    assert in_batch[2].log_probs == pytest.approx(alone.log_probs, abs=1e-5)
+    chunked = HFEngine.__new__(HFEngine)
+    chunked.__dict__.update(hf_engine.__dict__, batch_size=2)
+    assert [s.token_ids for s in chunked.generate(batch, Sampling(n=2, max_tokens=8, ignore_eos=True, seed=38))] \
+        == [s.token_ids for s in in_batch]
+    # Not one fixed answer: other seeds give other samples.
+    others = {tuple(hf_engine.generate([[5, 6, 7]], Sampling(n=1, max_tokens=8, ignore_eos=True, seed=k))[0].token_ids)
+              for k in range(41, 46)}
+    assert others - {tuple(alone.token_ids)}
+
+
 class FakeLLM:
     def __init__(self) -> None:
         self.calls: list[tuple] = []

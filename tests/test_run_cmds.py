@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-import pytest
 from conftest import invoke
 
 from rlkit.cli.run_cmds import register
@@ -18,8 +17,6 @@ from rlkit.core.controller.tracking import (
 )
 from rlkit.core.state.checkpoint import write_checkpoint
 from rlkit.recipes.loader import load_config
-
-pytestmark = pytest.mark.usefixtures("wide_console")
 
 
 def cli(*args: str):

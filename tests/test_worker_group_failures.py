@@ -34,6 +34,8 @@ class StandInWorker(PhaseReporter):
                 _parse_row(7)
             if how == "user":
                 raise UserError("data.train_files: row 3 has no prompt")
+            if how == "unpicklable":
+                _engine_config(528)
         self.phase = "idle"
         return self.rank
 
@@ -47,6 +49,23 @@ class StandInWorker(PhaseReporter):
 class BrokenAtStart(PhaseReporter):
     def __init__(self, config, rank: int, world_size: int) -> None:
         raise RuntimeError("no such device")
+
+
+def _engine_config(max_model_len: int) -> None:
+    """Fails as vLLM's config check does: a ValidationError whose input (ArgsKwargs) does not pickle."""
+    from pydantic import model_validator
+    from pydantic.dataclasses import dataclass
+
+    @dataclass
+    class ModelConfig:
+        __module__ = "builtins"  # this test module is sent by value: the worker cannot import it
+        max_model_len: int
+
+        @model_validator(mode="after")
+        def check(self):
+            raise ValueError(f"max_model_len ({self.max_model_len}) is greater than the derived max_model_len (256)")
+
+    ModelConfig(max_model_len=max_model_len)
 
 
 def _parse_row(index: int) -> None:
@@ -112,6 +131,16 @@ def test_worker_exception_names_rank_and_phase_and_keeps_its_traceback(group):
     assert isinstance(failure.cause, ValueError)
     assert "Traceback" not in str(failure)
     assert "in _parse_row" in failure.detail and "ValueError: row 7 is not a number" in failure.detail
+
+
+def test_an_exception_that_does_not_pickle_still_arrives_as_its_type_and_message(group):
+    with pytest.raises(WorkerFailure) as info:
+        group.call("work", 0, "unpicklable", phase="setup")
+    message = str(info.value)
+    assert ("raised ValidationError during 'setup' (worker phase 'work/inner'): 1 validation error for "
+            "ModelConfig: Value error, max_model_len (528) is greater than the derived max_model_len (256)") in message
+    assert "isn't serializable" not in message + info.value.detail
+    assert "in _engine_config" in info.value.detail  # the worker's own traceback
 
 
 def test_user_error_in_a_worker_stays_a_user_error(group):

@@ -6,16 +6,25 @@ import functools
 from typing import Callable, TypeVar
 
 import typer
-from rich.console import Console
 from rich.markup import escape
+from rich.syntax import Syntax
 
+from rlkit.console import make_console
 from rlkit.core.cluster.failures import RunFailure
 from rlkit.core.controller.interrupt import RunInterrupted
 from rlkit.errors import UserError
 
-console = Console()
-err_console = Console(stderr=True, soft_wrap=True)
+console = make_console()
+err_console = make_console(stderr=True, soft_wrap=True)
 F = TypeVar("F", bound=Callable)
+
+
+def print_yaml(text: str) -> None:
+    """Highlighted on a terminal; the text itself when redirected (`rlkit recipes show dapo > x.yaml`)."""
+    if console.is_terminal:
+        console.print(Syntax(text.rstrip("\n"), "yaml", theme="ansi_dark"))
+    else:
+        console.out(text.rstrip("\n"), highlight=False)
 
 
 def user_errors(fn: F) -> F:
@@ -27,6 +36,8 @@ def user_errors(fn: F) -> F:
             return fn(*args, **kwargs)
         except UserError as exc:
             err_console.print(f"[bold red]error:[/] {exc}", markup=True, highlight=False)
+            if exc.next_step:
+                err_console.print(exc.next_step, markup=False, highlight=False)
             raise typer.Exit(2) from None
 
     return wrapper  # type: ignore[return-value]

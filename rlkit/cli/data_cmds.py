@@ -17,6 +17,7 @@ from rich.table import Table
 
 from rlkit.cli.common import console, user_errors
 from rlkit.core.data import gsm8k as _gsm8k  # noqa: F401  (registers the builder)
+from rlkit.core.data import humaneval as _humaneval  # noqa: F401
 from rlkit.core.data import math as _math  # noqa: F401
 from rlkit.core.data import synthetic as _synthetic  # noqa: F401
 from rlkit.core.data.builders import (
@@ -83,7 +84,7 @@ def _clean_split(split: str, rows: Any, progress: Progress, dropped: Counter) ->
 
 
 def prep_data(
-    name: Optional[str] = typer.Argument(None, help="Builder to run: gsm8k, math, synthetic (see --list)."),
+    name: Optional[str] = typer.Argument(None, help="Builder to run: gsm8k, math, humaneval, synthetic (see --list)."),
     out: Optional[Path] = typer.Option(
         None, "--out", help="Output directory for {split}.parquet (default: ~/data/NAME)."),
     source: Optional[str] = typer.Option(
@@ -186,7 +187,7 @@ def eval_reward(
     save: Optional[Path] = typer.Option(
         None, "--save", help="Write the sampled responses here as jsonl (re-score with --responses)."),
     examples: int = typer.Option(3, "--examples", min=0, help="How many extraction failures and errors to show."),
-    as_json: bool = typer.Option(False, "--json", help="Print the report as one JSON object (for scripts)."),
+    as_json: bool = typer.Option(False, "--json", help="Print the report as one JSON object, each row's scores included (for scripts)."),
     overrides: Optional[list[str]] = typer.Argument(
         None, help="reward.KEY=VALUE settings, e.g. reward.gsm8k_method=flexible reward.function=my_reward.py:score"),
 ) -> None:
@@ -203,6 +204,8 @@ def eval_reward(
         raise UserError("--n, --limit and --save go with --model; with --responses every data row is scored")
     config = _reward_config(overrides or [])
     rows = read_rows(data)
+    if not rows:
+        raise UserError(f"--data {data} has no rows: nothing to score")
     if model is not None:
         rows = rows[:limit]
         status = f"sampling {n} response(s) for {len(rows)} prompts from {model}"

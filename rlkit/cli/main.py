@@ -5,11 +5,10 @@ from __future__ import annotations
 from typing import Optional
 
 import typer
-from rich.syntax import Syntax
 from rich.table import Table
 
-from rlkit.cli import data_cmds, run_cmds
-from rlkit.cli.common import console, run_failures, user_errors
+from rlkit.cli import data_cmds, doctor_cmds, eval_cmds, record_cmds, run_cmds
+from rlkit.cli.common import console, print_yaml, run_failures, user_errors
 
 app = typer.Typer(
     name="rlkit",
@@ -30,7 +29,8 @@ def train(
     overrides: Optional[list[str]] = typer.Argument(None, help="KEY=VALUE overrides, e.g. rollout.n=8 actor.lr=1e-6."),
     model: Optional[str] = typer.Option(None, "--model", help="Hub id or local path of the policy (sets model.path)."),
     run_id: Optional[str] = typer.Option(None, "--run-id", help="Name of the run directory (default: recipe-date-time)."),
-    dry_run: bool = typer.Option(False, "--dry-run", help="Print the resolved config and batch arithmetic, then stop."),
+    dry_run: bool = typer.Option(False, "--dry-run", help="Print the resolved config and batch arithmetic, run "
+                                                           "every check that needs no GPU, then stop."),
 ) -> None:
     """Train with a recipe.
 
@@ -41,10 +41,19 @@ def train(
 
     config = load_config(recipe, overrides or [], model=model, require_inputs=not dry_run)
     if dry_run:
-        console.print(Syntax(config_to_yaml(config), "yaml", theme="ansi_dark"))
+        from rlkit.core.controller.preflight import Preflight
+
+        print_yaml(config_to_yaml(config))
         console.print("[bold]Batch arithmetic[/]")
         for line in batch_arithmetic(config):
             console.print(f"  - {line}")
+        checks = Preflight(config, dry_run=True)
+        checks.run()  # a problem ends the command here: exit code 2 and its message
+        console.print("[bold]Checks[/] (the ones `rlkit train` runs before it starts anything)")
+        for line in checks.checked:
+            console.print(f"  [green]ok[/]       {line}", highlight=False)
+        for line in checks.skipped:
+            console.print(f"  [yellow]skipped[/]  {line}", highlight=False)
         return
     from rlkit.core.controller.loop import train_run
 
@@ -68,12 +77,15 @@ def recipes_show(name: str = typer.Argument(..., help="Recipe name or path.")) -
     """Show a recipe's YAML (`rlkit train NAME --dry-run` shows it resolved). Example: rlkit recipes show dapo"""
     from rlkit.recipes.loader import find_recipe
 
-    console.print(Syntax(find_recipe(name).read_text(), "yaml", theme="ansi_dark"))
+    print_yaml(find_recipe(name).read_text())
 
 
 # Command groups that live in their own modules.
 data_cmds.register(app)
 run_cmds.register(app)
+eval_cmds.register(app)
+doctor_cmds.register(app)
+record_cmds.register(app)
 
 if __name__ == "__main__":
     app()

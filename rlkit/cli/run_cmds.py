@@ -87,13 +87,22 @@ def runs_show(run_id: str = RUN_ARGUMENT, runs_dir: str = RUNS_DIR_OPTION) -> No
     if status.get("error"):
         console.print(f"[red]error:[/] {status['error']}", highlight=False)
     records = read_metrics(run.path / METRICS_FILE)
-    if records:
-        last = records[-1]
+    trained = [r for r in records if "timing/step" in r]  # not the validation before training (step 0)
+    if trained:
+        last = trained[-1]
         metrics = Table("metric", f"step {last.get('step')}", title="last metrics", title_justify="left")
         for key in SHOW_KEYS:
             if key in last:
                 metrics.add_row(key, _fmt(last[key]))
         console.print(metrics)
+    validated = [r for r in records if "val/reward/mean@1" in r]
+    if validated:
+        shown = validated[:1] + validated[-1:] if len(validated) > 1 else validated
+        table = Table("metric", *[f"step {r['step']}" for r in shown], title=f"validation ({len(validated)} times; "
+                      f"responses in {run.path / 'validation'})", title_justify="left")
+        for key in sorted(k for k in validated[-1] if k.startswith("val/")):
+            table.add_row(key, *[_fmt(r.get(key)) for r in shown])
+        console.print(table)
     ckpts = Table("step", "reason", "written", "size", "usable", title="checkpoints", title_justify="left")
     for ckpt in list_checkpoints(run.path):
         state = _safe_state(ckpt)
@@ -103,6 +112,7 @@ def runs_show(run_id: str = RUN_ARGUMENT, runs_dir: str = RUNS_DIR_OPTION) -> No
     for tmp in interrupted_writes(run.path):
         ckpts.add_row(tmp.name, "-", "-", "-", "[red]no[/]: interrupted write")
     console.print(ckpts if ckpts.row_count else "no checkpoints")
+    _print_provenance(run.path)
 
 
 @user_errors
@@ -111,6 +121,9 @@ def export(
     out: Path = typer.Option(..., "--out", help="New directory for the Hugging Face model."),
     step: Optional[int] = typer.Option(None, "--step", help="Checkpoint step (default: the latest complete one)."),
     dtype: str = typer.Option("auto", "--dtype", help="auto (the base model's dtype), float32 or bfloat16."),
+    lora_format: Optional[str] = typer.Option(
+        None, "--lora-format", help="LoRA runs: both (merged model in --out, peft adapter in --out/adapter; "
+                                    "the default), merged, or adapter (the peft adapter alone in --out)."),
     runs_dir: str = RUNS_DIR_OPTION,
 ) -> None:
     """Write a checkpoint's policy as a Hugging Face model (safetensors, config, tokenizer).
@@ -120,7 +133,7 @@ def export(
     from rlkit.core.controller.run_dir import RunDir
     from rlkit.core.state.export import export_hf
 
-    path = export_hf(RunDir.open(run_id, runs_dir), out, step=step, dtype=dtype)
+    path = export_hf(RunDir.open(run_id, runs_dir), out, step=step, dtype=dtype, lora_format=lora_format)
     console.print(f"[green]exported[/] to {path}")
 
 
@@ -139,6 +152,27 @@ def plot(
 
     run = RunDir.open(run_id, runs_dir)
     console.print(f"[green]wrote[/] {plot_run(run.path, out or run.path / 'plot.png')}")
+
+
+def _print_provenance(run_path: Path) -> None:
+    """What the run was trained with (provenance.json), and where its newest checkpoint's record differs."""
+    from rlkit.core.state import provenance
+    from rlkit.core.state.checkpoint import list_checkpoints
+
+    record = provenance.read(run_path)
+    if record is None:
+        console.print("no provenance.json (the run predates it)")
+        return
+    table = Table("", "", title="provenance", title_justify="left", show_header=False)
+    for what, value in provenance.summary_lines(record):
+        table.add_row(what, value)
+    console.print(table)
+    usable = [c for c in list_checkpoints(run_path) if c.problem is None]
+    saved = provenance.read(usable[-1].path) if usable else None
+    changes = provenance.differences(saved, record) if saved else []
+    if changes:
+        console.print(f"[yellow]checkpoint {usable[-1].path.name} was written in another environment:[/] "
+                      + "; ".join(changes), highlight=False)
 
 
 def _recipe(run_path: Path) -> str:

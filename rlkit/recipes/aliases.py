@@ -8,6 +8,9 @@ _ARR = "actor_rollout_ref"
 VERL_ALIASES: dict[str, str] = {
     f"{_ARR}.model.path": "model.path",
     f"{_ARR}.model.enable_gradient_checkpointing": "model.gradient_checkpointing",
+    f"{_ARR}.model.lora_rank": "model.lora.rank",
+    f"{_ARR}.model.lora_alpha": "model.lora.alpha",
+    f"{_ARR}.model.target_modules": "model.lora.target_modules",
     f"{_ARR}.rollout.name": "rollout.name",
     f"{_ARR}.rollout.n": "rollout.n",
     f"{_ARR}.rollout.temperature": "rollout.temperature",
@@ -16,6 +19,7 @@ VERL_ALIASES: dict[str, str] = {
     f"{_ARR}.rollout.gpu_memory_utilization": "rollout.gpu_memory_utilization",
     f"{_ARR}.rollout.enforce_eager": "rollout.vllm.enforce_eager",
     f"{_ARR}.rollout.engine_kwargs.vllm": "rollout.vllm.engine_kwargs",
+    f"{_ARR}.rollout.engine_kwargs.sglang": "rollout.sglang.engine_kwargs",
     f"{_ARR}.rollout.max_num_seqs": "rollout.max_num_seqs",
     f"{_ARR}.actor.optim.lr": "actor.lr",
     f"{_ARR}.actor.optim.weight_decay": "actor.weight_decay",
@@ -45,6 +49,8 @@ VERL_ALIASES: dict[str, str] = {
     "algorithm.rollout_correction.rollout_is_threshold": "actor.rollout_is_cap",
     "trainer.total_training_steps": "trainer.total_steps",
     "trainer.test_freq": "trainer.val_freq",
+    f"{_ARR}.rollout.val_kwargs.n": "trainer.val_n",
+    f"{_ARR}.rollout.val_kwargs.temperature": "trainer.val_temperature",
     "trainer.default_local_dir": "trainer.runs_dir",
     "trainer.max_actor_ckpt_to_keep": "trainer.keep_last",
 }
@@ -66,7 +72,14 @@ VERL_ANSWERS: dict[str, str] = {
     "data.gen_batch_size": "each dynamic-sampling round samples data.train_batch_size prompts; "
                            "algorithm.dynamic_sampling.max_gen_rounds caps the rounds",
     "trainer.total_epochs": "set trainer.total_steps (steps per epoch = rows // data.train_batch_size)",
-    "trainer.val_before_train": "validation runs every trainer.val_freq steps",
+    "trainer.val_only": "score a run's checkpoint or a model with `rlkit eval RUN_ID|MODEL_DIR --data FILE`",
+    "trainer.log_val_generations": "every validation response is written to RUN/validation/step_N.jsonl",
+    "trainer.validation_data_dir": "every validation response is written to RUN/validation/step_N.jsonl",
+    "data.val_batch_size": "validation generates all of data.val_files at once, spread over the workers",
+    f"{_ARR}.rollout.val_kwargs.do_sample": "validation always scores one greedy response per prompt (mean@1) and, "
+                                             "with trainer.val_n >= 2, that many samples at trainer.val_temperature",
+    f"{_ARR}.rollout.val_kwargs.top_p": "validation samples with rollout.top_p",
+    f"{_ARR}.rollout.val_kwargs.top_k": "validation samples with rollout.top_k",
     f"{_ARR}.rollout.calculate_log_probs": "the engine returns log-probs every rollout.log_prob_check_freq steps "
                                            "(1 = every step)",
 }

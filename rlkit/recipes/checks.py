@@ -4,12 +4,20 @@ from __future__ import annotations
 
 from typing import Callable
 
+from rlkit.core.train.fast_paths import CPU_MICRO_BATCH_TOKENS
 from rlkit.errors import ConfigError
 from rlkit.recipes.schema import RLConfig
 
 # vllm.LLM arguments rlkit derives from its own keys (rlkit.core.rollout.vllm_engine).
 VLLM_KEYS_SET_BY_RLKIT = {"model", "dtype", "seed", "max_model_len", "gpu_memory_utilization", "enforce_eager",
                           "max_num_seqs", "enable_sleep_mode", "enable_prefix_caching", "logprobs_mode"}
+# sglang.Engine arguments rlkit derives from its own keys (rlkit.core.rollout.sglang_engine).
+SGLANG_KEYS_SET_BY_RLKIT = {"model_path", "dtype", "random_seed", "context_length", "device", "base_gpu_id",
+                            "mem_fraction_static", "max_running_requests", "max_total_tokens", "attention_backend",
+                            "enable_deterministic_inference", "enable_memory_saver", "enable_weights_cpu_backup",
+                            "skip_tokenizer_init", "disable_radix_cache", "disable_cuda_graph", "log_level"}
+_OWN_KEYS = ("model.path, model.dtype, trainer.seed, data.max_*_length, rollout.gpu_memory_utilization, "
+             "rollout.max_num_seqs, rollout.<engine>.*")
 
 
 def check_config(config: RLConfig, origins: dict[str, str] | None = None, *, require_inputs: bool = True) -> None:
@@ -50,6 +58,9 @@ def check_config(config: RLConfig, origins: dict[str, str] | None = None, *, req
     if data.train_batch_size % actor.mini_batch_size:
         fail("actor.mini_batch_size", f"must divide data.train_batch_size={data.train_batch_size} "
              f"(got {actor.mini_batch_size})")
+    if config.trainer.val_n == 1:
+        fail("trainer.val_n", "validation always scores one greedy response per prompt (mean@1); trainer.val_n "
+             "adds samples at trainer.val_temperature for mean@n, pass@k and maj@n: use 0 or >= 2")
     devices = config.trainer.nnodes * config.trainer.n_gpus_per_node
     if rollout.placement == "split" and rollout.devices >= devices:
         fail("rollout.devices", f"split placement gives {rollout.devices} of the {devices} device(s) to rollout, "
@@ -61,7 +72,7 @@ def check_config(config: RLConfig, origins: dict[str, str] | None = None, *, req
     if data.train_batch_size * rollout.n % config.world_size:
         fail("data.train_batch_size", f"{data.train_batch_size} x rollout.n={rollout.n} sequences cannot be "
              f"split evenly over {config.world_size} workers")
-    if data.max_prompt_length + data.max_response_length > actor.micro_batch_tokens:
+    if actor.micro_batch_tokens != "auto" and data.max_prompt_length + data.max_response_length > actor.micro_batch_tokens:
         fail("actor.micro_batch_tokens", f"{actor.micro_batch_tokens} tokens cannot hold one sequence of "
              f"max_prompt_length + max_response_length = {data.max_prompt_length + data.max_response_length}")
     if actor.old_log_probs == "rollout" and (actor.ppo_epochs > 1 or actor.mini_batch_size != data.train_batch_size):
@@ -72,14 +83,18 @@ def check_config(config: RLConfig, origins: dict[str, str] | None = None, *, req
         fail("actor.rollout_is_cap" if actor.rollout_is_cap is not None else "actor.rollout_is",
              "with actor.old_log_probs=rollout the old and rollout log-probs are the same, "
              "so every weight is 1; use actor.old_log_probs=auto or recompute")
+    if rollout.mode != "sync" and rollout.agent.loop != "single_turn":
+        fail("rollout.mode", f"{rollout.mode} rollout runs single-turn completions only; multi-turn agent loops "
+             f"(rollout.agent.loop={rollout.agent.loop}) need rollout.mode=sync for now")
     if actor.rollout_is is None and actor.rollout_is_cap is not None:
         fail("actor.rollout_is_cap", "truncates importance weights that actor.rollout_is=off turns off; "
              "remove one of them")
-    reserved = sorted(set(rollout.vllm.engine_kwargs) & VLLM_KEYS_SET_BY_RLKIT)
-    if reserved:
-        fail("rollout.vllm.engine_kwargs", f"{', '.join(reserved)} is set by rlkit; use its own key instead "
-             "(model.path, model.dtype, trainer.seed, data.max_*_length, rollout.gpu_memory_utilization, "
-             "rollout.vllm.enforce_eager, rollout.max_num_seqs)")
+    for engine, kwargs, set_by_rlkit in (("vllm", rollout.vllm.engine_kwargs, VLLM_KEYS_SET_BY_RLKIT),
+                                         ("sglang", rollout.sglang.engine_kwargs, SGLANG_KEYS_SET_BY_RLKIT)):
+        reserved = sorted(set(kwargs) & set_by_rlkit)
+        if reserved:
+            fail(f"rollout.{engine}.engine_kwargs", f"{', '.join(reserved)} is set by rlkit; use its own key "
+                 f"instead ({_OWN_KEYS})")
     check_algorithm(config, origins, fail)
 
 
@@ -157,16 +172,20 @@ def batch_arithmetic(config: RLConfig) -> list[str]:
     sequences = d.train_batch_size * r.n
     updates = d.train_batch_size // a.mini_batch_size * a.ppo_epochs
     longest = d.max_prompt_length + d.max_response_length
-    per_micro = max(1, a.micro_batch_tokens // longest)
     per_worker = a.mini_batch_size * r.n // w
+    if a.micro_batch_tokens == "auto":
+        micro = ("in micro-batches sized at start-up (actor.micro_batch_tokens=auto: from the free GPU memory, "
+                 f"{CPU_MICRO_BATCH_TOKENS} tokens on CPU)")
+    else:
+        per_micro = max(1, a.micro_batch_tokens // longest)
+        micro = (f"in micro-batches of up to {a.micro_batch_tokens} tokens (at least {per_micro} full-length "
+                 f"sequences, so at most {-(-per_worker // per_micro)} micro-batch(es))")
     return [
         f"each step samples {d.train_batch_size} prompts x rollout.n={r.n} = {sequences} sequences",
         f"the {sequences} sequences are split over {w} worker(s): {sequences // w} each",
         f"{updates} optimizer step(s) per RL step: {d.train_batch_size // a.mini_batch_size} mini-batch(es) "
         f"of {a.mini_batch_size} prompts ({a.mini_batch_size * r.n} sequences) x {a.ppo_epochs} epoch(s)",
-        f"each worker takes {per_worker} sequences per optimizer step, in micro-batches of up to "
-        f"{a.micro_batch_tokens} tokens (at least {per_micro} full-length sequences, "
-        f"so at most {-(-per_worker // per_micro)} micro-batch(es))",
+        f"each worker takes {per_worker} sequences per optimizer step, {micro}",
         f"{config.trainer.total_steps} RL steps in all = {config.trainer.total_steps * sequences} sampled sequences",
     ] + _algorithm_arithmetic(config)
 

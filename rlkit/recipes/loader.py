@@ -10,7 +10,7 @@ import yaml
 from pydantic import BaseModel, ValidationError
 
 from rlkit.errors import ConfigError
-from rlkit.recipes.aliases import translate_key
+from rlkit.recipes.aliases import VERL_ALIASES, VERL_ANSWERS, translate_key
 from rlkit.recipes.schema import RLConfig
 
 BUILTIN_DIR = Path(__file__).parent / "builtin"
@@ -122,16 +122,33 @@ def _field_description(key: str) -> str:
     return (field.description or "") if field else ""
 
 
+def _unknown_key(key: str, origin: str) -> str:
+    """'unknown key K (ORIGIN); did you mean ...', the suggestion taken from K's own namespace.
+
+    A verl key (actor_rollout_ref.rollout.nn) is matched against verl's spellings, one of ours
+    (rollout.nn) against ours: compared with every key, a typo deep in a long verl key lands on
+    whichever short key shares the most letters.
+    """
+    spellings = {k: "" for k in valid_keys()}
+    spellings.update({k: f" (verl's spelling of {ours})" for k, ours in VERL_ALIASES.items()})
+    spellings.update({k: f" (verl's key: {answer})" for k, answer in VERL_ANSWERS.items()})
+    namespace = key.split(".")[0]
+    same_namespace = [k for k in spellings if k.split(".")[0] == namespace]
+    close = (difflib.get_close_matches(key, same_namespace, n=1, cutoff=0.6)
+             or difflib.get_close_matches(key, list(spellings), n=1, cutoff=0.6))
+    hint = f"did you mean {close[0]!r}{spellings[close[0]]}?" if close else "`rlkit recipes show NAME` lists the keys"
+    return f"unknown key {key!r} ({origin}); {hint}"
+
+
 def _explain(exc: ValidationError, origins: dict[str, str], flat: dict[str, Any]) -> str:
     lines = []
-    keys = valid_keys()
     for err in exc.errors():
         key = ".".join(str(p) for p in err["loc"] if not isinstance(p, int))
         origin = origins.get(key, "recipe")
         if err["type"] == "extra_forbidden":
-            close = difflib.get_close_matches(key, keys, n=1, cutoff=0.6)
-            hint = f"did you mean {close[0]!r}?" if close else "`rlkit recipes show NAME` lists the keys"
-            lines.append(f"unknown key {key!r} ({origin}); {hint}")
+            # Pydantic names the first unknown level (`actor_rollout_ref`); the user wrote whole keys.
+            written = [k for k in origins if k == key or k.startswith(key + ".")] or [key]
+            lines += [_unknown_key(k, origins.get(k, "recipe")) for k in written]
         else:
             value = flat.get(key, err.get("input"))
             about = _field_description(key)
@@ -157,7 +174,7 @@ def load_config(recipe: str, overrides: list[str] | None = None, *, model: str |
         _set_dotted(tree, translate_key(key, "command line"), value, "command line", origins)
     if model:
         _set_dotted(tree, "model.path", model, "--model", origins)
-    tree["recipe"] = layers[-1][0].stem
+    tree["recipe"] = tree.get("recipe") or layers[-1][0].stem  # a run's config.yaml keeps its recipe's name
     try:
         config = RLConfig.model_validate(tree)
     except ValidationError as exc:

@@ -42,15 +42,15 @@ class RewardConfig(BaseModel):
     )
     timeout_s: float = Field(
         10.0, gt=0,
-        description="Seconds one reward call may take before it is killed and counted as failed. "
-                    "Enforced only with num_workers > 0.",
+        description="Seconds one reward call may take before its worker process is killed and the row "
+                    "counted as failed (hung calls on different workers time out together).",
     )
     num_workers: int = Field(
-        2, ge=0,
+        2, ge=1,
         description="Reward worker processes, started once and kept across steps; raise it for costly "
                     "rewards (math-verify takes ~1-100 ms a call). The pool adds ~0.1 ms a call (~12 ms for "
-                    "128 exact-match rewards on 2 CPU cores). 0 scores in the controller process: no pool, "
-                    "but then timeout_s is not enforced and a hung call hangs the run.",
+                    "128 exact-match rewards on 2 CPU cores). At least 1: a call in the controller's own "
+                    "process could not be stopped at timeout_s.",
     )
     gsm8k_method: Literal["strict", "flexible"] = Field(
         "strict",

@@ -6,12 +6,12 @@ so its users find their keys; `rlkit.recipes.aliases` maps verl's long spellings
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+from rlkit.recipes.agent_schema import AgentConfig
 from rlkit.recipes.reward_schema import RewardConfig, RewardModelConfig
-
 
 # The truncation of rollout importance weights when none is given (TIS's and verl's default).
 DEFAULT_ROLLOUT_IS_CAP = 2.0
@@ -23,8 +23,8 @@ class Section(BaseModel):
 
 class DataConfig(Section):
     train_files: list[str] = Field(default_factory=list, description="Parquet files of training prompts (see `rlkit prep-data`).")
-    val_files: list[str] = Field(default_factory=list, description="Parquet files scored every trainer.val_freq steps (greedy).")
-    synthetic_task: str | None = Field(None, description="Built-in task (echo, succ, add) generated into the run dir when train_files is empty.")
+    val_files: list[str] = Field(default_factory=list, description="Parquet files of held-out prompts: validated before training (trainer.val_before_train), every trainer.val_freq steps and after the last step (docs/architecture.md, Validation).")
+    synthetic_task: str | None = Field(None, description="Built-in task (echo, succ, add) generated into the run dir when train_files is empty; with trainer.val_freq > 0 and no val_files, its test split is the validation set.")
     train_batch_size: int = Field(16, ge=1, description="Prompts per RL step (before rollout.n samples each).")
     max_prompt_length: int = Field(512, ge=1, description="Longest prompt in tokens; longer ones error or are dropped (overlong_prompts).")
     max_response_length: int = Field(512, ge=1, description="Most tokens generated per response.")
@@ -32,11 +32,19 @@ class DataConfig(Section):
     shuffle: bool = Field(True, description="Shuffle prompts each epoch (seeded by trainer.seed).")
 
 
+class LoraSettings(Section):
+    rank: int = Field(0, ge=0, description="LoRA rank r (peft); 0 = off, every weight trains. On: only the adapters train and are checkpointed, the reference policy is the base with adapters off (no second model in memory), and the rollout engine receives merged weights W + alpha/r * B @ A. The critic (PPO) always trains all its weights.")
+    alpha: float = Field(16.0, gt=0, description="LoRA scaling numerator: the update is alpha / rank * B @ A.")
+    dropout: float = Field(0.0, ge=0, lt=1, description="Dropout on the adapters' input in training forward passes (not in log-prob passes or the engine).")
+    target_modules: str | list[str] = Field("all-linear", description="Modules that get adapters: peft's 'all-linear' (every linear layer but the output head) or a list of module names, e.g. [q_proj, v_proj].")
+
+
 class ModelConfig(Section):
     path: str = Field("", description="Hub id or local directory of the policy (also `--model`). 'rlkit:tiny-qwen2' builds a tiny offline model.")
     dtype: Literal["auto", "float32", "bfloat16"] = Field("auto", description="Compute dtype of forward/backward and rollout (parameters and optimizer stay fp32); auto = bfloat16 on GPU, float32 on CPU.")
     gradient_checkpointing: bool = Field(False, description="Recompute activations in backward: less memory, ~30% more compute.")
-    compile: bool = Field(False, description="torch.compile each decoder layer and the log-prob kernels (GPU; the first step pays the compile, later ones run fused).")
+    compile: bool | Literal["auto"] = Field("auto", description="torch.compile each decoder layer and the log-prob kernels: the first step pays the compile, later ones run fused (ref/update passes ~40% instead of ~28% MFU on an H200, docs/benchmarks.md). auto = on with CUDA, off on CPU; false turns it off.")
+    lora: LoraSettings = Field(default_factory=LoraSettings)
 
 
 class VLLMOptions(Section):
@@ -46,6 +54,13 @@ class VLLMOptions(Section):
     engine_kwargs: dict[str, Any] = Field(default_factory=dict, description="Further `vllm.LLM` arguments, e.g. {async_scheduling: true}; arguments rlkit derives from its own keys are refused. Was rollout.engine_kwargs.")
 
 
+class SGLangOptions(Section):
+    """`rollout.sglang.*`: options only the SGLang engine reads."""
+
+    attention_backend: str | None = Field(None, description="SGLang attention backend (its --attention-backend, e.g. fa3, flashinfer, triton); None = SGLang's choice on GPU, torch_native on CPU. Per-request seeds need one SGLang runs deterministically (fa3, fa4, flashinfer, triton).")
+    engine_kwargs: dict[str, Any] = Field(default_factory=dict, description="Further `sglang.Engine` arguments (its server arguments), e.g. {chunked_prefill_size: 4096}; arguments rlkit derives from its own keys are refused.")
+
+
 class HFOptions(Section):
     """`rollout.hf.*`: options only the transformers `generate` engine reads."""
 
@@ -53,7 +68,7 @@ class HFOptions(Section):
 
 
 class RolloutConfig(Section):
-    name: str = Field("vllm", description="Generation engine, from the registry in rlkit/core/rollout/engines.py: vllm, or hf (transformers `generate`, the fallback that needs nothing more). Each engine's own options live under rollout.<name>.")
+    name: str = Field("vllm", description="Generation engine, from the registry in rlkit/core/rollout/engines.py: vllm, sglang, or hf (transformers `generate`, the fallback that needs nothing more). Each engine's own options live under rollout.<name>.")
     n: int = Field(8, ge=1, description="Samples per prompt (the group size for GRPO/RLOO).")
     temperature: float = Field(1.0, gt=0, description="Sampling temperature (1.0 keeps rollouts on-policy).")
     top_p: float = Field(1.0, gt=0, le=1, description="Nucleus sampling; < 1 makes the rollout policy differ from the trained one.")
@@ -67,9 +82,13 @@ class RolloutConfig(Section):
     max_staleness: int = Field(2, ge=1, description="rollout.mode=async: batches generated ahead of the trainer, so no trained sample is more than this many policy versions older than the policy being updated (one_step_off is 1).")
     weight_sync: Literal["broadcast", "object_store"] = Field("broadcast", description="split placement: how the weights travel from training rank 0 to the rollout workers after each update. broadcast: a collective of their own (NCCL on GPUs, gloo on CPU), full tensors in flat buckets. object_store: through Ray's object store (slower; no extra communicator).")
     weight_sync_timeout_s: float = Field(300.0, gt=0, description="split placement: deadline of one weight transfer once both sides have joined it; a transfer that stalls past it stops the run with a message naming it.")
-    log_prob_check_freq: int = Field(10, ge=0, description="Every this many steps the engine also returns the log-prob of each sampled token, and rollout/log_prob_diff (mean |engine - trainer|) checks the weight sync and the engine's numerics; 0 = never. Not every step: vLLM decodes at half speed while returning them (docs/benchmarks.md). actor.old_log_probs=rollout takes them on every step.")
+    log_prob_check_freq: int = Field(10, ge=0, description="Every this many steps the engine also returns the log-prob of each sampled token, and rollout/log_prob_diff (mean |engine - trainer|) checks the weight sync and the engine's numerics; 0 = never (but step 1, for the step-1 invariants, unless trainer.invariants=off). Not every step: vLLM decodes at half speed while returning them (docs/benchmarks.md). actor.old_log_probs=rollout takes them on every step.")
+    log_prob_tolerance: float = Field(0.05, gt=0, description="Weight-sync check: the most rollout/log_prob_diff (mean |engine - trainer| log-prob per token, nats) a check step may show; more means the engine is not running the trained weights. Measured: ~1e-7 on CPU (fp32), 0.008 with vLLM bf16 on an H200. Not applied with rollout.top_p < 1 or top_k > 0, or with rollout.mode one_step_off/async (stale samples), where the two differ by design.")
+    sync_check: Literal["error", "warn"] = Field("error", description="What a failed weight-sync check does (log-prob gap over rollout.log_prob_tolerance, or the first sync that changed the weights left the engine's outputs unchanged): error stops the run with the reason; warn logs it and trains on.")
     vllm: VLLMOptions = Field(default_factory=VLLMOptions)
+    sglang: SGLangOptions = Field(default_factory=SGLangOptions)
     hf: HFOptions = Field(default_factory=HFOptions)
+    agent: AgentConfig = Field(default_factory=AgentConfig, description="Multi-turn episodes: tools, environments (rlkit/recipes/agent_schema.py, docs/agents.md).")
 
 
 class ActorConfig(Section):
@@ -80,12 +99,12 @@ class ActorConfig(Section):
     lr_schedule: Literal["constant", "cosine"] = Field("constant", description="LR after warm-up.")
     mini_batch_size: int = Field(16, ge=1, description="Prompts per optimizer step (global); with rollout.n samples each.")
     ppo_epochs: int = Field(1, ge=1, description="Passes over each step's batch.")
-    micro_batch_tokens: int = Field(16384, ge=1, description="Per-device token budget of one forward/backward (performance only, never the math).")
+    micro_batch_tokens: Annotated[int, Field(ge=1)] | Literal["auto"] = Field("auto", description="Per-device token budget of one forward/backward (performance only, never the math). auto = on GPUs, sized at start-up from the memory free once the models are loaded (at most 65536, at least one full-length sequence; printed at start-up); 16384 on CPU.")
     grad_clip: float = Field(1.0, gt=0, description="Global gradient-norm clip.")
     policy_loss: str = Field("vanilla", description="Registered policy loss: vanilla (PPO clip), gspo.")
     clip_ratio_low: float = Field(0.2, ge=0, description="PPO clip: ratio lower bound is 1 - clip_ratio_low.")
     clip_ratio_high: float = Field(0.2, ge=0, description="PPO clip: ratio upper bound is 1 + clip_ratio_high (DAPO clip-higher raises it).")
-    clip_ratio_c: float | None = Field(None, gt=1, description="Dual-clip bound for negative advantages (e.g. 3.0); None disables.")
+    clip_ratio_c: float | None = Field(3.0, gt=1, description="Dual-clip PPO (Ye et al. 2020): where the advantage is negative, the policy loss is capped at -A * clip_ratio_c, so a token whose ratio ran far above 1 cannot blow up the update. 3.0 as verl's default; None disables.")
     loss_agg_mode: Literal["token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm"] = Field(
         "token-mean", description="How per-token losses become one number.")
     entropy_coeff: float = Field(0.0, ge=0, description="Entropy bonus weight (0 = off).")
@@ -148,12 +167,24 @@ class TrainerConfig(Section):
     experiment_name: str | None = Field(None, description="Run name for trackers (default: the run id).")
     save_freq: int = Field(0, ge=0, description="Checkpoint every N steps (0 = only at the end); the last step is always saved.")
     keep_last: int = Field(2, ge=1, description="Complete checkpoints kept on disk (older ones are deleted after each save).")
-    val_freq: int = Field(0, ge=0, description="Score data.val_files every N steps (0 = never).")
+    val_freq: int = Field(0, ge=0, description="Validate every N steps (0 = only before training and after the last step); validation runs only when there are validation prompts (data.val_files).")
+    val_before_train: bool = Field(True, description="Validate the starting policy (logged as step 0) before a fresh run trains; a resumed run continues the schedule instead.")
+    val_n: int = Field(0, ge=0, description="Sampled responses per validation prompt besides the greedy one: with n >= 2 validation also reports mean@n, unbiased pass@k (k = 1, 2, 4, ..., n) and maj@n. 0 = greedy only (mean@1).")
+    val_temperature: float | None = Field(None, gt=0, description="Temperature of the trainer.val_n samples (top-p/top-k are rollout's); None = rollout.temperature.")
     phase_timeout_s: float = Field(1800.0, gt=0, description="Deadline of one controller -> worker call in a step (generate, update, sync, save); past it the run stops and names the late workers.")
     setup_timeout_s: float = Field(3600.0, gt=0, description="Deadline of worker start-up (model load, rollout-engine start), whose progress is logged as it goes.")
     save_on_interrupt: bool = Field(True, description="On Ctrl-C/SIGTERM, finish the current step and checkpoint it before stopping (a second Ctrl-C stops at once).")
     nvlink_multicast: bool = Field(False, description="Let NCCL, torch symmetric memory and NVSHMEM use NVLink multicast (NVLS). Off by default: on hosts whose NVSwitch multicast is not set up (no fabric manager/IMEX), start-up fails or hangs with it on; turn it on where it works for faster all-reduce on 4+ GPUs. Off sets NCCL_NVLS_ENABLE=0, TORCH_SYMM_MEM_DISABLE_MULTICAST=1, NVSHMEM_DISABLE_NVLS=1 in every worker.")
     cpu_threads_per_worker: int = Field(1, ge=1, description="Torch threads per CPU worker process.")
+    record_rollouts: bool = Field(False, description="Keep each step's batch, as the actor update received it (token ids, masks, scores, rollout/old/reference log-probs, advantages), with the step's metrics, as RUN/rollouts/step_N.parquet: `rlkit inspect` shows it, `rlkit replay` re-runs its update (docs/replay.md). On steps with engine log-probs but no old-log-prob pass it adds one forward pass, for the per-token gap. About 15-25 bytes per token of the batch (zstd parquet): ~5 MB for the benchmark's 393k-token step.")
+    invariants: Literal["error", "warn", "off"] = Field("error", description="Step-1 invariants of a fresh run (rlkit.core.controller.invariants): the KL to the reference is ~0 (the reference is the initial policy), rollout/log_prob_diff is under trainer.invariant_tolerance (step 1 is always a log-prob check step), and the first batch's prompts survive a tokenizer round trip (decode, then encode, gives the same ids). error stops the run naming the broken invariant; warn logs it and goes on; off skips them (and step 1's engine log-probs).")
+    invariant_tolerance: float = Field(0.05, gt=0, description="Largest |KL to the reference| and rollout/log_prob_diff (nats per token) the step-1 invariants accept. Measured: ~1e-7 on CPU (fp32), ~0.008 with vLLM in bf16 on an H200 (docs/benchmarks.md).")
+
+    @field_validator("invariants", mode="before")
+    @classmethod
+    def _bare_off(cls, value: Any) -> Any:
+        """YAML reads a bare `off` (trainer.invariants=off) as false."""
+        return "off" if value is False else value
 
 
 class RLConfig(Section):
@@ -202,6 +233,11 @@ class RLConfig(Section):
     def needs_rollout_log_probs(self) -> bool:
         """The math (not just the sync check) uses the engine's log-probs, so every step asks for them."""
         return self.actor.old_log_probs == "rollout" or self.rollout_correction is not None
+
+    def log_prob_check_step(self, step: int) -> bool:
+        """The engine returns the sampled tokens' log-probs this step, for rollout/log_prob_diff."""
+        freq = self.rollout.log_prob_check_freq
+        return (freq > 0 and step % freq == 0) or (step == 1 and self.trainer.invariants != "off")
 
     @property
     def needs_reference(self) -> bool:

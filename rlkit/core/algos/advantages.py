@@ -59,22 +59,32 @@ def group_index(group_ids: Tensor) -> tuple[Tensor, Tensor]:
     return index, counts
 
 
-def group_mean_std(scores: Tensor, group_ids: Tensor) -> tuple[Tensor, Tensor, Tensor]:
-    """Per-sequence (group mean, unbiased group std, group size), each ``[B]``.
+def group_centred(scores: Tensor, group_ids: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    """Per-sequence (score - group mean, unbiased group std, group size), each ``[B]``, in float64.
+
+    Exact for a group whose scores are all equal: centred 0 and std 0, not a rounding residue.
+    Summing 16 copies of 0.1 in float32 does not give 1.6, so the textbook
+    ``(s - mean) / (std + eps)`` turns a constant group into advantages of +-0.1 (verl has that
+    flaw). Subtracting each group's first score before anything is summed makes every term of
+    a constant group exactly 0, and float64 keeps the other groups' rounding far below float32's.
 
     Like verl, a group of one sample gets mean 0 and std 1: it has no peers to compare with,
     so its score passes through unchanged instead of becoming 0 (or NaN from an n-1 = 0 std).
     """
     index, counts = group_index(group_ids)
-    counts_f = counts.to(scores.dtype)
-    sums = torch.zeros_like(counts_f).index_add_(0, index, scores)
-    mean = sums / counts_f
-    sq_dev = torch.zeros_like(counts_f).index_add_(0, index, (scores - mean[index]) ** 2)
-    std = (sq_dev / (counts_f - 1).clamp(min=1)).sqrt()  # Bessel's correction, as torch.std
-    single = counts == 1
-    mean = torch.where(single, torch.zeros_like(mean), mean)
+    x = scores.to(torch.float64)
+    positions = torch.arange(x.numel(), device=x.device)
+    first = torch.full_like(counts, x.numel()).scatter_reduce_(0, index, positions, "amin")
+    shifted = x - x[first][index]
+    counts_f = counts.to(torch.float64)
+    shift_mean = torch.zeros_like(counts_f).index_add_(0, index, shifted) / counts_f
+    centred = shifted - shift_mean[index]
+    sq_dev = torch.zeros_like(counts_f).index_add_(0, index, centred**2)
+    std = (sq_dev / (counts_f - 1).clamp(min=1)).sqrt()[index]  # Bessel's correction, as torch.std
+    single = counts[index] == 1
+    centred = torch.where(single, x, centred)
     std = torch.where(single, torch.ones_like(std), std)
-    return mean[index], std[index], counts[index]
+    return centred, std, counts[index]
 
 
 def masked_whiten(values: Tensor, mask: Tensor) -> Tensor:
@@ -140,27 +150,25 @@ def grpo(inputs: AdvantageInputs, *, norm_adv_by_std: bool, eps: float, **_: obj
     the division over-weights groups whose scores barely differ.
     """
     mask, scores = _scores(inputs)
-    mean, std, _ = group_mean_std(scores, inputs.group_ids)
-    adv = scores - mean
+    adv, std, _ = group_centred(scores, inputs.group_ids)
     if norm_adv_by_std:
         adv = adv / (std + eps)
-    return _broadcast(adv, mask)
+    return _broadcast(adv.to(scores.dtype), mask)
 
 
 @ADV_ESTIMATORS.register("rloo")
 def rloo(inputs: AdvantageInputs, **_: object) -> tuple[Tensor, Tensor]:
     """RLOO (Ahmadian et al. 2024): score minus the mean score of the *other* samples of the group.
 
-    s_i - (S - s_i)/(n-1) equals n/(n-1) * (s_i - mean), which is how verl writes it. A group of
-    one has no others, so its advantage is its raw score (verl does the same).
+    s_i - (S - s_i)/(n-1) equals n/(n-1) * (s_i - mean), which is how verl writes it and how it is
+    computed here, from the exact group centring (a group of equal scores gets exactly 0). A
+    group of one has no others, so its advantage is its raw score (verl does the same).
     """
     mask, scores = _scores(inputs)
-    index, counts = group_index(inputs.group_ids)
-    sums = scores.new_zeros(counts.numel()).index_add_(0, index, scores)[index]
-    n = counts[index].to(scores.dtype)
-    loo_mean = (sums - scores) / (n - 1).clamp(min=1)
-    adv = torch.where(n > 1, scores - loo_mean, scores)
-    return _broadcast(adv, mask)
+    centred, _, counts = group_centred(scores, inputs.group_ids)
+    n = counts.to(torch.float64)
+    adv = torch.where(counts > 1, centred * n / (n - 1).clamp(min=1), centred)
+    return _broadcast(adv.to(scores.dtype), mask)
 
 
 @ADV_ESTIMATORS.register("remax")
@@ -200,6 +208,6 @@ def reinforce_plus_plus_baseline(inputs: AdvantageInputs, **_: object) -> tuple[
     batch mean/std than short ones.
     """
     mask, scores = _scores(inputs)
-    mean, _, _ = group_mean_std(scores, inputs.group_ids)
-    adv = masked_whiten((scores - mean).unsqueeze(-1) * mask, mask)
+    centred, _, _ = group_centred(scores, inputs.group_ids)
+    adv = masked_whiten(centred.to(scores.dtype).unsqueeze(-1) * mask, mask)
     return adv, adv

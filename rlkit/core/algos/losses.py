@@ -39,7 +39,8 @@ def policy_loss(
 
     Metrics (masked token means, detached): ``pg_clipfrac`` (share of tokens where the ratio
     clip is active), ``ppo_kl`` (mean of old_logp - logp), ``pg_clipfrac_lower`` (share of tokens
-    where the dual-clip cap is active; 0 without ``clip_ratio_c``).
+    where the dual-clip cap is active; 0 without ``clip_ratio_c``); ``gspo`` adds
+    ``seq_ratio_mean`` (its sequence ratio s_i, averaged over tokens).
     """
     if clip_ratio_c is not None and clip_ratio_c <= 1.0:
         raise ValueError(f"clip_ratio_c must be > 1 for dual-clip PPO, got {clip_ratio_c}")
@@ -164,7 +165,11 @@ def gspo(
     seq_log_ratio = token_log_ratio.sum(-1) / lengths
     log_ratio = log_probs - log_probs.detach() + seq_log_ratio.detach().unsqueeze(-1)
     ratio = log_ratio.clamp(max=SEQ_LOG_RATIO_MAX).exp()
-    return _clipped_surrogate(ratio, token_log_ratio, advantages, mask, **clip)
+    loss, metrics = _clipped_surrogate(ratio, token_log_ratio, advantages, mask, **clip)
+    # The sequence ratio, to read against the paper's tiny clip range (token mean: each token
+    # carries its sequence's s_i, so micro-batches and ranks aggregate it like the other metrics).
+    metrics["seq_ratio_mean"] = masked_mean(ratio, mask).detach()
+    return loss, metrics
 
 
 def aggregate_loss(

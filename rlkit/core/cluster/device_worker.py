@@ -9,6 +9,8 @@ import torch
 import torch.distributed as dist
 
 from rlkit.core.cluster.phases import PhaseReporter
+from rlkit.core.rollout.base import RolloutSample, Sampling
+from rlkit.core.state.shards import rng_state, set_rng_state
 from rlkit.recipes.schema import RLConfig
 
 
@@ -40,3 +42,15 @@ class DeviceWorker(PhaseReporter):
         if self.use_cuda:
             torch.cuda.set_device(self.device)
         dist.init_process_group("nccl" if self.use_cuda else "gloo", rank=self.rank, world_size=self.world_size)
+
+    def generate_keeping_rng(self, prompts: list[list[int]], sampling: Sampling) -> list[RolloutSample]:
+        """`generate` (of the workers that hold an engine) for validation: this process's RNG states are
+        put back afterwards (an engine may reseed them; the HF engine does), so validating never
+        shifts what training draws next."""
+        if not prompts:  # fewer validation prompts than ranks
+            return []
+        state = rng_state()
+        try:
+            return self.generate(prompts, sampling)  # type: ignore[attr-defined]
+        finally:
+            set_rng_state(state)

@@ -7,9 +7,13 @@ raised, or a checkpoint could not be written. The CLI prints the message, then `
 
 from __future__ import annotations
 
+import functools
 import os
+import pickle
 import re
 from pathlib import Path
+from types import FunctionType
+from typing import Any, Callable
 
 from rlkit.core.cluster.phases import WorkerPlace
 
@@ -34,6 +38,55 @@ class CheckpointWriteError(RunFailure):
     """A checkpoint could not be written (disk full, unwritable run directory)."""
 
 
+class WorkerException(RuntimeError):
+    """A worker's exception that could not cross Ray (it does not pickle), as its type name and message."""
+
+    def __init__(self, type_name: str, message: str) -> None:
+        super().__init__(type_name, message)
+        self.type_name, self.message = type_name, message
+
+    def __str__(self) -> str:
+        return self.message
+
+
+def portable(exc: BaseException) -> BaseException:
+    """`exc` if it survives pickling, else a WorkerException carrying its type name and message.
+
+    Ray pickles a worker's exception to send it to the controller; one that does not pickle
+    (pydantic's ValidationError, one holding a lock or a socket) would arrive as Ray's own
+    "isn't serializable" error with the real message buried in its text.
+    """
+    try:
+        pickle.loads(pickle.dumps(exc))
+    except Exception:  # noqa: BLE001 - any failure to round-trip means the same thing
+        return WorkerException(type(exc).__name__, str(exc))
+    return exc
+
+
+def with_portable_exceptions(worker_cls: type) -> type:
+    """A subclass of `worker_cls` whose methods (and __init__) raise only exceptions that pickle."""
+
+    def guarded(method: Callable[..., Any]) -> Callable[..., Any]:
+        @functools.wraps(method)
+        def call(*args: Any, **kwargs: Any) -> Any:
+            try:
+                return method(*args, **kwargs)
+            except Exception as exc:
+                converted = portable(exc)
+                if converted is exc:
+                    raise
+                raise converted from exc  # the worker's traceback (Ray's text) keeps the original
+
+        return call
+
+    plain = {}  # instance methods by name, the most derived class's last (static and class methods stay as they are)
+    for klass in reversed(worker_cls.__mro__):
+        plain.update({name: member for name, member in vars(klass).items() if isinstance(member, FunctionType)})
+    methods = {name: guarded(member) for name, member in plain.items() if not name.startswith("_") or name == "__init__"}
+    return type(worker_cls.__name__, (worker_cls,),
+                {**methods, "__module__": worker_cls.__module__, "__qualname__": worker_cls.__qualname__})
+
+
 def continue_hint(run_path: Path, run_id: str) -> str:
     """Where the run can continue from, and the command that does it."""
     from rlkit.core.state.checkpoint import latest_checkpoint
@@ -42,16 +95,31 @@ def continue_hint(run_path: Path, run_id: str) -> str:
     try:
         ckpt = latest_checkpoint(run_path, warn=False)
     except UserError:
-        return "No checkpoint was written yet, so nothing can be resumed: start the run again with `rlkit train`."
+        return ("No checkpoint was written yet, so there is nothing to resume. Start the run again under the "
+                f"same id with: {restart_command(run_path, run_id)}")
     return (f"The last complete checkpoint is step {ckpt.step} ({ckpt.path}). "
             f"Continue with: {resume_command(run_path, run_id)}")
 
 
-def resume_command(run_path: Path, run_id: str) -> str:
-    """`rlkit resume ID`, with --runs-dir when the run is not under the default runs folder."""
+def resume_command(run_path: Path, run_id: str, command: str = "resume") -> str:
+    """`rlkit resume ID` (or another run command: export, runs show), with --runs-dir when the run
+    is not under the default runs folder."""
+    parent = _runs_dir_if_not_default(run_path)
+    return f"rlkit {command} {run_id}" + (f" --runs-dir {parent}" if parent else "")
+
+
+def restart_command(run_path: Path, run_id: str) -> str:
+    """The command that trains a run without checkpoints again from its own resolved config, in the
+    same directory (`rlkit train --run-id` reuses a run directory that holds no checkpoint)."""
+    parent = _runs_dir_if_not_default(run_path)
+    return (f"rlkit train {Path(run_path) / 'config.yaml'} --run-id {run_id}"
+            + (f" trainer.runs_dir={parent}" if parent else ""))
+
+
+def _runs_dir_if_not_default(run_path: Path) -> Path | None:
     default = Path(os.environ.get("RLKIT_RUNS_DIR", "runs")).expanduser().resolve()
     parent = Path(run_path).expanduser().resolve().parent
-    return f"rlkit resume {run_id}" + ("" if parent == default else f" --runs-dir {parent}")
+    return None if parent == default else parent
 
 
 def checkpoint_write_failure(tmp: Path, step: int, exc: BaseException) -> CheckpointWriteError | None:
@@ -100,11 +168,28 @@ def worker_died(group: str, rank: int, node: int, call_phase: str, place: Worker
 def worker_raised(group: str, rank: int, node: int, call_phase: str, place: WorkerPlace | None,
                   cause: BaseException, traceback_text: str) -> WorkerFailure:
     inside = f" (worker phase '{place.phase}')" if place and place.phase != call_phase else ""
-    first_line = (str(cause).strip().splitlines() or [""])[0]
+    type_name = cause.type_name if isinstance(cause, WorkerException) else type(cause).__name__
     return WorkerFailure(
-        f"{group} {describe_worker(rank, node, place)} raised {type(cause).__name__} during "
-        f"'{call_phase}'{inside}: {first_line}",
+        f"{group} {describe_worker(rank, node, place)} raised {type_name} during "
+        f"'{call_phase}'{inside}: {headline(str(cause))}",
         detail=_strip_ansi(traceback_text), cause=cause)
+
+
+_VALIDATION_TITLE = re.compile(r"^\d+ validation errors? for \S+$")
+
+
+def headline(message: str, limit: int = 400) -> str:
+    """An exception message on one line: its first line, and what follows when the first is only a
+    title (pydantic's "1 validation error for ModelConfig" is followed by the field and its error)."""
+    lines = [line.strip() for line in message.strip().splitlines() if line.strip()] or [""]
+    if _VALIDATION_TITLE.match(lines[0]):  # then the field (if any) and its error, before the link
+        detail = [line for line in lines[1:3] if not line.startswith("For further information")]
+        text = ": ".join([lines[0], *detail])
+    elif lines[0].endswith(":") and len(lines) > 1:
+        text = f"{lines[0].rstrip(':')}: {lines[1]}"
+    else:
+        text = lines[0]
+    return text if len(text) <= limit else text[:limit - 3] + "..."
 
 
 def workers_late(group: str, phase: str, timeout: float, timeout_key: str, late: list[str],

@@ -10,11 +10,15 @@ Points:
                             worker0.setup/rollout-engine (the phases in `rlkit.core.train.policy_worker`)
   checkpoint-before-marker  the controller saving step N: shards and state written, the
                             COMPLETE marker and the rename not yet (a write killed midway)
+  engine-load               the N-th weight load into a rollout engine, in each worker process
+                            (only the `noop` action)
 Actions:
   kill         SIGKILL the process (what the OOM killer does)
   sleep=SECS   stall that long, then go on (a slow or hung phase)
   raise        raise a RuntimeError (a bug in a worker)
   hang         stall until killed
+  noop         do the work but drop its result: at engine-load the weights are gathered and
+               never reach the engine (a broken weight sync, which the sync check must catch)
 
 Example: RLKIT_FAULT=kill:worker0.update_actor:2 kills rank 0 in the second step's update.
 """
@@ -51,7 +55,7 @@ def parse(spec: str) -> list[Rule]:
         point, _, occurrence = rest.rpartition(":")
         if not point or not occurrence.isdigit() or not _valid_action(action):
             raise ValueError(f"{ENV}={spec!r}: rule {text!r} is not ACTION:POINT:N "
-                             "(ACTION one of kill, sleep=SECS, raise, hang)")
+                             "(ACTION one of kill, sleep=SECS, raise, hang, noop)")
         rules.append(Rule(action, point, int(occurrence)))
     return rules
 
@@ -62,7 +66,7 @@ def _valid_action(action: str) -> bool:
             return float(action[len("sleep="):]) >= 0
         except ValueError:
             return False
-    return action in ("kill", "raise", "hang")
+    return action in ("kill", "raise", "hang", "noop")
 
 
 _reached: Counter[str] = Counter()
@@ -76,8 +80,20 @@ def reached(point: str, step: int | None = None) -> None:
     _reached[point] += 1
     occurrence = _reached[point] if step is None else step
     for rule in parse(spec):
-        if rule.point == point and rule.occurrence == occurrence:
+        if rule.point == point and rule.occurrence == occurrence and rule.action != "noop":  # noop: `dropped`
             _act(rule)
+
+
+def dropped(point: str) -> bool:
+    """Count one arrival at `point`; True when a `noop` rule says to drop this arrival's result."""
+    spec = os.environ.get(ENV)
+    if not spec:
+        return False
+    _reached[point] += 1
+    hit = any(r.action == "noop" and r.point == point and r.occurrence == _reached[point] for r in parse(spec))
+    if hit:
+        print(f"{MESSAGE} dropping {point} #{_reached[point]}", file=sys.stderr, flush=True)
+    return hit
 
 
 def _act(rule: Rule) -> None:

@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from rlkit.core.cluster.worker_group import DeviceReservation, WorkerGroup
+from rlkit.core.rollout.sync_check import first_change
 from rlkit.core.rollout.worker import RolloutWorker
 from rlkit.core.train.policy_worker import PolicyWorker
 from rlkit.recipes.schema import RLConfig
@@ -79,13 +80,15 @@ class Placement:
         self.rollout.collect(rollout, "weight transfer group (rollout workers)", startup=True)
 
     def sync_weights(self) -> dict[str, float]:
+        """Load the trained weights into every engine; checked by each engine's SyncProbe (rlkit.core.rollout.sync_check)."""
         pending = self.start_sync()
         return {**pending.metrics, **self.finish_sync(pending)}
 
     def start_sync(self) -> PendingSync:
         """The training side of a weight sync; the rollout side is queued on the rollout workers."""
         if not self.split:
-            return PendingSync(self.train.call("sync_weights")[0])
+            synced = self.train.call("sync_weights")
+            return PendingSync({**synced[0], **first_change(synced)})
         start = time.perf_counter()
         if self.broadcast:
             self.train.call("send_weights", phase="sync_weights (gather + stage)")
@@ -102,7 +105,8 @@ class Placement:
         loaded = self.rollout.collect(pending.rollout_refs, "sync_weights (rollout workers load)")
         return {"sync/bytes": loaded[0]["bytes"], "sync/rollout_load_seconds": max(r["seconds"] for r in loaded),
                 # From the end of the rollout's previous call: waiting for these weights, then loading them.
-                "rollout/wait_for_weights_seconds": max(r["idle_seconds"] + r["seconds"] for r in loaded)}
+                "rollout/wait_for_weights_seconds": max(r["idle_seconds"] + r["seconds"] for r in loaded),
+                **first_change(loaded)}
 
     def shutdown(self) -> None:
         if self.split:

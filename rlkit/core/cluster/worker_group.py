@@ -19,6 +19,7 @@ from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 from rlkit.core.cluster.failures import (
     WorkerFailure,
     late_worker,
+    with_portable_exceptions,
     worker_died,
     worker_raised,
     workers_late,
@@ -54,6 +55,13 @@ def worker_env(config: RLConfig) -> dict[str, str]:
     return {**env, **{k: v for k, v in os.environ.items() if k.startswith(("VLLM_", "RLKIT_"))}}
 
 
+RAY_AUTH_LOGGER = "ray._private.authentication.authentication_token_setup"
+
+
+def _drop_token_auth_notice(record: logging.LogRecord) -> bool:
+    return not record.getMessage().startswith("Token authentication is enabled for this Ray cluster")
+
+
 def init_ray(config: RLConfig) -> None:
     if ray.is_initialized():
         return
@@ -70,6 +78,9 @@ def init_ray(config: RLConfig) -> None:
         address = "local"
         devices = config.trainer.nnodes * config.trainer.n_gpus_per_node
         kwargs["num_cpus"] = max(os.cpu_count() or 1, devices + 1)
+        # Ray turns token authentication on for a new local cluster and warns about it on every
+        # run; the setting stays Ray's, the notice goes (its other warnings stay).
+        logging.getLogger(RAY_AUTH_LOGGER).addFilter(_drop_token_auth_notice)
     ray.init(address=address, **kwargs)
     if address != "local":  # a cluster: its nodes must fit the run before any worker is placed
         from rlkit.core.controller.preflight import check_cluster
@@ -129,7 +140,8 @@ class WorkerGroup:
         self.reservation = reservation or DeviceReservation(config)
         self.slots = list(self.reservation.slots[:config.world_size] if slots is None else slots)
         share = 1.0 / groups_per_device(config)
-        remote_cls = ray.remote(num_cpus=share, num_gpus=share if self.reservation.use_gpu else 0)(worker_cls)
+        remote_cls = ray.remote(num_cpus=share, num_gpus=share if self.reservation.use_gpu else 0)(
+            with_portable_exceptions(worker_cls))
         self.actors = []
         for rank, (node, local) in enumerate(self.slots):
             strategy = PlacementGroupSchedulingStrategy(self.reservation.groups[node], placement_group_bundle_index=local)

@@ -23,12 +23,15 @@ from rlkit.core.batch import Batch
 from rlkit.core.cluster.failures import WorkerFailure, checkpoint_write_failure
 from rlkit.core.cluster.placement import Placement
 from rlkit.core.cluster.worker_group import WorkerGroup, init_ray
-from rlkit.core.controller.run_dir import RunDir, prepare_data_files, resolve_model_path
-from rlkit.core.data.dataset import PromptRow, PromptSampler, load_prompt_dataset
+from rlkit.core.controller import invariants
+from rlkit.core.controller.preflight import RunInputs, check_inputs
+from rlkit.core.controller.run_dir import RunDir
+from rlkit.core.data.dataset import PromptSampler
 from rlkit.core.rewards.scoring import RewardScorer
 from rlkit.core.rollout.async_source import AsyncRolloutSource
 from rlkit.core.rollout.source import SyncRolloutSource, timed
 from rlkit.core.state import checkpoint
+from rlkit.core.state.records import RolloutRecorder
 from rlkit.core.state.shards import rng_state, set_rng_state
 from rlkit.core.train.critic_worker import VALUE_INPUT_KEYS, start_critic_group
 from rlkit.errors import UserError
@@ -41,29 +44,29 @@ def masked_mean(values: torch.Tensor, mask: torch.Tensor) -> float:
 
 
 class Controller:
-    def __init__(self, config: RLConfig, run: RunDir) -> None:
-        from transformers import AutoTokenizer
-
+    def __init__(self, config: RLConfig, run: RunDir, inputs: RunInputs | None = None) -> None:
+        """`inputs`: what the preflight checks loaded (the run loop passes them; None runs the checks here)."""
         self.config, self.run = config, run
-        self.model_path = resolve_model_path(config.model.path)
-        self.tokenizer = AutoTokenizer.from_pretrained(self.model_path)
-        files = prepare_data_files(config, run.path)
-        self.rows: list[PromptRow] = load_prompt_dataset(
-            files, self.tokenizer, max_prompt_length=config.data.max_prompt_length,
-            overlong=config.data.overlong_prompts)
+        inputs = inputs or check_inputs(config)
+        self.model_path, self.tokenizer, self.rows = inputs.model_path, inputs.tokenizer, inputs.rows
+        sampler = PromptSampler(len(self.rows), config.data.train_batch_size, seed=config.trainer.seed,
+                                shuffle=config.data.shuffle)
+        invariants.check_prompts(config, self.tokenizer, self.rows, sampler)  # the first batch, before workers start
         self.kl_ctrl = (AdaptiveKLController(config.algorithm.kl_ctrl.kl_coef, config.algorithm.kl_ctrl.target_kl,
                                              config.algorithm.kl_ctrl.horizon)
                         if config.algorithm.kl_ctrl.type == "adaptive"
                         else FixedKLController(config.algorithm.kl_ctrl.kl_coef))
         self.scorer = RewardScorer(config.reward)
+        self.recorder = RolloutRecorder.for_run(config, run.path)  # trainer.record_rollouts
         try:
             init_ray(config)
             self.placement = Placement(config, self.model_path)
             self.workers = self.placement.train
             self.setup_info = self.placement.setup()
+            self.fast_paths = self.setup_info[0]["fast_paths"]  # the same on every rank
+            # The critic and every checkpoint's config take the budget the workers resolved from "auto".
+            config.actor.micro_batch_tokens = self.fast_paths.micro_batch_tokens
             self.critic = start_critic_group(config, self.model_path, self.workers)
-            sampler = PromptSampler(len(self.rows), config.data.train_batch_size, seed=config.trainer.seed,
-                                    shuffle=config.data.shuffle)
             source_cls = SyncRolloutSource if config.rollout.mode == "sync" else AsyncRolloutSource
             self.source = source_cls(config, self.rows, sampler, self.tokenizer, self.scorer, self.placement)
         except BaseException:  # a worker that died or hung in start-up, or Ctrl-C: stop what did start
@@ -94,12 +97,15 @@ class Controller:
                 with timed(timing, "update_critic"):
                     metrics.update(self.update_critic(batch))
             if self.critic is None or step > cfg.critic.warmup_steps:  # critic warm-up leaves the actor as is
+                self.recorder.add_trainer_log_probs(batch, self.log_probs)
                 with timed(timing, "update_actor"):
                     metrics.update(self.update_actor(batch))
                 with timed(timing, "sync"):  # the source's policy version becomes `step`
                     metrics.update(self.source.sync_weights(step))
-        return {**self.batch_metrics(batch), **metrics,
-                **{f"timing/{k}": v for k, v in timing.items()}, **self.throughput(batch, timing["step"])}
+        metrics = {**self.batch_metrics(batch), **metrics,
+                   **{f"timing/{k}": v for k, v in timing.items()}, **self.throughput(batch, timing["step"])}
+        self.recorder.record(step, batch, metrics)  # the batch the update got, for `rlkit replay` / `inspect`
+        return metrics
 
     # -- phases -------------------------------------------------------------------------
     def log_probs(self, batch: Batch, which: str) -> dict[str, torch.Tensor]:

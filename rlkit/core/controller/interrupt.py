@@ -10,11 +10,17 @@ signal stops at once.
 
 Ray workers run in their own process groups with SIGINT blocked, so a terminal's Ctrl-C
 reaches only the controller, which shuts them down.
+
+Python runs a signal's handler only between bytecodes: two presses that arrive while the
+controller waits inside C code (a Ray call) reach the handler as one call. Every delivery
+also writes a byte to the wakeup fd (`signal.set_wakeup_fd`), so the handler counts the
+bytes and treats two presses as two, however close together.
 """
 
 from __future__ import annotations
 
 import signal
+import socket
 import threading
 from types import FrameType
 from typing import TYPE_CHECKING, Any, Callable
@@ -49,6 +55,8 @@ class StopOnSignal:
         self.requested: str | None = None  # name of the first signal, once one arrived
         self.finishing = False
         self._previous: dict[int, Any] = {}
+        self._wakeup: tuple[socket.socket, socket.socket] | None = None  # (read end, write end)
+        self._previous_wakeup_fd = -1
 
     def __enter__(self) -> StopOnSignal:
         self._install()
@@ -58,6 +66,11 @@ class StopOnSignal:
         for signum, handler in self._previous.items():
             signal.signal(signum, handler)
         self._previous.clear()
+        if self._wakeup is not None:
+            signal.set_wakeup_fd(self._previous_wakeup_fd)
+            for end in self._wakeup:
+                end.close()
+            self._wakeup = None
 
     def finish_steps(self) -> None:
         self.finishing = True
@@ -69,14 +82,34 @@ class StopOnSignal:
         for signum in SIGNALS:
             previous = signal.signal(signum, self._handle)
             self._previous.setdefault(signum, previous)
+        if self._wakeup is None:
+            self._wakeup = socket.socketpair()
+            for end in self._wakeup:
+                end.setblocking(False)
+            self._previous_wakeup_fd = signal.set_wakeup_fd(self._wakeup[1].fileno(), warn_on_full_buffer=False)
+        else:  # taken back, as the handlers are, from whatever replaced it meanwhile
+            signal.set_wakeup_fd(self._wakeup[1].fileno(), warn_on_full_buffer=False)
+
+    def _deliveries(self) -> int:
+        """Our signals delivered since the last call (at least 1: the one being handled)."""
+        count = 0
+        while self._wakeup is not None:
+            try:
+                data = self._wakeup[0].recv(4096)
+            except (BlockingIOError, InterruptedError):
+                break
+            count += sum(byte in SIGNALS for byte in data)
+        return max(count, 1)
 
     def _handle(self, signum: int, frame: FrameType | None) -> None:
         name = signal.Signals(signum).name
-        if self.requested is None and self.finishing:
+        presses = self._deliveries()
+        if self.requested is None and self.finishing and presses == 1:
             self.requested = name
             then = "saving a checkpoint and stopping" if self.save_on_interrupt else \
                 "stopping without a checkpoint (trainer.save_on_interrupt=false)"
-            self.notify(f"{name}: finishing the current step, then {then}; press Ctrl-C again to stop at once")
+            self.notify(f"{name}: finishing the current step, then {then}; a second Ctrl-C (or SIGTERM) stops "
+                        "at once (the step in flight is lost; the last checkpoint stays)")
             return
         self.requested = self.requested or name
         raise KeyboardInterrupt(name)

@@ -3,14 +3,16 @@
 from __future__ import annotations
 
 import logging
+import sys
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Iterator
 
-from rich.console import Console
 from rich.logging import RichHandler
 
+from rlkit.console import make_console
 from rlkit.core.cluster.failures import RunFailure, continue_hint
+from rlkit.core.controller import invariants
 from rlkit.core.controller.controller import Controller
 from rlkit.core.controller.interrupt import (
     RunInterrupted,
@@ -18,52 +20,85 @@ from rlkit.core.controller.interrupt import (
     stop_after_step,
     stopped_at_once,
 )
-from rlkit.core.controller.preflight import check_inputs
+from rlkit.core.controller.preflight import RunInputs, check_inputs
 from rlkit.core.controller.run_dir import RunDir
 from rlkit.core.controller.tracking import Tracker, step_logger
+from rlkit.core.controller.validation import (
+    discard_generations_after,
+    training_evaluator,
+    validate,
+    validation_due,
+)
+from rlkit.core.data.builders import write_parquet
+from rlkit.core.data.synthetic import SYNTHETIC_TRAIN_FILE
+from rlkit.core.rollout.sync_check import check_weight_sync
+from rlkit.core.state import provenance
 from rlkit.core.state.checkpoint import Checkpoint, discard_after
+from rlkit.core.state.shards import seed_rng
+from rlkit.errors import UserError
 from rlkit.recipes.schema import RLConfig, TrainerConfig
 
 CONSOLE_LOG = "console.log"
 logger = logging.getLogger("rlkit")
 
 
-def run_training(config: RLConfig, run: RunDir, resume_from: Checkpoint | None = None) -> Path:
-    """Train steps (resume_from.step + 1 or 1) .. trainer.total_steps; returns the run directory."""
+def run_training(config: RLConfig, run: RunDir, inputs: RunInputs, resume_from: Checkpoint | None = None) -> Path:
+    """Train steps (resume_from.step + 1 or 1) .. trainer.total_steps on the checked `inputs`;
+    returns the run directory."""
 
     trainer = config.trainer
     start = resume_from.step if resume_from else 0
     controller = tracker = None
     with run_log(run.path / CONSOLE_LOG), \
             StopOnSignal(logger.warning, save_on_interrupt=trainer.save_on_interrupt) as stop:
+        if run.restarted:
+            logger.warning("run directory %s held no checkpoint (its run stopped before the first one): "
+                           "starting run %s there again, replacing that attempt's logs and metrics", run.path, run.run_id)
         logger.info("%s run %s at step %d of %d", "resuming" if resume_from else "starting", run.run_id, start,
                     trainer.total_steps)
         run.write_status("running", step=start, total_steps=trainer.total_steps, error=None)
+        # The controller's own draws (checkpointed as controller_rng.pt) start from the seed; a
+        # resume then restores them from its checkpoint.
+        seed_rng(trainer.seed)
         try:
-            controller = Controller(config, run)
+            controller = Controller(config, run, inputs)
+            provenance.write(run.path, config)  # after the run dir holds a synthetic task's data
+            logger.info(controller.fast_paths.describe())
+            evaluator = training_evaluator(config, run.path, controller.tokenizer, controller.scorer,
+                                           controller.placement.rollout)
             if resume_from:
                 discard_after(run.path, start)
+                discard_generations_after(run.path, start)
                 controller.load_checkpoint(resume_from)
             stop.finish_steps()
             tracker = Tracker(run.path, trainer.logger, total_steps=trainer.total_steps, start_step=start,
                               project=trainer.project_name, name=trainer.experiment_name or run.run_id,
                               config=config.model_dump(mode="json"), run_id=run.run_id)
             rewards: list[float] = []
+            val_scores: dict[int, float] = {}  # step -> val/reward/mean@1, for the summary
+            if evaluator and trainer.val_before_train and not resume_from:
+                val_metrics = validate(evaluator, run.path, 0)
+                val_scores[0] = val_metrics["val/reward/mean@1"]
+                tracker.log(val_metrics, 0)
             for step in range(start + 1, trainer.total_steps + 1):
                 metrics = controller.step(step)
+                check_weight_sync(metrics, config.rollout, step)  # a stale rollout engine stops the run here
                 rewards.append(metrics["reward/mean"])
+                if evaluator and validation_due(step, trainer):  # the policy this step's checkpoint holds
+                    metrics.update(validate(evaluator, run.path, step))
+                    val_scores[step] = metrics["val/reward/mean@1"]
                 tracker.log(metrics, step)
+                invariants.check_step(config, step, metrics)  # after logging: the broken step's metrics are kept
                 controller.completed_steps = step
+                run.write_status("running", step=step)  # with metrics.jsonl, not after a long checkpoint
                 if should_save(step, trainer):
                     path = controller.save_checkpoint("final" if step == trainer.total_steps else "periodic")
                     logger.info("checkpoint of step %d: %s", step, path)
-                    run.write_status("running", step=step, last_checkpoint=step)
-                else:
-                    run.write_status("running", step=step)
+                    run.write_status("running", last_checkpoint=step)
                 if stop.requested:
                     raise stop_after_step(controller, run, stop, saved=should_save(step, trainer))
             run.write_status("finished")
-            tracker.message(summary(rewards, start, run.path))
+            tracker.message(summary(rewards, start, run.path, val_scores))
         except (KeyboardInterrupt, RunInterrupted) as exc:
             if isinstance(exc, KeyboardInterrupt):  # a second signal, or one during start-up
                 exc = stopped_at_once(run, stop, controller.completed_steps if controller else start)
@@ -71,7 +106,7 @@ def run_training(config: RLConfig, run: RunDir, resume_from: Checkpoint | None =
             raise exc from None
         except BaseException as exc:
             record_status(run, "failed", error=f"{type(exc).__name__}: {exc}"[:2000])
-            if isinstance(exc, RunFailure):
+            if isinstance(exc, (RunFailure, UserError)):  # a reward that failed mid-run, too
                 exc.next_step = continue_hint(run.path, run.run_id)
             raise
         finally:
@@ -90,12 +125,15 @@ def record_status(run: RunDir, status: str, **fields: object) -> None:
         logger.warning("could not record status %r in %s: %s", status, run.path, exc)
 
 
-def summary(rewards: list[float], start: int, run_path: Path) -> str:
+def summary(rewards: list[float], start: int, run_path: Path, val_scores: dict[int, float]) -> str:
     window = min(5, len(rewards))
+    steps = sorted(val_scores)
+    validation = (f"; val/reward/mean@1 {val_scores[steps[0]]:.3f} (step {steps[0]}) -> {val_scores[steps[-1]]:.3f} "
+                  f"(step {steps[-1]})" if len(steps) > 1 else "")
     return (f"[bold green]done:[/] steps {start + 1}-{start + len(rewards)}; reward/mean "
             f"{sum(rewards[:window]) / window:.3f} (first {window}) -> {sum(rewards[-window:]) / window:.3f} "
-            f"(last {window}); run dir {run_path}\n      curves: rlkit plot {run_path.name} --runs-dir {run_path.parent}"
-            f"  |  model: rlkit export {run_path.name} --runs-dir {run_path.parent} --out DIR")
+            f"(last {window}){validation}; run dir {run_path}\n      curves: rlkit plot {run_path.name} --runs-dir "
+            f"{run_path.parent}  |  model: rlkit export {run_path.name} --runs-dir {run_path.parent} --out DIR")
 
 
 def should_save(step: int, trainer: TrainerConfig) -> bool:
@@ -117,7 +155,7 @@ def run_log(path: Path) -> Iterator[None]:
     file_handler = logging.FileHandler(path)
     file_handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s",
                                                 "%Y-%m-%d %H:%M:%S"))
-    screen = RichHandler(console=Console(stderr=True, soft_wrap=True), show_time=False, show_path=False)
+    screen = _screen_handler()
     screen.addFilter(lambda record: record.name != step_logger.name)
     previous_level = logger.level
     logger.setLevel(logging.INFO)
@@ -132,7 +170,22 @@ def run_log(path: Path) -> Iterator[None]:
         file_handler.close()
 
 
+def _screen_handler() -> logging.Handler:
+    """Rich's log layout on a terminal; plain whole lines when stderr is a file or a pipe (rich
+    would wrap them at 80 columns, or pad them to the width of an unlimited console)."""
+    console = make_console(stderr=True, soft_wrap=True)
+    if console.is_terminal:
+        return RichHandler(console=console, show_time=False, show_path=False)
+    plain = logging.StreamHandler(sys.stderr)
+    plain.setFormatter(logging.Formatter("%(levelname)-8s %(message)s"))
+    return plain
+
+
 def train_run(config: RLConfig, run_id: str | None = None) -> Path:
-    """Check the inputs, create the run directory, train config.trainer.total_steps steps, return the run dir."""
-    check_inputs(config)
-    return run_training(config, RunDir.create(config, run_id))
+    """Check every input, then create the run directory and train config.trainer.total_steps steps;
+    returns the run dir."""
+    inputs = check_inputs(config)
+    run = RunDir.create(config, run_id)
+    if inputs.generated is not None:  # data.synthetic_task: the run dir keeps the prompts it trained on
+        write_parquet(inputs.generated, run.path / SYNTHETIC_TRAIN_FILE)
+    return run_training(config, run, inputs)

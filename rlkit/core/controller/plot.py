@@ -19,7 +19,7 @@ PANELS: list[tuple[str, list[str | tuple[str, ...]]]] = [
 
 
 def plot_run(run_path: Path, out: Path) -> Path:
-    """Reward, response length, KL, entropy, grad norm and each phase's seconds per step."""
+    """Reward, validation, response length, KL, entropy, grad norm and each phase's seconds per step."""
     import matplotlib
 
     matplotlib.use("Agg")  # files only: no display on training machines
@@ -28,28 +28,48 @@ def plot_run(run_path: Path, out: Path) -> Path:
     records = read_metrics(run_path / METRICS_FILE)
     if not records:
         raise UserError(f"{run_path / METRICS_FILE} has no metrics yet (is trainer.logger missing jsonl?)")
-    fig, axes = plt.subplots(2, 3, figsize=(15, 8), constrained_layout=True)
-    fig.suptitle(f"{run_path.name}: {len(records)} steps")
-    for ax, (title, keys) in zip(axes.flat, PANELS):
+    trained = [r for r in records if "timing/step" in r]  # not the validation before training (step 0)
+    fig, axes = plt.subplots(2, 4, figsize=(20, 8), constrained_layout=True)
+    fig.suptitle(f"{run_path.name}: {len(trained)} steps")
+    panels = PANELS[:1] + [("validation", validation_keys(records))] + PANELS[1:]
+    for ax, (title, keys) in zip(axes.flat, panels):
         drawn = 0
         for key in keys:
             name = _first_present(records, key)
             if name:
-                steps, values = _series(records, name)
-                ax.plot(steps, values, label=name, marker="." if len(steps) < 30 else None)
+                xs, values = _series(records, name)
+                ax.plot(xs, values, label=name, marker="." if len(xs) < 30 else None)
                 drawn += 1
         _finish(ax, title, drawn)
-    timings = sorted({k for r in records for k in r if k.startswith("timing/") and k != "timing/step"})
-    ax = axes.flat[len(PANELS)]
+    timings = sorted({k for r in trained for k in r if k.startswith("timing/") and k != "timing/step"})
+    ax = axes.flat[len(panels)]
     if timings:  # stacked: the phases add up to (almost all of) the step
-        steps = [r["step"] for r in records]
-        ax.stackplot(steps, *[[_number(r.get(k)) for r in records] for k in timings],
+        ax.stackplot([r["step"] for r in trained], *[[_number(r.get(k)) for r in trained] for k in timings],
                      labels=[k.removeprefix("timing/") for k in timings])
     _finish(ax, "phase timings (s, stacked)", len(timings))
+    for ax in axes.flat[len(panels) + 1:]:
+        ax.set_visible(False)
     out.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(out, dpi=100)
     plt.close(fig)
     return out
+
+
+def validation_keys(records: list[dict[str, Any]]) -> list[str | tuple[str, ...]]:
+    """The validation scores over all sources (greedy mean@1, then mean@n, the largest pass@k, maj@n),
+    and each source's mean@1 when there are several."""
+    logged = {k for r in records for k in r if k.startswith("val/")}
+    pooled = sorted((k for k in logged if k.startswith("val/reward/")), key=_val_order)
+    pass_ks = [k for k in pooled if "/pass@" in k]
+    keys: list[str | tuple[str, ...]] = [k for k in pooled if "/pass@" not in k] + pass_ks[-1:]
+    per_source = sorted(k for k in logged if k.endswith("/reward/mean@1") and k != "val/reward/mean@1")
+    return keys + (per_source if len(per_source) > 1 else [])
+
+
+def _val_order(key: str) -> tuple[int, int]:
+    """mean@1, mean@n, pass@k by k, maj@n."""
+    name, _, k = key.rpartition("/")[2].partition("@")
+    return ({"mean": 0, "pass": 1, "maj": 2}.get(name, 3), int(k) if k.isdigit() else 0)
 
 
 def _first_present(records: list[dict[str, Any]], key: str | tuple[str, ...]) -> str | None:

@@ -1,87 +1,151 @@
 """Checks of a run's inputs before anything starts: each bad input is one sentence and exit code 2.
 
-They run before the run directory, Ray or any worker exists, so a typo costs seconds instead
-of a cluster start-up, and a fixed command can reuse the same --run-id. They open only what
-they must (a model's config and tokenizer, a parquet footer and first row); the controller
-loads the inputs for real afterwards.
+They all run before the run directory, Ray or any worker exists, so a typo costs seconds instead
+of a cluster start-up, and a fixed command can reuse the same --run-id. What they load (the
+tokenizer, every training prompt tokenized) is handed to the controller, so nothing is read twice.
+`rlkit train --dry-run` runs the same checks, except those that need the run's devices, and says
+which it skipped.
 """
 
 from __future__ import annotations
 
+import importlib.util
 import os
-from pathlib import Path
+from dataclasses import dataclass, field
 from typing import Any
 
-from rlkit.core.controller.run_dir import TINY_PREFIX, resolve_model_path
-from rlkit.core.data.dataset import open_parquet
+from rlkit.core.agents.preflight import check_agent
+from rlkit.core.agents.tool_env import prompt_tools
+from rlkit.core.controller import model_checks
+from rlkit.core.data.dataset import (
+    PromptRow,
+    PromptSampler,
+    open_parquet,
+    read_rows,
+    tokenize_rows,
+)
 from rlkit.errors import UserError
 from rlkit.recipes.schema import RLConfig
 
-HUB_TIMEOUT_S = 10.0
+
+@dataclass
+class RunInputs:
+    """What the checks loaded, for the controller."""
+
+    model_path: str  # what the workers load: a local directory or a hub id
+    tokenizer: Any
+    rows: list[PromptRow]  # the training prompts, tokenized
+    generated: list[dict[str, Any]] | None = None  # data.synthetic_task's rows (the run dir keeps a copy)
 
 
-def check_inputs(config: RLConfig) -> None:
-    """Model, tokenizer, data files and devices; raises UserError naming the key and the fix."""
-    spec = config.model.path
-    tokenizer = load_tokenizer(check_model(spec), spec)
-    if config.reward_model.path:
-        check_model(config.reward_model.path, key="reward_model.path")
-    for key, files in (("data.train_files", config.data.train_files), ("data.val_files", config.data.val_files)):
-        for file in files:
-            check_data_file(file, key, tokenizer, spec)
-    check_devices(config)
+@dataclass
+class Preflight:
+    """Runs the checks in order; `checked` and `skipped` say, in words, what was and was not looked at."""
+
+    config: RLConfig
+    dry_run: bool = False
+    checked: list[str] = field(default_factory=list)
+    skipped: list[str] = field(default_factory=list)
+
+    def run(self) -> RunInputs | None:
+        """Every check (UserError at the first problem); None when a dry run has no model to load data with."""
+        cfg = self.config
+        inputs = None
+        if cfg.model.path:
+            model_path, tokenizer = self.model(cfg.model.path, "model.path")
+            inputs = self.training_data(model_path, tokenizer)
+            check_agent(cfg, tokenizer)  # rollout.agent: the user's environment, tools or agent function
+            self.checked.append(f"rollout.agent.loop={cfg.rollout.agent.loop}")
+        else:  # only a dry run gets here: the config check demands a model otherwise
+            self.skipped.append("the model, its tokenizer and the training prompts (no model.path given)")
+        if cfg.reward_model.path:
+            self.model(cfg.reward_model.path, "reward_model.path")
+        if "wandb" in cfg.trainer.logger and importlib.util.find_spec("wandb") is None:
+            raise UserError("trainer.logger lists wandb, but wandb is not installed; "
+                            "`pip install wandb` or drop it from trainer.logger")
+        self.devices()
+        if self.dry_run:
+            self.skipped.append("loading the weights onto the devices and starting the rollout engine "
+                                "(the workers do that when the run starts)")
+        return inputs
+
+    def model(self, spec: str, key: str) -> tuple[str, Any]:
+        """Where the model is, its config and weights; a policy's context must hold prompt + response,
+        and its tokenizer load (a reward model shares it)."""
+        cfg = self.config
+        path = model_checks.locate_model(spec, key)
+        head = "sequence_classification" if key == "reward_model.path" else "causal_lm"
+        model_config = model_checks.load_model_config(path, spec, key, head=head)
+        found = [f"config ({model_config.model_type})", model_checks.check_weights(path, spec, key)]
+        if key == "reward_model.path":
+            if getattr(model_config, "num_labels", 1) != 1:
+                raise UserError(f"reward_model.path={spec!r} has num_labels={model_config.num_labels}; a reward "
+                                "model gives one score per sequence (num_labels=1)")
+            self.checked.append(f"{key}={spec}: " + ", ".join(found))
+            return path, None
+        found.append(model_checks.check_context(model_config, spec, cfg.data.max_prompt_length,
+                                                cfg.data.max_response_length))
+        tokenizer = model_checks.load_tokenizer(path, spec, key)
+        self.checked.append(f"{key}={spec}: " + ", ".join(found + ["tokenizer"]))
+        return path, tokenizer
+
+    def training_data(self, model_path: str, tokenizer: Any) -> RunInputs:
+        """Every training prompt tokenized and within data.max_prompt_length, enough of them for one
+        batch, a reward for each; the validation files readable."""
+        from rlkit.core.rewards.scoring import check_reward_functions
+
+        data = self.config.data
+        generated = None
+        if data.train_files:
+            for file in data.train_files:  # the file's own problems first (cheap: footer and first row)
+                check_data_file(file, "data.train_files", tokenizer, self.config.model.path)
+            sources = [(file, read_rows(file)) for file in data.train_files]
+        else:
+            generated = synthetic_rows(self.config)
+            sources = [(f"data.synthetic_task={data.synthetic_task}", generated)]
+        rows = tokenize_rows(sources, tokenizer, max_prompt_length=data.max_prompt_length,
+                             overlong=data.overlong_prompts, tools=prompt_tools(self.config.rollout.agent))
+        PromptSampler.check_size(len(rows), data.train_batch_size)
+        where = ", ".join(name for name, _ in sources)
+        self.checked.append(f"data: {len(rows)} training prompts of {where}, each within "
+                            f"data.max_prompt_length={data.max_prompt_length}")
+        if not self.config.reward_model.path:
+            self.checked.append(check_reward_functions(self.config.reward, [r.data_source for r in rows], where))
+        for file in data.val_files:
+            check_data_file(file, "data.val_files", tokenizer, self.config.model.path)
+        return RunInputs(model_path, tokenizer, rows, generated)
+
+    def devices(self) -> None:
+        trainer = self.config.trainer
+        if os.environ.get("RAY_ADDRESS"):
+            self.skipped.append("devices: the Ray cluster at RAY_ADDRESS is checked when the run connects to it")
+            return
+        if self.dry_run and trainer.device != "cpu":
+            import torch
+
+            if not torch.cuda.device_count():
+                self.skipped.append(f"devices: no GPU is visible here, so trainer.n_gpus_per_node="
+                                    f"{trainer.n_gpus_per_node} is checked when the run starts, on its machine")
+                return
+        check_devices(self.config)
+        self.checked.append(f"devices: {trainer.n_gpus_per_node * trainer.nnodes} worker(s) fit this machine")
 
 
-def check_model(spec: str, key: str = "model.path") -> str:
-    """A built-in, local or hub model that exists; returns what to load it from."""
-    if not spec.startswith(TINY_PREFIX) and not Path(spec).expanduser().exists():
-        check_hub_model(spec, key)
-    return resolve_model_path(spec)
+def check_inputs(config: RLConfig) -> RunInputs:
+    """Every input check; what they loaded. Raises UserError naming the key and the fix."""
+    inputs = Preflight(config).run()
+    assert inputs is not None, "load_config demands model.path outside dry runs"
+    return inputs
 
 
-def check_hub_model(spec: str, key: str = "model.path") -> None:
-    """`spec` is not a local path: it must be a hub id that is cached or that the hub knows."""
-    from huggingface_hub import HfApi, try_to_load_from_cache
-    from huggingface_hub.errors import (
-        GatedRepoError,
-        HFValidationError,
-        RepositoryNotFoundError,
-    )
-    from huggingface_hub.utils import validate_repo_id
+def synthetic_rows(config: RLConfig) -> list[dict[str, Any]]:
+    """data.synthetic_task's training rows (deterministic in trainer.seed)."""
+    from rlkit.core.data.synthetic import TASKS, build_synthetic
 
-    try:
-        validate_repo_id(spec)
-    except HFValidationError:
-        raise UserError(f"{key}={spec}: no such directory (and not a hub id); pass an existing "
-                        "model directory or a hub id such as Qwen/Qwen2.5-0.5B-Instruct") from None
-    if isinstance(try_to_load_from_cache(spec, "config.json"), str):
-        return
-    prefix = f"{key}={spec!r} is not a local directory and not found on the hub"
-    if os.environ.get("HF_HUB_OFFLINE", "0").lower() in ("1", "true", "yes", "on"):
-        raise UserError(f"{prefix}: HF_HUB_OFFLINE is set and it is not in the local hub cache; "
-                        "check the spelling, or pass the model's local directory")
-    try:
-        HfApi().model_info(spec, timeout=HUB_TIMEOUT_S)
-    except GatedRepoError:
-        raise UserError(f"{key}={spec!r} is a gated hub model: accept its licence on huggingface.co, "
-                        "then log in (`hf auth login`) or set HF_TOKEN") from None
-    except RepositoryNotFoundError:
-        raise UserError(f"{prefix} (check the spelling; a private model needs HF_TOKEN)") from None
-    except Exception as exc:  # noqa: BLE001 - any network failure means the same thing here
-        raise UserError(f"{prefix}: the hub could not be reached ({type(exc).__name__}: {exc}); download the "
-                        f"model where there is network (`hf download {spec} --local-dir DIR`) and pass "
-                        "--model DIR") from None
-
-
-def load_tokenizer(model_path: str, spec: str) -> Any:
-    from transformers import AutoTokenizer
-
-    try:
-        return AutoTokenizer.from_pretrained(model_path)
-    except Exception as exc:  # noqa: BLE001 - transformers raises many types for an unusable tokenizer
-        first_line = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
-        raise UserError(f"model.path={spec}: cannot load its tokenizer ({first_line}); the model "
-                        "directory needs the tokenizer files saved next to the weights") from None
+    task = config.data.synthetic_task
+    if task not in TASKS:
+        raise UserError(f"data.synthetic_task={task!r} is not a built-in task; choose one of {sorted(TASKS)}")
+    return build_synthetic(task=task, seed=config.trainer.seed)["train"]
 
 
 def check_data_file(path: str, key: str, tokenizer: Any, model_spec: str) -> None:

@@ -13,8 +13,9 @@ from typing import Any
 
 import yaml
 
+from rlkit.core.cluster.failures import restart_command, resume_command
 from rlkit.core.controller.run_dir import RunDir
-from rlkit.core.state import checkpoint
+from rlkit.core.state import checkpoint, provenance
 from rlkit.errors import UserError
 from rlkit.recipes.loader import config_to_yaml, load_config
 from rlkit.recipes.schema import RLConfig
@@ -31,6 +32,9 @@ RESUME_SAFE_KEYS = {
     "trainer.experiment_name": "tracker run name",
     "trainer.val_freq": "validation only reads the policy",
     "data.val_files": "validation only reads the policy",
+    "trainer.val_before_train": "validation only reads the policy",
+    "trainer.val_n": "validation only reads the policy",
+    "trainer.val_temperature": "validation only reads the policy",
     "trainer.phase_timeout_s": "a deadline, not the math",
     "trainer.setup_timeout_s": "a deadline, not the math",
     "trainer.save_on_interrupt": "whether Ctrl-C writes a checkpoint",
@@ -40,6 +44,11 @@ RESUME_SAFE_KEYS = {
     "rollout.gpu_memory_utilization": "performance only",
     "rollout.vllm.enforce_eager": "performance only",
     "rollout.log_prob_check_freq": "when the sync check runs (the samples stay the same)",
+    "rollout.log_prob_tolerance": "what the sync check accepts, not the math",
+    "rollout.sync_check": "what a failed sync check does, not the math",
+    "trainer.invariants": "checked at step 1 only",
+    "trainer.record_rollouts": "only writes down what each step computed",
+    "trainer.invariant_tolerance": "checked at step 1 only",
     "rollout.weight_sync": "how the weights travel to the rollout workers (the same values arrive)",
     "rollout.weight_sync_timeout_s": "a deadline, not the math",
 }
@@ -52,13 +61,14 @@ def resume_config(run: RunDir, ckpt: checkpoint.Checkpoint, overrides: list[str]
     config = load_config(str(saved_yaml), overrides)
     # load_config names the recipe after the file it read (config.yaml); keep the original name.
     saved.recipe = config.recipe = str((yaml.safe_load(saved_yaml.read_text()) or {}).get("recipe", ""))
-    changed = _diff(saved, config)
+    changed = config_diff(saved, config)
     refused = [f"{key}: {old!r} -> {new!r}" for key, (old, new) in changed.items() if key not in RESUME_SAFE_KEYS]
     if refused:
         raise UserError("a resume continues the same training, so these overrides are refused: "
                         + "; ".join(refused) + ". Keys a resume may change: " + ", ".join(RESUME_SAFE_KEYS)
                         + ". To train with other settings, start a new run, e.g. from an export "
-                        f"(`rlkit export {run.run_id} --out DIR`, then `rlkit train ... --model DIR`)")
+                        f"(`{resume_command(run.path, run.run_id, 'export')} --out DIR`, then "
+                        "`rlkit train ... --model DIR`)")
     total = config.trainer.total_steps
     if "trainer.total_steps" in changed and config.actor.lr_schedule != "constant":
         raise UserError(f"trainer.total_steps cannot change on resume with actor.lr_schedule="
@@ -66,30 +76,40 @@ def resume_config(run: RunDir, ckpt: checkpoint.Checkpoint, overrides: list[str]
                         f"{saved.trainer.total_steps} steps, so the remaining learning rates would change")
     if total <= ckpt.step:
         raise UserError(f"run {run.run_id} already trained {ckpt.step} of trainer.total_steps={total} steps "
-                        f"(checkpoint {ckpt.path.name}); pass trainer.total_steps=N with N > {ckpt.step} to train on")
+                        f"(checkpoint {ckpt.path.name}); pass trainer.total_steps=N with N > {ckpt.step} to train on: "
+                        f"`{resume_command(run.path, run.run_id)} trainer.total_steps={2 * ckpt.step}`")
     return config
 
 
 def resume_run(run_id: str, overrides: list[str], runs_dir: str | Path = "runs") -> Path:
     """Continue run `run_id` (an id under runs_dir, or a path) from its latest complete checkpoint."""
     from rlkit.core.controller.loop import CONSOLE_LOG, run_log, run_training
+    from rlkit.core.controller.preflight import check_inputs
 
     run = RunDir.open(run_id, runs_dir)
     status = run.read_status()
     if status.get("status") == "running":
         raise UserError(f"run {run.run_id} is still running (pid {status.get('pid')} on {status.get('host')}); "
                         "stop it first or wait for it to finish; if that process is gone (its machine went "
-                        f"down), delete {run.path / 'status.json'} and resume again")
+                        f"down), delete {run.path / 'status.json'} and run `{resume_command(run.path, run.run_id)}` "
+                        "again")
     with run_log(run.path / CONSOLE_LOG):
-        ckpt = checkpoint.latest_checkpoint(run.path)
+        try:
+            ckpt = checkpoint.latest_checkpoint(run.path)
+        except checkpoint.NoCheckpointError as exc:
+            raise UserError(f"{exc}: it stopped before its first one, so there is nothing to resume. Start it "
+                            f"again under the same id with: {restart_command(run.path, run.run_id)}") from None
         config = resume_config(run, ckpt, overrides)
         logger.info("resuming %s from checkpoint %s (step %d)%s", run.run_id, ckpt.path.name, ckpt.step,
                        f" with {' '.join(overrides)}" if overrides else "")
+        inputs = check_inputs(config)  # the model and data may have moved since
+        provenance.warn_if_changed(ckpt.path, config, run.path)
         (run.path / "config.yaml").write_text(config_to_yaml(config))
-        return run_training(config, run, resume_from=ckpt)
+        return run_training(config, run, inputs, resume_from=ckpt)
 
 
-def _diff(old: RLConfig, new: RLConfig) -> dict[str, tuple[Any, Any]]:
+def config_diff(old: RLConfig, new: RLConfig) -> dict[str, tuple[Any, Any]]:
+    """dotted key -> (old value, new value) for every key whose value differs."""
     a, b = _flatten(old.model_dump(mode="json")), _flatten(new.model_dump(mode="json"))
     return {key: (a.get(key), b.get(key)) for key in sorted(set(a) | set(b)) if a.get(key) != b.get(key)}
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import datetime as dt
 import json
 import os
+import shutil
 import socket
 from dataclasses import dataclass
 from pathlib import Path
@@ -25,20 +26,44 @@ STATUSES = ("running", "finished", "failed", "interrupted")
 class RunDir:
     run_id: str
     path: Path
+    restarted: bool = False  # create() reused the directory of a run that never wrote a checkpoint
 
     @classmethod
     def create(cls, config: RLConfig, run_id: str | None = None) -> RunDir:
+        """A new run directory; an existing one is reused only if its run never wrote a checkpoint
+        (nothing there to resume), and refused otherwise."""
         run_id = run_id or f"{config.recipe}-{dt.datetime.now():%Y%m%d-%H%M%S}"
         path = Path(config.trainer.runs_dir).expanduser() / run_id
-        if path.exists() and any(path.iterdir()):
-            raise UserError(f"run directory {path} already exists; pick another --run-id "
-                            f"or continue it with `rlkit resume {run_id}`")
+        restarted = path.exists() and any(path.iterdir())
+        if restarted:
+            problem = cls(run_id, path).why_not_restartable()
+            if problem:
+                raise UserError(f"run directory {path} already exists and {problem}")
+            for child in path.iterdir():  # the failed attempt's logs, metrics and status
+                shutil.rmtree(child) if child.is_dir() and not child.is_symlink() else child.unlink()
         try:
             path.mkdir(parents=True, exist_ok=True)
         except OSError as exc:
             raise UserError(f"cannot create run directory {path}: {exc.strerror}; set trainer.runs_dir") from None
         (path / "config.yaml").write_text(config_to_yaml(config))
-        return cls(run_id, path)
+        return cls(run_id, path, restarted)
+
+    def why_not_restartable(self) -> str | None:
+        """Why `rlkit train --run-id` may not start this existing directory afresh, or None."""
+        from rlkit.core.cluster.failures import resume_command
+        from rlkit.core.state.checkpoint import list_checkpoints
+
+        if not (self.path / "config.yaml").is_file():
+            return "is not a run directory (no config.yaml); pick another --run-id"
+        status = self.read_status()
+        if status.get("status") == "running":
+            return (f"its run is still running (pid {status.get('pid')} on {status.get('host')}); "
+                    "pick another --run-id")
+        complete = [c.step for c in list_checkpoints(self.path) if c.problem is None]
+        if complete:
+            return (f"holds checkpoints (the last of step {complete[-1]}); continue it with "
+                    f"`{resume_command(self.path, self.run_id)}`, or pick another --run-id")
+        return None
 
     @classmethod
     def open(cls, run: str, runs_dir: str | Path = "runs") -> RunDir:
@@ -97,32 +122,41 @@ def _pid_alive(pid: int) -> bool:
     return True
 
 
-def resolve_model_path(spec: str) -> str:
+def resolve_model_path(spec: str, key: str = "model.path") -> str:
     """'rlkit:tiny-qwen2' builds (once) a tiny offline model; anything else is a path or hub id."""
     if spec.startswith(TINY_PREFIX):
         name = spec[len(TINY_PREFIX):]
         if name != "tiny-qwen2":
-            raise UserError(f"model.path={spec!r}: the only built-in model is 'rlkit:tiny-qwen2'")
-        from rlkit.core.train.tiny import build_tiny_qwen2
+            raise UserError(f"{key}={spec!r}: the only built-in model is 'rlkit:tiny-qwen2'")
+        from rlkit.core.train.tiny import build_tiny_qwen2, is_current
 
         cache = Path(os.environ.get("RLKIT_CACHE", Path.home() / ".cache" / "rlkit")) / name
-        if not (cache / "config.json").exists():
+        if not is_current(cache):
             build_tiny_qwen2(cache)
         return str(cache)
     local = Path(spec).expanduser()
     if local.exists():
         if not (local / "config.json").exists():
-            raise UserError(f"model.path={spec}: the directory has no config.json (not a transformers model)")
+            raise UserError(f"{key}={spec}: the directory has no config.json (not a transformers model)")
         return str(local)
     return spec
 
 
-def prepare_data_files(config: RLConfig, run_path: Path) -> list[str]:
-    """The training parquet files; a synthetic task is generated into the run directory."""
-    if config.data.train_files:
-        return [str(Path(f).expanduser()) for f in config.data.train_files]
+def prepare_val_files(config: RLConfig, run_path: Path) -> list[str]:
+    """The validation parquet files: data.val_files, or a synthetic task's test split when the run
+    trains on that task with trainer.val_freq > 0; [] for no validation."""
+    data = config.data
+    if data.val_files:
+        return [str(Path(f).expanduser()) for f in data.val_files]
+    if data.synthetic_task and not data.train_files and config.trainer.val_freq > 0:
+        return [_synthetic_split(config, run_path, "test", "val.parquet")]
+    return []
+
+
+def _synthetic_split(config: RLConfig, run_path: Path, split: str, name: str) -> str:
+    """data.synthetic_task's `split` (deterministic in trainer.seed), written into RUN/data/."""
     from rlkit.core.data.builders import write_parquet
     from rlkit.core.data.synthetic import build_synthetic
 
-    splits = build_synthetic(task=config.data.synthetic_task, seed=config.trainer.seed)
-    return [str(write_parquet(splits["train"], run_path / "data" / "train.parquet"))]
+    rows = build_synthetic(task=config.data.synthetic_task, seed=config.trainer.seed)[split]
+    return str(write_parquet(rows, run_path / "data" / name))

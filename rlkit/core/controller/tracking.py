@@ -20,6 +20,7 @@ from rich.progress import (
 from rich.table import Table
 from rich.text import Text
 
+from rlkit.console import make_console
 from rlkit.errors import UserError
 
 METRICS_FILE = "metrics.jsonl"
@@ -28,7 +29,7 @@ step_logger = logging.getLogger("rlkit.metrics")
 
 # The columns a person watches; everything else goes to the files.
 CONSOLE_KEYS = [
-    ("reward/mean", "reward"), ("response/length_mean", "resp len"), ("actor/pg_loss", "pg loss"),
+    ("reward/mean", "reward"), ("val/reward/mean@1", "val"), ("response/length_mean", "resp len"), ("actor/pg_loss", "pg loss"),
     ("actor/entropy", "entropy"), ("actor/grad_norm", "grad norm"), ("rollout/log_prob_diff", "|Δlogp|"),
     ("perf/tokens_per_s", "tok/s"), ("timing/step", "step s"),
 ]
@@ -60,7 +61,7 @@ class Tracker:
                                 "`pip install wandb` or drop it from trainer.logger") from None
             self.wandb = wandb.init(project=project, name=name, config=config, dir=str(run_dir), id=run_id,
                                     resume="allow")
-        self.console = console or Console()
+        self.console = console or make_console()
         self.rows: list[dict[str, Any]] = []
         self.live = None
         if "console" in loggers:
@@ -73,9 +74,10 @@ class Tracker:
 
     def _render(self) -> Group:
         table = Table(box=None, pad_edge=False, header_style="bold cyan")
-        table.add_column("step", justify="right")
+        # Fold, never "…": a narrow terminal shows a number on two lines rather than a cut one.
+        table.add_column("step", justify="right", overflow="fold")
         for _, title in CONSOLE_KEYS:
-            table.add_column(title, justify="right")
+            table.add_column(title, justify="right", overflow="fold")
         for row in self.rows[-12:]:
             table.add_row(str(row["step"]), *[_fmt(row.get(key)) for key, _ in CONSOLE_KEYS])
         return Group(table, self.progress)

@@ -86,7 +86,8 @@ def _histogram(scores: list[float]) -> list[dict[str, float]]:
 
 def evaluate(rows: list[dict[str, Any]], responses: list[list[str]], config: RewardConfig, *,
              examples: int = 3) -> dict[str, Any]:
-    """Score every response and summarise: mean, accuracy, histogram, extraction failures, timing."""
+    """Score every response and summarise: mean, accuracy, histogram, extraction failures, timing,
+    and each row's scores (`per_row`, in response order)."""
     flat = [(i, text) for i, texts in enumerate(responses) for text in texts]
     ground_truths = [str((row.get("reward_model") or {}).get("ground_truth", "")) for row in rows]
     extra_infos = [dict(row.get("extra_info") or {}) for row in rows]
@@ -117,7 +118,10 @@ def evaluate(rows: list[dict[str, Any]], responses: list[list[str]], config: Rew
         "seconds_per_call_max": scored.metrics.get("reward/call_seconds_max"),
         "seconds_total": seconds,
         "metrics": scored.metrics,
+        "per_row": [{"row": i, "ground_truth": ground_truths[i], "scores": []} for i in range(len(rows))],
     }
+    for (i, _), score in zip(flat, scores, strict=True):
+        report["per_row"][i]["scores"].append(score)
     if n > 1 and binary:
         by_row = Counter(flat[k][0] for k, s in enumerate(scores) if s >= 1.0)
         report[f"pass@{n}"] = len(by_row) / len(rows)

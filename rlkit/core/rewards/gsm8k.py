@@ -11,7 +11,7 @@ import re
 from decimal import Decimal, InvalidOperation
 from typing import Any, Literal
 
-from rlkit.core.rewards.registry import REWARD_FNS
+from rlkit.core.rewards.registry import ANSWER_FNS, REWARD_FNS
 
 # A number: a minus not glued to a word ('3-5' is 3 and 5), an optional '$', digits in
 # comma groups of three or plain, optional decimals. Linear time: no nested repeats.
@@ -56,3 +56,11 @@ def gsm8k_reward(response: str, ground_truth: str, extra_info: dict[str, Any], *
     correct = found and to_number(answer) == expected
     score = 1.0 if correct else (format_score if found else 0.0)
     return {"score": score, "answer_found": float(found)}
+
+
+@ANSWER_FNS.register("openai/gsm8k", "gsm8k")
+def gsm8k_answer(response: str, *, gsm8k_method: Literal["strict", "flexible"] = "strict") -> str | None:
+    """The number the reward would grade, by value ('72.0', '$72' and '72' are one answer)."""
+    answer = extract_answer(response, gsm8k_method)
+    number = to_number(answer) if answer is not None else None
+    return None if number is None else format(number.normalize(), "f")

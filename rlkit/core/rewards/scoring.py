@@ -4,8 +4,10 @@ Each worker process runs one call at a time, so the controller knows when every 
 started: a call that outlives `reward.timeout_s` has its worker killed and replaced
 (the rest of the batch goes on), and the row is reported as failed. An exception, a NaN,
 a non-number, a timeout or a dead worker all fail the row, with its index, data_source,
-function and error; `reward.on_error` says whether that stops the run (before any update)
-or scores the row 0 and counts it in `reward/errors`.
+function and error; `reward.on_error` says whether that stops the run (at once: the batch
+stops at the first failed row, before any update) or scores the row 0 and counts it in
+`reward/errors`. Nothing is scored in the controller's own process, where a hung call could
+not be stopped.
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ from multiprocessing.connection import Connection, wait
 from typing import Any, Callable
 
 import rlkit.core.data.synthetic  # noqa: F401  (registers the synthetic tasks' reward)
+import rlkit.core.rewards.code  # noqa: F401  (registers HumanEval's tests)
 import rlkit.core.rewards.gsm8k  # noqa: F401  (registers gsm8k)
 import rlkit.core.rewards.math  # noqa: F401  (registers math)
 from rlkit.core.rewards.custom import FileFunction
@@ -136,6 +139,7 @@ class _Worker:
         child.close()
         self.conn = Connection(parent.detach())
         self.ready = False
+        self.spawned = time.monotonic()
         self.row: int | None = None  # the row it is scoring
         self.started = 0.0
 
@@ -146,53 +150,68 @@ class _Worker:
 
 
 class _Pool:
-    """Worker processes that each score one call at a time; hung or dead ones are replaced."""
+    """Worker processes that each score one call at a time; hung or dead ones are replaced.
+
+    Rows go to whichever worker is free, so hung calls on different workers time out at the
+    same time, and a replacement starts while the other workers go on scoring.
+    """
 
     def __init__(self, size: int, timeout_s: float) -> None:
         self.timeout_s = timeout_s
         self.workers = [_Worker() for _ in range(size)]
 
-    def run(self, calls: list[Call], names: list[str]) -> list[_Outcome]:
+    def run(self, calls: list[Call], names: list[str], *, stop_on_error: bool) -> list[_Outcome | None]:
+        """One outcome per call; with `stop_on_error`, the first failure stops the batch (the
+        rows not scored by then stay None)."""
         try:
-            return self._run(calls, names)
-        except BaseException:  # Ctrl-C or a call that cannot be sent: drop calls still running
+            return self._run(calls, names, stop_on_error)
+        finally:  # Ctrl-C, a call that cannot be sent, or an early stop: drop calls still running
             for i, worker in enumerate(self.workers):
                 if worker.row is not None:
                     self._replace(i)
-            raise
 
-    def _run(self, calls: list[Call], names: list[str]) -> list[_Outcome]:
+    def _run(self, calls: list[Call], names: list[str], stop_on_error: bool) -> list[_Outcome | None]:
         outcomes: list[_Outcome | None] = [None] * len(calls)
         todo = deque(range(len(calls)))
-        startup_deadline = time.monotonic() + _STARTUP_TIMEOUT_S
         while todo or any(w.row is not None for w in self.workers):
-            for worker in self.workers:
-                if worker.ready and worker.row is None and todo:
-                    row = todo.popleft()
-                    try:
-                        worker.conn.send(calls[row])
-                    except Exception as exc:
-                        raise RewardError(
-                            f"reward function {names[row]} cannot be sent to the reward worker processes "
-                            f"({_describe(exc)}); define it at module level of an importable file, or set "
-                            "reward.num_workers=0") from exc
-                    worker.row, worker.started = row, time.monotonic()
+            self._dispatch(todo, calls, names)
             busy = {w.conn: w for w in self.workers if not w.ready or w.row is not None}
             now = time.monotonic()
-            ends = [w.started + self.timeout_s for w in busy.values() if w.row is not None]
-            if not ends and now > startup_deadline:
-                raise RewardError(f"reward worker processes did not start in {_STARTUP_TIMEOUT_S:.0f} s; "
-                                  "set reward.num_workers=0 to score in the controller process")
-            for conn in wait(list(busy), timeout=max(0.0, min(ends, default=startup_deadline) - now)):
+            ends = [w.started + self.timeout_s if w.row is not None else w.spawned + _STARTUP_TIMEOUT_S
+                    for w in busy.values()]
+            for conn in wait(list(busy), timeout=max(0.0, min(ends) - now)):
                 self._receive(busy[conn], outcomes)
-            now = time.monotonic()
-            for i, worker in enumerate(self.workers):
-                if worker.row is not None and now - worker.started > self.timeout_s:
-                    outcomes[worker.row] = _Outcome(
-                        None, {}, f"timed out after {self.timeout_s:g} s (reward.timeout_s); its worker was "
-                        "killed", now - worker.started)
-                    self._replace(i)
-        return outcomes  # type: ignore[return-value]  (every row is filled above)
+            self._enforce_deadlines(outcomes)
+            if stop_on_error and any(o is not None and o.error is not None for o in outcomes):
+                break
+        return outcomes
+
+    def _dispatch(self, todo: deque[int], calls: list[Call], names: list[str]) -> None:
+        for worker in self.workers:
+            if worker.ready and worker.row is None and todo:
+                row = todo.popleft()
+                try:
+                    worker.conn.send(calls[row])
+                except Exception as exc:
+                    raise RewardError(
+                        f"reward function {names[row]} cannot be sent to the reward worker processes "
+                        f"({_describe(exc)}); define it at module level of an importable file") from exc
+                worker.row, worker.started = row, time.monotonic()
+
+    def _enforce_deadlines(self, outcomes: list[_Outcome | None]) -> None:
+        """Kill and replace workers whose call outlived reward.timeout_s; a worker that never
+        started is a broken environment, not a slow reward."""
+        now = time.monotonic()
+        for i, worker in enumerate(self.workers):
+            if worker.row is not None and now - worker.started > self.timeout_s:
+                outcomes[worker.row] = _Outcome(
+                    None, {}, f"timed out after {self.timeout_s:g} s (reward.timeout_s); its worker was "
+                    "killed (raise reward.timeout_s if the function is only slow)", now - worker.started)
+                self._replace(i)
+            elif not worker.ready and now - worker.spawned > _STARTUP_TIMEOUT_S:
+                raise RewardError(f"a reward worker process (pid {worker.process.pid}) did not start within "
+                                  f"{_STARTUP_TIMEOUT_S:.0f} s: the machine is overloaded or `{sys.executable} -c "
+                                  "'import rlkit.core.rewards.scoring'` hangs there")
 
     def _receive(self, worker: _Worker, outcomes: list[_Outcome | None]) -> None:
         try:
@@ -201,7 +220,7 @@ class _Pool:
             code = worker.process.wait()
             if worker.row is None:
                 raise RewardError(f"a reward worker process exited while starting (exit code {code}); "
-                                  "set reward.num_workers=0 to score in the controller process") from None
+                                  f"`{sys.executable} -c 'import rlkit.core.rewards.scoring'` shows why") from None
             outcomes[worker.row] = _Outcome(None, {}, f"the reward worker process died (exit code {code})", 0.0)
             self._replace(self.workers.index(worker))
             return
@@ -226,6 +245,27 @@ class _Pool:
         self.workers = []
 
 
+def rule_for(data_source: str, where: str) -> Callable[..., Any]:
+    """The registered rule for `data_source`; RewardError naming `where` (a row) if there is none."""
+    try:
+        return reward_fn_for(data_source)
+    except KeyError as exc:
+        raise RewardError(f"{where}: {exc.args[0]}; set reward.function=path/file.py:fn to score "
+                          "it with your own function") from None
+
+
+def check_reward_functions(config: RewardConfig, data_sources: list[str], where: str) -> str:
+    """Before a run: reward.function imports, or every row's data_source has a rule; says which."""
+    if config.function:
+        return f"reward.function={FileFunction(config.function, 'reward.function').spec}"
+    rules = {}
+    for row, source in enumerate(data_sources):
+        if source not in rules:
+            rule = rule_for(source, f"{where}, row {row}")
+            rules[source] = f"{rule.__module__}.{rule.__qualname__}"
+    return "reward rules: " + ", ".join(f"{source} -> {name}" for source, name in rules.items())
+
+
 class RewardScorer:
     """Scores batches of responses; keep one per run (its worker processes persist)."""
 
@@ -233,17 +273,13 @@ class RewardScorer:
         self.config = config
         self._custom = FileFunction(config.function, "reward.function") if config.function else None
         self._rules: dict[str, tuple[Callable[..., Any], str]] = {}
-        self._pool = _Pool(config.num_workers, config.timeout_s) if config.num_workers > 0 else None
+        self._pool: _Pool | None = _Pool(config.num_workers, config.timeout_s)
 
     def _function_for(self, data_source: str, row: int) -> tuple[Callable[..., Any], str]:
         if self._custom is not None:
             return self._custom, self._custom.spec
         if data_source not in self._rules:
-            try:
-                rule = reward_fn_for(data_source)
-            except KeyError as exc:
-                raise RewardError(f"row {row}: {exc.args[0]}; set reward.function=path/file.py:fn to score "
-                                  "it with your own function") from None
+            rule = rule_for(data_source, f"row {row}")
             declared = inspect.signature(rule).parameters
             options = {k: getattr(self.config, k) for k in RULE_OPTIONS if k in declared}
             fn = functools.partial(_call_rule, rule, options)
@@ -259,32 +295,37 @@ class RewardScorer:
         rows = zip(data_sources, responses, ground_truths, extra_infos, strict=True)
         calls = [(fn, args) for (fn, _), args in zip(functions, rows, strict=True)]
         names = [name for _, name in functions]
-        outcomes = self._pool.run(calls, names) if self._pool else [_run(call) for call in calls]
+        if self._pool is None:
+            raise RuntimeError("this RewardScorer is closed")
+        outcomes = self._pool.run(calls, names, stop_on_error=self.config.on_error == "raise")
         return self._collect(outcomes, names, data_sources, extra_infos)
 
-    def _collect(self, outcomes: list[_Outcome], names: list[str], data_sources: list[str],
+    def _collect(self, outcomes: list[_Outcome | None], names: list[str], data_sources: list[str],
                  extra_infos: list[dict]) -> ScoredBatch:
+        """Scores and metrics; a failed row raises (on_error=raise: the batch stopped at it) or scores 0."""
         errors = []
         for i, outcome in enumerate(outcomes):
-            if outcome.error is not None:
+            if outcome is not None and outcome.error is not None:
                 index = (extra_infos[i] or {}).get("index")
                 dataset_row = f", dataset index {index}" if index is not None else ""
                 errors.append(f"reward failed on row {i} (data_source {data_sources[i]!r}{dataset_row}, "
                               f"function {names[i]}): {outcome.error}")
         if errors and self.config.on_error == "raise":
-            more = f" ({len(errors) - 1} more rows failed)" if len(errors) > 1 else ""
+            more = f" ({len(errors) - 1} more rows failed)" if len(errors) > 1 else ""  # those that ran by then
             raise RewardError(f"{errors[0]}{more}. Fix the function, or set reward.on_error=zero to score "
                               "failed rows 0 and count them in reward/errors")
-        details = [o.details for o in outcomes]
+        scored = [o for o in outcomes if o is not None]  # every row, unless the batch stopped early
+        assert len(scored) == len(outcomes), "a batch stops early only to raise"
+        details = [o.details for o in scored]
         metrics = {"reward/errors": float(len(errors))}
         for key in sorted({k for d in details for k in d}):
             values = [d[key] for d in details if key in d]
             metrics[f"reward/{key}"] = sum(values) / len(values)
-        if outcomes:
-            seconds = [o.seconds for o in outcomes]
+        if scored:
+            seconds = [o.seconds for o in scored]
             metrics["reward/call_seconds_mean"] = sum(seconds) / len(seconds)
             metrics["reward/call_seconds_max"] = max(seconds)
-        scores = [o.score if o.score is not None else 0.0 for o in outcomes]
+        scores = [o.score if o.score is not None else 0.0 for o in scored]
         return ScoredBatch(scores, metrics, details, errors)
 
     def close(self) -> None:

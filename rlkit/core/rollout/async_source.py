@@ -35,7 +35,7 @@ from rlkit.core.rollout.source import Generation, SyncRolloutSource, timed
 from rlkit.core.rollout.trajectory import Trajectory
 
 if TYPE_CHECKING:
-    from rlkit.core.cluster.placement import Placement, PendingSync
+    from rlkit.core.cluster.placement import PendingSync, Placement
     from rlkit.core.data.dataset import PromptRow, PromptSampler
     from rlkit.core.rewards.scoring import RewardScorer
     from rlkit.recipes.schema import RLConfig

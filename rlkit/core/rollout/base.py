@@ -33,6 +33,8 @@ class RolloutSample:
 class RolloutEngine(ABC):
     """Holds a full copy of the policy's weights for generation; `load_weights` keeps it in sync."""
 
+    honors_seeds: bool = True  # Sampling.seed makes a call reproducible (False: SGLang on a CPU)
+
     @abstractmethod
     def generate(self, prompts: list[list[int]], sampling: Sampling) -> list[RolloutSample]:
         """len(prompts) * n samples, prompt-major (prompt 0's n samples first)."""

@@ -44,6 +44,19 @@ def _vllm(config: RLConfig, model_path: str, *, device: torch.device, dtype: str
                       max_num_seqs=rollout.max_num_seqs, sleep_mode=sleep_mode, engine_kwargs=options.engine_kwargs)
 
 
+@ENGINES.register("sglang")
+def _sglang(config: RLConfig, model_path: str, *, device: torch.device, dtype: str, seed: int,
+            sleep_mode: bool) -> RolloutEngine:
+    from rlkit.core.rollout.sglang_engine import SGLangEngine
+
+    rollout, options = config.rollout, config.rollout.sglang
+    return SGLangEngine(model_path, dtype=dtype, seed=seed, device=device,
+                        max_model_len=config.data.max_prompt_length + config.data.max_response_length,
+                        gpu_memory_utilization=rollout.gpu_memory_utilization, max_num_seqs=rollout.max_num_seqs,
+                        sleep_mode=sleep_mode, attention_backend=options.attention_backend,
+                        engine_kwargs=options.engine_kwargs)
+
+
 @ENGINES.register("hf")
 def _hf(config: RLConfig, model_path: str, *, device: torch.device, dtype: str, seed: int,
         sleep_mode: bool) -> RolloutEngine:

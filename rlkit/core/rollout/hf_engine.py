@@ -25,29 +25,33 @@ class HFEngine(RolloutEngine):
 
     @torch.no_grad()
     def generate(self, prompts: list[list[int]], sampling: Sampling) -> list[RolloutSample]:
+        # Request k is sample j of prompt i with k = i * n + j, so its seed is sampling.seed + k.
         requests = [(i, prompt) for i, prompt in enumerate(prompts) for _ in range(sampling.n)]
         samples: list[RolloutSample] = []
-        torch.manual_seed(sampling.seed)
         for start in range(0, len(requests), self.batch_size):
-            samples += self._generate_chunk(requests[start:start + self.batch_size], sampling)
+            chunk = requests[start:start + self.batch_size]
+            seeds = range(sampling.seed + start, sampling.seed + start + len(chunk))
+            samples += self._generate_chunk(chunk, seeds, sampling)
         return samples
 
-    def _generate_chunk(self, requests: list[tuple[int, list[int]]], sampling: Sampling) -> list[RolloutSample]:
+    def _generate_chunk(self, requests: list[tuple[int, list[int]]], seeds: Iterable[int],
+                        sampling: Sampling) -> list[RolloutSample]:
         width = max(len(p) for _, p in requests)
         ids = torch.full((len(requests), width), self.pad_id, dtype=torch.long)
         mask = torch.zeros_like(ids)
         for row, (_, prompt) in enumerate(requests):  # left padding: generation continues at the right edge
             ids[row, width - len(prompt):] = torch.tensor(prompt)
             mask[row, width - len(prompt):] = 1
-        recorder = _WarpAndRecord(sampling)
+        sampler = _SeededSampler(sampling, seeds, self.device)
+        # Greedy decoding of the sampler's one-token distributions: generate draws no random
+        # number itself, so the worker's global RNG is left alone.
         out = self.model.generate(
             input_ids=ids.to(self.device), attention_mask=mask.to(self.device), max_new_tokens=sampling.max_tokens,
-            min_new_tokens=sampling.max_tokens if sampling.ignore_eos else None, do_sample=not sampling.greedy,
-            temperature=1.0, top_p=1.0, top_k=None, logits_processor=LogitsProcessorList([recorder]),
+            min_new_tokens=sampling.max_tokens if sampling.ignore_eos else None, do_sample=False,
+            temperature=None, top_p=None, top_k=None, logits_processor=LogitsProcessorList([sampler]),
             pad_token_id=self.pad_id, eos_token_id=list(self.eos_ids), return_dict_in_generate=True)
-        new_tokens = out.sequences[:, width:]
-        chosen = recorder.finish(new_tokens[:, -1]).cpu()
-        new_tokens = new_tokens.cpu()
+        new_tokens = out.sequences[:, width:].cpu()
+        chosen = sampler.log_probs().cpu()
         samples = []
         for row, (prompt_index, _) in enumerate(requests):
             tokens = new_tokens[row].tolist()
@@ -75,44 +79,53 @@ class HFEngine(RolloutEngine):
                 params[name].copy_(tensor.to(params[name].dtype))
 
 
-class _WarpAndRecord(LogitsProcessor):
-    """Applies temperature/top-k/top-p itself and records the log-prob of each sampled token.
+class _SeededSampler(LogitsProcessor):
+    """Draws each row's next token from its own generator and records that token's log-prob.
 
-    transformers runs user processors before its own warpers, so this one does the warping
-    (generate is called with neutral warper settings) and sees the distribution actually
-    sampled from. It keeps one step's log-softmax [B, V] and reads the token chosen from it
-    at the next call, instead of keeping every step's scores ([B, steps, V]: tens of GB
-    for a 150k vocabulary).
+    Row r has a ``torch.Generator`` seeded with its request's seed, so a sample depends only on
+    its seed and its prompt, not on which other requests share the batch, and the worker's
+    global RNG is never touched. The processor applies temperature/top-k/top-p itself, draws
+    the token, and returns scores that leave only that token possible, which ``generate``
+    (called greedy, after its own processors such as ``min_new_tokens``) then takes. It keeps
+    the chosen tokens' log-probs, not every step's scores ([B, steps, V]: tens of GB for a 150k
+    vocabulary).
     """
 
-    def __init__(self, sampling: Sampling) -> None:
+    def __init__(self, sampling: Sampling, seeds: Iterable[int], device: torch.device) -> None:
         self.sampling = sampling
-        self.previous: torch.Tensor | None = None
+        self.generators = [torch.Generator(device=device).manual_seed(seed) for seed in seeds]
         self.chosen: list[torch.Tensor] = []
 
     def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
-        if self.previous is not None:
-            self._record(input_ids[:, -1])
+        scores = self._warp(scores)
+        log_probs = scores.float().log_softmax(-1)
+        if self.sampling.greedy:
+            tokens = log_probs.argmax(-1, keepdim=True)
+        else:
+            probs = log_probs.exp()
+            tokens = torch.cat([torch.multinomial(row, 1, generator=gen)
+                                for row, gen in zip(probs, self.generators, strict=True)])
+            tokens = tokens.unsqueeze(-1)
+        self.chosen.append(log_probs.gather(-1, tokens).squeeze(-1))
+        return torch.full_like(scores, float("-inf")).scatter_(-1, tokens, 0.0)
+
+    def _warp(self, scores: torch.Tensor) -> torch.Tensor:
         sampling = self.sampling
-        if not sampling.greedy:
-            scores = scores / sampling.temperature
-            if sampling.top_k > 0:
-                kth = scores.topk(min(sampling.top_k, scores.shape[-1]), dim=-1).values[:, -1:]
-                scores = scores.masked_fill(scores < kth, float("-inf"))
-            if sampling.top_p < 1.0:
-                ordered, order = scores.sort(dim=-1, descending=True)
-                # Drop a token once the tokens before it already hold top_p of the mass.
-                probs = ordered.softmax(-1)
-                drop_sorted = probs.cumsum(-1) - probs > sampling.top_p
-                drop = torch.zeros_like(drop_sorted).scatter(-1, order, drop_sorted)
-                scores = scores.masked_fill(drop, float("-inf"))
-        self.previous = scores.float().log_softmax(-1)
+        if sampling.greedy:
+            return scores
+        scores = scores / sampling.temperature
+        if sampling.top_k > 0:
+            kth = scores.topk(min(sampling.top_k, scores.shape[-1]), dim=-1).values[:, -1:]
+            scores = scores.masked_fill(scores < kth, float("-inf"))
+        if sampling.top_p < 1.0:
+            ordered, order = scores.sort(dim=-1, descending=True)
+            # Drop a token once the tokens before it already hold top_p of the mass.
+            probs = ordered.softmax(-1)
+            drop_sorted = probs.cumsum(-1) - probs > sampling.top_p
+            drop = torch.zeros_like(drop_sorted).scatter(-1, order, drop_sorted)
+            scores = scores.masked_fill(drop, float("-inf"))
         return scores
 
-    def _record(self, tokens: torch.Tensor) -> None:
-        self.chosen.append(self.previous.gather(-1, tokens.unsqueeze(-1)).squeeze(-1))
-
-    def finish(self, last_tokens: torch.Tensor) -> torch.Tensor:
-        """[B, steps] log-probs, once the last step's tokens are known."""
-        self._record(last_tokens)
+    def log_probs(self) -> torch.Tensor:
+        """[B, steps]: the log-prob of each token drawn, under the distribution it was drawn from."""
         return torch.stack(self.chosen, dim=1)

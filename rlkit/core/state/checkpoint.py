@@ -6,6 +6,7 @@
         trainer_state.json    step, reason, sampler position, KL coefficient, seeds, world size
         controller_rng.pt     the controller's RNG states
         config.yaml           the resolved config this checkpoint was trained with
+        provenance.json       rlkit version/commit, packages, data hashes, hardware (rlkit.core.state.provenance)
         policy/               the policy workers' shards (rlkit.core.state.shards)
         critic/               the critic workers' shards, when the run has a critic
       .tmp-step_00000007/     a write in progress, or one killed midway (ignored; removed on resume)
@@ -31,6 +32,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from rlkit.core.cluster import faults
+from rlkit.core.state.provenance import PROVENANCE_FILE
 from rlkit.core.state.shards import write_durably
 from rlkit.errors import UserError
 
@@ -43,6 +45,10 @@ RNG_FILE = "controller_rng.pt"
 CONFIG_FILE = "config.yaml"
 TMP_PREFIX = ".tmp-"
 _STEP_DIR = re.compile(r"^step_(\d+)$")
+
+
+class NoCheckpointError(UserError):
+    """A run that never wrote a checkpoint."""
 
 
 @dataclass
@@ -90,6 +96,8 @@ def write_checkpoint(run_path: Path, step: int, *, reason: str, write_shards: Ca
     state = {**trainer_state, "step": step, "reason": reason, "written_at": _now()}
     _write_text(tmp / STATE_FILE, json.dumps(state, indent=2))
     _write_text(tmp / CONFIG_FILE, config_yaml)
+    if (Path(run_path) / PROVENANCE_FILE).is_file():  # the environment that trained this step
+        _write_text(tmp / PROVENANCE_FILE, (Path(run_path) / PROVENANCE_FILE).read_text())
     write_durably(tmp / RNG_FILE, controller_rng)
     faults.reached("checkpoint-before-marker", step)
     files = {str(p.relative_to(tmp)): p.stat().st_size for p in sorted(tmp.rglob("*")) if p.is_file()}
@@ -172,8 +180,8 @@ def latest_checkpoint(run_path: Path, *, warn: bool = True) -> Checkpoint:
     if found:
         raise UserError(f"run {run_path} has no usable checkpoint: "
                         + "; ".join(f"{c.path.name}: {c.problem}" for c in found))
-    raise UserError(f"run {run_path} has no checkpoint to resume from; checkpoints are written every "
-                    "trainer.save_freq steps and at the end (start it again with `rlkit train`)")
+    raise NoCheckpointError(f"run {run_path} has no checkpoint (checkpoints are written every "
+                            "trainer.save_freq steps and at the end)")
 
 
 def checkpoint_at(run_path: Path, step: int | None) -> Checkpoint:

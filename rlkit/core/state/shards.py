@@ -2,7 +2,8 @@
 
 Every rank of a worker group calls `save_shards`/`load_shards` with the same folder at the
 same time (torch.distributed.checkpoint is collective):
-  <folder>/shards/     the FSDP2-sharded model and optimizer (DCP: one file per rank + .metadata)
+  <folder>/shards/     the FSDP2-sharded model and optimizer (DCP: one file per rank + .metadata);
+                       only trainable weights (with LoRA: the adapters), frozen ones are the base model's
   <folder>/rank_<r>.pt what is local to a rank: RNG states and the LR scheduler
 
 DCP re-shards on load, but rlkit refuses a resume on another world size anyway (per-rank
@@ -19,7 +20,11 @@ from typing import Any
 import numpy as np
 import torch
 import torch.distributed.checkpoint as dcp
-from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+from torch.distributed.checkpoint.state_dict import (
+    StateDictOptions,
+    get_state_dict,
+    set_state_dict,
+)
 
 SHARDS_DIR = "shards"
 MODEL_KEY = "model"      # DCP keys are "model.<HF parameter name>" and "optim.<...>"
@@ -39,6 +44,13 @@ def rng_state() -> dict[str, Any]:
     return state
 
 
+def seed_rng(seed: int) -> None:
+    """Seed the process's python, numpy and torch RNGs (the states `rng_state` saves)."""
+    random.seed(seed)
+    np.random.seed(seed % 2**32)
+    torch.manual_seed(seed)
+
+
 def set_rng_state(state: dict[str, Any]) -> None:
     version, internal, gauss = state["python"]
     random.setstate((version, tuple(internal), gauss))
@@ -54,7 +66,7 @@ def save_shards(folder: str | Path, rank: int, *, model: torch.nn.Module, optimi
     """Collective: every rank of the group at once. `scheduler` is None for a constant learning rate."""
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
-    model_state, optim_state = get_state_dict(model, optimizer)
+    model_state, optim_state = _trainable_state(model, optimizer)
     dcp.save({MODEL_KEY: model_state, OPTIM_KEY: optim_state}, checkpoint_id=str(folder / SHARDS_DIR))
     local = {"rng": rng_state(), "scheduler": scheduler.state_dict() if scheduler is not None else None}
     write_durably(folder / f"rank_{rank}.pt", local)
@@ -63,14 +75,29 @@ def save_shards(folder: str | Path, rank: int, *, model: torch.nn.Module, optimi
 def load_shards(folder: str | Path, rank: int, *, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
                 scheduler: Any = None) -> None:
     folder = Path(folder)
-    model_state, optim_state = get_state_dict(model, optimizer)
+    model_state, optim_state = _trainable_state(model, optimizer)
     state = {MODEL_KEY: model_state, OPTIM_KEY: optim_state}
     dcp.load(state, checkpoint_id=str(folder / SHARDS_DIR))
-    set_state_dict(model, optimizer, model_state_dict=state[MODEL_KEY], optim_state_dict=state[OPTIM_KEY])
+    # Frozen weights are not in a checkpoint: they stay what the model was built with.
+    strict = not frozen_names(model)
+    set_state_dict(model, optimizer, model_state_dict=state[MODEL_KEY], optim_state_dict=state[OPTIM_KEY],
+                   options=StateDictOptions(strict=strict))
     local = torch.load(folder / f"rank_{rank}.pt", weights_only=True)
     if scheduler is not None:
         scheduler.load_state_dict(local["scheduler"])
     set_rng_state(local["rng"])
+
+
+def frozen_names(model: torch.nn.Module) -> set[str]:
+    """Names of parameters that do not train, tied aliases included (a tied LM head of a frozen embedding)."""
+    return {name for name, param in model.named_parameters(remove_duplicate=False) if not param.requires_grad}
+
+
+def _trainable_state(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> tuple[dict, dict]:
+    """The model's state dict without frozen weights (they come from the base model), and the optimizer's."""
+    model_state, optim_state = get_state_dict(model, optimizer)
+    frozen = frozen_names(model)
+    return {k: v for k, v in model_state.items() if k not in frozen}, optim_state
 
 
 def write_durably(path: Path, obj: Any) -> None:

@@ -17,7 +17,7 @@ from rlkit.core.batch import Batch
 from rlkit.core.cluster.device_worker import DeviceWorker
 from rlkit.core.cluster.worker_group import WorkerGroup
 from rlkit.core.state import shards as checkpoint_shards
-from rlkit.core.train import fsdp, packing
+from rlkit.core.train import fast_paths, fsdp, packing
 from rlkit.core.train.learner import micro_batches, optimize
 from rlkit.core.train.model import build_critic
 from rlkit.recipes.schema import RLConfig
@@ -34,6 +34,9 @@ class CriticWorker(DeviceWorker):
         cfg = self.config
         self.phase = "setup/load-models"
         self.model = build_critic(cfg, self.model_path, self.device)
+        # The policy workers sized an auto budget for this device, the critic included (the controller
+        # passes it on in the config); on CPU auto is the CPU default.
+        self.micro_batch_tokens = fast_paths.resolve(cfg, self.device.type).micro_batch_tokens
         return {"rank": self.rank, "shards": fsdp.shard_numels(self.model.module)}
 
     def _values(self, mb: Batch) -> tuple[torch.Tensor, Batch]:
@@ -50,7 +53,7 @@ class CriticWorker(DeviceWorker):
         self.phase = "compute_values"
         self.model.module.eval()
         values = torch.zeros(batch["responses"].shape)
-        for rows in micro_batches(batch, self.config.actor.micro_batch_tokens):
+        for rows in micro_batches(batch, self.micro_batch_tokens):
             values[rows] = self._values(batch.select(rows))[0].cpu()
         return values * batch["response_mask"]
 
@@ -62,7 +65,7 @@ class CriticWorker(DeviceWorker):
         """
         self.phase = "update_critic"
         totals = optimize(self.model, minibatches, norms, self._micro_step, grad_clip=self.config.critic.grad_clip,
-                          micro_batch_tokens=self.config.actor.micro_batch_tokens, per_update=("vf_loss",))
+                          micro_batch_tokens=self.micro_batch_tokens, per_update=("vf_loss",))
         self.phase = "idle"
         return {f"critic/{k}": v for k, v in totals.items()}
 

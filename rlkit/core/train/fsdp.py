@@ -79,6 +79,8 @@ def shard_model(model: torch.nn.Module, *, device: torch.device, compute_dtype: 
 
 
 def _decoder_layers(model: torch.nn.Module) -> list[torch.nn.Module]:
+    if hasattr(model, "get_base_model"):  # a peft model (LoRA): the layers of the model it wraps
+        model = model.get_base_model()
     layers = getattr(getattr(model, "model", None), "layers", None)
     if layers is None:
         raise ValueError(f"{type(model).__name__}: expected a decoder stack at model.layers")

@@ -2,8 +2,9 @@
 
 `build_policy` and `build_critic` load the model, shard it (FSDP2, rlkit.core.train.fsdp),
 and give it an AdamW over its trainable parameters. Anything that changes the model's
-structure (adapters) must be applied here, before `fully_shard`, so that every consumer
-(the update, the log-prob passes, the weight sync, checkpoints) sees one `TrainableModel`.
+structure (LoRA adapters, rlkit.core.train.adapters) is applied here, before `fully_shard`,
+so that every consumer (the update, the log-prob passes, the weight sync, checkpoints)
+sees one `TrainableModel`.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from typing import Iterator
 
 import torch
 
-from rlkit.core.train import fsdp
+from rlkit.core.train import adapters, fast_paths, fsdp
 from rlkit.recipes.schema import RLConfig
 
 
@@ -26,6 +27,7 @@ class TrainableModel:
     optimizer: torch.optim.Optimizer
     scheduler: torch.optim.lr_scheduler.LRScheduler | None  # None: a constant learning rate
     base: torch.nn.Module | None = None  # a frozen copy of the base model, the reference of a KL term
+    lora: bool = False  # `module` is a peft model whose adapters are the only trainable weights
 
     def trainable_parameters(self) -> list[torch.nn.Parameter]:
         return [p for p in self.module.parameters() if p.requires_grad]
@@ -37,21 +39,45 @@ class TrainableModel:
 
     @contextmanager
     def reference(self) -> Iterator[torch.nn.Module]:
-        """The reference policy: the base model, never trained (so a resumed run keeps the original anchor)."""
+        """The reference policy: the base model, never trained (so a resumed run keeps the original anchor).
+
+        With LoRA that is the trained module itself with its adapters off: no second model in memory.
+        """
+        if self.lora:
+            with adapters.adapters_off(self.module) as module:
+                yield module
+            return
         if self.base is None:
             raise RuntimeError("this model was built without a reference (no KL term is configured)")
         yield self.base
 
+    def engine_weight_shapes(self) -> list[tuple[str, tuple[int, ...]]]:
+        """(HF name, full shape) of each tensor `engine_weights` yields, in its order, without gathering."""
+        named = self.module.named_parameters()
+        if self.lora:  # merged tensors have their base weight's shape
+            return [(adapters.engine_name(n), tuple(p.shape)) for n, p in named if ".lora_" not in n]
+        return [(n, tuple(p.shape)) for n, p in named]
+
     def engine_weights(self) -> Iterator[tuple[str, torch.Tensor]]:
-        """(HF name, full tensor) of every weight a rollout engine loads; a collective on every rank."""
-        return fsdp.full_state_items(self.module)
+        """(HF name, full tensor) of every weight a rollout engine loads; a collective on every rank.
+
+        With LoRA: the base model's names and weights, adapters merged in.
+        """
+        return adapters.merged_weights(self.module) if self.lora else fsdp.full_state_items(self.module)
 
 
 def build_policy(config: RLConfig, model_path: str, device: torch.device) -> TrainableModel:
-    """The actor, its AdamW and LR schedule, and (when a KL term needs it) the frozen base model."""
+    """The actor, its AdamW and LR schedule, and (when a KL term needs it) the frozen base model.
+
+    With model.lora.rank > 0 the actor is the base model with LoRA adapters, and only they train.
+    """
     dtype = fsdp.compute_dtype(config.model.dtype, device)
+    compile_layers = fast_paths.compile_enabled(config.model.compile, device.type)  # auto: on with CUDA
     model = fsdp.load_model(model_path, gradient_checkpointing=config.model.gradient_checkpointing)
-    module = fsdp.shard_model(model, device=device, compute_dtype=dtype, compile=config.model.compile)
+    lora = config.model.lora.rank > 0
+    if lora:
+        model = adapters.add_lora(model, config.model.lora, seed=config.trainer.seed)
+    module = fsdp.shard_model(model, device=device, compute_dtype=dtype, compile=compile_layers)
     actor = config.actor
     optimizer = torch.optim.AdamW([p for p in module.parameters() if p.requires_grad], lr=actor.lr,
                                   betas=actor.betas, weight_decay=actor.weight_decay)
@@ -61,11 +87,11 @@ def build_policy(config: RLConfig, model_path: str, device: torch.device) -> Tra
     scheduler = torch.optim.lr_scheduler.LambdaLR(
         optimizer, fsdp.lr_lambda(actor.warmup_steps, total_updates, actor.lr_schedule))
     base = None
-    if config.needs_reference:  # always the model on disk
+    if config.needs_reference and not lora:  # always the model on disk
         base = fsdp.shard_model(fsdp.load_model(model_path), device=device, compute_dtype=dtype,
-                                compile=config.model.compile)
+                                compile=compile_layers)
         base.eval().requires_grad_(False)
-    return TrainableModel(module, optimizer, scheduler, base=base)
+    return TrainableModel(module, optimizer, scheduler, base=base, lora=lora)
 
 
 def build_critic(config: RLConfig, model_path: str, device: torch.device) -> TrainableModel:

@@ -12,7 +12,9 @@ from typing import Any
 
 import numpy as np
 import torch
+import torch.distributed as dist
 
+from rlkit.core.agents.worker import AgentEpisodes
 from rlkit.core.algos.kl import kl_estimate
 from rlkit.core.algos.losses import (
     aggregate_loss,
@@ -26,15 +28,17 @@ from rlkit.core.controller.run_dir import resolve_model_path
 from rlkit.core.rewards.reward_model import RewardModel
 from rlkit.core.rollout.base import RolloutSample, Sampling
 from rlkit.core.rollout.engines import make_engine
+from rlkit.core.rollout.sync_check import SyncProbe
 from rlkit.core.state import shards as checkpoint_shards
-from rlkit.core.train import fsdp, packing
+from rlkit.core.train import fast_paths, fsdp, packing
 from rlkit.core.train.learner import micro_batches, optimize
 from rlkit.core.train.logprobs import selected_log_probs
 from rlkit.core.train.model import build_policy
 
 
-class PolicyWorker(DeviceWorker):
-    """Rank `rank` of the training group. Method names are the controller's phases."""
+class PolicyWorker(DeviceWorker, AgentEpisodes):
+    """Rank `rank` of the training group. Method names are the controller's phases (`agent_episodes`:
+    multi-turn rollout, rlkit.core.agents.worker)."""
 
     # -- set-up -------------------------------------------------------------------------
     def node_info(self) -> dict[str, Any]:
@@ -43,7 +47,8 @@ class PolicyWorker(DeviceWorker):
         return {"rank": self.rank, "pid": os.getpid(), "host": socket.gethostname(), "phase": self.phase,
                 "node_id": ray.get_runtime_context().get_node_id()}
 
-    def setup(self, master_addr: str, master_port: int) -> dict[str, Any]:
+    def setup(self, master_addr: str, master_port: int, with_engine: bool = True) -> dict[str, Any]:
+        """Load the models and start the rollout engine (`with_engine=False`: `rlkit replay` only updates)."""
         self.join_process_group(master_addr, master_port)
         self._seed(self.config.trainer.seed)
         cfg = self.config
@@ -53,13 +58,35 @@ class PolicyWorker(DeviceWorker):
         self.reward_model = RewardModel(
             resolve_model_path(cfg.reward_model.path), device=self.device, max_length=cfg.reward_model.max_length,
             micro_batch_size=cfg.reward_model.micro_batch_size) if cfg.reward_model.path else None
+        # Sized before the engine takes its share: during the update the engine sleeps.
+        self.fast_paths = fast_paths.resolve(cfg, self.device.type, sized=self._size_micro_batches())
         self.phase = "setup/rollout-engine"
         # Split placement: rollout workers on other devices hold the engine (rlkit.core.cluster.placement).
         self.engine = make_engine(cfg, self.model_path, device=self.device, dtype=self.dtype,
                                   seed=cfg.trainer.seed + self.rank,
-                                  sleep_mode=True) if cfg.rollout.placement == "colocated" else None
+                                  sleep_mode=True) if cfg.rollout.placement == "colocated" and with_engine else None
+        self.sync_probe = SyncProbe()
         self.phase = "idle"
-        return {"rank": self.rank, "shards": fsdp.shard_numels(self.model.module)}
+        return {"rank": self.rank, "shards": fsdp.shard_numels(self.model.module), "fast_paths": self.fast_paths}
+
+    def _size_micro_batches(self) -> tuple[int, float] | None:
+        """actor.micro_batch_tokens=auto on a GPU: (the budget all ranks agree on, this rank's free GiB)."""
+        cfg = self.config
+        if cfg.actor.micro_batch_tokens != "auto" or not self.use_cuda:
+            return None
+        free, total = torch.cuda.mem_get_info(self.device)
+        module = self.model.module
+        numels = fsdp.shard_numels(module)
+        trainable = sum(numels[name][0] for name, param in module.named_parameters() if param.requires_grad)
+        per_token = fast_paths.activation_bytes_per_token(module.config, fsdp.DTYPES[self.dtype].itemsize,
+                                                          cfg.model.gradient_checkpointing)
+        tokens = fast_paths.auto_micro_batch_tokens(
+            free_bytes=free, total_bytes=total, trainable_params=trainable,
+            critic_params=sum(local for local, _ in numels.values()) if cfg.critic_enabled else 0,  # same shape
+            bytes_per_token=per_token, longest_sequence=cfg.data.max_prompt_length + cfg.data.max_response_length)
+        agreed = torch.tensor([tokens], device=packing.collective_device())
+        dist.all_reduce(agreed, op=dist.ReduceOp.MIN)  # one budget for the run, the tightest rank's
+        return int(agreed.item()), free / (1 << 30)
 
     def _seed(self, seed: int) -> None:
         random.seed(seed + self.rank)
@@ -71,6 +98,7 @@ class PolicyWorker(DeviceWorker):
         self.phase = "generate"
         self.engine.wake_up()
         samples = self.engine.generate(prompts, sampling)
+        self.sync_probe.record(prompts, samples)
         self.engine.sleep()
         self.phase = "idle"
         return samples
@@ -79,7 +107,8 @@ class PolicyWorker(DeviceWorker):
         """Stream full tensors from the FSDP2 shards into the engine, one parameter at a time."""
         self.phase = "sync_weights"
         start, moved = time.perf_counter(), 0
-        self.engine.wake_up(weights_only=True)
+        # A checked sync scores a sequence before and after loading: the whole engine must be awake.
+        self.engine.wake_up(weights_only=not self.sync_probe.pending)
 
         def weights():
             nonlocal moved
@@ -87,10 +116,10 @@ class PolicyWorker(DeviceWorker):
                 moved += tensor.numel() * tensor.element_size()
                 yield name, tensor
 
-        self.engine.load_weights(weights())
+        checked = self.sync_probe.load(self.engine, weights(), fsdp.DTYPES[self.dtype])
         # The engine stays awake (weights only, no KV cache) until the next rollout's generate.
         self.phase = "idle"
-        return {"sync/bytes": float(moved), "sync/seconds": time.perf_counter() - start}
+        return {"sync/bytes": float(moved), "sync/seconds": time.perf_counter() - start, **checked}
 
     def export_weights(self, bucket_bytes: int) -> list | None:
         """Split placement: full tensors in the rollout dtype, in object-store buckets (rank 0 returns their refs).
@@ -116,8 +145,8 @@ class PolicyWorker(DeviceWorker):
 
     # -- weights to the rollout workers over a collective (split placement) -------------
     def weight_specs(self) -> list[TensorSpec]:
-        """Name and full shape of every weight the engines load, in send order (a collective: every rank)."""
-        return [TensorSpec(name, tuple(tensor.shape)) for name, tensor in self.model.engine_weights()]
+        """Every weight's name and full shape, in the order send_weights gathers them (no collective)."""
+        return [TensorSpec(name, shape) for name, shape in self.model.engine_weight_shapes()]
 
     def join_weight_transfer(self, host: str, port: int, world_size: int, specs: list[TensorSpec],
                              bucket_bytes: int) -> None:
@@ -158,7 +187,7 @@ class PolicyWorker(DeviceWorker):
         log_probs = torch.zeros(batch["responses"].shape)
         entropy = torch.zeros(batch["responses"].shape)
         with self.model.reference() if which == "ref" else nullcontext(self.model.module) as model:
-            for rows in micro_batches(batch, self.config.actor.micro_batch_tokens):
+            for rows in micro_batches(batch, self.fast_paths.micro_batch_tokens):
                 packed = packing.pack(batch.select(rows)).to(self.device)
                 logits = fsdp.packed_outputs(model, packed)
                 lp, ent = selected_log_probs(logits, packed.targets, self.config.rollout.temperature,
@@ -177,7 +206,7 @@ class PolicyWorker(DeviceWorker):
         self.phase = "update_actor"
         cfg = self.config.actor
         totals = optimize(self.model, minibatches, norms, self._micro_step, grad_clip=cfg.grad_clip,
-                          micro_batch_tokens=cfg.micro_batch_tokens, per_update=("pg_loss", "kl_loss"))
+                          micro_batch_tokens=self.fast_paths.micro_batch_tokens, per_update=("pg_loss", "kl_loss"))
         self.phase = "idle"
         return {k if "/" in k else f"actor/{k}": v for k, v in totals.items()}
 

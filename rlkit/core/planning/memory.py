@@ -1,0 +1,179 @@
+"""Memory of one training device, per phase, for a config: what `rlkit plan` adds up.
+
+What lives on a training device (FSDP2 over W = config.world_size ranks):
+  state        actor fp32 weights, gradients and AdamW moments (16 bytes a parameter / W), the
+               reference's fp32 weights (4 / W), the critic's state (16 / W of its parameters)
+  compute copy the compute-dtype copy FSDP2 gathers: the whole model with one rank (kept from
+               forward to backward; the reference, which has no backward, keeps it), two
+               layers and the root with more
+  activations  what one update micro-batch of T tokens saves for backward (per-token bytes
+               measured on the packed Qwen2-style path: ACTIVATION_BYTES; tests/test_plan.py
+               re-measures them), with checkpointing each layer's input plus one layer recomputed
+  logits       the head's output at the K response positions, kept for backward, its gradient,
+               and the fp32 log-prob chunks (rlkit.core.train.logprobs)
+  vLLM         colocated: rollout.gpu_memory_utilization of the device while generating; asleep
+               (weights on the host, KV cache freed) while training; its weights during the sync
+Peaks: generate = state + vLLM share; update = state + compute copy + activations + logits;
+sync = state + the engine's weights + one gathered fp32 tensor.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from rlkit.core.planning.shape import ModelShape
+from rlkit.core.train.logprobs import CHUNK_ELEMENTS
+from rlkit.recipes.schema import RLConfig
+
+GIB = 2**30
+DEVICE_RESERVE = int(1.5 * GIB)  # CUDA context, NCCL buffers, allocator slack: never available to rlkit
+VLLM_OVERHEAD = 1 * GIB          # vLLM's profiling activations and CUDA graphs inside its share (approximate)
+CPU_KV_CACHE = 1 * GIB           # VLLM_CPU_KVCACHE_SPACE, which rlkit sets for its CPU workers
+
+
+@dataclass(frozen=True)
+class ActivationBytes:
+    """Bytes saved for backward per token: per decoder layer a*hidden + b*intermediate + c*heads + d;
+    outside the layers e*hidden + f*head_dim (rotary tables) + g, and h*hidden per response token (head input)."""
+
+    hidden: float
+    intermediate: float
+    heads: float
+    const: float
+    root_hidden: float
+    root_head_dim: float
+    root_const: float
+    response_hidden: float
+    checkpointed_hidden: float  # per layer with gradient checkpointing: the layer's input
+
+
+# Measured with saved-tensor hooks on the tiny Qwen2 (hidden 128-256, intermediate 256-512, 2-8 layers,
+# 1-4 KV heads), fp32 and bf16 compute: RMSNorm's fp32 upcast makes bf16 more than half of fp32.
+ACTIVATION_BYTES = {
+    4: ActivationBytes(hidden=44, intermediate=16, heads=4, const=8, root_hidden=8, root_head_dim=8, root_const=21,
+                       response_hidden=4, checkpointed_hidden=4),
+    2: ActivationBytes(hidden=26, intermediate=8, heads=4, const=8, root_hidden=6, root_head_dim=4, root_const=21,
+                       response_hidden=2, checkpointed_hidden=2),
+}
+
+
+@dataclass
+class MicroBatch:
+    tokens: int            # T: real tokens of one update micro-batch on one device (worst case: full lengths)
+    response_tokens: int   # K: the positions that predict a response token
+
+
+@dataclass
+class DeviceMemory:
+    """Bytes on one training device: named parts, and the three phase peaks built from them."""
+
+    parts: dict[str, float] = field(default_factory=dict)
+    phases: dict[str, float] = field(default_factory=dict)
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def peak_phase(self) -> str:
+        return max(self.phases, key=self.phases.__getitem__)
+
+    @property
+    def peak(self) -> float:
+        return self.phases[self.peak_phase]
+
+
+def compute_bytes(config: RLConfig, on_gpu: bool) -> int:
+    dtype = config.model.dtype
+    return 2 if dtype == "bfloat16" or (dtype == "auto" and on_gpu) else 4
+
+
+def micro_batch(config: RLConfig, world_size: int | None = None) -> MicroBatch:
+    """The largest update micro-batch a device packs: its share of a mini-batch, capped by the token budget."""
+    data, world = config.data, world_size or config.world_size
+    sequence = data.max_prompt_length + data.max_response_length
+    share = config.actor.mini_batch_size * config.rollout.n * sequence // world
+    tokens = min(share, max(config.actor.micro_batch_tokens, sequence))
+    return MicroBatch(tokens, tokens * data.max_response_length // sequence)
+
+
+def activation_bytes(shape: ModelShape, batch: MicroBatch, compute: int, checkpointing: bool) -> dict[str, float]:
+    """What one micro-batch's forward saves for backward (without the logits) and, with checkpointing,
+    the one layer whose activations are recomputed at a time in backward."""
+    c = ACTIVATION_BYTES[compute]
+    layer = c.hidden * shape.hidden + c.intermediate * shape.intermediate + c.heads * shape.heads + c.const
+    root = c.root_hidden * shape.hidden + c.root_const
+    rotary = c.root_head_dim * shape.head_dim
+    head_input = batch.response_tokens * c.response_hidden * shape.hidden
+    if not checkpointing:
+        return {"saved": batch.tokens * (shape.layers * layer + root + rotary) + head_input, "recomputed": 0.0}
+    saved = batch.tokens * (shape.layers * c.checkpointed_hidden * shape.hidden + root) + head_input
+    return {"saved": saved, "recomputed": batch.tokens * (layer + rotary)}
+
+
+def logits_bytes(shape: ModelShape, batch: MicroBatch, compute: int) -> dict[str, float]:
+    """The head's logits kept for backward (with fp32 log-sum-exp and entropy), their gradient, and the
+    fp32 chunk buffers the log-prob kernel works in (two of them in backward)."""
+    k, v = batch.response_tokens, shape.vocab
+    chunk = min(k, max(1, CHUNK_ELEMENTS // v))
+    return {"logits": k * v * compute + 8 * k, "logits gradient": k * v * compute, "log-prob chunks": 2 * chunk * v * 4}
+
+
+def training_device(config: RLConfig, shape: ModelShape, device_bytes: float, *, on_gpu: bool,
+                    critic: ModelShape | None = None, reward_model: ModelShape | None = None) -> DeviceMemory:
+    """Every part on one training device and the generate / update / sync peaks."""
+    world, compute = config.world_size, compute_bytes(config, on_gpu)
+    mem = DeviceMemory()
+    parts = mem.parts
+    parts["actor weights (fp32)"] = 4 * shape.params / world
+    parts["actor gradients (fp32)"] = 4 * shape.params / world
+    parts["AdamW moments (fp32)"] = 8 * shape.params / world
+    if config.needs_reference:
+        parts["reference weights (fp32)"] = 4 * shape.params / world
+    if critic is not None:
+        parts["critic weights, gradients, AdamW"] = 16 * critic.params / world
+    if reward_model is not None:
+        parts["reward model (fp32)"] = 4 * reward_model.params
+    dtype = "bf16" if compute == 2 else "fp32"
+    if world == 1 and config.needs_reference:
+        # One rank keeps a module's gathered copy until its backward, which the reference never runs.
+        parts[f"reference compute copy ({dtype}, kept with one rank)"] = shape.params * compute
+    state = sum(parts.values())
+    # One rank gathers the whole model once (a copy, fp32 compute too); more ranks a layer or two at a time.
+    copy = shape.params * compute if world == 1 else (2 * shape.layer_params + shape.root_params) * compute
+    batch = micro_batch(config)
+    parts[f"actor compute copy ({dtype})"] = copy
+    activations = activation_bytes(shape, batch, compute, config.model.gradient_checkpointing)
+    parts[f"activations ({batch.tokens} tokens{', checkpointed' if config.model.gradient_checkpointing else ''})"] \
+        = activations["saved"]
+    if activations["recomputed"]:
+        parts["one layer recomputed in backward"] = activations["recomputed"]
+    head = logits_bytes(shape, batch, compute)
+    parts.update({f"{k} ({batch.response_tokens} response tokens)": b for k, b in head.items()})
+    mem.phases["update"] = state + copy + sum(activations.values()) + sum(head.values())
+    if config.rollout.placement == "colocated":
+        engine = engine_bytes(config, shape, device_bytes, on_gpu)
+        parts["vLLM share while generating" if on_gpu else "rollout engine (CPU: weights + KV cache)"] = engine
+        mem.phases["generate"] = state + engine
+        largest = max(shape.vocab, shape.intermediate) * shape.hidden * 4  # one gathered fp32 tensor
+        mem.phases["sync"] = state + shape.params * compute + largest
+        mem.notes.append("vLLM sleeps while training (weights on the host, KV cache freed): ~0 in update")
+    return mem
+
+
+def engine_bytes(config: RLConfig, shape: ModelShape, device_bytes: float, on_gpu: bool) -> float:
+    """What the engine holds while generating: its share of the GPU, or on CPU its weights and KV space."""
+    if on_gpu and config.rollout.name == "vllm":
+        return config.rollout.gpu_memory_utilization * device_bytes
+    weights = shape.params * compute_bytes(config, on_gpu)
+    return weights + (CPU_KV_CACHE if config.rollout.name == "vllm" else 0.0)
+
+
+def kv_cache(config: RLConfig, shape: ModelShape, device_bytes: float, on_gpu: bool) -> dict[str, float]:
+    """vLLM's KV cache on one engine: bytes, tokens it holds, and tokens a full batch of sequences needs."""
+    c = compute_bytes(config, on_gpu)  # the engine runs in the compute dtype
+    weights = shape.params * c
+    space = (config.rollout.gpu_memory_utilization * device_bytes - weights - VLLM_OVERHEAD) if on_gpu else CPU_KV_CACHE
+    per_token = 2 * shape.layers * shape.kv_heads * shape.head_dim * c
+    engines = config.world_size if config.rollout.placement == "colocated" else config.rollout.devices
+    sequences = min(config.rollout.max_num_seqs, -(-config.data.train_batch_size * config.rollout.n // engines))
+    wanted = sequences * (config.data.max_prompt_length + config.data.max_response_length)
+    return {"bytes": space, "weights": weights, "tokens": max(space, 0) / per_token, "wanted_tokens": float(wanted),
+            "sequences": float(sequences)}

@@ -1,0 +1,125 @@
+"""SGLang's offline engine (`sglang.Engine`), started by the worker that uses it.
+
+Token ids in and out (no tokenizer in the engine), log-probs of the distribution actually
+sampled (SGLang's default: after temperature), in-place weight updates from named tensors
+(`update_weights_from_tensor`) and, colocated on a GPU, the memory saver that releases
+weights and KV cache during training. The engine runs its scheduler in a child process.
+
+Per-request seeds need SGLang's deterministic inference, which only its GPU attention
+backends support: on a CPU the seeds are ignored (`honors_seeds` is False), so rollouts
+there are not reproducible. Versions: docs/compatibility.md (0.5.17 is the newest for
+torch 2.11 on CUDA, 0.5.21 for torch 2.13).
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any, Iterable
+
+import torch
+
+from rlkit.core.rollout.base import RolloutEngine, RolloutSample, Sampling
+
+# SGLang's memory-saver tags (sglang.srt.constants): the weights, and what generation needs besides.
+_WEIGHTS = ("weights",)
+_GENERATION = ("kv_cache", "cuda_graph")
+# A weight sync hands tensors over in buckets of about this size: one call per tensor would
+# cost a round trip to the scheduler each, one call for all would hold a full copy at once.
+BUCKET_BYTES = 512 * 2**20
+logger = logging.getLogger(__name__)
+
+
+class SGLangEngine(RolloutEngine):
+    def __init__(self, model_path: str, *, dtype: str, seed: int, max_model_len: int, device: torch.device,
+                 gpu_memory_utilization: float, max_num_seqs: int, sleep_mode: bool,
+                 attention_backend: str | None, engine_kwargs: dict[str, Any] | None = None) -> None:
+        import sglang
+
+        on_gpu = device.type == "cuda"
+        self.sleep_mode = sleep_mode and on_gpu
+        self.honors_seeds = on_gpu
+        if not on_gpu:
+            logger.warning("SGLang on a CPU ignores per-request seeds: rollouts are not reproducible and a "
+                           "resumed run is not bit-exact (docs/compatibility.md)")
+        self.engine = sglang.Engine(
+            model_path=model_path, dtype=dtype, random_seed=seed, context_length=max_model_len,
+            device="cuda" if on_gpu else "cpu", base_gpu_id=device.index or 0,
+            mem_fraction_static=gpu_memory_utilization, max_running_requests=max_num_seqs,
+            # On a CPU SGLang sizes its KV cache from free host memory; cap it at what a full batch needs.
+            max_total_tokens=None if on_gpu else max_num_seqs * max_model_len,
+            # CPU: SGLang's native attention (its Xeon kernels need AMX and a source build).
+            attention_backend=attention_backend or (None if on_gpu else "torch_native"),
+            enable_deterministic_inference=on_gpu,  # makes `sampling_seed` count
+            enable_memory_saver=self.sleep_mode, enable_weights_cpu_backup=self.sleep_mode,
+            skip_tokenizer_init=True, disable_radix_cache=True, disable_cuda_graph=not on_gpu, log_level="error",
+            **(engine_kwargs or {}),
+        )
+        self.asleep: set[str] = set()  # memory-saver tags released by sleep()
+
+    def generate(self, prompts: list[list[int]], sampling: Sampling) -> list[RolloutSample]:
+        # One request per sample with its own seed, prompt-major: sample j of prompt i is request i * n + j.
+        params = [{"max_new_tokens": sampling.max_tokens, "temperature": 0.0 if sampling.greedy else sampling.temperature,
+                   "top_p": sampling.top_p, "top_k": sampling.top_k, "ignore_eos": sampling.ignore_eos,
+                   "sampling_seed": sampling.seed + k}
+                  for k in range(len(prompts) * sampling.n)]
+        outputs = self.engine.generate(input_ids=[p for p in prompts for _ in range(sampling.n)],
+                                       sampling_params=params, return_logprob=sampling.log_probs)
+        samples = []
+        for k, out in enumerate(outputs):
+            meta = out["meta_info"]
+            log_probs = [entry[0] for entry in meta["output_token_logprobs"]] if sampling.log_probs else []
+            samples.append(RolloutSample(k // sampling.n, list(out["output_ids"]), log_probs,
+                                         meta["finish_reason"]["type"] == "stop"))
+        return samples
+
+    def score(self, sequences: list[list[int]], prompt_len: int) -> list[list[float]]:
+        # Nothing is generated. SGLang gives the first token from `logprob_start_len` on no log-prob
+        # (None), so start one token early and drop it.
+        outputs = self.engine.generate(input_ids=sequences, sampling_params={"max_new_tokens": 0, "temperature": 1.0},
+                                       return_logprob=True, logprob_start_len=prompt_len - 1)
+        return [[entry[0] for entry in out["meta_info"]["input_token_logprobs"][1:]] for out in outputs]
+
+    def load_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
+        # The model's own `load_weights` runs on each bucket: a tied LM head follows the embedding.
+        # SGLang 0.5.21 takes updates only inside a begin/end session (which also re-packs
+        # weights its kernels keep in another layout); 0.5.17 has neither call.
+        session = hasattr(self.engine, "begin_weight_update")
+        if session:
+            _check("begin_weight_update", self.engine.begin_weight_update())
+        bucket: list[tuple[str, torch.Tensor]] = []
+        size = 0
+        for name, tensor in named_tensors:
+            bucket.append((name, tensor))
+            size += tensor.numel() * tensor.element_size()
+            if size >= BUCKET_BYTES:
+                _check("update_weights_from_tensor", self.engine.update_weights_from_tensor(bucket, flush_cache=False))
+                bucket, size = [], 0
+        # The rest, and the KV cache of the old weights dropped.
+        _check("update_weights_from_tensor", self.engine.update_weights_from_tensor(bucket, flush_cache=True))
+        if session:
+            _check("end_weight_update", self.engine.end_weight_update())
+
+    def sleep(self) -> None:
+        """Release weights (kept in host memory) and KV cache through SGLang's memory saver."""
+        if self.sleep_mode and not self.asleep:
+            self.engine.release_memory_occupation(tags=[*_WEIGHTS, *_GENERATION])
+            self.asleep = {*_WEIGHTS, *_GENERATION}
+
+    def wake_up(self, weights_only: bool = False) -> None:
+        """A weight sync needs only the weights back; the KV cache returns just before generating."""
+        wanted = set(_WEIGHTS) if weights_only else {*_WEIGHTS, *_GENERATION}
+        missing = self.asleep & wanted
+        if missing:
+            self.engine.resume_memory_occupation(tags=sorted(missing))
+            self.asleep -= missing
+
+    def shutdown(self) -> None:
+        """Stop the scheduler process (it would otherwise outlive a test that made the engine)."""
+        self.engine.shutdown()
+
+
+def _check(call: str, result: tuple[bool, str]) -> None:
+    """SGLang reports a failed weight update in its result, not by raising."""
+    success, message = result
+    if not success:
+        raise RuntimeError(f"SGLang {call} failed: {message}")

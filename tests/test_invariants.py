@@ -1,0 +1,138 @@
+"""Step-1 invariants: each fires when broken on purpose, stays quiet on a correct step, and
+trainer.invariants turns a violation into a warning or skips the checks.
+
+The KL and log-prob gap are measured by a real policy worker (one, in a fresh process, without
+Ray): once as loaded, once with its reference perturbed, once with the engine's log-probs shifted.
+"""
+
+from __future__ import annotations
+
+import logging
+import multiprocessing
+
+import pytest
+import torch
+import torch.distributed as dist
+
+from rlkit.core.batch import Batch
+from rlkit.core.cluster.device_worker import free_port
+from rlkit.core.controller import invariants
+from rlkit.core.controller.invariants import InvariantViolation
+from rlkit.core.controller.run_dir import resolve_model_path
+from rlkit.core.data.dataset import PromptRow, PromptSampler
+from rlkit.core.train.policy_worker import PolicyWorker
+from rlkit.recipes.loader import load_config
+
+KL = ["actor.use_kl_loss=true", "actor.kl_loss_coef=0.1"]
+
+
+def config(*overrides: str):
+    return load_config("grpo-demo", [*KL, *overrides])
+
+
+def test_the_kl_invariant_fires_above_the_tolerance_at_step_1_only() -> None:
+    invariants.check_step(config(), 1, {"actor/kl_ref": 0.0, "rollout/log_prob_diff": 1e-7})
+    invariants.check_step(config(), 1, {"actor/kl_ref": -0.049})
+    invariants.check_step(config(), 2, {"actor/kl_ref": 0.3})  # later steps may move away from the reference
+    with pytest.raises(InvariantViolation, match=r"step-1 invariant 'KL to the reference is 0 at step 1' broken: "
+                                                 r"actor/kl_ref=0\.3 at step 1.*trainer\.invariants=warn"):
+        invariants.check_step(config(), 1, {"actor/kl_ref": 0.3})
+    with pytest.raises(InvariantViolation, match="kl_ref=-0.06"):
+        invariants.check_step(config(), 1, {"actor/kl_ref": -0.06})
+    invariants.check_step(config("trainer.invariant_tolerance=0.5"), 1, {"actor/kl_ref": 0.3})
+    invariants.check_step(config("trainer.invariants=off"), 1, {"actor/kl_ref": 0.3})
+
+
+def test_the_log_prob_gap_invariant_fires_unless_sampling_is_truncated_by_design() -> None:
+    with pytest.raises(InvariantViolation, match=r"'rollout-vs-trainer log-prob gap at step 1' broken: "
+                                                 r"rollout/log_prob_diff=0\.2 nats per token"):
+        invariants.check_step(config(), 1, {"rollout/log_prob_diff": 0.2})
+    invariants.check_step(config("rollout.top_p=0.9"), 1, {"rollout/log_prob_diff": 0.2})
+    invariants.check_step(config("rollout.top_k=5"), 1, {"rollout/log_prob_diff": 0.2})
+
+
+def test_warn_logs_the_violation_and_goes_on(caplog) -> None:
+    with caplog.at_level(logging.WARNING, logger="rlkit"):
+        invariants.check_step(config("trainer.invariants=warn"), 1, {"rollout/log_prob_diff": 0.2})
+    assert "step-1 invariant 'rollout-vs-trainer log-prob gap at step 1' broken" in caplog.text
+    assert "trainer.invariants=warn: going on" in caplog.text
+
+
+def test_step_1_is_a_log_prob_check_step_unless_the_invariants_are_off() -> None:
+    assert config("rollout.log_prob_check_freq=10").log_prob_check_step(1)
+    assert not config("rollout.log_prob_check_freq=10", "trainer.invariants=off").log_prob_check_step(1)
+    assert [config("rollout.log_prob_check_freq=0").log_prob_check_step(s) for s in (1, 2, 10)] == [True, False, False]
+
+
+def merging_tokenizer():
+    """A BPE where 'a' 'b' merge into 'ab': the ids [a, b] decode to 'ab', which encodes as [ab]."""
+    from tokenizers import Tokenizer, decoders, models
+    from transformers import PreTrainedTokenizerFast
+
+    backend = Tokenizer(models.BPE(vocab={"a": 0, "b": 1, "ab": 2, "c": 3}, merges=[("a", "b")]))
+    backend.decoder = decoders.Fuse()
+    return PreTrainedTokenizerFast(tokenizer_object=backend)
+
+
+def test_a_prompt_that_does_not_round_trip_fires_naming_its_row() -> None:
+    tokenizer = merging_tokenizer()
+    rows = [PromptRow(0, [2, 3], "x", "1"), PromptRow(1, [0, 1, 3], "x", "2"), PromptRow(2, [3], "x", "3")]
+    assert invariants.round_trip_problem(tokenizer, [2, 3]) is None
+    assert invariants.round_trip_problem(tokenizer, [0, 1, 3]) == (
+        "re-encodes to other token ids: 3 tokens became 2, first difference at token 0: [0, 1, 3] -> [2, 3] "
+        "(text 'abc')")
+    sampler = PromptSampler(3, 2, seed=0, shuffle=False)
+    with pytest.raises(InvariantViolation, match=r"'prompts survive a tokenizer round trip' broken: the prompt of "
+                                                 r"row 1 re-encodes"):
+        invariants.check_prompts(config(), tokenizer, rows, sampler)
+    assert sampler.state_dict() == {"epoch": 0, "position": 0}  # peeking at the first batch consumed nothing
+    invariants.check_prompts(config(), tokenizer, rows[:1] + rows[2:], PromptSampler(2, 2, seed=0, shuffle=False))
+    invariants.check_prompts(config("trainer.invariants=off"), tokenizer, rows, sampler)
+
+
+def _measure(folder: str) -> None:
+    """Real update metrics at step 1: as loaded, with a perturbed reference, with shifted engine log-probs."""
+    from test_old_log_probs import UPDATE_KEYS, _batch, _update
+
+    cfg = load_config("grpo-demo", ["rollout.name=hf", *KL, "data.train_batch_size=4", "actor.mini_batch_size=4",
+                                    "rollout.n=2", "actor.micro_batch_tokens=32"])
+    worker = PolicyWorker(cfg, str(resolve_model_path("rlkit:tiny-qwen2")), 0, 1)
+    worker.setup("127.0.0.1", free_port())
+    try:
+        batch = _batch()
+        batch["rollout_log_probs"] = worker.compute_log_probs(batch, "actor")["log_probs"]  # an exact engine
+        batch["ref_log_probs"] = worker.compute_log_probs(batch, "ref")["log_probs"]
+        worker.save_checkpoint(f"{folder}/start")
+        keys = UPDATE_KEYS + ["rollout_log_probs"]
+        correct = _update(worker, batch, keys)
+        worker.load_checkpoint(f"{folder}/start")
+        shifted = Batch({**batch.tensors, "rollout_log_probs": (batch["rollout_log_probs"] - 0.3)
+                         * batch["response_mask"]})
+        engine_off = _update(worker, shifted, keys)
+        worker.load_checkpoint(f"{folder}/start")
+        with torch.no_grad():  # a reference that is not the initial policy
+            generator = torch.Generator().manual_seed(1)
+            for param in worker.model.base.parameters():
+                local = param.to_local() if hasattr(param, "to_local") else param
+                local.add_(torch.randn(local.shape, generator=generator) * 0.5)
+        batch["ref_log_probs"] = worker.compute_log_probs(batch, "ref")["log_probs"]
+        other_reference = _update(worker, batch, keys)
+    finally:
+        dist.destroy_process_group()
+    torch.save(dict(correct=correct, engine_off=engine_off, other_reference=other_reference), f"{folder}/out.pt")
+
+
+def test_the_invariants_fire_on_a_real_update_broken_on_purpose(tmp_path) -> None:
+    process = multiprocessing.get_context("spawn").Process(target=_measure, args=(str(tmp_path),))
+    process.start()
+    process.join(timeout=300)
+    assert process.exitcode == 0
+    out = torch.load(tmp_path / "out.pt", weights_only=False)
+    assert out["correct"]["actor/kl_ref"] == 0.0 and out["correct"]["rollout/log_prob_diff"] < 1e-6
+    invariants.check_step(config(), 1, out["correct"])
+    assert abs(out["engine_off"]["rollout/log_prob_diff"] - 0.3) < 1e-5
+    with pytest.raises(InvariantViolation, match="rollout-vs-trainer log-prob gap"):
+        invariants.check_step(config(), 1, out["engine_off"])
+    assert abs(out["other_reference"]["actor/kl_ref"]) > 0.05
+    with pytest.raises(InvariantViolation, match="KL to the reference is 0 at step 1"):
+        invariants.check_step(config(), 1, out["other_reference"])

@@ -1,0 +1,95 @@
+"""LoRA-GRPO through the CLI: a killed and resumed run logs the uninterrupted run's metrics bit
+for bit, and a weight sync broken on purpose (RLKIT_FAULT=noop:engine-load:N) stops the run
+with the weight-sync check's message instead of training on a stale engine's samples."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+from typing import Iterator
+
+import pytest
+from test_resume_e2e import (
+    START_TIMEOUT_S,
+    assert_same_metrics,
+    env,
+    kill_tree,
+    metrics,
+    run_cli,
+    start,
+    training_overrides,
+    wait_for,
+)
+
+from rlkit.core.data.builders import write_parquet
+from rlkit.core.data.synthetic import build_synthetic
+from rlkit.core.state.checkpoint import MARKER, step_dir_name
+
+pytestmark = pytest.mark.slow
+
+STEPS, KILL_AFTER = 4, 2
+# Dropout on the adapters draws from the torch RNG in every update: resume must restore it too.
+LORA = ["model.lora.rank=4", "model.lora.alpha=8", "model.lora.dropout=0.1", "actor.lr=1e-2"]
+
+
+@pytest.fixture(scope="module")
+def world(tmp_path_factory) -> Iterator[dict]:
+    root = tmp_path_factory.mktemp("lora")
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("RLKIT_CACHE", str(tmp_path_factory.getbasetemp() / "rlkit-cache"))
+        rows = build_synthetic(task="echo", n_train=12, n_test=1, seed=3)["train"]
+        data = write_parquet(rows, root / "echo12.parquet")
+        runs = root / "runs"
+        overrides = training_overrides(data, runs) + LORA + [f"trainer.total_steps={STEPS}"]
+        yield {"root": root, "runs": runs, "overrides": overrides}
+
+
+def test_lora_grpo_killed_and_resumed_is_exact(world) -> None:
+    root, runs, overrides = world["root"], world["runs"], world["overrides"]
+    run_cli(["train", "grpo-demo", *overrides, "--run-id", "reference"], root / "reference.log")
+    reference = metrics(runs / "reference")
+    assert len(reference) == STEPS and reference[-1]["actor/kl_loss"] > 0  # the adapters moved the policy
+
+    log = root / "killed.log"
+    proc = start(["train", "grpo-demo", *overrides, "--run-id", "killed"], log)
+    wait_for((runs / "killed" / "checkpoints" / step_dir_name(KILL_AFTER) / MARKER).exists, proc, log,
+             f"step {KILL_AFTER}'s checkpoint")
+    kill_tree(proc)
+    output = " ".join(run_cli(["resume", "killed", "--runs-dir", str(runs)], root / "resume.log").split())
+    assert int(re.search(r"from checkpoint step_(\d+)", output).group(1)) in (KILL_AFTER, KILL_AFTER + 1)
+    assert_same_metrics(runs / "killed", reference)
+
+
+def test_lora_on_two_ranks_gives_the_engine_the_trainers_policy(world) -> None:
+    """Adapters sharded over two ranks, merged from gathered full tensors: the engine's log-probs
+    match the trainer's at float precision after every sync (the run's own check holds them to 1e-5)."""
+    runs = world["runs"]
+    run_cli(["train", "grpo-demo", *world["overrides"], "trainer.n_gpus_per_node=2", "trainer.total_steps=3",
+             "rollout.log_prob_tolerance=1e-5", "--run-id", "two-ranks"], world["root"] / "two-ranks.log")
+    records = metrics(runs / "two-ranks")
+    assert len(records) == 3 and all(r["rollout/log_prob_diff"] < 1e-5 for r in records)
+    assert records[-1]["actor/kl_loss"] > 0
+
+
+@pytest.mark.parametrize("fault, extra, failed_step, reason", [
+    # No sync reaches the engine: caught at the first one that changed the weights after a rollout.
+    ("noop:engine-load:1,noop:engine-load:2", [], 2, "not receiving the trained weights"),
+    # A later sync is dropped: the next check step sees the engine's log-probs off the trainer's.
+    ("noop:engine-load:3", ["rollout.log_prob_tolerance=1e-4"], 4, "differ from the trainer's by"),
+])
+def test_a_broken_weight_sync_stops_the_run_with_the_reason(world, fault, extra, failed_step, reason) -> None:
+    import subprocess
+    import sys
+
+    root, runs = world["root"], world["runs"]
+    run_id = f"broken-{failed_step}"
+    done = subprocess.run([sys.executable, "-m", "rlkit.cli.main", "train", "grpo-demo", *world["overrides"], *extra,
+                           "--run-id", run_id], env=env(RLKIT_FAULT=fault), capture_output=True, text=True,
+                          timeout=START_TIMEOUT_S, cwd=Path(__file__).resolve().parents[1])
+    output = " ".join((done.stdout + done.stderr).split())
+    assert done.returncode == 1, output[-3000:]
+    assert f"weight-sync check failed at step {failed_step}: " in output and reason in output, output[-3000:]
+    assert "Traceback" not in output
+    status = json.loads((runs / run_id / "status.json").read_text())
+    assert status["status"] == "failed" and "WeightSyncError" in status["error"]

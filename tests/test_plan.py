@@ -1,0 +1,233 @@
+"""`rlkit plan`: hand-computed memory parts, the knob it proposes, the time model against the measured H200
+benchmark, and the memory model against what a real CPU update holds.
+
+What is measured (in a policy worker of one rank, in a fresh process, for fp32 and bf16 compute, with
+and without gradient checkpointing): (1) the model state: bytes of the actor's (and reference's)
+parameter storages, their gradients and AdamW's moments after an update; (2) the activations: the
+distinct storages autograd saves for backward during the update of one micro-batch at the plan's
+worst-case shape (saved-tensor hooks; parameters excluded), logits included. The plan's numbers for
+the same config must be within 25% of each. Process memory (RSS) is not compared: for a 0.3M-parameter
+model it is the libraries (~1 GB), not the training state.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import re
+
+import pytest
+import torch
+import torch.distributed as dist
+from conftest import invoke
+
+from rlkit.cli.doctor_cmds import register
+from rlkit.core.controller.run_dir import resolve_model_path
+from rlkit.core.planning import memory, timing
+from rlkit.core.planning.plan import build_plan, checkpoint_bytes
+from rlkit.core.planning.shape import model_shape
+from rlkit.recipes.loader import load_config
+
+TINY_PARAMS = 337_280  # rlkit:tiny-qwen2
+BENCH = ["data.train_batch_size=64", "data.max_prompt_length=256", "data.max_response_length=512", "rollout.n=8",
+         "rollout.max_num_seqs=512", "rollout.gpu_memory_utilization=0.35", "actor.mini_batch_size=64",
+         "actor.micro_batch_tokens=32768", "actor.use_kl_loss=true", "trainer.device=cuda"]
+VARIANTS = [[], ["model.dtype=bfloat16"], ["model.gradient_checkpointing=true"],
+            ["model.dtype=bfloat16", "model.gradient_checkpointing=true"]]
+MEASURED = ["rollout.name=hf", "actor.use_kl_loss=true", "data.train_batch_size=4", "actor.mini_batch_size=4",
+            "rollout.n=4", "data.max_prompt_length=40", "data.max_response_length=24", "actor.micro_batch_tokens=8192"]
+
+
+@pytest.fixture
+def qwen05(tmp_path):
+    """A Qwen2.5-0.5B-shaped config.json (the benchmark's model): the plan reads nothing else."""
+    from transformers import Qwen2Config
+
+    Qwen2Config(vocab_size=151936, hidden_size=896, intermediate_size=4864, num_hidden_layers=24, num_attention_heads=14,
+                num_key_value_heads=2, max_position_embeddings=32768, tie_word_embeddings=True).save_pretrained(tmp_path)
+    return str(tmp_path)
+
+
+def test_the_shape_counts_every_parameter_once() -> None:
+    shape = model_shape(resolve_model_path("rlkit:tiny-qwen2"))
+    assert shape.params == TINY_PARAMS
+    # a layer: q, k, v (with biases), o, gate, up, down, two norms; the root: embeddings (tied) and final norm
+    assert shape.layer_params == 3 * (128 * 128 + 128) + 128 * 128 + 3 * 128 * 256 + 2 * 128
+    assert shape.root_params == 64 * 128 + 128
+
+
+def test_memory_parts_by_hand() -> None:
+    config = load_config("grpo-demo", ["actor.use_kl_loss=true"])
+    shape = model_shape(resolve_model_path("rlkit:tiny-qwen2"))
+    batch = memory.micro_batch(config)
+    assert (batch.tokens, batch.response_tokens) == (16 * 8 * 17, 16 * 8)  # the whole mini-batch fits 4096 tokens
+    mem = memory.training_device(config, shape, 8 * 2**30, on_gpu=False)
+    assert mem.parts["actor weights (fp32)"] == mem.parts["actor gradients (fp32)"] == 4 * TINY_PARAMS
+    assert mem.parts["AdamW moments (fp32)"] == 8 * TINY_PARAMS
+    assert mem.parts["reference weights (fp32)"] == 4 * TINY_PARAMS
+    # one rank gathers a copy of the whole model (fp32 compute too); the reference keeps its copy
+    assert mem.parts["actor compute copy (fp32)"] == mem.parts["reference compute copy (fp32, kept with one rank)"] \
+        == 4 * TINY_PARAMS
+    # per token: 2 layers x (44*128 + 16*256 + 4*2 + 8) + 8*128 + 8*64 + 21, and 4*128 per response token
+    assert mem.parts["activations (2176 tokens)"] == 2176 * (2 * 9744 + 1024 + 512 + 21) + 128 * 512
+    assert mem.parts["logits (128 response tokens)"] == 128 * 64 * 4 + 8 * 128
+    assert mem.parts["rollout engine (CPU: weights + KV cache)"] == 4 * TINY_PARAMS + 2**30
+    two = memory.training_device(load_config("grpo-demo", ["trainer.n_gpus_per_node=2"]), shape, 2**33, on_gpu=True)
+    assert two.parts["AdamW moments (fp32)"] == 4 * TINY_PARAMS  # sharded over 2
+    assert two.parts["actor compute copy (bf16)"] == (2 * shape.layer_params + shape.root_params) * 2
+    assert checkpoint_bytes(config) == 12 * TINY_PARAMS * 3  # keep_last 2 + the one being written
+
+
+def test_the_time_model_reproduces_the_benchmark(qwen05) -> None:
+    """docs/benchmarks.md, 1 H200 colocated: ref 1.13-1.16 s, update 3.45-3.76 s, rollout ~6.0 s, step 11.4-11.9 s."""
+    config = load_config("grpo", BENCH, model=qwen05, require_inputs=False)
+    shape = model_shape(qwen05)
+    assert shape.params == timing.CALIBRATION["params"]
+    assert shape.forward_flops(256, 512) == pytest.approx(714.5e9, rel=1e-3)  # docs/benchmarks.md's count
+    time = timing.step_time(config, shape)
+    assert time.phases["ref"] == pytest.approx(1.14, abs=0.02)
+    assert time.phases["update_actor"] == pytest.approx(3.61, abs=0.05)
+    assert 11.36 * 0.9 < time.step < 11.85 * 1.1
+    cost = timing.run_cost(config, time.step, 2.0)
+    assert cost["gpu_hours"] == pytest.approx(time.step * 100 / 3600) and cost["usd"] == pytest.approx(2 * cost["gpu_hours"])
+
+
+def test_the_benchmark_page_shows_the_calibration_the_code_reads() -> None:
+    from conftest import REPO
+
+    text = (REPO / "docs" / "benchmarks.md").read_text().split("## Calibration of `rlkit plan`")[1].split("\n## ")[0]
+    rows = dict(re.findall(r"^\| `(\w+)` \| ([^|]+?) \|", text, flags=re.M))
+    assert set(rows) == set(timing.CALIBRATION)
+    for key, value in timing.CALIBRATION.items():
+        if isinstance(value, str):
+            assert rows[key] == value
+        else:
+            numerator, _, denominator = rows[key].partition(" / ")
+            assert float(numerator) / float(denominator or 1) == pytest.approx(value), key
+
+
+def test_a_config_that_does_not_fit_gets_the_knob_that_makes_it_fit(qwen05) -> None:
+    config = load_config("grpo", BENCH, model=qwen05, require_inputs=False)  # update: ~70 GiB at 32768 tokens
+    plan = build_plan(config, gpu_memory_gib=50)
+    assert not plan.fits and plan.memory.peak_phase == "update"
+    assert plan.knobs[0] == "model.gradient_checkpointing=true"
+    assert plan.knobs[1].startswith("actor.micro_batch_tokens=")
+    budget = int(plan.knobs[1].split("=")[1].split()[0])
+    assert build_plan(load_config("grpo", [*BENCH, f"actor.micro_batch_tokens={budget}"], model=qwen05,
+                                  require_inputs=False), gpu_memory_gib=50).fits
+    assert build_plan(load_config("grpo", [*BENCH, "model.gradient_checkpointing=true"], model=qwen05,
+                                  require_inputs=False), gpu_memory_gib=50).fits
+    squeezed = build_plan(load_config("grpo", [*BENCH, "rollout.gpu_memory_utilization=0.95"], model=qwen05,
+                                      require_inputs=False), gpu_memory_gib=80)
+    assert not squeezed.fits and squeezed.memory.peak_phase == "generate"
+    # state: 16 + 4 (reference) + 2 (its bf16 copy) bytes x 494.0M = 10.12 GiB; (80 - 1.5 - 10.12) / 80 = 0.855,
+    # less a 0.01 margin
+    assert squeezed.knobs[0] == "rollout.gpu_memory_utilization=0.84 (now 0.95)"
+
+
+def test_the_plan_command_prints_verdict_time_and_cost(qwen05) -> None:
+    result = invoke(register, "plan", "grpo", *BENCH, "--model", qwen05, "--usd-per-gpu-hour", "3",
+                    "--gpu-memory-gib", "140")
+    assert result.exit_code == 0, result.output
+    assert "494.0M parameters (24 layers, hidden 896, vocabulary 151936)" in result.output
+    assert "-> fits: update needs" in result.output
+    assert "trainer.total_steps=100: ~0.32 h on 1 device(s) = 0.32 GPU-hours, ~$0.96 at $3/GPU-hour" in result.output
+    too_small = invoke(register, "plan", "grpo", *BENCH, "--model", qwen05, "--gpu-memory-gib", "40")
+    assert too_small.exit_code == 1 and "does not fit" in too_small.output and "turn: " in too_small.output
+
+
+def _local(tensor: torch.Tensor) -> torch.Tensor:
+    return tensor.to_local() if hasattr(tensor, "to_local") else tensor
+
+
+def _storages(tensors) -> dict[int, int]:
+    """Distinct storages (address -> bytes) behind `tensors` (a DTensor's local shard)."""
+    return {_local(t).untyped_storage().data_ptr(): _local(t).untyped_storage().nbytes() for t in tensors}
+
+
+def _measure_all(folder: str) -> None:
+    """In a fresh process (no process group yet): every variant in turn."""
+    torch.save({tuple(overrides): _measure(overrides) for overrides in VARIANTS}, f"{folder}/measured.pt")
+
+
+def _measure(overrides: list[str]) -> dict[str, int]:
+    """One update at the plan's worst-case micro-batch: state and saved-activation bytes."""
+    from rlkit.core.batch import Batch, build_batch
+    from rlkit.core.cluster.device_worker import free_port
+    from rlkit.core.data.dataset import PromptRow
+    from rlkit.core.rollout.base import RolloutSample
+    from rlkit.core.rollout.trajectory import Trajectory
+    from rlkit.core.train.policy_worker import PolicyWorker
+
+    config = load_config("grpo-demo", [*MEASURED, *overrides])
+    data = config.data
+    worker = PolicyWorker(config, str(resolve_model_path("rlkit:tiny-qwen2")), 0, 1)
+    worker.setup("127.0.0.1", free_port(), False)
+    try:
+        samples = [Trajectory.single_turn(PromptRow(i, [5 + i % 40] * data.max_prompt_length, "x", "y"), i // 4,
+                                          RolloutSample(i, [6] * data.max_response_length, [], finished=False))
+                   for i in range(16)]
+        batch = build_batch(samples, pad_id=0)
+        batch["advantages"] = torch.linspace(-1, 1, 16)[:, None] * batch["response_mask"]
+        sharded = {m: _storages(m.parameters()) for m in (worker.model.module, worker.model.base)}  # before any forward
+        batch["ref_log_probs"] = worker.compute_log_probs(batch, "ref")["log_probs"]
+        worker.compute_log_probs(batch, "actor")  # as a step's old-log-prob pass: the actor gathers its copy
+        # With one rank a module keeps its gathered compute-dtype parameters after forward (until its backward).
+        copies = {m: {k: v for k, v in _storages(m.parameters()).items() if k not in sharded[m]}
+                  for m in (worker.model.module, worker.model.base)}
+        keys = ["input_ids", "attention_mask", "position_ids", "responses", "response_mask", "advantages",
+                "ref_log_probs"]
+        weights = set().union(*sharded.values(), *copies.values())
+        saved: dict[int, int] = {}
+
+        def keep(tensor: torch.Tensor) -> torch.Tensor:
+            storage = tensor.untyped_storage()
+            if storage.data_ptr() not in weights:
+                saved[storage.data_ptr()] = storage.nbytes()
+            return tensor
+
+        mask = batch["response_mask"]
+        with torch.autograd.graph.saved_tensors_hooks(keep, lambda t: t):
+            worker.update_actor([Batch({k: batch[k] for k in keys})],
+                                [{"num_tokens": float(mask.sum()), "num_seqs": float(len(batch))}])
+        actor, reference = worker.model.module, worker.model.base
+        moments = [v for state in worker.model.optimizer.state.values() for v in state.values() if v.dim() > 0]
+        state = {"weights": sum(sharded[actor].values()),
+                 "gradients": sum(_storages(p.grad for p in actor.parameters()).values()),
+                 "moments": sum(_storages(moments).values()), "actor_copy": sum(copies[actor].values()),
+                 "reference": sum(sharded[reference].values()) + sum(copies[reference].values()),
+                 "saved": sum(saved.values())}
+    finally:
+        dist.destroy_process_group()
+    return state
+
+
+@pytest.fixture(scope="module")
+def measured(tmp_path_factory) -> dict[tuple[str, ...], dict[str, int]]:
+    folder = tmp_path_factory.mktemp("measured")
+    process = multiprocessing.get_context("spawn").Process(target=_measure_all, args=(str(folder),))
+    process.start()
+    process.join(timeout=300)
+    assert process.exitcode == 0
+    return torch.load(folder / "measured.pt")
+
+
+@pytest.mark.parametrize("overrides", VARIANTS)
+def test_plan_matches_a_measured_cpu_update_within_25_percent(measured, overrides) -> None:
+    measured = measured[tuple(overrides)]
+    print(overrides, measured)
+    config = load_config("grpo-demo", [*MEASURED, *overrides])
+    shape = model_shape(resolve_model_path("rlkit:tiny-qwen2"))
+    mem = memory.training_device(config, shape, 8 * 2**30, on_gpu=False)
+    parts = mem.parts
+    batch = memory.micro_batch(config)
+    assert (batch.tokens, batch.response_tokens) == (16 * 64, 16 * 24)  # the worst-case batch measured
+    planned_state = parts["actor weights (fp32)"] + parts["actor gradients (fp32)"] + parts["AdamW moments (fp32)"]
+    got_state = measured["weights"] + measured["gradients"] + measured["moments"]
+    assert abs(got_state - planned_state) <= 0.25 * got_state, (got_state, planned_state)
+    planned_reference = sum(v for k, v in parts.items() if k.startswith("reference"))
+    assert abs(measured["reference"] - planned_reference) <= 0.25 * measured["reference"]
+    assert measured["actor_copy"] == parts[f"actor compute copy ({'bf16' if 'model.dtype=bfloat16' in overrides else 'fp32'})"]
+    compute = memory.compute_bytes(config, on_gpu=False)
+    planned = memory.activation_bytes(shape, batch, compute, config.model.gradient_checkpointing)["saved"] \
+        + memory.logits_bytes(shape, batch, compute)["logits"]
+    assert abs(measured["saved"] - planned) <= 0.25 * measured["saved"], (measured["saved"], planned)

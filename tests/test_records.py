@@ -1,0 +1,160 @@
+"""Recorded rollouts: a step's batch round-trips through parquet exactly; what a replay accepts and refuses;
+what `rlkit inspect` computes from a record (per-token gaps, advantages, sorting, TensorBoard text)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from transformers import AutoTokenizer
+
+from rlkit.core.batch import Batch, build_batch
+from rlkit.core.controller.replay import Replay, replay_config
+from rlkit.core.controller.run_dir import RunDir, resolve_model_path
+from rlkit.core.data.dataset import PromptRow
+from rlkit.core.rollout.base import RolloutSample
+from rlkit.core.rollout.trajectory import Trajectory
+from rlkit.core.state import records, rollout_view
+from rlkit.core.state.checkpoint import write_checkpoint
+from rlkit.errors import UserError
+from rlkit.recipes.loader import config_to_yaml, load_config
+
+
+def recorded_batch() -> Batch:
+    """Two prompts x two samples, with what a step adds before the update. Sample 2 is a multi-turn
+    episode: its middle token (13) came from the environment, so the loss mask leaves it out."""
+    first, second = PromptRow(0, [5, 6, 7], "synthetic/echo", "1", {"split": "train"}), PromptRow(1, [11], "x", "2")
+    trajectories = [
+        Trajectory.single_turn(first, 0, RolloutSample(0, [8, 9], [-0.5, -1.25], finished=True)),
+        Trajectory.single_turn(first, 0, RolloutSample(0, [10], [-2.0], finished=False)),
+        Trajectory(second, 1, [12, 13, 14], loss_mask=[1, 0, 1], log_probs=[-0.1, 0.0, -0.3]),
+        Trajectory.single_turn(second, 1, RolloutSample(1, [15], [-3.0], finished=True))]
+    batch = build_batch(trajectories, pad_id=0)
+    mask = batch["response_mask"]
+    batch["scores"] = torch.tensor([1.0, 0.0, 0.25, 0.75])
+    batch["advantages"] = torch.tensor([0.7071, -0.7071, -0.7071, 0.7071])[:, None] * mask
+    batch["old_log_probs"] = (batch["rollout_log_probs"] - torch.tensor([[0.001, 0.002, 0.0]] * 4)) * mask
+    return batch
+
+
+def test_a_batch_round_trips_exactly(tmp_path) -> None:
+    batch = recorded_batch()
+    batch["advantages"] += torch.randn(batch["advantages"].shape) * 1e-3  # arbitrary float32 bits
+    path = records.write_record(records.record_path(tmp_path, 7), 7, batch, {"actor/pg_loss": torch.tensor(0.5)})
+    assert path == tmp_path / "rollouts" / "step_00000007.parquet"
+    record = records.read_record(tmp_path, 7)
+    assert (record.step, record.metrics) == (7, {"actor/pg_loss": 0.5})
+    assert set(record.batch.tensors) == set(batch.tensors)
+    for key, tensor in batch.tensors.items():
+        assert record.batch[key].dtype == tensor.dtype and torch.equal(record.batch[key], tensor), key
+    assert record.batch.meta == batch.meta
+    assert records.read_record(tmp_path).step == 7  # the newest by default
+
+
+def test_missing_records_name_the_recorded_steps(tmp_path) -> None:
+    with pytest.raises(UserError, match="recorded no rollouts; train with trainer.record_rollouts=true"):
+        records.read_record(tmp_path, 1)
+    for step in (1, 2, 3, 7):
+        records.write_record(records.record_path(tmp_path, step), step, recorded_batch(), {})
+    assert records.recorded_steps(tmp_path) == [1, 2, 3, 7]
+    with pytest.raises(UserError, match=r"no recorded batch of step 5 \(recorded: 1-3, 7\)"):
+        records.read_record(tmp_path, 5)
+
+
+def test_the_recorder_writes_only_when_asked(tmp_path) -> None:
+    off = records.RolloutRecorder.for_run(load_config("grpo-demo"), tmp_path)
+    batch = recorded_batch()
+    del batch.tensors["old_log_probs"]
+    off.add_trainer_log_probs(batch, lambda b, which: pytest.fail("no pass when recording is off"))
+    assert off.record(1, batch, {}) is None and not (tmp_path / "rollouts").exists()
+
+    on = records.RolloutRecorder.for_run(load_config("grpo-demo", ["trainer.record_rollouts=true"]), tmp_path)
+    calls = []
+    on.add_trainer_log_probs(batch, lambda b, which: calls.append(which) or {"log_probs": b["rollout_log_probs"] + 1})
+    assert calls == ["actor"] and torch.equal(batch["trainer_log_probs"], batch["rollout_log_probs"] + 1)
+    with_old = recorded_batch()  # the old-log-prob pass already gave the trainer's log-probs
+    on.add_trainer_log_probs(with_old, lambda b, which: pytest.fail("no second pass"))
+    assert on.record(3, batch, {"reward/mean": 0.5}) == tmp_path / "rollouts" / "step_00000003.parquet"
+
+
+@pytest.fixture
+def tokenizer(tmp_path_factory, monkeypatch):
+    monkeypatch.setenv("RLKIT_CACHE", str(tmp_path_factory.mktemp("cache")))
+    return AutoTokenizer.from_pretrained(resolve_model_path("rlkit:tiny-qwen2"))
+
+
+def test_views_show_per_token_gaps_advantages_and_sort(tmp_path, tokenizer) -> None:
+    record = records.Record(4, recorded_batch(), {})
+    views = rollout_view.sample_views(record, tokenizer)
+    assert [v.tokens for v in views] == [[tokenizer.decode([8]), tokenizer.decode([9])], [tokenizer.decode([10])],
+                                         [tokenizer.decode([t]) for t in (12, 13, 14)], [tokenizer.decode([15])]]
+    assert views[0].prompt == tokenizer.decode([5, 6, 7]) and views[2].prompt == tokenizer.decode([11])
+    assert views[0].gaps == pytest.approx([0.001, 0.002], abs=1e-7)  # float32 differences
+    # the environment's token is shown, not trained, and has no gap
+    assert views[2].trained == [True, False, True]
+    assert views[2].gaps[0] == pytest.approx(0.001, abs=1e-7) and views[2].gaps[1:] == [None, 0.0]
+    assert views[0].mean_gap == pytest.approx(0.0015, abs=1e-7)
+    assert [v.advantage for v in views] == pytest.approx([0.7071, -0.7071, -0.7071, 0.7071])
+    assert [v.index for v in rollout_view.sort_views(views, "reward")] == [0, 3, 2, 1]
+    assert [v.index for v in rollout_view.sort_views(views, "advantage", descending=False)][:2] == [1, 2]
+    assert not views[1].finished
+    stats = rollout_view.summary(record, views)
+    assert stats["reward_mean"] == pytest.approx(0.5) and stats["gap_max"] == pytest.approx(0.002, abs=1e-7)
+    text = rollout_view.markdown(record, views)
+    assert text.startswith("**step 4**: samples 4, groups 2, reward_mean 0.5")
+    assert text.splitlines()[4].startswith("| 0 | 0 | 1 | +0.7071 | 0.0015 |")
+
+    without_engine = recorded_batch()
+    del without_engine.tensors["rollout_log_probs"]
+    assert rollout_view.sample_views(records.Record(4, without_engine, {}), tokenizer)[0].gaps is None
+
+
+def test_the_summary_goes_to_tensorboard(tmp_path, tokenizer) -> None:
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    record = records.Record(4, recorded_batch(), {})
+    folder = rollout_view.write_tensorboard(tmp_path, record, rollout_view.sample_views(record, tokenizer))
+    events = EventAccumulator(str(folder), size_guidance={"tensors": 0})
+    events.Reload()
+    [event] = events.Tensors("rollouts/text_summary")
+    assert event.step == 4 and b"**step 4**" in event.tensor_proto.string_val[0]
+
+
+def fake_run(tmp_path: Path, overrides: list[str], steps: int) -> RunDir:
+    config = load_config("grpo-demo", [f"trainer.runs_dir={tmp_path}", *overrides])
+    run = RunDir.create(config, "run")
+    for step in range(1, steps + 1):
+        write_checkpoint(run.path, step, reason="periodic", write_shards=lambda folder: None, trainer_state={},
+                         controller_rng={}, config_yaml=config_to_yaml(config), keep_last=10)
+    return run
+
+
+def test_replay_accepts_update_settings_and_refuses_the_rest(tmp_path) -> None:
+    run = fake_run(tmp_path, [], steps=2)
+    config, ckpt, changed = replay_config(run, 3, ["actor.clip_ratio_high=0.28"])
+    assert ckpt.step == 2 and config.actor.clip_ratio_high == 0.28
+    assert changed == {"actor.clip_ratio_high": (0.2, 0.28)}
+    assert replay_config(run, 1, [])[1] is None  # step 1 starts from the base model
+    with pytest.raises(UserError, match=r"a replay re-runs only the update on the recorded batch, so "
+                                        r"algorithm.adv_estimator, rollout.n would change nothing or break it"):
+        replay_config(run, 2, ["rollout.n=4", "algorithm.adv_estimator=rloo"])
+    with pytest.raises(UserError, match=r"replaying step 5 needs the checkpoint of step 4: .*checkpoints: 1, 2\)\. "
+                                        r"Record with trainer.save_freq=1"):
+        replay_config(run, 5, [])
+
+
+def test_replay_refuses_a_critic_warm_up_step(tmp_path) -> None:
+    run = fake_run(tmp_path, ["algorithm.adv_estimator=gae", "critic.warmup_steps=2"], steps=2)
+    with pytest.raises(UserError, match="step 2 trained only the critic"):
+        replay_config(run, 2, [])
+
+
+def test_replay_differences_list_every_compared_metric() -> None:
+    result = Replay(3, {"actor/pg_loss": 0.5, "actor/grad_norm": 2.0, "actor/entropy": 4.0},
+                    {"actor/pg_loss": 0.25, "actor/grad_norm": 2.0, "actor/lr": 1e-3, "actor/new_metric": 1.0}, {}, "x")
+    assert result.differences() == {"actor/pg_loss": (0.5, 0.25, -0.25), "actor/grad_norm": (2.0, 2.0, 0.0),
+                                     "actor/entropy": (4.0, None, None), "actor/lr": (None, 1e-3, None),
+                                     "actor/new_metric": (None, 1.0, None)}
+    assert json.dumps(result.differences())  # printable as is
