@@ -30,8 +30,9 @@ MODES = {"one_step_off": (["rollout.mode=one_step_off"], 1),
 @pytest.fixture(scope="module")
 def data(tmp_path_factory) -> dict:
     root = tmp_path_factory.mktemp("async")
-    rows = build_synthetic(task="echo", n_train=12, n_test=1, seed=3)["train"]
-    return {"root": root, "runs": root / "runs", "data": write_parquet(rows, root / "echo12.parquet")}
+    splits = build_synthetic(task="echo", n_train=12, n_test=5, seed=3)
+    return {"root": root, "runs": root / "runs", "data": write_parquet(splits["train"], root / "echo12.parquet"),
+            "val": write_parquet(splits["test"], root / "echo-val5.parquet")}
 
 
 @pytest.fixture(autouse=True, scope="module")
@@ -45,7 +46,7 @@ def cache(tmp_path_factory):
 def test_async_rollout_keeps_its_staleness_bound_and_resumes_exactly_after_sigkill(mode, data) -> None:
     root, runs = data["root"], data["runs"]
     mode_args, lookahead = MODES[mode]
-    overrides = training_overrides(data["data"], runs) + SPLIT + mode_args
+    overrides = training_overrides(data["data"], data["val"], runs) + SPLIT + mode_args + ["data.val_files=[]"]
     run_cli(["train", "grpo-demo", *overrides, "--run-id", f"{mode}-reference"], root / f"{mode}-reference.log")
     reference = metrics(runs / f"{mode}-reference")
 

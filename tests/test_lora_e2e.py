@@ -38,10 +38,11 @@ def world(tmp_path_factory) -> Iterator[dict]:
     root = tmp_path_factory.mktemp("lora")
     with pytest.MonkeyPatch.context() as patch:
         patch.setenv("RLKIT_CACHE", str(tmp_path_factory.getbasetemp() / "rlkit-cache"))
-        rows = build_synthetic(task="echo", n_train=12, n_test=1, seed=3)["train"]
-        data = write_parquet(rows, root / "echo12.parquet")
+        splits = build_synthetic(task="echo", n_train=12, n_test=5, seed=3)
+        data = write_parquet(splits["train"], root / "echo12.parquet")
+        val_data = write_parquet(splits["test"], root / "echo-val5.parquet")  # validation runs on the engine too
         runs = root / "runs"
-        overrides = training_overrides(data, runs) + LORA + [f"trainer.total_steps={STEPS}"]
+        overrides = training_overrides(data, val_data, runs) + LORA + [f"trainer.total_steps={STEPS}"]
         yield {"root": root, "runs": runs, "overrides": overrides}
 
 
@@ -49,7 +50,8 @@ def test_lora_grpo_killed_and_resumed_is_exact(world) -> None:
     root, runs, overrides = world["root"], world["runs"], world["overrides"]
     run_cli(["train", "grpo-demo", *overrides, "--run-id", "reference"], root / "reference.log")
     reference = metrics(runs / "reference")
-    assert len(reference) == STEPS and reference[-1]["actor/kl_loss"] > 0  # the adapters moved the policy
+    assert [r["step"] for r in reference] == list(range(STEPS + 1))  # step 0: validation before training
+    assert reference[-1]["actor/kl_loss"] > 0  # the adapters moved the policy
 
     log = root / "killed.log"
     proc = start(["train", "grpo-demo", *overrides, "--run-id", "killed"], log)
@@ -58,7 +60,7 @@ def test_lora_grpo_killed_and_resumed_is_exact(world) -> None:
     kill_tree(proc)
     output = " ".join(run_cli(["resume", "killed", "--runs-dir", str(runs)], root / "resume.log").split())
     assert int(re.search(r"from checkpoint step_(\d+)", output).group(1)) in (KILL_AFTER, KILL_AFTER + 1)
-    assert_same_metrics(runs / "killed", reference, steps=STEPS)
+    assert_same_metrics(runs / "killed", reference, runs / "reference")
 
 
 def test_lora_on_two_ranks_gives_the_engine_the_trainers_policy(world) -> None:
@@ -66,7 +68,8 @@ def test_lora_on_two_ranks_gives_the_engine_the_trainers_policy(world) -> None:
     match the trainer's at float precision after every sync (the run's own check holds them to 1e-5)."""
     runs = world["runs"]
     run_cli(["train", "grpo-demo", *world["overrides"], "trainer.n_gpus_per_node=2", "trainer.total_steps=3",
-             "rollout.log_prob_tolerance=1e-5", "--run-id", "two-ranks"], world["root"] / "two-ranks.log")
+             "rollout.log_prob_tolerance=1e-5", "data.val_files=[]", "--run-id", "two-ranks"],
+            world["root"] / "two-ranks.log")
     records = metrics(runs / "two-ranks")
     assert len(records) == 3 and all(r["rollout/log_prob_diff"] < 1e-5 for r in records)
     assert records[-1]["actor/kl_loss"] > 0
@@ -85,7 +88,7 @@ def test_a_broken_weight_sync_stops_the_run_with_the_reason(world, fault, extra,
     root, runs = world["root"], world["runs"]
     run_id = f"broken-{failed_step}"
     done = subprocess.run([sys.executable, "-m", "rlkit.cli.main", "train", "grpo-demo", *world["overrides"], *extra,
-                           "--run-id", run_id], env=env(RLKIT_FAULT=fault), capture_output=True, text=True,
+                           "data.val_files=[]", "--run-id", run_id], env=env(RLKIT_FAULT=fault), capture_output=True, text=True,
                           timeout=START_TIMEOUT_S, cwd=Path(__file__).resolve().parents[1])
     output = " ".join((done.stdout + done.stderr).split())
     assert done.returncode == 1, output[-3000:]
