@@ -87,7 +87,9 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=4)
     parser.add_argument("--warmup", type=int, default=1)
     args = parser.parse_args()
+    # The rest of bench/rlkit_grpo.py's settings, as its defaults: full fine-tuning, sync rollout.
     args.rollout, args.old_log_probs, args.engine_kwargs = "vllm", "auto", "{}"
+    args.defaults, args.lora_rank, args.mode, args.weight_sync, args.rollout_is_cap = False, 0, "sync", "broadcast", None
 
     from rlkit.core.controller.controller import Controller
     from rlkit.core.controller.run_dir import RunDir

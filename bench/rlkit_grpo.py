@@ -32,8 +32,9 @@ from bench.workload import (  # noqa: E402
     prepared,
 )
 
-# Phases the controller times; everything else in a step is controller overhead.
-WORKER_PHASES = ("gen", "old_log_prob", "ref", "update_actor", "sync")
+# Phases the controller times (wait_for_rollout: asynchronous rollout's wait for the batch);
+# everything else in a step is controller overhead.
+WORKER_PHASES = ("gen", "wait_for_rollout", "old_log_prob", "ref", "update_actor", "sync")
 
 
 def overrides(args: argparse.Namespace, workload: Workload, data: str, runs_dir: str) -> list[str]:

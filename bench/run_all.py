@@ -27,6 +27,7 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 RLKIT, TRL, ROLLOUT = str(HERE / "rlkit_grpo.py"), str(HERE / "trl_grpo.py"), str(HERE / "vllm_rollout.py")
+AGENT = str(HERE / "agent_grpo.py")  # the same workload, each response in 3 turns with an environment between
 FAST = [RLKIT, "--compile", "--cuda-graphs"]
 ASYNC = ["--engine-kwargs", "{async_scheduling: true}"]
 
@@ -61,6 +62,7 @@ CONFIGS: dict[str, tuple[list[str], int, int]] = {
     "trl-1gpu-vllm": ([TRL, "--vllm"], 1, 330),
     "trl-2gpu-vllm-server": ([TRL, "--vllm-server"], 2, 400),  # its vLLM server on one GPU, the trainer on the other
     "trl-1gpu-hf": ([TRL, "--steps", "2"], 1, 150),
+    "agent-1gpu-3turns-cudagraphs-compile": ([AGENT, "--compile", "--cuda-graphs", "--turns", "3"], 1, 240),
 }
 
 
@@ -173,7 +175,7 @@ class Runner:
             result_file = self.out / f"{name}.json"
             command = [sys.executable, *script_args, "--workdir", self.args.workdir, "--out", str(result_file),
                        "--label", name] + (["--tiny"] if self.args.tiny else []) + \
-                      (["--peak-flops", str(self.peak)] if self.peak and script_args[0] == RLKIT else [])
+                      (["--peak-flops", str(self.peak)] if self.peak and script_args[0] in (RLKIT, AGENT) else [])
             env = dict(os.environ, **({"CUDA_VISIBLE_DEVICES": str(gpu)} if gpu is not None else {}))
             where = f" on GPU {gpu}" if gpu is not None else ""
             print(f"== {name}{where}: {' '.join(command[1:])} ({left:.0f} s left)", flush=True)

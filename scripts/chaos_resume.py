@@ -45,7 +45,7 @@ from rlkit.core.cluster.faults import HANG_MESSAGE  # noqa: E402
 from rlkit.core.controller.tracking import is_timing_key  # noqa: E402
 from rlkit.core.data.builders import write_parquet  # noqa: E402
 from rlkit.core.data.synthetic import build_synthetic  # noqa: E402
-from rlkit.core.state.checkpoint import latest_checkpoint  # noqa: E402
+from rlkit.core.state.checkpoint import interrupted_writes, latest_checkpoint, list_checkpoints  # noqa: E402
 
 RUN_TIMEOUT_S = 600
 CRITIC_WARMUP = 1
@@ -72,6 +72,7 @@ class Kill:
     where: str       # the fault point (RLKIT_FAULT), or when a timed kill fired
     step: int        # the step in flight when it fired
     exit_code: int | None = None  # of the killed process (None: killed from outside)
+    left: str = ""                # what the run directory held afterwards: checkpoints, a torn write
     continued_with: str = ""      # the command that continued the run
 
 
@@ -136,11 +137,12 @@ class Chaos:
             if kill.exit_code == 0:  # a timed kill that came after the last step
                 kill.continued_with = "nothing: the run had finished"
                 return done
+            kill.left = what_is_left(run)
             args = continue_command(run)
             kill.continued_with = "rlkit " + " ".join(args)
-            print(f"kill {len(done)}: {kill.kind} at {kill.where} (step {kill.step}); exit code "
-                  f"{kill.exit_code if kill.exit_code is not None else 'SIGKILL'}; continue: {kill.continued_with}",
-                  flush=True)
+            print(f"kill {len(done)}: {kill.kind} at {kill.where} (planned in step {kill.step}); exit code "
+                  f"{kill.exit_code if kill.exit_code is not None else 'SIGKILL'}; left {kill.left}; continue: "
+                  f"{kill.continued_with}", flush=True)
         if last_step(run) < self.steps:  # else a kill came after the last checkpoint: nothing left to train
             proc, log = self.start(args)
             if self.finish(proc, log) != 0:
@@ -209,6 +211,15 @@ def continue_command(run: Path) -> list[str]:
     except Exception:  # noqa: BLE001 - no checkpoint yet: start again under the same id
         return ["train", str(run / "config.yaml"), "--run-id", run.name, f"trainer.runs_dir={run.parent}"]
     return ["resume", run.name, "--runs-dir", str(run.parent)]
+
+
+def what_is_left(run: Path) -> str:
+    """The run directory after a kill, in words: the last complete checkpoint, any half-written one."""
+    steps = [c.step for c in list_checkpoints(run) if c.problem is None]
+    torn = [p.name for p in interrupted_writes(run)]
+    logged = last_step(run, logged=True)
+    return (f"steps logged up to {logged}, " + (f"checkpoints {steps}" if steps else "no checkpoint")
+            + (f", a half-written {', '.join(torn)}" if torn else ""))
 
 
 def last_step(run: Path, logged: bool = False) -> int:

@@ -42,12 +42,13 @@ def world(tmp_path_factory) -> Iterator[dict]:
         data = write_parquet(splits["train"], root / "echo12.parquet")
         val_data = write_parquet(splits["test"], root / "echo-val5.parquet")  # validation runs on the engine too
         runs = root / "runs"
-        overrides = training_overrides(data, val_data, runs) + LORA + [f"trainer.total_steps={STEPS}"]
-        yield {"root": root, "runs": runs, "overrides": overrides}
+        lora = LORA + [f"trainer.total_steps={STEPS}"]
+        yield {"root": root, "runs": runs, "overrides": training_overrides(data, runs) + lora,
+               "with_validation": training_overrides(data, runs, val_data) + lora}
 
 
 def test_lora_grpo_killed_and_resumed_is_exact(world) -> None:
-    root, runs, overrides = world["root"], world["runs"], world["overrides"]
+    root, runs, overrides = world["root"], world["runs"], world["with_validation"]
     run_cli(["train", "grpo-demo", *overrides, "--run-id", "reference"], root / "reference.log")
     reference = metrics(runs / "reference")
     assert [r["step"] for r in reference] == list(range(STEPS + 1))  # step 0: validation before training
@@ -68,8 +69,7 @@ def test_lora_on_two_ranks_gives_the_engine_the_trainers_policy(world) -> None:
     match the trainer's at float precision after every sync (the run's own check holds them to 1e-5)."""
     runs = world["runs"]
     run_cli(["train", "grpo-demo", *world["overrides"], "trainer.n_gpus_per_node=2", "trainer.total_steps=3",
-             "rollout.log_prob_tolerance=1e-5", "data.val_files=[]", "--run-id", "two-ranks"],
-            world["root"] / "two-ranks.log")
+             "rollout.log_prob_tolerance=1e-5", "--run-id", "two-ranks"], world["root"] / "two-ranks.log")
     records = metrics(runs / "two-ranks")
     assert len(records) == 3 and all(r["rollout/log_prob_diff"] < 1e-5 for r in records)
     assert records[-1]["actor/kl_loss"] > 0
@@ -88,7 +88,7 @@ def test_a_broken_weight_sync_stops_the_run_with_the_reason(world, fault, extra,
     root, runs = world["root"], world["runs"]
     run_id = f"broken-{failed_step}"
     done = subprocess.run([sys.executable, "-m", "rlkit.cli.main", "train", "grpo-demo", *world["overrides"], *extra,
-                           "data.val_files=[]", "--run-id", run_id], env=env(RLKIT_FAULT=fault), capture_output=True, text=True,
+                           "--run-id", run_id], env=env(RLKIT_FAULT=fault), capture_output=True, text=True,
                           timeout=START_TIMEOUT_S, cwd=Path(__file__).resolve().parents[1])
     output = " ".join((done.stdout + done.stderr).split())
     assert done.returncode == 1, output[-3000:]

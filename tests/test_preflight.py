@@ -158,7 +158,7 @@ def test_a_data_source_without_a_reward_names_the_file_and_row(tmp_path):
 
 def test_an_unknown_synthetic_task_is_named(tmp_path):
     line = _one_line_error(_train(tmp_path, "data.synthetic_task=echoo"))
-    assert "data.synthetic_task='echoo' is not a built-in task; choose one of ['add', 'echo', 'succ']" in line
+    assert "data.synthetic_task='echoo' is not a built-in task; choose one of ['add', 'echo', 'lookup', 'succ']" in line
 
 
 # -- the model: config, weights, tokenizer, context, each with its own message ---------------

@@ -9,7 +9,6 @@ import logging
 import subprocess
 from pathlib import Path
 
-import pytest
 from conftest import REPO, invoke
 
 from rlkit.cli.run_cmds import register

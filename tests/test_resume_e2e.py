@@ -39,10 +39,11 @@ N, K = 6, 3
 START_TIMEOUT_S = 240
 
 
-def training_overrides(data: Path, val_data: Path, runs: Path) -> list[str]:
+def training_overrides(data: Path, runs: Path, val_data: Path | None = None) -> list[str]:
+    """A small run that exercises every piece of state a resume must restore (validation with `val_data`)."""
+    validation = [f"data.val_files=[{val_data}]", "trainer.val_freq=2", "trainer.val_n=2"] if val_data else []
     return [
-        f"data.train_files=[{data}]", "data.train_batch_size=4", "data.max_response_length=2",
-        f"data.val_files=[{val_data}]", "trainer.val_freq=2", "trainer.val_n=2",
+        f"data.train_files=[{data}]", "data.train_batch_size=4", "data.max_response_length=2", *validation,
         "rollout.name=hf", "rollout.n=4", "actor.mini_batch_size=2",  # two optimizer steps per RL step
         # The entropy bonus moves the policy even in steps where every reward is 0, so the
         # KL to the reference, the optimizer's moments and the schedule all matter.
@@ -156,7 +157,7 @@ def reference_run(root: Path) -> dict:
     data = write_parquet(splits["train"], root / "echo12.parquet")
     val_data = write_parquet(splits["test"], root / "echo-val5.parquet")
     runs = root / "runs"
-    overrides = training_overrides(data, val_data, runs)
+    overrides = training_overrides(data, runs, val_data)
     run_cli(["train", "grpo-demo", *overrides, "--run-id", "reference"], root / "reference.log")
     reference = metrics(runs / "reference")
     assert [r["step"] for r in reference] == list(range(N + 1))  # step 0: the validation before training

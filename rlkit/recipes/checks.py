@@ -83,6 +83,9 @@ def check_config(config: RLConfig, origins: dict[str, str] | None = None, *, req
         fail("actor.rollout_is_cap" if actor.rollout_is_cap is not None else "actor.rollout_is",
              "with actor.old_log_probs=rollout the old and rollout log-probs are the same, "
              "so every weight is 1; use actor.old_log_probs=auto or recompute")
+    if rollout.mode != "sync" and rollout.agent.loop != "single_turn":
+        fail("rollout.mode", f"{rollout.mode} rollout runs single-turn completions only; multi-turn agent loops "
+             f"(rollout.agent.loop={rollout.agent.loop}) need rollout.mode=sync for now")
     if actor.rollout_is is None and actor.rollout_is_cap is not None:
         fail("actor.rollout_is_cap", "truncates importance weights that actor.rollout_is=off turns off; "
              "remove one of them")

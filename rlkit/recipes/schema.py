@@ -10,6 +10,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+from rlkit.recipes.agent_schema import AgentConfig
 from rlkit.recipes.reward_schema import RewardConfig, RewardModelConfig
 
 # The truncation of rollout importance weights when none is given (TIS's and verl's default).
@@ -82,11 +83,12 @@ class RolloutConfig(Section):
     weight_sync: Literal["broadcast", "object_store"] = Field("broadcast", description="split placement: how the weights travel from training rank 0 to the rollout workers after each update. broadcast: a collective of their own (NCCL on GPUs, gloo on CPU), full tensors in flat buckets. object_store: through Ray's object store (slower; no extra communicator).")
     weight_sync_timeout_s: float = Field(300.0, gt=0, description="split placement: deadline of one weight transfer once both sides have joined it; a transfer that stalls past it stops the run with a message naming it.")
     log_prob_check_freq: int = Field(10, ge=0, description="Every this many steps the engine also returns the log-prob of each sampled token, and rollout/log_prob_diff (mean |engine - trainer|) checks the weight sync and the engine's numerics; 0 = never (but step 1, for the step-1 invariants, unless trainer.invariants=off). Not every step: vLLM decodes at half speed while returning them (docs/benchmarks.md). actor.old_log_probs=rollout takes them on every step.")
-    log_prob_tolerance: float = Field(0.05, gt=0, description="Weight-sync check: the most rollout/log_prob_diff (mean |engine - trainer| log-prob per token, nats) a check step may show; more means the engine is not running the trained weights. Measured: ~1e-7 on CPU (fp32), 0.008 with vLLM bf16 on an H200. Not applied with rollout.top_p < 1 or top_k > 0, or rollout.mode other than sync, where the two differ by design.")
+    log_prob_tolerance: float = Field(0.05, gt=0, description="Weight-sync check: the most rollout/log_prob_diff (mean |engine - trainer| log-prob per token, nats) a check step may show; more means the engine is not running the trained weights. Measured: ~1e-7 on CPU (fp32), 0.008 with vLLM bf16 on an H200. Not applied with rollout.top_p < 1 or top_k > 0, or with rollout.mode one_step_off/async (stale samples), where the two differ by design.")
     sync_check: Literal["error", "warn"] = Field("error", description="What a failed weight-sync check does (log-prob gap over rollout.log_prob_tolerance, or the first sync that changed the weights left the engine's outputs unchanged): error stops the run with the reason; warn logs it and trains on.")
     vllm: VLLMOptions = Field(default_factory=VLLMOptions)
     sglang: SGLangOptions = Field(default_factory=SGLangOptions)
     hf: HFOptions = Field(default_factory=HFOptions)
+    agent: AgentConfig = Field(default_factory=AgentConfig, description="Multi-turn episodes: tools, environments (rlkit/recipes/agent_schema.py, docs/agents.md).")
 
 
 class ActorConfig(Section):

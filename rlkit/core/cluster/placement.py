@@ -74,7 +74,7 @@ class Placement:
         host, port = self.train.call("address", phase="address")[0]
         specs = self.train.call("weight_specs", phase="weight specs")[0]
         world = 1 + self.rollout_size
-        train = self.train.submit("join_weight_transfer", host, port, world, BUCKET_BYTES)
+        train = self.train.submit("join_weight_transfer", host, port, world, specs, BUCKET_BYTES)
         rollout = self.rollout.submit("join_weight_transfer", host, port, world, specs, BUCKET_BYTES)
         self.train.collect(train, "weight transfer group (training rank 0)", startup=True)
         self.rollout.collect(rollout, "weight transfer group (rollout workers)", startup=True)

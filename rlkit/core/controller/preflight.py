@@ -14,6 +14,8 @@ import os
 from dataclasses import dataclass, field
 from typing import Any
 
+from rlkit.core.agents.preflight import check_agent
+from rlkit.core.agents.tool_env import prompt_tools
 from rlkit.core.controller import model_checks
 from rlkit.core.data.dataset import (
     PromptRow,
@@ -52,6 +54,8 @@ class Preflight:
         if cfg.model.path:
             model_path, tokenizer = self.model(cfg.model.path, "model.path")
             inputs = self.training_data(model_path, tokenizer)
+            check_agent(cfg, tokenizer)  # rollout.agent: the user's environment, tools or agent function
+            self.checked.append(f"rollout.agent.loop={cfg.rollout.agent.loop}")
         else:  # only a dry run gets here: the config check demands a model otherwise
             self.skipped.append("the model, its tokenizer and the training prompts (no model.path given)")
         if cfg.reward_model.path:
@@ -100,7 +104,7 @@ class Preflight:
             generated = synthetic_rows(self.config)
             sources = [(f"data.synthetic_task={data.synthetic_task}", generated)]
         rows = tokenize_rows(sources, tokenizer, max_prompt_length=data.max_prompt_length,
-                             overlong=data.overlong_prompts)
+                             overlong=data.overlong_prompts, tools=prompt_tools(self.config.rollout.agent))
         PromptSampler.check_size(len(rows), data.train_batch_size)
         where = ", ".join(name for name, _ in sources)
         self.checked.append(f"data: {len(rows)} training prompts of {where}, each within "

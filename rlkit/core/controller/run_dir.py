@@ -128,10 +128,10 @@ def resolve_model_path(spec: str, key: str = "model.path") -> str:
         name = spec[len(TINY_PREFIX):]
         if name != "tiny-qwen2":
             raise UserError(f"{key}={spec!r}: the only built-in model is 'rlkit:tiny-qwen2'")
-        from rlkit.core.train.tiny import build_tiny_qwen2
+        from rlkit.core.train.tiny import build_tiny_qwen2, is_current
 
         cache = Path(os.environ.get("RLKIT_CACHE", Path.home() / ".cache" / "rlkit")) / name
-        if not (cache / "config.json").exists():
+        if not is_current(cache):
             build_tiny_qwen2(cache)
         return str(cache)
     local = Path(spec).expanduser()

@@ -47,26 +47,29 @@ def read_rows(path: str | Path) -> list[dict[str, Any]]:
     return open_parquet(path).read().to_pylist()
 
 
-def tokenize_prompt(tokenizer, messages: Any) -> list[int]:
+def tokenize_prompt(tokenizer, messages: Any, tools: list[dict[str, Any]] | None = None) -> list[int]:
+    """A prompt's token ids; chat messages through the chat template, with `tools` (function schemas) where given."""
     if isinstance(messages, str):
         return tokenizer(messages, add_special_tokens=False)["input_ids"]
     if not tokenizer.chat_template:
         raise UserError("the tokenizer has no chat template, but the prompts are chat messages; "
                         "use a model with a chat template or store prompts as plain strings")
-    return list(tokenizer.apply_chat_template(list(messages), add_generation_prompt=True,
+    return list(tokenizer.apply_chat_template(list(messages), tools=tools, add_generation_prompt=True,
                                               tokenize=True, return_dict=False))
 
 
 def load_prompt_dataset(files: list[str], tokenizer, *, max_prompt_length: int,
-                        overlong: str = "error") -> list[PromptRow]:
-    """All rows of `files`, tokenized; prompts longer than max_prompt_length error or are dropped."""
+                        overlong: str = "error", tools: list[dict[str, Any]] | None = None) -> list[PromptRow]:
+    """All rows of `files`, tokenized (with the tools the policy may call); prompts longer than
+    max_prompt_length error or are dropped."""
     return tokenize_rows([(file, read_rows(file)) for file in files], tokenizer,
-                         max_prompt_length=max_prompt_length, overlong=overlong)
+                         max_prompt_length=max_prompt_length, overlong=overlong, tools=tools)
 
 
 def tokenize_rows(sources: list[tuple[str, list[dict[str, Any]]]], tokenizer, *, max_prompt_length: int,
-                  overlong: str = "error") -> list[PromptRow]:
-    """(name, raw rows) per source -> PromptRows; errors name the source and the row."""
+                  overlong: str = "error", tools: list[dict[str, Any]] | None = None) -> list[PromptRow]:
+    """(name, raw rows) per source -> PromptRows (chat prompts with the `tools` the policy may call);
+    errors name the source and the row."""
     rows: list[PromptRow] = []
     dropped = 0
     for name, raw_rows in sources:
@@ -75,7 +78,7 @@ def tokenize_rows(sources: list[tuple[str, list[dict[str, Any]]]], tokenizer, *,
             messages = raw["prompt"]
             if not messages or (not isinstance(messages, str) and not any(m.get("content") for m in messages)):
                 raise UserError(f"{where}: column 'prompt' is empty")
-            ids = tokenize_prompt(tokenizer, messages)
+            ids = tokenize_prompt(tokenizer, messages, tools)
             if len(ids) > max_prompt_length:
                 if overlong == "filter":
                     dropped += 1

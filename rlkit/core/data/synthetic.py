@@ -3,6 +3,7 @@
 Prompts and answers use only the tiny tokenizer's characters (rlkit.core.train.tiny). The
 reward is exact match of the stripped response; GRPO alone moves a 0.3M-parameter model
 on `echo` from chance (~0.1) to > 0.9 within ~100 steps (measured on the tiny model).
+`lookup` is the tool-calling demo (grpo-agent-demo): its tool and reward are defined here too.
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ import random
 from pathlib import Path
 from typing import Any, Callable
 
+from rlkit.core.agents.builtin_tools import BUILTIN_TOOLS
 from rlkit.core.data.builders import DATASET_BUILDERS, Row, make_row
 from rlkit.core.rewards.registry import ANSWER_FNS, REWARD_FNS
 
@@ -45,10 +47,16 @@ def _add(rng: random.Random) -> tuple[str, str]:
     return f"{a}+{b}=", str((a + b) % 10)
 
 
+@_task("lookup")
+def _lookup(rng: random.Random) -> tuple[str, str]:
+    """The tool-calling demo: the answer is a random digit that only the `lookup` tool knows."""
+    return "secret?", str(rng.randrange(10))
+
+
 @DATASET_BUILDERS.register("synthetic")
 def build_synthetic(source: str | None = None, *, task: str = "echo", n_train: int = 1024,
                     n_test: int = 128, seed: int = 0, **_: Any) -> dict[str, list[Row]]:
-    """Rows for `task` ("echo", "succ" or "add"); deterministic in `seed`."""
+    """Rows for `task` ("echo", "succ", "add" or "lookup"); deterministic in `seed`."""
     if task not in TASKS:
         raise ValueError(f"unknown synthetic task {task!r}; choose one of {sorted(TASKS)}")
     rng = random.Random(seed)
@@ -72,3 +80,34 @@ def exact_match_reward(response: str, ground_truth: str, extra_info: dict[str, A
 def synthetic_answer(response: str) -> str | None:
     """The whole stripped response is the answer (what exact match grades)."""
     return response.strip() or None
+
+
+@REWARD_FNS.register("synthetic/lookup")
+def lookup_reward(response: str, ground_truth: str, extra_info: dict[str, Any]) -> float:
+    """1 for the secret digit answered after a `lookup` call; 0.2 for a call and a wrong digit;
+    0 without a call (an answer without it is a guess) or without a digit after the last call."""
+    answer = lookup_answer(response)
+    if answer is None:
+        return 0.0
+    if answer == ground_truth.strip():
+        return 1.0
+    return 0.2 if answer.isdigit() else 0.0
+
+
+@ANSWER_FNS.register("synthetic/lookup")
+def lookup_answer(response: str) -> str | None:
+    """What follows the last tool call (None without a call, an answer without it being a guess, or
+    without anything after it)."""
+    if "</tool_call>" not in response:
+        return None
+    return response.rsplit("</tool_call>", 1)[1].strip() or None
+
+
+@BUILTIN_TOOLS.register("lookup")
+def _lookup_tool(config: Any) -> Callable[..., Any]:
+    return lookup
+
+
+def lookup(row: dict[str, Any]) -> str:
+    """Look up the secret digit of this task."""
+    return row["ground_truth"]

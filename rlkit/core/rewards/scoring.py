@@ -30,6 +30,7 @@ from multiprocessing.connection import Connection, wait
 from typing import Any, Callable
 
 import rlkit.core.data.synthetic  # noqa: F401  (registers the synthetic tasks' reward)
+import rlkit.core.rewards.code  # noqa: F401  (registers HumanEval's tests)
 import rlkit.core.rewards.gsm8k  # noqa: F401  (registers gsm8k)
 import rlkit.core.rewards.math  # noqa: F401  (registers math)
 from rlkit.core.rewards.custom import FileFunction

@@ -12,11 +12,12 @@ from __future__ import annotations
 
 import time
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any, Iterator, Protocol
 
 import torch
 
+from rlkit.core.agents.report import episode_metrics
 from rlkit.core.algos.dapo import groups_with_signal, overlong_penalty
 from rlkit.core.batch import Batch, build_batch
 from rlkit.core.rollout.base import RolloutSample, Sampling
@@ -120,6 +121,8 @@ class SyncRolloutSource:
             batch = build_batch(trajectories, pad_id=self.pad_id)
         with timed(timing, "reward"):
             scores, metrics = self.score(batch)
+        if self.config.rollout.agent.loop != "single_turn":
+            metrics.update(episode_metrics(trajectories, self.config.rollout.agent, step))
         return trajectories, batch.update(scores), metrics
 
     # -- generation ---------------------------------------------------------------------
@@ -142,11 +145,23 @@ class SyncRolloutSource:
 
         Returns trajectories in prompt-major order (group by group); group = the prompt's position.
         """
+        if self.config.rollout.agent.loop != "single_turn":
+            return self.agent_episodes(prompts, sampling)
         generation = self.submit_generation(prompts, sampling)
         return self.trajectories(generation, self.placement.rollout.collect(generation.refs, "generate"))
 
+    def agent_episodes(self, prompts: list[PromptRow], sampling: Sampling) -> list[Trajectory]:
+        """Multi-turn episodes, run on the rollout workers (rlkit.core.agents), in prompt-major order."""
+        world = self.placement.rollout_size
+        parts = [list(range(len(prompts)))[r::world] for r in range(world)]
+        per_rank = [([prompts[i] for i in part], part, _rank_sampling(sampling, rank)) for rank, part in enumerate(parts)]
+        results = self.placement.rollout.call("agent_episodes", per_rank=per_rank, phase="generate")
+        trajectories = [replace(t, policy_version=self.policy_version) for rank_part in results for t in rank_part]
+        trajectories.sort(key=lambda t: t.group)
+        return trajectories
+
     def submit_generation(self, prompts: list[PromptRow], sampling: Sampling, method: str = "generate") -> Generation:
-        """Start the rollout workers' `method` calls on their shares of the prompts, without waiting."""
+        """Start the rollout workers' single-turn `method` calls on their shares of the prompts, without waiting."""
         world = self.placement.rollout_size
         parts = [list(range(len(prompts)))[r::world] for r in range(world)]
         per_rank = [([prompts[i].prompt_token_ids for i in part], _rank_sampling(sampling, rank))
@@ -167,10 +182,13 @@ class SyncRolloutSource:
     def score(self, batch: Batch) -> tuple[dict[str, torch.Tensor], dict[str, float]]:
         """`verifier_scores` from the reward functions (or the reward model, when reward_model.path
         is set); `scores` adds DAPO's overlong shaping when on."""
-        if self.config.reward_model.path:
-            verifier, metrics = self.reward_model_scores(batch), {}
+        env_rewards = batch.meta["env_reward"]  # an environment's own score replaces the reward function's
+        if all(r is not None for r in env_rewards):
+            verifier, metrics = torch.tensor(env_rewards, dtype=torch.float32), {}
         else:
-            verifier, metrics = self.rule_scores(batch)
+            verifier, metrics = ((self.reward_model_scores(batch), {}) if self.config.reward_model.path
+                                 else self.rule_scores(batch))
+            verifier = torch.tensor([v if r is None else r for r, v in zip(env_rewards, verifier.tolist())])
         overlong = self.config.reward.overlong_buffer
         if not overlong.enable:
             return {"scores": verifier, "verifier_scores": verifier}, metrics
@@ -192,8 +210,10 @@ class SyncRolloutSource:
         return torch.tensor(scored.scores, dtype=torch.float32), dict(scored.metrics)
 
     def decode_responses(self, batch: Batch) -> list[str]:
-        real = batch["attention_mask"][:, -batch["responses"].shape[1]:] == 1
-        return self.tokenizer.batch_decode(batch["responses"].masked_fill(~real, 0).tolist(), skip_special_tokens=True)
+        """The policy's own tokens of each response (a multi-turn episode's tool/environment tokens are not its answer)."""
+        policy = batch["response_mask"] > 0
+        return self.tokenizer.batch_decode([ids[mask].tolist() for ids, mask in zip(batch["responses"], policy)],
+                                           skip_special_tokens=True)
 
     def greedy_baseline(self, batch: Batch, step: int) -> dict[str, float]:
         """ReMax: one greedy response per prompt, scored; each sample's baseline is its prompt's score."""

@@ -127,8 +127,8 @@ def check_weight_sync(metrics: dict[str, float], rollout: RolloutConfig, step: i
                             "sampled sequence exactly as they were: the engine is not receiving the trained "
                             "weights, so every rollout would come from the base model")
     gap = metrics.get(GAP_KEY)
-    # A truncated distribution (top-p/top-k), or samples of an older policy (asynchronous rollout),
-    # differ from the trainer's log-probs by design.
+    # By design the gap is not the sync's: the engine samples a truncated distribution, or (one_step_off,
+    # async) the samples come from an older policy than the trainer's; the first-change probe still runs.
     by_design = rollout.top_p < 1.0 or rollout.top_k > 0 or rollout.mode != "sync"
     if gap is not None and not by_design and gap > rollout.log_prob_tolerance:
         problems.append(f"the rollout engine's log-probs of the tokens it sampled differ from the trainer's by "

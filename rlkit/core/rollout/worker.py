@@ -14,6 +14,7 @@ from typing import Any, Iterable
 import ray
 import torch
 
+from rlkit.core.agents.worker import AgentEpisodes
 from rlkit.core.cluster.device_worker import DeviceWorker
 from rlkit.core.cluster.weight_transfer import TensorSpec, TransferGroup, WeightReceiver
 from rlkit.core.rollout.base import RolloutSample, Sampling
@@ -22,8 +23,9 @@ from rlkit.core.rollout.sync_check import SyncProbe
 from rlkit.core.train import fsdp
 
 
-class RolloutWorker(DeviceWorker):
-    """A rollout-only rank (split placement): an engine on its own device, fed weights by the trainer."""
+class RolloutWorker(DeviceWorker, AgentEpisodes):
+    """A rollout-only rank (split placement): an engine on its own device, fed weights by the trainer
+    (`agent_episodes`: multi-turn rollout, rlkit.core.agents.worker)."""
 
     def setup(self) -> dict[str, Any]:
         self.phase = "setup/rollout-engine"

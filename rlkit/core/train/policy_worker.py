@@ -14,6 +14,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
+from rlkit.core.agents.worker import AgentEpisodes
 from rlkit.core.algos.kl import kl_estimate
 from rlkit.core.algos.losses import (
     aggregate_loss,
@@ -35,8 +36,9 @@ from rlkit.core.train.logprobs import selected_log_probs
 from rlkit.core.train.model import build_policy
 
 
-class PolicyWorker(DeviceWorker):
-    """Rank `rank` of the training group. Method names are the controller's phases."""
+class PolicyWorker(DeviceWorker, AgentEpisodes):
+    """Rank `rank` of the training group. Method names are the controller's phases (`agent_episodes`:
+    multi-turn rollout, rlkit.core.agents.worker)."""
 
     # -- set-up -------------------------------------------------------------------------
     def node_info(self) -> dict[str, Any]:
@@ -143,16 +145,17 @@ class PolicyWorker(DeviceWorker):
 
     # -- weights to the rollout workers over a collective (split placement) -------------
     def weight_specs(self) -> list[TensorSpec]:
-        """Every parameter's name and full shape, in the order send_weights gathers them."""
+        """Every weight's name and full shape, in the order send_weights gathers them (no collective)."""
         return [TensorSpec(name, shape) for name, shape in self.model.engine_weight_shapes()]
 
-    def join_weight_transfer(self, host: str, port: int, world_size: int, bucket_bytes: int) -> None:
+    def join_weight_transfer(self, host: str, port: int, world_size: int, specs: list[TensorSpec],
+                             bucket_bytes: int) -> None:
         """Rank 0 joins the rollout workers' transfer group (as its rank 0); the other ranks only help gather."""
         if self.rank == 0:
             timeouts = self.config.trainer.phase_timeout_s, self.config.rollout.weight_sync_timeout_s
             group = TransferGroup(host, port, 0, world_size, self.device, handshake_timeout_s=timeouts[0],
                                   transfer_timeout_s=timeouts[1])
-            self.weight_sender = WeightSender(group, self.weight_specs(), fsdp.DTYPES[self.dtype], bucket_bytes)
+            self.weight_sender = WeightSender(group, specs, fsdp.DTYPES[self.dtype], bucket_bytes)
 
     def send_weights(self) -> None:
         """Gather the full tensors (every rank); rank 0 stages them and broadcasts them in the background."""

@@ -18,6 +18,13 @@ CHAT_TEMPLATE = (
     "{% for message in messages %}<|im_start|>{{ message['content'] }}<|im_end|>{% endfor %}"
     "{% if add_generation_prompt %}<|im_start|>{% endif %}"
 )
+# The tool-calling demo's one call (`rlkit train grpo-agent-demo`), spelled as ONE token: the
+# vocabulary has no braces or quotes, and a 0.3M-parameter model starting from random weights
+# finds one token by sampling (1/64 a try), never a 45-character JSON string. Decoded, it is the
+# Hermes/Qwen2.5 call text, parsed like any model's (rlkit.core.agents.tools).
+TOOL_CALL_TOKEN = '<tool_call>{"name": "lookup", "arguments": {}}</tool_call>'
+# Bumped when the tiny world changes, so a cached copy (rlkit.core.controller.run_dir) is rebuilt.
+VERSION = 2
 
 
 def build_tokenizer(out_dir: Path):
@@ -27,7 +34,7 @@ def build_tokenizer(out_dir: Path):
     and decoder whatever class was saved, so the vocabulary uses byte-level symbols
     (space is 'Ġ') and both load paths (ours, AutoTokenizer, vLLM) tokenize identically.
     """
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+    from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers
     from transformers import PreTrainedTokenizerFast
 
     byte_symbol = {chr(b): s for b, s in _bytes_to_unicode().items()}
@@ -41,9 +48,18 @@ def build_tokenizer(out_dir: Path):
         eos_token="<|im_end|>",
         additional_special_tokens=["<|im_start|>"],
     )
+    tokenizer.add_tokens([AddedToken(TOOL_CALL_TOKEN, special=False, normalized=False)])
     tokenizer.chat_template = CHAT_TEMPLATE
     tokenizer.save_pretrained(out_dir)
     return tokenizer
+
+
+def is_current(out_dir: Path) -> bool:
+    """A tiny model built by this version of rlkit sits in out_dir."""
+    try:
+        return json.loads((Path(out_dir) / "rlkit_tiny.json").read_text()).get("version") == VERSION
+    except (OSError, ValueError):
+        return False
 
 
 def _bytes_to_unicode() -> dict[int, str]:
@@ -94,5 +110,5 @@ def build_tiny_qwen2(
     model = Qwen2ForCausalLM(config)
     model.save_pretrained(out, safe_serialization=True)
     model.generation_config.save_pretrained(out)
-    (out / "rlkit_tiny.json").write_text(json.dumps({"seed": seed, "params": model.num_parameters()}))
+    (out / "rlkit_tiny.json").write_text(json.dumps({"seed": seed, "params": model.num_parameters(), "version": VERSION}))
     return out

@@ -1,0 +1,115 @@
+"""Calls into user code (environments, tools) with a deadline: a failure is an outcome, never a crash.
+
+Every call of a batch starts at once, each in its own daemon thread (sync code) or on one
+background event loop (async code), so calls neither wait for each other nor for a free
+pool slot. A call past its deadline is abandoned: its result, should it ever come, is
+dropped. Python cannot kill a thread, so a sync call that never returns keeps its thread;
+an async call is cancelled. Code that can spin forever belongs in the sandbox
+(rlkit.core.agents.sandbox), which kills a whole process.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import inspect
+import threading
+import traceback
+from dataclasses import dataclass
+from typing import Any, Callable
+
+# Extra seconds the caller waits beyond the deadline for async code that blocks the event loop
+# (and so cannot be timed out from inside it).
+_GRACE_S = 1.0
+
+
+@dataclass
+class Outcome:
+    value: Any = None
+    error: str | None = None  # the exception's traceback, or why the call timed out
+
+
+class Guard:
+    """Runs batches of user calls, each with `timeout_s` seconds; `what` names the setting in messages."""
+
+    def __init__(self, timeout_s: float, what: str = "rollout.agent.call_timeout_s") -> None:
+        self.timeout_s, self.what = timeout_s, what
+        self._loop: asyncio.AbstractEventLoop | None = None
+
+    def call(self, fn: Callable[..., Any], *args: Any) -> Outcome:
+        return self.call_all([(fn, args)])[0]
+
+    def submit(self, fn: Callable[..., Any], *args: Any) -> concurrent.futures.Future:
+        """Start fn(*args) with its deadline; the future's result is its Outcome."""
+        return asyncio.run_coroutine_threadsafe(self._guarded(fn, args), self._event_loop())
+
+    def call_all(self, calls: list[tuple[Callable[..., Any], tuple]]) -> list[Outcome]:
+        """Run every call concurrently; each outcome holds its value or its error."""
+        if not calls:
+            return []
+        futures = [self.submit(fn, *args) for fn, args in calls]
+        concurrent.futures.wait(futures, timeout=self.timeout_s + _GRACE_S)
+        outcomes = []
+        for future in futures:
+            if future.done() and not future.cancelled():
+                outcomes.append(future.result())
+            else:  # the event loop is blocked by async code that does not yield
+                future.cancel()
+                outcomes.append(Outcome(error=self._timeout_message()))
+        return outcomes
+
+    async def _guarded(self, fn: Callable[..., Any], args: tuple) -> Outcome:
+        task = asyncio.ensure_future(self._invoke(fn, args))
+        done, _ = await asyncio.wait({task}, timeout=self.timeout_s)
+        if not done:
+            task.cancel()
+            return Outcome(error=self._timeout_message())
+        error = task.exception()  # user code may raise anything: it costs one call
+        if error is not None:
+            return Outcome(error="".join(traceback.format_exception(error)).rstrip())
+        return Outcome(value=task.result())
+
+    async def _invoke(self, fn: Callable[..., Any], args: tuple) -> Any:
+        try:
+            if inspect.iscoroutinefunction(fn):
+                return await fn(*args)
+            result = await _in_thread(fn, args)
+            return await result if inspect.isawaitable(result) else result
+        except (KeyboardInterrupt, SystemExit, StopIteration) as exc:  # would stop the event loop itself
+            raise RuntimeError(f"the call raised {type(exc).__name__}({exc})") from exc
+
+    def _timeout_message(self) -> str:
+        return f"TimeoutError: did not return within {self.timeout_s:g} s ({self.what})"
+
+    def _event_loop(self) -> asyncio.AbstractEventLoop:
+        if self._loop is None:
+            self._loop = asyncio.new_event_loop()
+            threading.Thread(target=self._loop.run_forever, name="rlkit-agent-calls", daemon=True).start()
+        return self._loop
+
+
+def _in_thread(fn: Callable[..., Any], args: tuple) -> asyncio.Future:
+    """fn(*args) in a fresh daemon thread; the future resolves with its result unless cancelled first."""
+    loop = asyncio.get_running_loop()
+    future = loop.create_future()
+
+    def settle(value: Any, error: BaseException | None) -> None:
+        if future.done():  # timed out and cancelled meanwhile: the late result is dropped
+            return
+        if error is None:
+            future.set_result(value)
+        else:
+            future.set_exception(error)
+
+    def target() -> None:
+        try:
+            value = fn(*args)
+        except BaseException as exc:  # noqa: BLE001 - handed to the caller as the call's outcome
+            if isinstance(exc, StopIteration):  # a future cannot hold it
+                exc = RuntimeError(f"the call raised StopIteration({exc})")
+            loop.call_soon_threadsafe(settle, None, exc)
+        else:
+            loop.call_soon_threadsafe(settle, value, None)
+
+    threading.Thread(target=target, name="rlkit-user-call", daemon=True).start()
+    return future

@@ -1,0 +1,171 @@
+"""The multi-turn agent loop, run inside a rollout worker next to its engine.
+
+All of a worker's episodes advance together, turn by turn: each turn, every episode still
+running is generated in ONE `engine.generate` call, then every environment steps at once
+(rlkit.core.agents.guard). Token ids are appended, never re-encoded: the policy's as the
+engine sampled them (loss mask 1, with their log-probs), the environment's as the chat
+template writes them (rlkit.core.agents.chat; loss mask 0, log-prob 0).
+
+How an episode ends (Trajectory.finish_reason): "stop" when the environment says done;
+"truncated" when it runs out of turns (rollout.agent.max_turns) or of tokens (the response,
+every turn together, is cut at data.max_response_length); "error" when the environment
+raised, timed out or returned something unusable, which scores it 0.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+from rlkit.core.agents.chat import TurnBoundary
+from rlkit.core.agents.envs import as_messages, parse_step, row_dict
+from rlkit.core.agents.guard import Guard
+from rlkit.core.rollout.base import RolloutEngine, Sampling
+from rlkit.core.rollout.trajectory import Trajectory
+
+# Seeds of turn t's samples start t * this apart (a worker samples far fewer per turn).
+_TURN_SEED_STRIDE = 1_000_003
+
+
+@dataclass(frozen=True)
+class Limits:
+    max_turns: int
+    max_tokens_per_turn: int
+    max_response_tokens: int  # every turn together: data.max_response_length
+    max_prompt_tokens: int    # a prompt an environment's reset() writes: data.max_prompt_length
+
+
+@dataclass
+class Episode:
+    row: Any                  # PromptRow
+    group: int
+    env: Any
+    prompt_ids: list[int]
+    response_ids: list[int] = field(default_factory=list)
+    loss_mask: list[int] = field(default_factory=list)
+    log_probs: list[float] = field(default_factory=list)
+    rewards: list[float] = field(default_factory=list)  # the numbers the environment gave
+    turns: int = 0
+    last_turn: list[int] = field(default_factory=list)   # the policy's tokens of the turn being stepped
+    finish_reason: str | None = None                     # None while running
+    error: str | None = None
+
+    @property
+    def running(self) -> bool:
+        return self.finish_reason is None
+
+    def append(self, ids: list[int], policy: bool, log_probs: list[float] | None = None) -> None:
+        self.response_ids += ids
+        self.loss_mask += [int(policy)] * len(ids)
+        self.log_probs += log_probs if log_probs is not None else [0.0] * len(ids)
+
+    def fail(self, error: str) -> None:
+        self.finish_reason, self.error = "error", error
+
+    def trajectory(self, with_log_probs: bool) -> Trajectory:
+        if self.error is not None:
+            reward = 0.0
+        else:
+            reward = sum(self.rewards) if self.rewards else None
+        row = self.row if self.prompt_ids == self.row.prompt_token_ids else \
+            dataclasses.replace(self.row, prompt_token_ids=self.prompt_ids)
+        return Trajectory(row=row, group=self.group, response_ids=self.response_ids, loss_mask=self.loss_mask,
+                          log_probs=self.log_probs if with_log_probs else [], finish_reason=self.finish_reason,
+                          reward=reward, info={"turns": self.turns, "env_error": self.error})
+
+
+class AgentLoop:
+    """Runs a worker's share of episodes with one environment instance each."""
+
+    def __init__(self, tokenizer: Any, make_env: Callable[[], Any], limits: Limits, guard: Guard,
+                 tools: list[dict[str, Any]] | None = None) -> None:
+        self.tokenizer, self.make_env, self.limits, self.guard = tokenizer, make_env, limits, guard
+        self.boundary = TurnBoundary(tokenizer, tools)
+
+    def run(self, engine: RolloutEngine, rows: list[Any], groups: list[int], sampling: Sampling) -> list[Trajectory]:
+        """sampling.n episodes per row, prompt-major, as trajectories (group = the row's entry in `groups`)."""
+        episodes = [Episode(row, group, None, list(row.prompt_token_ids))
+                    for row, group in zip(rows, groups) for _ in range(sampling.n)]
+        self.start(episodes)
+        for turn in range(self.limits.max_turns):
+            active = [e for e in episodes if e.running]
+            if not active:
+                break
+            self.generate(engine, active, sampling, turn)
+            self.step([e for e in active if e.running], last=turn == self.limits.max_turns - 1)
+        return [e.trajectory(sampling.log_probs) for e in episodes]
+
+    def start(self, episodes: list[Episode]) -> None:
+        """A fresh environment per episode, reset with the episode's row."""
+        for episode, outcome in zip(episodes, self.guard.call_all([(self.make_env, ())] * len(episodes))):
+            episode.env = outcome.value
+            if outcome.error is not None:
+                episode.fail(f"creating the environment failed:\n{outcome.error}")
+        running = [e for e in episodes if e.running]
+        outcomes = self.guard.call_all([(e.env.reset, (row_dict(e.row),)) for e in running])
+        for episode, outcome in zip(running, outcomes):
+            if outcome.error is not None:
+                episode.fail(f"reset failed:\n{outcome.error}")
+            elif outcome.value is not None:  # the environment writes the prompt itself
+                try:
+                    prompt = self.boundary.render_prompt(as_messages(outcome.value, "reset"))
+                except ValueError as exc:
+                    episode.fail(str(exc))
+                    continue
+                if len(prompt) > self.limits.max_prompt_tokens:
+                    episode.fail(f"reset returned a prompt of {len(prompt)} tokens > data.max_prompt_length="
+                                 f"{self.limits.max_prompt_tokens}")
+                    continue
+                episode.prompt_ids = prompt
+
+    def generate(self, engine: RolloutEngine, episodes: list[Episode], sampling: Sampling, turn: int) -> None:
+        """One engine call for every running episode's next turn; a turn longer than the episode's
+        remaining token budget is cut there and ends it (truncated)."""
+        limits = self.limits
+        budgets = [min(limits.max_tokens_per_turn, limits.max_response_tokens - len(e.response_ids)) for e in episodes]
+        turn_sampling = dataclasses.replace(sampling, n=1, max_tokens=max(budgets),
+                                            seed=sampling.seed + turn * _TURN_SEED_STRIDE)
+        samples = engine.generate([e.prompt_ids + e.response_ids for e in episodes], turn_sampling)
+        for episode, budget, sample in zip(episodes, budgets, samples):
+            tokens = sample.token_ids[:budget]
+            episode.append(tokens, policy=True, log_probs=sample.log_probs[:budget] if sampling.log_probs else None)
+            episode.turns += 1
+            episode.last_turn = tokens
+            if len(sample.token_ids) > budget or (len(episode.response_ids) >= limits.max_response_tokens
+                                                  and not sample.finished):
+                episode.finish_reason = "truncated"
+
+    def step(self, episodes: list[Episode], last: bool) -> None:
+        """Every environment answers its episode's turn; answers join the trajectory as mask-0 tokens."""
+        actions = [self.tokenizer.decode(e.last_turn, skip_special_tokens=True) for e in episodes]
+        outcomes = self.guard.call_all([(e.env.step, (action,)) for e, action in zip(episodes, actions)])
+        for episode, outcome in zip(episodes, outcomes):
+            if outcome.error is not None:
+                episode.fail(f"step failed:\n{outcome.error}")
+                continue
+            try:
+                messages, reward, done = parse_step(outcome.value)
+            except ValueError as exc:
+                episode.fail(str(exc))
+                continue
+            if reward is not None:
+                episode.rewards.append(reward)
+            if done:
+                episode.finish_reason = "stop"
+            elif last:
+                episode.finish_reason = "truncated"
+            else:
+                self.answer(episode, messages)
+
+    def answer(self, episode: Episode, messages: list[dict[str, Any]]) -> None:
+        try:
+            ids = self.boundary.after_turn(episode.last_turn, messages)
+        except Exception as exc:  # noqa: BLE001 - e.g. a template that refuses a role: the episode's fault
+            episode.fail(f"the chat template cannot write the environment's messages {messages!r:.200}: "
+                         f"{type(exc).__name__}: {exc}")
+            return
+        room = self.limits.max_response_tokens - len(episode.response_ids)
+        episode.append(ids[:room], policy=False)
+        if len(ids) >= room:  # no token left for the policy's next turn
+            episode.finish_reason = "truncated"

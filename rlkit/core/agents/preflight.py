@@ -1,0 +1,75 @@
+"""rollout.agent checked before Ray starts: environment and tool code imports, has the right shape,
+and the tokenizer's chat template can write tool/environment messages. Exit code 2, one line."""
+
+from __future__ import annotations
+
+import inspect
+from typing import TYPE_CHECKING, Any
+
+from rlkit.core.agents.chat import TurnBoundary
+from rlkit.core.agents.client_loop import agent_function
+from rlkit.core.agents.envs import load_env_class
+from rlkit.core.agents.tool_env import load_tools
+from rlkit.errors import UserError
+
+if TYPE_CHECKING:
+    from rlkit.recipes.schema import RLConfig
+
+LOOPS = ("single_turn", "tool", "env")
+
+
+def check_agent(config: RLConfig, tokenizer: Any) -> None:
+    """UserError naming the rollout.agent key and the fix, for anything that would fail in the workers."""
+    agent, data = config.rollout.agent, config.data
+    if agent.loop not in LOOPS and ":" not in agent.loop:
+        raise UserError(f"rollout.agent.loop={agent.loop!r}: choose one of {', '.join(LOOPS)}, or your own "
+                        "`async def rollout(client, row)` as path/file.py:function")
+    if agent.loop == "single_turn":
+        for key, value in (("env", agent.env), ("tools", agent.tools)):
+            if value:
+                raise UserError(f"rollout.agent.{key} is set but rollout.agent.loop=single_turn never uses it; "
+                                f"set rollout.agent.loop={'env' if key == 'env' else 'tool'}")
+        return
+    if agent.max_tokens_per_turn is not None and agent.max_tokens_per_turn > data.max_response_length:
+        raise UserError(f"rollout.agent.max_tokens_per_turn={agent.max_tokens_per_turn} is more than the whole "
+                        f"response may hold (data.max_response_length={data.max_response_length})")
+    tools, role = None, "tool"
+    if agent.loop not in LOOPS:  # an agent function: it writes its own messages
+        if agent.env or agent.tools:
+            raise UserError("rollout.agent.env and rollout.agent.tools are not used by an agent function "
+                            f"(rollout.agent.loop={agent.loop}); drop them")
+        agent_function(agent.loop)
+    elif agent.loop == "env":
+        role = "user"
+        if agent.tools:
+            raise UserError("rollout.agent.tools is set but rollout.agent.loop=env never uses it (the environment "
+                            "answers the policy's turns); drop it or set rollout.agent.loop=tool")
+        if not agent.env:
+            raise UserError("rollout.agent.loop=env needs rollout.agent.env=path/file.py:ClassName")
+        cls = load_env_class(agent.env)
+        try:
+            inspect.signature(cls).bind(**agent.env_kwargs)
+        except TypeError as exc:
+            raise UserError(f"rollout.agent.env_kwargs={agent.env_kwargs} do not fit {cls.__name__}"
+                            f"{inspect.signature(cls)}: {exc}") from None
+    else:
+        if not agent.tools:
+            raise UserError("rollout.agent.loop=tool needs rollout.agent.tools: the built-in calculator or python, "
+                            "or your own as path/file.py:function")
+        tools = [tool.schema for tool in load_tools(agent)]
+    try:
+        TurnBoundary(tokenizer, tools).delta([{"role": role, "content": "probe"}])
+    except Exception as exc:  # noqa: BLE001 - a template can fail in many ways (jinja, a missing role)
+        raise UserError(f"rollout.agent.loop={agent.loop}: the chat template of model.path={config.model.path} cannot "
+                        f"write a {role!r} message ({type(exc).__name__}: {exc}); use a chat model whose template "
+                        "has that role") from None
+    check_no_validation(config)
+
+
+def check_no_validation(config: RLConfig) -> None:
+    """Validation (rlkit.core.controller.validation) samples single-turn completions, which say nothing
+    about an agent; refusing beats reporting numbers of the wrong thing."""
+    data = config.data
+    if data.val_files or (data.synthetic_task and config.trainer.val_freq):
+        raise UserError(f"validation generates single-turn completions and cannot run rollout.agent.loop="
+                        f"{config.rollout.agent.loop} episodes yet; set trainer.val_freq=0 and data.val_files=[]")

@@ -1,0 +1,117 @@
+"""The `tool` loop: an environment that runs the policy's tool calls and answers with their results."""
+
+from __future__ import annotations
+
+import functools
+import inspect
+import json
+from typing import TYPE_CHECKING, Any
+
+from rlkit.core.agents.builtin_tools import BUILTIN_TOOLS
+from rlkit.core.agents.guard import Guard
+from rlkit.core.agents.tools import (
+    ROW_PARAMETER,
+    Tool,
+    ToolCall,
+    ToolDefinitionError,
+    parse_tool_calls,
+)
+from rlkit.errors import UserError
+
+if TYPE_CHECKING:
+    from rlkit.recipes.agent_schema import AgentConfig
+
+KEY = "rollout.agent.tools"
+
+
+def load_tools(config: AgentConfig) -> list[Tool]:
+    """The tools `rollout.agent.tools` names, each with its schema; UserError for a bad one."""
+    from rlkit.core.data import synthetic  # noqa: F401  (registers the tiny tool-calling demo's `lookup`)
+    from rlkit.core.rewards.custom import load_function
+
+    tools = []
+    for spec in config.tools:
+        if spec in BUILTIN_TOOLS:
+            fn = BUILTIN_TOOLS.get(spec)(config)
+        elif ":" in spec:
+            fn = load_function(spec, KEY)
+        else:
+            raise UserError(f"{KEY}: {BUILTIN_TOOLS.unknown_message(spec)}; name your own as 'path/file.py:function'")
+        try:
+            tools.append(Tool.from_function(fn))
+        except ToolDefinitionError as exc:
+            raise UserError(f"{KEY}: {spec}: {exc}") from None
+    names = [tool.name for tool in tools]
+    twice = sorted({name for name in names if names.count(name) > 1})
+    if twice:
+        raise UserError(f"{KEY}: more than one tool is named {', '.join(twice)}; the model calls tools by name")
+    return tools
+
+
+def prompt_tools(config: AgentConfig) -> list[dict[str, Any]] | None:
+    """The function schemas a prompt shows the policy (the chat template's `tools=`), for loop=tool."""
+    return [tool.schema for tool in load_tools(config)] if config.loop == "tool" else None
+
+
+class ToolEnv:
+    """Runs every tool call of a turn (at once, each with its own deadline) and answers with one
+    "tool" message per call; a turn without a call is the final answer and ends the episode.
+
+    Rewards stay None: the reward functions score the episode (rollout source).
+    """
+
+    def __init__(self, tools: list[Tool], guard: Guard, output_chars: int) -> None:
+        self.tools = {tool.name: tool for tool in tools}
+        self.guard, self.output_chars = guard, output_chars
+        self.row: dict[str, Any] = {}
+
+    def reset(self, row: dict[str, Any]) -> None:
+        self.row = row
+
+    def step(self, action: str) -> tuple[list[dict[str, Any]] | None, None, bool]:
+        calls = parse_tool_calls(action)
+        if not calls:
+            return None, None, True
+        return [{"role": "tool", "name": getattr(call, "name", "error"), "content": answer}
+                for call, answer in zip(calls, self.answers(calls))], None, False
+
+    def answers(self, calls: list[ToolCall | str]) -> list[str]:
+        """Each call's result (or what went wrong) as text for the model."""
+        answers: list[str | None] = []
+        runnable: list[tuple[int, functools.partial]] = []
+        for call in calls:
+            prepared = self.prepare(call)
+            if isinstance(prepared, str):
+                answers.append(prepared)
+            else:
+                runnable.append((len(answers), prepared))
+                answers.append(None)
+        outcomes = self.guard.call_all([(fn, ()) for _, fn in runnable])
+        for (index, _), outcome in zip(runnable, outcomes):
+            if outcome.error is not None:
+                answers[index] = f"error: {outcome.error.strip().splitlines()[-1]}"
+            else:
+                value = outcome.value
+                answers[index] = self.cut(value if isinstance(value, str) else json.dumps(value, default=str))
+        return answers  # type: ignore[return-value]  (every entry is filled above)
+
+    def prepare(self, call: ToolCall | str) -> functools.partial | str:
+        """The call bound to its tool, or an error message for the model."""
+        if isinstance(call, str):
+            return f"error: {call}"
+        tool = self.tools.get(call.name)
+        if tool is None:
+            return f"error: there is no tool {call.name!r}; the tools are {', '.join(sorted(self.tools))}"
+        arguments = dict(call.arguments)
+        if tool.wants_row:
+            arguments[ROW_PARAMETER] = self.row
+        try:
+            inspect.signature(tool.fn).bind(**arguments)
+        except TypeError as exc:
+            return f"error: wrong arguments for {call.name}: {exc}"
+        return functools.partial(tool.fn, **arguments)
+
+    def cut(self, text: str) -> str:
+        if len(text) <= self.output_chars:
+            return text
+        return f"{text[:self.output_chars]}\n[... {len(text) - self.output_chars} more characters cut]"

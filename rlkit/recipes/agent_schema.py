@@ -1,0 +1,63 @@
+"""The `rollout.agent.*` section of a recipe: multi-turn episodes with tools or an environment."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field
+
+
+class SandboxConfig(BaseModel):
+    """Limits of one sandboxed Python program (the `python` tool; code rewards use their own)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    wall_s: float = Field(10.0, gt=0, description="Wall-clock seconds before the program is killed.")
+    cpu_s: int = Field(5, ge=1, description="CPU seconds (RLIMIT_CPU) before the kernel stops the program.")
+    memory_mb: int = Field(1024, ge=64, description="Address-space limit (RLIMIT_AS) in MiB; a larger allocation fails inside the program.")
+
+
+class AgentConfig(BaseModel):
+    """How one episode runs: one completion, or turns of policy tokens and tool/environment replies.
+
+    Episodes of a step run on the rollout workers, many at once: each turn, every running
+    episode of a worker is generated in one engine call. The whole response (every turn,
+    policy and tool tokens together) is capped at data.max_response_length tokens; an
+    episode that would pass it is cut there and marked finish_reason "truncated".
+    """
+
+    model_config = ConfigDict(extra="forbid")
+
+    loop: str = Field(
+        "single_turn",
+        description="single_turn: one completion per sample (no agent code). tool: the policy calls "
+                    "rollout.agent.tools in the Hermes/Qwen2.5 `<tool_call>{json}</tool_call>` format and sees "
+                    "their results as tool messages; a turn without a call ends the episode. env: "
+                    "rollout.agent.env answers every turn (reset/step). 'path/file.py:fn': your "
+                    "`async def rollout(client, row) -> float` drives each episode through an openai client "
+                    "served by the rollout worker (docs/agents.md).")
+    env: str | None = Field(
+        None,
+        description="loop=env: your environment class as 'path/file.py:ClassName' (or a registered name), "
+                    "with reset(row) -> observation and step(action) -> (observation, reward, done); "
+                    "methods may be async. One instance per episode.")
+    env_kwargs: dict[str, Any] = Field(default_factory=dict, description="Keyword arguments for the environment class.")
+    tools: list[str] = Field(
+        default_factory=list,
+        description="loop=tool: built-in tools (calculator, python) and your own as 'path/file.py:function' "
+                    "(JSON schema from its type hints and docstring; a parameter named `row` receives the "
+                    "episode's data row and is not shown to the model).")
+    max_turns: int = Field(4, ge=1, description="Policy turns per episode; an episode still running after them is marked truncated.")
+    max_tokens_per_turn: int | None = Field(
+        None, ge=1, description="Most tokens the policy generates in one turn; None = data.max_response_length. A turn "
+                                "cut here is still handed to the environment (closed by the template's end-of-turn tokens).")
+    call_timeout_s: float = Field(
+        30.0, gt=0, description="Seconds one environment reset/step or tool call may take (an agent function: "
+                                "max_turns x this in all); past it the episode ends with reward 0 (a tool call: an "
+                                "error message to the model) and is counted in agent/env_errors.")
+    max_error_rate: float = Field(
+        0.25, ge=0, le=1, description="Share of a step's episodes whose environment failed (exception, timeout, "
+                                      "bad return value) above which the run stops with the first error; below it "
+                                      "each failed episode scores 0 and is logged with its row and traceback.")
+    tool_output_chars: int = Field(2000, ge=1, description="Characters of a tool's result shown to the model; the rest is cut and marked.")
+    sandbox: SandboxConfig = Field(default_factory=SandboxConfig)

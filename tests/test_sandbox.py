@@ -1,0 +1,90 @@
+"""The Python sandbox stops what a model's program must not do, and code rewards score those programs 0."""
+
+from __future__ import annotations
+
+import pytest
+
+from rlkit.core.agents.sandbox import Limits, run_python
+from rlkit.core.data.humaneval import problems
+from rlkit.core.rewards.code import humaneval_reward, program_for, run_tests
+
+FAST = Limits(wall_s=2.0, cpu_s=1, memory_mb=512)
+
+
+def test_a_normal_program_runs_in_its_own_directory():
+    result = run_python("import os\nopen('note.txt', 'w').write('hi')\nprint(open('note.txt').read(), os.getcwd())", FAST)
+    assert result.ok and result.stdout.startswith("hi /") and "rlkit-sandbox-" in result.stdout
+
+
+@pytest.mark.parametrize("code, ending", [
+    ("while True:\n    pass", ("killed: wall-clock limit", "killed: CPU-time limit")),
+    ("import time\ntime.sleep(60)", ("killed: wall-clock limit",)),
+])
+def test_a_program_that_never_ends_is_killed(code, ending):
+    result = run_python(code, FAST)
+    assert not result.ok and result.describe() in ending and result.seconds < 10
+
+
+@pytest.mark.parametrize("code, error", [
+    ("x = bytearray(10 * 1024 ** 3)", "MemoryError"),
+    ("import socket\nsocket.create_connection(('93.184.216.34', 80), timeout=2)", "PermissionError: socket.getaddrinfo"),
+    ("import _socket\n_socket.socket()", "PermissionError: socket.__new__"),
+    ("import subprocess\nsubprocess.run(['true'])", "PermissionError: subprocess.Popen"),
+    ("import os\nos.system('true')", "PermissionError: os.system"),
+    ("open('/tmp/rlkit-sandbox-escape.txt', 'w')", "PermissionError: writing '/tmp/rlkit-sandbox-escape.txt'"),
+    ("import os\nos.remove('/etc/hostname')", "PermissionError: os.remove '/etc/hostname'"),
+])
+def test_memory_network_processes_and_outside_writes_are_refused(code, error):
+    result = run_python(code, FAST)
+    assert result.exit_code == 1 and error in result.stderr, result.stderr
+
+
+def test_output_is_bounded():
+    result = run_python("import sys\nwhile True:\n    sys.stdout.write('x' * 65536)", Limits(wall_s=5, output_bytes=1 << 16))
+    assert not result.ok and len(result.stdout) == 1 << 16
+
+
+# -- code rewards -------------------------------------------------------------------
+HE = {p["task_id"]: p for p in problems()}
+
+
+def _score(task: str, response: str) -> float:
+    problem = HE[task]
+    return humaneval_reward(response, problem["test"], {"prompt": problem["prompt"],
+                                                        "entry_point": problem["entry_point"]})["score"]
+
+
+@pytest.mark.parametrize("task", ["HumanEval/0", "HumanEval/32", "HumanEval/38", "HumanEval/53", "HumanEval/151"])
+def test_canonical_solutions_score_one(task):
+    """Includes tests that are loops (32, 38), that set up state first (151), and that use the prompt's helpers."""
+    assert _score(task, HE[task]["canonical_solution"]) == 1.0
+
+
+def test_the_score_is_the_share_of_tests_passed():
+    # HumanEval/0's 7 asserts expect True, False, True, False, True, True, False.
+    assert _score("HumanEval/0", "    return True\n") == pytest.approx(4 / 7)
+    assert _score("HumanEval/0", "") == 0.0 and _score("HumanEval/0", "   \n") == 0.0
+    whole = "Here it is:\n```python\ndef has_close_elements(numbers, threshold):\n    return False\n```\nDone."
+    assert _score("HumanEval/0", whole) == pytest.approx(3 / 7)
+    assert _score("HumanEval/0", "    return undefined_name\n") == 0.0
+    assert _score("HumanEval/0", "    syntax error here\n") == 0.0
+
+
+@pytest.mark.parametrize("body", [
+    "    while True:\n        pass\n",
+    "    x = bytearray(10 * 1024 ** 3)\n    return True\n",
+    "    import socket\n    socket.create_connection(('93.184.216.34', 80))\n    return True\n",
+])
+def test_a_solution_that_hangs_allocates_or_connects_scores_zero(body):
+    problem = HE["HumanEval/0"]
+    program = program_for(body, problem["prompt"], problem["entry_point"])
+    assert run_tests(program, problem["test"], problem["entry_point"], FAST)["score"] == 0.0
+
+
+@pytest.mark.slow
+def test_every_canonical_humaneval_solution_scores_one():
+    from concurrent.futures import ThreadPoolExecutor
+
+    with ThreadPoolExecutor(2) as pool:
+        scores = dict(zip(HE, pool.map(lambda task: _score(task, HE[task]["canonical_solution"]), HE)))
+    assert len(scores) == 164 and {task: s for task, s in scores.items() if s != 1.0} == {}
