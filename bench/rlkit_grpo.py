@@ -92,7 +92,11 @@ def summarize(steps: list[dict], workload: Workload, train_gpus: int, peak: floa
 
 
 class GpuMemoryPeak(threading.Thread):
-    """The most memory any GPU used (MiB, from nvidia-smi) while the benchmark ran."""
+    """The most memory any of this process's GPUs used (MiB, from nvidia-smi) while the benchmark ran.
+
+    Only the GPUs CUDA_VISIBLE_DEVICES names, when set: another benchmark on the same machine
+    must not show up in this one's peak.
+    """
 
     def __init__(self) -> None:
         super().__init__(daemon=True)
@@ -102,7 +106,9 @@ class GpuMemoryPeak(threading.Thread):
     def run(self) -> None:
         while not self.stopped.wait(0.5):
             try:
-                out = subprocess.run(["nvidia-smi", "--query-gpu=memory.used", "--format=csv,noheader,nounits"],
+                visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+                out = subprocess.run(["nvidia-smi", "--query-gpu=memory.used", "--format=csv,noheader,nounits",
+                                      *([f"--id={visible}"] if visible else [])],
                                      capture_output=True, text=True, timeout=10).stdout
             except (OSError, subprocess.TimeoutExpired):
                 return  # no GPU here

@@ -38,18 +38,21 @@ def world(tmp_path_factory) -> Iterator[dict]:
     root = tmp_path_factory.mktemp("lora")
     with pytest.MonkeyPatch.context() as patch:
         patch.setenv("RLKIT_CACHE", str(tmp_path_factory.getbasetemp() / "rlkit-cache"))
-        rows = build_synthetic(task="echo", n_train=12, n_test=1, seed=3)["train"]
-        data = write_parquet(rows, root / "echo12.parquet")
+        splits = build_synthetic(task="echo", n_train=12, n_test=5, seed=3)
+        data = write_parquet(splits["train"], root / "echo12.parquet")
+        val_data = write_parquet(splits["test"], root / "echo-val5.parquet")  # validation runs on the engine too
         runs = root / "runs"
-        overrides = training_overrides(data, runs) + LORA + [f"trainer.total_steps={STEPS}"]
-        yield {"root": root, "runs": runs, "overrides": overrides}
+        lora = LORA + [f"trainer.total_steps={STEPS}"]
+        yield {"root": root, "runs": runs, "overrides": training_overrides(data, runs) + lora,
+               "with_validation": training_overrides(data, runs, val_data) + lora}
 
 
 def test_lora_grpo_killed_and_resumed_is_exact(world) -> None:
-    root, runs, overrides = world["root"], world["runs"], world["overrides"]
+    root, runs, overrides = world["root"], world["runs"], world["with_validation"]
     run_cli(["train", "grpo-demo", *overrides, "--run-id", "reference"], root / "reference.log")
     reference = metrics(runs / "reference")
-    assert len(reference) == STEPS and reference[-1]["actor/kl_loss"] > 0  # the adapters moved the policy
+    assert [r["step"] for r in reference] == list(range(STEPS + 1))  # step 0: validation before training
+    assert reference[-1]["actor/kl_loss"] > 0  # the adapters moved the policy
 
     log = root / "killed.log"
     proc = start(["train", "grpo-demo", *overrides, "--run-id", "killed"], log)
@@ -58,7 +61,7 @@ def test_lora_grpo_killed_and_resumed_is_exact(world) -> None:
     kill_tree(proc)
     output = " ".join(run_cli(["resume", "killed", "--runs-dir", str(runs)], root / "resume.log").split())
     assert int(re.search(r"from checkpoint step_(\d+)", output).group(1)) in (KILL_AFTER, KILL_AFTER + 1)
-    assert_same_metrics(runs / "killed", reference)
+    assert_same_metrics(runs / "killed", reference, runs / "reference")
 
 
 def test_lora_on_two_ranks_gives_the_engine_the_trainers_policy(world) -> None:

@@ -8,7 +8,8 @@ Two tests, both on what the engine computes (not on what was sent to it):
   arrived (e.g. names the engine silently skipped). A stale engine trains the policy on the
   base model's samples without any other sign, for as long as the run lasts.
 - On check steps (rollout.log_prob_check_freq) the engine's log-probs of the tokens it just
-  sampled must match the trainer's: `rollout/log_prob_diff` <= rollout.log_prob_tolerance.
+  sampled must match the trainer's: `rollout/log_prob_diff` <= rollout.log_prob_tolerance
+  (with rollout.mode=sync: asynchronous rollout samples with older policies on purpose).
 
 A failure raises `WeightSyncError` (rollout.sync_check=error, the default) or logs a warning (warn).
 """
