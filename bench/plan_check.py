@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import subprocess
 import sys
 import threading
@@ -30,7 +31,11 @@ PLAN_PHASES = {"gen": "generate", "update_actor": "update", "sync": "sync"}  # c
 
 
 class MemorySampler(threading.Thread):
-    """(time, [used bytes per GPU]) every `period` seconds until stopped."""
+    """(time, [used bytes per GPU]) every `period` seconds until stopped.
+
+    Only the GPUs CUDA_VISIBLE_DEVICES names, when set, so that a run on the machine's other GPU
+    does not show up in this one's peaks.
+    """
 
     def __init__(self, period: float = 0.1) -> None:
         super().__init__(daemon=True)
@@ -39,7 +44,9 @@ class MemorySampler(threading.Thread):
     def run(self) -> None:
         while self.running:
             try:
-                out = subprocess.run(["nvidia-smi", "--query-gpu=memory.used", "--format=csv,noheader,nounits"],
+                visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+                out = subprocess.run(["nvidia-smi", "--query-gpu=memory.used", "--format=csv,noheader,nounits",
+                                      *([f"--id={visible}"] if visible else [])],
                                      capture_output=True, text=True, timeout=5).stdout
                 self.samples.append((time.monotonic(), [int(v) * 2**20 for v in out.split()]))
             except (OSError, subprocess.SubprocessError):
