@@ -23,7 +23,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench.rlkit_grpo import overrides  # noqa: E402
+from bench.rlkit_grpo import overrides, with_defaults  # noqa: E402
 from bench.workload import prepared  # noqa: E402
 
 GIB = 2**30
@@ -93,10 +93,7 @@ def main() -> None:
     parser.add_argument("--gpu-memory-utilization", type=float, default=0.35)
     parser.add_argument("--steps", type=int, default=4)
     parser.add_argument("--warmup", type=int, default=1)
-    args = parser.parse_args()
-    # The rest of bench/rlkit_grpo.py's settings, as its defaults: full fine-tuning, sync rollout.
-    args.rollout, args.old_log_probs, args.engine_kwargs = "vllm", "auto", "{}"
-    args.defaults, args.lora_rank, args.mode, args.weight_sync, args.rollout_is_cap = False, 0, "sync", "broadcast", None
+    args = with_defaults(parser.parse_args())  # the rest as bench/rlkit_grpo.py's defaults: full fine-tuning, sync
 
     from rlkit.core.controller.controller import Controller
     from rlkit.core.controller.run_dir import RunDir
