@@ -99,6 +99,9 @@ def _tokenize_messages(messages: list[dict[str, Any]], tokenizer: Any) -> tuple[
     turns = [i for i, m in enumerate(messages) if m.get("role") == "assistant"]
     if not turns:
         raise ValueError("'messages' has no assistant message to train on")
+    if turns[0] == 0:
+        raise ValueError("'messages' starts with an assistant message; put the system or user message it answers "
+                         "before it")
     if any(not (m.get("content") or "").strip() for m in messages if m.get("role") == "assistant"):
         raise ValueError("'messages' has an empty assistant message")
     ids: list[int] = []
