@@ -80,11 +80,11 @@ def test_batch_layout_left_pads_prompts_and_masks_padding(tokenizer) -> None:
 def test_bad_rows_are_all_named_with_file_and_row(tokenizer) -> None:
     rows = [{"prompt": "1", "response": "2"}, {"prompt": "1", "response": ""}, {"prompt": "1", "response": None},
             {"prompt": "1", "response": "123456"}, {"messages": [{"role": "user", "content": "1"}]},
-            {"prompt": "", "response": "2"}]
+            {"prompt": "", "response": "2"}, {"messages": [{"role": "assistant", "content": "1"}]}]
     with pytest.raises(UserError) as caught:
         tokenize_sft_rows([("train.parquet", rows)], tokenizer, max_length=6)
     message = str(caught.value)
-    assert message.startswith("5 bad SFT row(s): ")
+    assert message.startswith("6 bad SFT row(s) (and 1 more): ")
     assert "train.parquet, row 1: column 'response' is missing or empty" in message
     assert "train.parquet, row 2: column 'response' is missing or empty" in message
     # "1" + "123456" + EOS = 1 + 7 tokens.
@@ -92,6 +92,9 @@ def test_bad_rows_are_all_named_with_file_and_row(tokenizer) -> None:
            "data.max_response_length = 6" in message
     assert "train.parquet, row 4: 'messages' has no assistant message to train on" in message
     assert "train.parquet, row 5: column 'prompt' is empty" in message
+    assert "row 6" not in message  # five are named, the rest counted
+    with pytest.raises(ValueError, match="'messages' starts with an assistant message"):
+        tokenize_sft_row(rows[6], tokenizer)  # nothing before it: no prompt to predict its first token from
     assert "row 0" not in message
 
 
@@ -113,11 +116,13 @@ def test_preflight_reports_a_bad_row_with_exit_2_before_the_run_dir_exists(tmp_p
     assert not runs.exists() and not ray.is_initialized()
 
 
-def test_rl_only_keys_on_an_sft_command_line_are_refused(tmp_path: Path) -> None:
-    result = CliRunner().invoke(app, ["train", "sft", "--model", "rlkit:tiny-qwen2", "rollout.n=4",
+@pytest.mark.parametrize("key", ["rollout.n=4", "actor.use_kl_loss=true", "trainer.val_n=4"])
+def test_rl_only_keys_on_an_sft_command_line_are_refused(tmp_path: Path, key: str) -> None:
+    result = CliRunner().invoke(app, ["train", "sft", "--model", "rlkit:tiny-qwen2", key,
                                       f"data.train_files=[{tmp_path / 'x.parquet'}]"])
     assert result.exit_code == 2
-    assert "rollout.n (command line): has no effect: objective sft generates nothing" in " ".join(result.output.split())
+    assert f"{key.split('=')[0]} (command line): has no effect: objective sft generates nothing" in \
+        " ".join(result.output.split())
 
 
 def test_rows_without_prompt_response_or_messages_columns(tmp_path: Path) -> None:
