@@ -101,6 +101,16 @@ def test_bad_rows_are_all_named_with_file_and_row(tokenizer) -> None:
 SMALL = ["data.max_prompt_length=16", "data.max_response_length=16"]  # the tiny model's context is 256
 
 
+def test_overlong_rows_can_be_filtered_instead(tokenizer, caplog) -> None:
+    rows = [{"prompt": "1", "response": "2"}, {"prompt": "1", "response": "123456"}]
+    with caplog.at_level("WARNING"):
+        kept = tokenize_sft_rows([("f", rows)], tokenizer, max_length=6, overlong="filter")
+    assert [e.response_ids for e in kept] == [[*chars(tokenizer, "2"), END]]
+    assert "dropped 1 of 2 SFT rows longer than data.max_prompt_length + data.max_response_length = 6" in caplog.text
+    with pytest.raises(UserError, match="no usable rows"):
+        tokenize_sft_rows([("f", rows[1:])], tokenizer, max_length=6, overlong="filter")
+
+
 def test_preflight_reports_a_bad_row_with_exit_2_before_the_run_dir_exists(tmp_path: Path) -> None:
     import ray
 

@@ -104,7 +104,7 @@ def check_config(config: RLConfig, origins: dict[str, str] | None = None, *, req
 
 # Keys only RL reads: on the command line of an offline objective they would do nothing.
 RL_ONLY_PREFIXES = ("rollout.", "algorithm.", "critic.", "reward.", "reward_model.", "data.synthetic_task",
-                    "data.overlong_prompts", "actor.policy_loss", "actor.clip_ratio", "actor.entropy_coeff",
+                    "actor.policy_loss", "actor.clip_ratio", "actor.entropy_coeff",
                     "actor.use_kl_loss", "actor.kl_loss_", "actor.rollout_is", "actor.old_log_probs",
                     "trainer.val_n", "trainer.val_temperature", "trainer.record_rollouts", "trainer.invariant")
 
