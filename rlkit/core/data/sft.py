@@ -21,7 +21,7 @@ from rlkit.core.batch import Batch, padded_tensors
 from rlkit.core.data.dataset import open_parquet, tokenize_prompt
 from rlkit.errors import UserError
 
-FORMATS = {"prompt + response": ("prompt", "response"), "messages": ("messages",)}
+FORMATS = (("prompt", "response"), ("messages",))  # the columns of each row format
 SHOWN_PROBLEMS = 5  # bad rows named in the error; the rest are counted
 logger = logging.getLogger(__name__)
 
@@ -35,16 +35,12 @@ class SFTExample:
     response_ids: list[int]
     loss_mask: list[int]
 
-    @property
-    def length(self) -> int:
-        return len(self.prompt_ids) + len(self.response_ids)
-
 
 def read_sft_file(path: str, key: str) -> list[dict[str, Any]]:
     """The rows of one parquet file with prompt + response or messages columns."""
     file = open_parquet(path, required=())
     names = file.schema_arrow.names
-    if not any(all(c in names for c in columns) for columns in FORMATS.values()):
+    if not any(all(c in names for c in columns) for columns in FORMATS):
         raise UserError(f"data file {path} ({key}) has columns {names}; SFT rows need 'prompt' + 'response' "
                         "or 'messages' (see `rlkit prep-data gsm8k --format sft`)")
     return file.read().to_pylist()
