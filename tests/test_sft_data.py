@@ -173,3 +173,22 @@ def test_format_is_refused_by_builders_without_it(tmp_path: Path) -> None:
     result = invoke(register, "prep-data", "humaneval", "--format", "sft", "--out", str(tmp_path))
     assert result.exit_code == 2
     assert "takes no option 'format'" in result.output
+
+
+def test_dry_run_counts_rows_and_names_no_engine(tmp_path: Path) -> None:
+    data = write_parquet([{"prompt": "1+1=", "response": "2"}] * 8, tmp_path / "train.parquet")
+    result = CliRunner().invoke(app, ["train", "sft", "--dry-run", "--model", "rlkit:tiny-qwen2",
+                                      f"data.train_files=[{data}]", "data.train_batch_size=8",
+                                      "actor.mini_batch_size=4", *SMALL])
+    assert result.exit_code == 0, result.output
+    text = " ".join(result.output.split())
+    assert "each step takes 8 rows of data.train_files (sft: no generation)" in text
+    assert "2 optimizer step(s) per step: 2 mini-batch(es) of 4 rows (4 sequences) x 1 epoch(s)" in text
+    assert "data: 8 training and 0 validation prompt + response / messages rows" in text
+    assert "rollout engine" not in text
+
+
+def test_an_sft_run_needs_data_files() -> None:
+    result = CliRunner().invoke(app, ["train", "sft", "--model", "rlkit:tiny-qwen2"])
+    assert result.exit_code == 2
+    assert "objective sft trains on rows of data files" in " ".join(result.output.split())
