@@ -59,6 +59,13 @@ def test_runs_show_prints_the_loss_and_the_validation_loss(tmp_path: Path) -> No
     assert "validation (2 times)" in result.output  # no generated responses to point to
 
 
+def test_runs_list_shows_an_sft_runs_loss(tmp_path: Path) -> None:
+    sft_run(tmp_path)
+    result = invoke(run_cmds.register, "runs", "list", "--runs-dir", str(tmp_path))
+    row = next(line for line in result.output.splitlines() if "sftrun" in line)
+    assert "loss 1.5" in row and "2/2" in row
+
+
 def test_the_plot_draws_the_loss_panels(tmp_path: Path) -> None:
     run = sft_run(tmp_path)
     assert panels_for(read_metrics(run.path / "metrics.jsonl")) == OFFLINE_PANELS
