@@ -82,7 +82,8 @@ class OfflineController:
 
     # -- validation ---------------------------------------------------------------------
     def validate(self, step: int) -> dict[str, float]:
-        """val/loss (aggregated as the training loss is) and val/token_accuracy over all of data.val_files."""
+        """val/loss (aggregated as the training loss is) and val/token_accuracy over all of data.val_files
+        (`step` is the run loop's: the loss of a fixed set does not depend on it)."""
         world = self.config.world_size
         batch = pad_to_ranks(Batch(dict(self.kind.batch(self.val_rows, self.pad_id).tensors)), world)
         mask = batch["response_mask"]
