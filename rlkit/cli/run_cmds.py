@@ -14,7 +14,8 @@ RUNS_DIR_OPTION = typer.Option("runs", "--runs-dir", envvar="RLKIT_RUNS_DIR",
                                help="Parent folder of run directories (trainer.runs_dir of the run).")
 RUN_ARGUMENT = typer.Argument(..., help="Run id (a folder under --runs-dir) or the run directory's path.")
 # Metrics `runs show` prints, in this order, when the run logged them.
-SHOW_KEYS = ["reward/mean", "reward/max", "response/length_mean", "response/clip_frac", "actor/pg_loss",
+SHOW_KEYS = ["actor/loss", "actor/token_accuracy", "perf/loss_tokens",  # offline objectives (sft)
+             "reward/mean", "reward/max", "response/length_mean", "response/clip_frac", "actor/pg_loss",
              "actor/kl_ref", "actor/kl_loss", "actor/entropy", "actor/grad_norm", "actor/lr",
              "rollout/log_prob_diff", "timing/step", "perf/tokens_per_s"]
 STATUS_STYLE = {"running": "cyan", "finished": "green", "failed": "red", "dead": "red", "interrupted": "yellow"}
@@ -60,15 +61,22 @@ def runs_list(runs_dir: str = RUNS_DIR_OPTION) -> None:
     if not runs:
         console.print(f"no runs in {Path(runs_dir).expanduser()}")
         return
-    table = Table("run", "recipe", "status", "step", "reward", "checkpoints", "updated")
+    table = Table("run", "recipe", "status", "step", "reward / loss", "checkpoints", "updated")
     for run in runs:
         status = run.read_status()
         last = (read_metrics(run.path / METRICS_FILE) or [{}])[-1]
         usable = [c.step for c in list_checkpoints(run.path) if c.problem is None]
         table.add_row(run.run_id, _recipe(run.path), _styled(status.get("status", "unknown")),
-                      f"{status.get('step', '-')}/{status.get('total_steps', '-')}", _fmt(last.get("reward/mean")),
+                      f"{status.get('step', '-')}/{status.get('total_steps', '-')}", _last_score(last),
                       f"{len(usable)} (last {usable[-1]})" if usable else "0", str(status.get("updated_at", "-")))
     console.print(table)
+
+
+def _last_score(record: dict[str, Any]) -> str:
+    """An RL run's reward, an offline objective's (sft) loss."""
+    if "reward/mean" not in record and "actor/loss" in record:
+        return f"loss {_fmt(record['actor/loss'])}"
+    return _fmt(record.get("reward/mean"))
 
 
 @user_errors
@@ -95,11 +103,13 @@ def runs_show(run_id: str = RUN_ARGUMENT, runs_dir: str = RUNS_DIR_OPTION) -> No
             if key in last:
                 metrics.add_row(key, _fmt(last[key]))
         console.print(metrics)
-    validated = [r for r in records if "val/reward/mean@1" in r]
+    validated = [r for r in records if any(k.startswith("val/") for k in r)]
     if validated:
         shown = validated[:1] + validated[-1:] if len(validated) > 1 else validated
-        table = Table("metric", *[f"step {r['step']}" for r in shown], title=f"validation ({len(validated)} times; "
-                      f"responses in {run.path / 'validation'})", title_justify="left")
+        generated = any(k.startswith("val/reward/") for k in validated[-1])  # an offline objective's generates nothing
+        where = f"; responses in {run.path / 'validation'}" if generated else ""
+        table = Table("metric", *[f"step {r['step']}" for r in shown], title=f"validation ({len(validated)} times{where})",
+                      title_justify="left")
         for key in sorted(k for k in validated[-1] if k.startswith("val/")):
             table.add_row(key, *[_fmt(r.get(key)) for r in shown])
         console.print(table)
