@@ -305,6 +305,8 @@ def compare(merged: dict[str, Any], adapter: dict[str, Any]) -> dict[str, Any]:
         "greedy_token_agreement": same_tokens(merged["greedy_tokens"], adapter["greedy_tokens"]),
         "greedy_agreement_with_base": same_tokens(merged["base"]["greedy_tokens"], adapter["greedy_tokens"]),
         "log_prob_max_diff": max_diff(merged["sequence_log_probs"], adapter["sequence_log_probs"]),
+        "log_prob_mean_diff": statistics.fmean(abs(x - y) for x, y in zip(merged["sequence_log_probs"],
+                                                                         adapter["sequence_log_probs"])),
         "log_prob_max_diff_to_base": max_diff(merged["base"]["sequence_log_probs"], adapter["sequence_log_probs"]),
         "throughput_ratio_adapter_over_merged": adapter["tokens_per_s"] / merged["tokens_per_s"],
         "per_update_seconds": {"merged": merged["per_update_seconds"], "adapter": adapter["per_update_seconds"]},
@@ -344,7 +346,8 @@ def summary(result: dict[str, Any]) -> str:
                      f"{a['memory_used_gib']['engine_gib']:12.2f}   (not released after free: "
                      f"{m['memory_used_gib']['not_released_gib']:.2f} / {a['memory_used_gib']['not_released_gib']:.2f})")
     lines.append(f"like for like: greedy identical {c['greedy_identical']} (agreement {c['greedy_token_agreement']:.2f}, "
-                 f"with base {c['greedy_agreement_with_base']:.2f}); log-prob max diff {c['log_prob_max_diff']:.2e} "
+                 f"with base {c['greedy_agreement_with_base']:.2f}); log-prob diff max {c['log_prob_max_diff']:.2e} "
+                 f"mean {c['log_prob_mean_diff']:.2e} "
                  f"(to base {c['log_prob_max_diff_to_base']:.2e})")
     lines.append(f"total {result['total_seconds']:.1f} s")
     return "\n".join(lines)
