@@ -1,0 +1,109 @@
+"""Preference pairs for `rlkit train dpo`: parquet rows -> token ids, checked row by row.
+
+A row (one parquet record):
+  prompt    list[{role, content}]   chat messages, exactly as an RL prompt row (or a plain string)
+  chosen    str                     the preferred response
+  rejected  str                     the dispreferred response
+Other columns (data_source, extra_info, ...) are kept out of training and may be anything.
+
+Tokenisation never re-tokenises joined text: the prompt goes through the chat template with the
+generation prompt, each response is tokenised on its own and ends with the tokenizer's EOS (for a
+chat model, the end-of-turn token), so the model learns where an answer stops.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pyarrow.parquet as pq
+
+from rlkit.core.data.dataset import tokenize_prompt
+from rlkit.errors import UserError
+
+PAIR_COLUMNS = ("prompt", "chosen", "rejected")
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class PairRow:
+    """One preference pair, tokenised once at load time."""
+
+    index: int
+    prompt_token_ids: list[int]
+    chosen_token_ids: list[int]  # the response's tokens + EOS
+    rejected_token_ids: list[int]
+
+
+def read_pair_rows(path: str | Path, key: str) -> list[dict[str, Any]]:
+    """Every row of a pair file; UserError if it is missing, not parquet, empty or lacks a column."""
+    path = Path(path).expanduser()
+    if not path.exists():
+        raise UserError(f"{key}: {path} does not exist (`rlkit prep-data gsm8k-pairs` writes a pair set; "
+                        "docs/data.md describes the format)")
+    try:
+        table = pq.read_table(path)
+    except Exception as exc:  # pyarrow raises several types for "not parquet"
+        raise UserError(f"{key}: {path} is not a readable parquet file: {exc}") from None
+    missing = [c for c in PAIR_COLUMNS if c not in table.column_names]
+    if missing:
+        raise UserError(f"{key}: {path} lacks column(s) {missing}; preference rows need {list(PAIR_COLUMNS)} "
+                        "(docs/data.md)")
+    if table.num_rows == 0:
+        raise UserError(f"{key}: {path} has no rows")
+    return table.select(list(PAIR_COLUMNS)).to_pylist()
+
+
+def response_token_ids(tokenizer: Any, text: str) -> list[int]:
+    """A response's tokens, then EOS."""
+    return list(tokenizer(text, add_special_tokens=False)["input_ids"]) + [tokenizer.eos_token_id]
+
+
+def pair_problem(raw: dict[str, Any]) -> str | None:
+    """What makes a row unusable before tokenising it, or None."""
+    for column in ("chosen", "rejected"):
+        if not isinstance(raw[column], str):
+            return f"'{column}' is {type(raw[column]).__name__}, not text"
+        if not raw[column].strip():
+            return f"'{column}' is empty"
+    if raw["chosen"] == raw["rejected"]:
+        return "'chosen' and 'rejected' are the same text: the pair teaches nothing"
+    prompt = raw["prompt"]
+    if not prompt or (not isinstance(prompt, str) and not any(m.get("content") for m in prompt)):
+        return "'prompt' is empty"
+    return None
+
+
+def tokenize_pairs(sources: list[tuple[str, list[dict[str, Any]]]], tokenizer: Any, *, max_prompt_length: int,
+                   max_response_length: int, overlong: str = "error") -> list[PairRow]:
+    """(file, raw rows) per source -> PairRows. A bad pair is a UserError naming its file and row; a pair
+    whose prompt + longer response is over max_prompt_length + max_response_length tokens errors, or with
+    overlong="filter" is dropped (and counted in a warning)."""
+    budget = max_prompt_length + max_response_length
+    pairs: list[PairRow] = []
+    dropped = 0
+    for name, raw_rows in sources:
+        for i, raw in enumerate(raw_rows):
+            problem = pair_problem(raw)
+            if problem:
+                raise UserError(f"{name}, row {i}: {problem}; fix or remove the row")
+            prompt = tokenize_prompt(tokenizer, raw["prompt"])
+            chosen, rejected = response_token_ids(tokenizer, raw["chosen"]), response_token_ids(tokenizer, raw["rejected"])
+            longest = len(prompt) + max(len(chosen), len(rejected))
+            if longest > budget:
+                if overlong == "filter":
+                    dropped += 1
+                    continue
+                raise UserError(
+                    f"{name}, row {i}: prompt ({len(prompt)} tokens) + the longer response "
+                    f"({longest - len(prompt)} tokens with EOS) is {longest} tokens > data.max_prompt_length + "
+                    f"data.max_response_length = {budget}; raise them or set data.overlong_prompts=filter")
+            pairs.append(PairRow(len(pairs), prompt, chosen, rejected))
+    if not pairs:
+        raise UserError(f"no usable pairs in {[name for name, _ in sources]} ({dropped} dropped as too long)")
+    if dropped:
+        logger.warning("dropped %d of %d pairs longer than data.max_prompt_length + data.max_response_length = %d "
+                       "(data.overlong_prompts=filter)", dropped, dropped + len(pairs), budget)
+    return pairs
