@@ -42,7 +42,7 @@ def read_pair_rows(path: str | Path, key: str) -> list[dict[str, Any]]:
     path = Path(path).expanduser()
     if not path.exists():
         raise UserError(f"{key}: {path} does not exist (`rlkit prep-data gsm8k-pairs` writes a pair set; "
-                        "docs/data.md describes the format)")
+                        "docs/preference.md describes the format)")
     try:
         table = pq.read_table(path)
     except Exception as exc:  # pyarrow raises several types for "not parquet"
@@ -50,7 +50,7 @@ def read_pair_rows(path: str | Path, key: str) -> list[dict[str, Any]]:
     missing = [c for c in PAIR_COLUMNS if c not in table.column_names]
     if missing:
         raise UserError(f"{key}: {path} lacks column(s) {missing}; preference rows need {list(PAIR_COLUMNS)} "
-                        "(docs/data.md)")
+                        "(docs/preference.md)")
     if table.num_rows == 0:
         raise UserError(f"{key}: {path} has no rows")
     return table.select(list(PAIR_COLUMNS)).to_pylist()
