@@ -125,5 +125,9 @@ def test_pair_file_without_its_columns(tmp_path: Path) -> None:
     import pyarrow as pa
 
     pq.write_table(pa.Table.from_pylist([{"prompt": "x", "chosen": "a"}]), tmp_path / "p.parquet")
-    with pytest.raises(UserError, match=r"data.train_files: .*p.parquet lacks column\(s\) \['rejected'\]"):
+    with pytest.raises(UserError, match=r"p.parquet lacks column\(s\) \['rejected'\]"):
         read_pair_rows(tmp_path / "p.parquet", "data.train_files")
+    pq.write_table(pa.Table.from_pylist([{"prompt": "x", "chosen": "a", "rejected": "b"}]).slice(0, 0),
+                   tmp_path / "empty.parquet")
+    with pytest.raises(UserError, match=r"empty.parquet \(data.val_files\) has no rows"):
+        read_pair_rows(tmp_path / "empty.parquet", "data.val_files")

@@ -18,9 +18,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import pyarrow.parquet as pq
-
-from rlkit.core.data.dataset import tokenize_prompt
+from rlkit.core.batch import Batch, padded_tensors
+from rlkit.core.data.dataset import open_parquet, tokenize_prompt
 from rlkit.errors import UserError
 
 PAIR_COLUMNS = ("prompt", "chosen", "rejected")
@@ -39,21 +38,10 @@ class PairRow:
 
 def read_pair_rows(path: str | Path, key: str) -> list[dict[str, Any]]:
     """Every row of a pair file; UserError if it is missing, not parquet, empty or lacks a column."""
-    path = Path(path).expanduser()
-    if not path.exists():
-        raise UserError(f"{key}: {path} does not exist (`rlkit prep-data gsm8k-pairs` writes a pair set; "
-                        "docs/preference.md describes the format)")
-    try:
-        table = pq.read_table(path)
-    except Exception as exc:  # pyarrow raises several types for "not parquet"
-        raise UserError(f"{key}: {path} is not a readable parquet file: {exc}") from None
-    missing = [c for c in PAIR_COLUMNS if c not in table.column_names]
-    if missing:
-        raise UserError(f"{key}: {path} lacks column(s) {missing}; preference rows need {list(PAIR_COLUMNS)} "
-                        "(docs/preference.md)")
-    if table.num_rows == 0:
-        raise UserError(f"{key}: {path} has no rows")
-    return table.select(list(PAIR_COLUMNS)).to_pylist()
+    file = open_parquet(path, required=PAIR_COLUMNS)
+    if file.metadata.num_rows == 0:
+        raise UserError(f"data file {path} ({key}) has no rows")
+    return file.read(columns=list(PAIR_COLUMNS)).to_pylist()
 
 
 def response_token_ids(tokenizer: Any, text: str) -> list[int]:
@@ -107,3 +95,12 @@ def tokenize_pairs(sources: list[tuple[str, list[dict[str, Any]]]], tokenizer: A
         logger.warning("dropped %d of %d pairs longer than data.max_prompt_length + data.max_response_length = %d "
                        "(data.overlong_prompts=filter)", dropped, dropped + len(pairs), budget)
     return pairs
+
+
+def pair_batch(pairs: list[PairRow], pad_id: int) -> Batch:
+    """The pairs in the rollout batch layout, rows interleaved chosen, rejected, chosen, ...: the
+    prompt as context, the loss mask on each response and its EOS."""
+    prompts = [p.prompt_token_ids for p in pairs for _ in range(2)]
+    responses = [ids for p in pairs for ids in (p.chosen_token_ids, p.rejected_token_ids)]
+    tensors = padded_tensors(prompts, responses, [[1] * len(ids) for ids in responses], pad_id)
+    return Batch(tensors, {"row_index": [p.index for p in pairs for _ in range(2)]})

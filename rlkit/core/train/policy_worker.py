@@ -193,7 +193,7 @@ class PolicyWorker(DeviceWorker, AgentEpisodes, OfflineUpdates):
             for rows in micro_batches(batch, self.fast_paths.micro_batch_tokens):
                 packed = packing.pack(batch.select(rows)).to(self.device)
                 logits = fsdp.packed_outputs(model, packed)
-                lp, ent = selected_log_probs(logits, packed.targets, self.config.rollout.temperature,
+                lp, ent = selected_log_probs(logits, packed.targets, self.config.log_prob_temperature,
                                              with_entropy=which == "actor")
                 log_probs[rows] = packed.scatter(lp).cpu()
                 entropy[rows] = packed.scatter(ent).cpu()

@@ -43,7 +43,9 @@ def preference_micro_step(module: torch.nn.Module, mb: Batch, norm: dict[str, fl
     reference = sequence_log_probs(mb["ref_log_probs"], mask)
     losses, metrics = preference_loss(pair_log_probs(policy, reference, mask.sum(-1)), loss_type, beta=beta,
                                       label_smoothing=label_smoothing)
+    # Validation pads its pairs to whole ranks with filler pairs whose loss mask is 0: they count nothing.
+    real = (mask.sum(-1)[0::PAIR_ROWS] > 0).to(losses.dtype)
     pairs_in_minibatch = norm["num_seqs"] / PAIR_ROWS
-    sums = {key: (value.sum() / pairs_in_minibatch).detach().cpu() for key, value in metrics.items()}
+    sums = {key: ((value * real).sum() / pairs_in_minibatch).detach().cpu() for key, value in metrics.items()}
     sums["tokens"] = mask.sum().detach().cpu()
-    return losses.sum() / pairs_in_minibatch, sums
+    return (losses * real).sum() / pairs_in_minibatch, sums
