@@ -46,7 +46,7 @@ DPO_CONSOLE_KEYS = [
     ("rewards/rejected", "rejected"), ("actor/grad_norm", "grad norm"), ("perf/tokens_per_s", "tok/s"),
     ("timing/step", "step s"),
 ]
-CONSOLE_COLUMNS = {"rl": CONSOLE_KEYS, "sft": OFFLINE_CONSOLE_KEYS, "dpo": DPO_CONSOLE_KEYS}  # by objective
+CONSOLE_KEYS_BY_OBJECTIVE = {"rl": CONSOLE_KEYS, "sft": OFFLINE_CONSOLE_KEYS, "dpo": DPO_CONSOLE_KEYS}  # config.objective -> columns
 
 
 class Tracker:

@@ -87,8 +87,9 @@ def knobs(plan: Plan, critic: ModelShape | None, reward: ModelShape | None) -> l
         return memory.training_device(changed, plan.shape, plan.device.bytes, on_gpu=plan.device.on_gpu,
                                       critic=critic, reward_model=reward).phases[mem.peak_phase] <= usable
 
-    if mem.peak_phase == "generate":
-        state = mem.phases["generate"] - memory.engine_bytes(config, plan.shape, plan.device.bytes, plan.device.on_gpu)
+    if mem.peak_phase in ("generate", "sync"):  # both hold the engine's whole share
+        state = mem.phases[mem.peak_phase] - memory.engine_bytes(config, plan.shape, plan.device.bytes,
+                                                                 plan.device.on_gpu)
         share = (usable - state) / plan.device.bytes
         if share > 0.05:
             found.append(f"rollout.gpu_memory_utilization={share - 0.01:.2f} (now {config.rollout.gpu_memory_utilization:g})")
