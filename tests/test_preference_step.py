@@ -98,3 +98,14 @@ def test_pairs_stay_together_in_micro_batches(world_of_one) -> None:
     assert sorted(micro_batches(batch, 7, group=PAIR_ROWS)) == [[0, 1], [2, 3], [4, 5]]
     # Budget 13 (pairs of 6, 7 and 6 tokens): two micro-batches, pair 1 alone, pairs 0 and 2 together.
     assert sorted(micro_batches(batch, 13, group=PAIR_ROWS)) == [[0, 1, 4, 5], [2, 3]]
+
+
+def test_filler_pairs_count_nothing(world_of_one) -> None:
+    # Validation pads its pairs to whole ranks with copies whose loss mask is 0 (OfflineController.validate):
+    # pair 0 of the first test (loss ln 1.5) plus a masked copy, in a mini-batch of one real pair.
+    batch = pair_rows([([1, 1], [3, 2]), ([1, 1], [3, 2])], [[-1.5 * LN2, -1.5 * LN2], [-2 * LN2, -2 * LN2]] * 2)
+    batch["response_mask"][2:] = 0
+    loss, sums = preference_micro_step(Bigram(), batch, {"num_tokens": 4.0, "num_seqs": 2.0},
+                                       device=torch.device("cpu"), loss_type="sigmoid", beta=0.5, label_smoothing=0.0)
+    assert loss.item() == pytest.approx(math.log(1.5), abs=1e-6)
+    assert sums["rewards/accuracies"].item() == 1.0 and sums["tokens"].item() == 4.0

@@ -223,7 +223,8 @@ def batch_arithmetic(config: RLConfig) -> list[str]:
         micro = (f"in micro-batches of up to {a.micro_batch_tokens} tokens (at least {per_micro} full-length "
                  f"sequences, so at most {-(-per_worker // per_micro)} micro-batch(es))")
     unit = {"rl": "prompts", "dpo": "pairs"}.get(config.objective, "rows")
-    first = (f"each step takes {d.train_batch_size} {unit} of data.train_files = {sequences} sequences "
+    pairs = f" = {sequences} sequences" if config.objective == "dpo" else ""
+    first = (f"each step takes {d.train_batch_size} {unit} of data.train_files{pairs} "
              f"({config.objective}: no generation)" if config.offline
              else f"each step samples {d.train_batch_size} prompts x rollout.n={n} = {sequences} sequences")
     return [
