@@ -1,6 +1,6 @@
 """`rlkit train dpo` through the CLI on the tiny model and GSM8K pairs: held-out accuracy of chosen
-over rejected rises, and kill + resume gives the uninterrupted run's metrics bit for bit (bad pairs
-at preflight: tests/test_dpo_config.py).
+over rejected rises, kill + resume gives the uninterrupted run's metrics bit for bit, and with LoRA
+the reference is the policy with its adapters off (bad pairs at preflight: tests/test_dpo_config.py).
 
 The data: `rlkit prep-data gsm8k-pairs` rows from the real GSM8K files, made to fit the tiny model's
 character vocabulary (lowercase letters, digits, a few signs) and short: the question's last 24
@@ -96,3 +96,19 @@ def test_sigkill_after_a_checkpoint_then_resume_is_exact(world) -> None:
     assert_same_metrics(runs / "killed", world["reference"])
     assert json.loads((runs / "killed" / "status.json").read_text())["status"] == "finished"
 
+
+
+def test_lora_dpo_takes_the_adapters_off_model_as_its_reference(world) -> None:
+    # LoRA's B starts at 0, so before the first update the policy is the base: every reward is 0. Were the
+    # reference the adapted policy itself, the rewards would stay 0; with the adapters switched off for it
+    # (no second copy of the model), they move once the adapters train.
+    root, runs = world["root"], world["runs"]
+    args = [a for a in world["args"] if not a.startswith(("trainer.total_steps", "trainer.val_freq", "actor.lr",
+                                                          "actor.mini_batch_size"))]
+    run_cli(["train", "dpo", *args, "trainer.total_steps=3", "trainer.val_freq=3", "actor.lr=1e-2",
+             "actor.mini_batch_size=64", "model.lora.rank=8", "model.lora.alpha=16", "--run-id", "lora"],
+            root / "lora.log")
+    records = metrics(runs / "lora")
+    assert records[0]["val/rewards/margins"] == pytest.approx(0.0, abs=1e-6)
+    assert records[1]["rewards/margins"] == pytest.approx(0.0, abs=1e-6)  # one optimizer step: measured before it
+    assert records[-1]["val/rewards/margins"] > 0.01 and records[-1]["val/rewards/accuracies"] > 0.5
