@@ -232,3 +232,25 @@ def test_plan_matches_a_measured_cpu_update_within_25_percent(measured, override
     planned = memory.activation_bytes(shape, batch, compute, config.model.gradient_checkpointing)["saved"] \
         + memory.logits_bytes(shape, batch, compute)["logits"]
     assert abs(measured["saved"] - planned) <= 0.25 * measured["saved"], (measured["saved"], planned)
+
+
+@pytest.mark.parametrize("targets", ["all-linear", ["q_proj", "v_proj"]])
+def test_the_lora_count_is_what_peft_trains(targets) -> None:
+    from rlkit.core.train import adapters, fsdp
+    from rlkit.recipes.schema import LoraSettings
+
+    path = resolve_model_path("rlkit:tiny-qwen2")
+    model = adapters.add_lora(fsdp.load_model(path), LoraSettings(rank=4, target_modules=targets), seed=0)
+    trained = sum(p.numel() for p in model.parameters() if p.requires_grad)
+    assert model_shape(path).lora_params(4, targets) == trained
+
+
+def test_with_lora_the_base_is_frozen_and_is_the_reference(qwen05) -> None:
+    config = load_config("grpo", [*BENCH, "model.lora.rank=16"], model=qwen05, require_inputs=False)
+    parts = build_plan(config, gpu_memory_gib=140).memory.parts
+    # per layer r x (in + out): q and o 16 x (896 + 896), k and v 16 x (896 + 128), gate/up/down 16 x (896 + 4864)
+    adapters = 24 * (2 * 28_672 + 2 * 16_384 + 3 * 92_160)
+    assert adapters == 8_798_208
+    assert parts["base weights (fp32, frozen; also the reference)"] == 4 * 494_032_768
+    assert parts["LoRA adapters, gradients, AdamW (fp32, 8.8M)"] == 16 * adapters
+    assert not any(k.startswith(("reference", "actor weights", "AdamW")) for k in parts)

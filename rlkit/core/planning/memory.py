@@ -2,7 +2,9 @@
 
 What lives on a training device (FSDP2 over W = config.world_size ranks):
   state        actor fp32 weights, gradients and AdamW moments (16 bytes a parameter / W), the
-               reference's fp32 weights (4 / W), the critic's state (16 / W of its parameters)
+               reference's fp32 weights (4 / W), the critic's state (16 / W of its parameters);
+               with LoRA the frozen fp32 base (4 / W), which is also the reference, and 16 bytes
+               per adapter parameter
   compute copy the compute-dtype copy FSDP2 gathers: the whole model with one rank (kept from
                forward to backward; the reference, which has no backward, keeps it), two
                layers and the root with more
@@ -125,17 +127,24 @@ def training_device(config: RLConfig, shape: ModelShape, device_bytes: float, *,
     world, compute = config.world_size, compute_bytes(config, on_gpu)
     mem = DeviceMemory()
     parts = mem.parts
-    parts["actor weights (fp32)"] = 4 * shape.params / world
-    parts["actor gradients (fp32)"] = 4 * shape.params / world
-    parts["AdamW moments (fp32)"] = 8 * shape.params / world
-    if config.needs_reference:
+    lora = config.model.lora
+    if lora.rank:  # the base is frozen and is also the reference (adapters off): no second model
+        adapters = shape.lora_params(lora.rank, lora.target_modules)
+        parts["base weights (fp32, frozen; also the reference)"] = 4 * shape.params / world
+        parts[f"LoRA adapters, gradients, AdamW (fp32, {adapters / 1e6:.1f}M)"] = 16 * adapters / world
+    else:
+        parts["actor weights (fp32)"] = 4 * shape.params / world
+        parts["actor gradients (fp32)"] = 4 * shape.params / world
+        parts["AdamW moments (fp32)"] = 8 * shape.params / world
+    separate_reference = config.needs_reference and not lora.rank
+    if separate_reference:
         parts["reference weights (fp32)"] = 4 * shape.params / world
     if critic is not None:
         parts["critic weights, gradients, AdamW"] = 16 * critic.params / world
     if reward_model is not None:
         parts["reward model (fp32)"] = 4 * reward_model.params
     dtype = "bf16" if compute == 2 else "fp32"
-    if world == 1 and config.needs_reference:
+    if world == 1 and separate_reference:
         # One rank keeps a module's gathered copy until its backward, which the reference never runs.
         parts[f"reference compute copy ({dtype}, kept with one rank)"] = shape.params * compute
     state = sum(parts.values())
