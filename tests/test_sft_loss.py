@@ -128,3 +128,14 @@ def test_updates_lower_the_loss_and_validation_measures_the_same_loss(worker: Po
     after = worker.evaluate_offline(batch, norm)
     assert after["loss"] < 0.5 * before["loss"]
     assert 0.0 <= after["token_accuracy"] <= 1.0 and after["token_accuracy"] >= before["token_accuracy"]
+
+
+def test_a_held_out_set_is_padded_to_the_ranks_with_rows_that_count_for_nothing() -> None:
+    from rlkit.core.batch import pad_to_ranks
+
+    batch = Batch(dict(two_sequences().tensors))
+    assert pad_to_ranks(batch, 2) is batch
+    padded = pad_to_ranks(batch, 4)  # 2 rows over 4 ranks: two copies of row 0 and row 1, loss mask 0
+    assert torch.equal(padded["input_ids"], torch.cat([batch["input_ids"], batch["input_ids"]]))
+    assert torch.equal(padded["response_mask"][2:], torch.zeros_like(batch["response_mask"]))
+    assert padded["response_mask"].sum() == batch["response_mask"].sum() == 4  # 2 + 2 trained tokens

@@ -59,7 +59,30 @@ def test_runs_show_prints_the_loss_and_the_validation_loss(tmp_path: Path) -> No
     assert "validation (2 times)" in result.output  # no generated responses to point to
 
 
+def test_runs_list_shows_an_sft_runs_loss(tmp_path: Path) -> None:
+    sft_run(tmp_path)
+    result = invoke(run_cmds.register, "runs", "list", "--runs-dir", str(tmp_path))
+    row = next(line for line in result.output.splitlines() if "sftrun" in line)
+    assert "loss 1.5" in row and "2/2" in row
+
+
 def test_the_plot_draws_the_loss_panels(tmp_path: Path) -> None:
     run = sft_run(tmp_path)
     assert panels_for(read_metrics(run.path / "metrics.jsonl")) == OFFLINE_PANELS
     assert plot_run(run.path, tmp_path / "p.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_the_plan_of_an_sft_run_is_the_update_alone() -> None:
+    from rlkit.core.planning.plan import build_plan
+
+    common = ["model.path=rlkit:tiny-qwen2", "data.train_files=[t.parquet]", "data.train_batch_size=64",
+              "actor.mini_batch_size=32", "data.max_prompt_length=64", "data.max_response_length=64",
+              "actor.micro_batch_tokens=4096", "trainer.device=cuda"]
+    sft = build_plan(load_config("sft", common), gpu_memory_gib=80)
+    # The same update on RL's side: one sample per prompt, no reference, no engine phases counted.
+    rl = build_plan(load_config("grpo", [*common, "rollout.n=1", "algorithm.adv_estimator=reinforce_plus_plus",
+                                         "actor.use_kl_loss=false"]), gpu_memory_gib=80)
+    assert set(sft.memory.phases) == {"update"} and sft.kv is None
+    assert sft.memory.phases["update"] == rl.memory.phases["update"]
+    assert set(sft.time.phases) == {"update"}
+    assert sft.time.phases["update"] == rl.time.phases["update_actor"]

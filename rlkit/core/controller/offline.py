@@ -17,7 +17,7 @@ from typing import Any
 
 import torch
 
-from rlkit.core.batch import Batch, shard_minibatches
+from rlkit.core.batch import Batch, pad_to_ranks, shard_minibatches
 from rlkit.core.cluster.worker_group import DeviceReservation, WorkerGroup, init_ray
 from rlkit.core.controller.controller import (
     load_worker_shards,
@@ -87,23 +87,20 @@ class OfflineController:
 
     def update(self, batch: Batch) -> dict[str, float]:
         """One optimizer step per actor.mini_batch_size rows (dpo: pairs), each split evenly over the workers."""
-        keys = ["input_ids", "attention_mask", "position_ids", "responses", "response_mask"]
-        slim = Batch({k: batch[k] for k in keys + [k for k in ("ref_log_probs",) if k in batch]})
-        rows_per_minibatch = self.config.actor.mini_batch_size * self.config.samples_per_prompt
-        per_rank = shard_minibatches(slim, rows_per_minibatch, self.config.world_size)
+        cfg = self.config
+        tensors = Batch(dict(batch.tensors))  # the row kind's tensors travel (dpo: with ref_log_probs); meta stays here
+        per_rank = shard_minibatches(tensors, cfg.actor.mini_batch_size * cfg.samples_per_prompt, cfg.world_size)
         return self.workers.call("update_offline", per_rank=per_rank, phase="update_offline")[0]
 
     # -- validation ---------------------------------------------------------------------
     def validate(self, step: int) -> dict[str, float]:
         """The training metrics over all of data.val_files, as val/...: sft val/loss (aggregated as the
-        training loss is) and val/token_accuracy; dpo val/loss and val/rewards/* (means over the pairs)."""
-        batch = self.kind.batch(self.val_rows, self.pad_id)
+        training loss is) and val/token_accuracy; dpo val/loss and val/rewards/* (means over the pairs).
+        (`step` is the run loop's: the metrics of a fixed set do not depend on it.)"""
         world = self.config.world_size
-        short = -len(batch) % (world * self.config.samples_per_prompt)  # whole pairs on every rank
-        if short:  # every rank gets as many rows; the fillers are copies that train nothing (loss mask 0)
-            filler = batch.select([i % len(batch) for i in range(short)])
-            filler["response_mask"] = torch.zeros_like(filler["response_mask"])
-            batch = Batch({k: torch.cat([batch[k], filler[k]]) for k in batch.tensors})
+        # Every rank gets as many rows, and dpo's whole pairs: padded to a multiple of world x rows per pair.
+        batch = pad_to_ranks(Batch(dict(self.kind.batch(self.val_rows, self.pad_id).tensors)),
+                             world * self.config.samples_per_prompt)
         mask = batch["response_mask"]
         norm = {"num_tokens": float(mask.sum()), "num_seqs": float((mask.sum(-1) > 0).sum())}
         timing: dict[str, float] = {}

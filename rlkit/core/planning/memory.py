@@ -94,7 +94,7 @@ def micro_batch(config: RLConfig, world_size: int | None = None) -> MicroBatch:
     """The largest update micro-batch a device packs: its share of a mini-batch, capped by the token budget."""
     data, world = config.data, world_size or config.world_size
     sequence = data.max_prompt_length + data.max_response_length
-    share = config.actor.mini_batch_size * config.rollout.n * sequence // world
+    share = config.actor.mini_batch_size * config.samples_per_prompt * sequence // world
     tokens = min(share, max(config.actor.micro_batch_tokens, sequence))
     return MicroBatch(tokens, tokens * data.max_response_length // sequence)
 
@@ -160,7 +160,7 @@ def training_device(config: RLConfig, shape: ModelShape, device_bytes: float, *,
     head = logits_bytes(shape, batch, compute)
     parts.update({f"{k} ({batch.response_tokens} response tokens)": b for k, b in head.items()})
     mem.phases["update"] = state + copy + sum(activations.values()) + sum(head.values())
-    if config.rollout.placement == "colocated":
+    if config.rollout.placement == "colocated" and not config.offline:  # objective sft starts no engine
         engine = engine_bytes(config, shape, device_bytes, on_gpu)
         parts["vLLM share while generating" if on_gpu else "rollout engine (CPU: weights + KV cache)"] = engine
         mem.phases["generate"] = state + engine

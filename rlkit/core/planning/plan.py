@@ -65,7 +65,8 @@ def build_plan(config: RLConfig, *, gpu_memory_gib: float | None = None) -> Plan
     reward = model_shape(resolve_model_path(config.reward_model.path)) if config.reward_model.path else None
     device = target_device(config, gpu_memory_gib)
     mem = memory.training_device(config, shape, device.bytes, on_gpu=device.on_gpu, critic=critic, reward_model=reward)
-    kv = memory.kv_cache(config, shape, device.bytes, device.on_gpu) if config.rollout.name == "vllm" else None
+    kv = (memory.kv_cache(config, shape, device.bytes, device.on_gpu)
+          if config.rollout.name == "vllm" and not config.offline else None)
     plan = Plan(config, shape, device, mem, kv, timing.step_time(config, shape, critic), fits=False)
     plan.fits = mem.peak <= plan.usable
     if not plan.fits:
