@@ -91,3 +91,31 @@ def test_bad_pairs_exit_2_naming_file_and_row_before_the_run_dir_exists(tmp_path
     assert "Traceback" not in result.output
     assert f"{data}, {message}" in " ".join(result.output.split())
     assert not runs.exists() and not ray.is_initialized()
+
+
+def test_the_plan_of_a_dpo_run_is_the_reference_pass_and_the_update() -> None:
+    from rlkit.core.planning.plan import build_plan
+
+    common = ["model.path=rlkit:tiny-qwen2", "data.train_files=[t.parquet]", "data.max_prompt_length=64",
+              "data.max_response_length=64", "actor.micro_batch_tokens=4096", "trainer.device=cuda"]
+    dpo = build_plan(load_config("dpo", [*common, "data.train_batch_size=32", "actor.mini_batch_size=16"]),
+                     gpu_memory_gib=80)
+    # The same sequences on SFT's side: 32 pairs are 64 rows, in mini-batches of 32 rows.
+    sft = build_plan(load_config("sft", [*common, "data.train_batch_size=64", "actor.mini_batch_size=32"]),
+                     gpu_memory_gib=80)
+    assert set(dpo.time.phases) == {"ref", "update"} and dpo.kv is None
+    assert dpo.time.phases["update"] == sft.time.phases["update"]
+    assert dpo.memory.phases["update"] > sft.memory.phases["update"]  # plus the reference's weights
+
+
+def test_the_plot_of_a_dpo_run_draws_the_preference_panels(tmp_path: Path) -> None:
+    import json
+
+    from rlkit.core.controller.plot import DPO_PANELS, panels_for, plot_run
+    from rlkit.core.controller.tracking import METRICS_FILE, read_metrics
+
+    records = [{"step": 0, "val/loss": 0.69, "val/rewards/margins": 0.0},
+               {"step": 1, "actor/loss": 0.6, "rewards/margins": 0.1, "rewards/accuracies": 0.7, "timing/step": 1.0}]
+    (tmp_path / METRICS_FILE).write_text("".join(json.dumps(r) + "\n" for r in records))
+    assert panels_for(read_metrics(tmp_path / METRICS_FILE)) == DPO_PANELS
+    assert plot_run(tmp_path, tmp_path / "p.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
