@@ -53,7 +53,9 @@ def test_prep_data_writes_pairs(tmp_path: Path) -> None:
     assert row["prompt"] == [{"role": "user", "content": "48 and half of it?"}]
     assert row["chosen"] == "48/2 = 24\n48+24 = 72\n#### 72"  # calculator annotations dropped
     assert row["rejected"] == f"48/2 = 24\n48+24 = {wrong}\n#### {wrong}"
-    assert row["extra_info"]["wrong_answer"] == str(wrong) and row["extra_info"]["ground_truth"] == "72"
+    assert row["extra_info"]["wrong_answer"] == str(wrong)
+    # The RL columns stay, so `rlkit eval` can score generations on the pairs' prompts.
+    assert row["data_source"] == "openai/gsm8k" and row["reward_model"] == {"style": "rule", "ground_truth": "72"}
     assert read_pair_rows(tmp_path / "out" / "test.parquet", "data.val_files")[0]["chosen"] == row["chosen"]
 
 
@@ -62,7 +64,7 @@ def test_gsm8k_pairs_from_the_real_files() -> None:
     splits = build_gsm8k_pairs(str(GSM8K))
     assert [len(splits["train"]), len(splits["test"])] == [7473, 1319]
     for row in splits["test"]:
-        answer, wrong = row["extra_info"]["ground_truth"], row["extra_info"]["wrong_answer"]
+        answer, wrong = row["reward_model"]["ground_truth"], row["extra_info"]["wrong_answer"]
         assert answer != wrong
         assert row["chosen"].rpartition("####")[2].strip().replace(",", "") == answer  # the reference's own spelling
         assert row["rejected"].endswith(f"#### {wrong}")

@@ -5,6 +5,7 @@ The wrong answer is the right one moved by a seeded offset (1-9, up or down, nev
 non-negative answer), written consistently: every occurrence of the answer on the last line of the
 working that states it (the final calculation, e.g. "48+24 = 72 clips") and the "#### N" line. So
 the two responses differ only where the solution goes wrong, which is what DPO should learn from.
+Each row is the gsm8k builder's RL row plus `chosen` and `rejected`.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ import re
 from decimal import Decimal
 
 from rlkit.core.data.builders import DATASET_BUILDERS, Dropped, Row
-from rlkit.core.data.gsm8k import DATA_SOURCE, INSTRUCTION, build_gsm8k
+from rlkit.core.data.gsm8k import INSTRUCTION, build_gsm8k
 from rlkit.core.rewards.gsm8k import to_number
 
 # GSM8K's calculator annotations, "<<48/2=24>>": generator hints, not text a model should write.
@@ -41,13 +42,9 @@ def _pair(row: Row, seed: int, keep_calculations: bool) -> Row | Dropped:
         return Dropped("the final answer is not a whole number")
     solution = info["answer"] if keep_calculations else _CALCULATION.sub("", info["answer"])
     wrong = wrong_answer(int(answer), random.Random(f"{seed}:{info['split']}:{info['index']}"))
-    return {
-        "data_source": DATA_SOURCE,
-        "prompt": row["prompt"],
-        "chosen": solution,
-        "rejected": corrupt_solution(solution, int(answer), wrong),
-        "extra_info": {**info, "ground_truth": str(int(answer)), "wrong_answer": str(wrong)},
-    }
+    # The RL row's columns stay (data_source, reward_model, ...): `rlkit eval` scores a DPO run's generations on them.
+    return {**row, "chosen": solution, "rejected": corrupt_solution(solution, int(answer), wrong),
+            "extra_info": {**info, "wrong_answer": str(wrong)}}
 
 
 def wrong_answer(answer: int, rng: random.Random) -> int:
