@@ -37,6 +37,9 @@ def test_the_dpo_recipe() -> None:
     ("sft", ["dpo.beta=0.5"], "dpo.beta", "only objective dpo reads it (objective is sft)"),
     ("grpo", ["dpo.beta=0.5"], "dpo.beta", "only objective dpo reads it (objective is rl)"),
     ("dpo", ["rollout.n=4"], "rollout.n", "objective dpo generates nothing"),
+    # The recipe's 512 + 1024 tokens a sequence: a pair, which always runs whole, needs 3072.
+    ("dpo", ["actor.micro_batch_tokens=2000"], "actor.micro_batch_tokens",
+     "2000 tokens cannot hold one pair (two sequences) of max_prompt_length + max_response_length = 1536"),
 ])
 def test_impossible_dpo_settings_name_the_key(recipe: str, overrides: list[str], key: str, message: str) -> None:
     with pytest.raises(ConfigError) as info:

@@ -74,8 +74,10 @@ def check_config(config: RLConfig, origins: dict[str, str] | None = None, *, req
     if data.train_batch_size * n % config.world_size:
         fail("data.train_batch_size", f"{data.train_batch_size} rows x {n} sample(s) each = "
              f"{data.train_batch_size * n} sequences cannot be split evenly over {config.world_size} workers")
-    if actor.micro_batch_tokens != "auto" and data.max_prompt_length + data.max_response_length > actor.micro_batch_tokens:
-        fail("actor.micro_batch_tokens", f"{actor.micro_batch_tokens} tokens cannot hold one sequence of "
+    longest = (data.max_prompt_length + data.max_response_length) * config.micro_batch_group
+    if actor.micro_batch_tokens != "auto" and longest > actor.micro_batch_tokens:
+        what = "one sequence" if config.micro_batch_group == 1 else "one pair (two sequences)"
+        fail("actor.micro_batch_tokens", f"{actor.micro_batch_tokens} tokens cannot hold {what} of "
              f"max_prompt_length + max_response_length = {data.max_prompt_length + data.max_response_length}")
     if actor.old_log_probs == "rollout" and (actor.ppo_epochs > 1 or actor.mini_batch_size != data.train_batch_size):
         fail("actor.old_log_probs", "rollout log-probs stand in for old log-probs only with one "

@@ -230,6 +230,11 @@ class RLConfig(Section):
         return {"rl": self.rollout.n, "dpo": 2}.get(self.objective, 1)
 
     @property
+    def micro_batch_group(self) -> int:
+        """Rows that always share a micro-batch: a dpo pair's two responses (its loss needs both); else 1."""
+        return 2 if self.objective == "dpo" else 1
+
+    @property
     def world_size(self) -> int:
         """Training workers: every device, less those that split placement gives to rollout."""
         devices = self.trainer.n_gpus_per_node * self.trainer.nnodes

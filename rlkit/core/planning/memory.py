@@ -95,7 +95,7 @@ def micro_batch(config: RLConfig, world_size: int | None = None) -> MicroBatch:
     data, world = config.data, world_size or config.world_size
     sequence = data.max_prompt_length + data.max_response_length
     share = config.actor.mini_batch_size * config.samples_per_prompt * sequence // world
-    tokens = min(share, max(config.actor.micro_batch_tokens, sequence))
+    tokens = min(share, max(config.actor.micro_batch_tokens, sequence * config.micro_batch_group))
     return MicroBatch(tokens, tokens * data.max_response_length // sequence)
 
 

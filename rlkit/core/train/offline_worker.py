@@ -22,18 +22,18 @@ from rlkit.core.batch import Batch
 from rlkit.core.train import fsdp, packing
 from rlkit.core.train.learner import all_reduce_sums, micro_batches, optimize
 from rlkit.core.train.logprobs import selected_log_probs
-from rlkit.core.train.preference_step import PAIR_ROWS, preference_micro_step
+from rlkit.core.train.preference_step import preference_micro_step
 
 
 @dataclass(frozen=True)
 class OfflineStep:
     method: str              # the worker method that computes one micro-batch's loss and metric sums
     means: tuple[str, ...]   # metric keys that are shares of a mini-batch mean (the rest: token sums)
-    group: int = 1           # consecutive rows that must share a micro-batch
 
 
+# The rows a micro-batch must keep together (a dpo pair): config.micro_batch_group.
 OFFLINE_STEPS = {"sft": OfflineStep("_sft_micro_step", ("loss",)),
-                 "dpo": OfflineStep("_dpo_micro_step", PREFERENCE_METRICS, group=PAIR_ROWS)}
+                 "dpo": OfflineStep("_dpo_micro_step", PREFERENCE_METRICS)}
 
 
 class OfflineUpdates:
@@ -51,7 +51,7 @@ class OfflineUpdates:
         step = OFFLINE_STEPS[self.config.objective]
         totals = optimize(self.model, minibatches, norms, getattr(self, step.method),
                           grad_clip=self.config.actor.grad_clip, micro_batch_tokens=self.fast_paths.micro_batch_tokens,
-                          per_update=step.means, group=step.group)
+                          per_update=step.means, group=self.config.micro_batch_group)
         self.phase = "idle"
         return {k if "/" in k else f"actor/{k}": v for k, v in totals.items()}
 
@@ -65,7 +65,7 @@ class OfflineUpdates:
         step = OFFLINE_STEPS[self.config.objective]
         micro_step = getattr(self, step.method)
         sums: dict[str, torch.Tensor] = {}
-        for rows in micro_batches(batch, self.fast_paths.micro_batch_tokens, step.group):
+        for rows in micro_batches(batch, self.fast_paths.micro_batch_tokens, self.config.micro_batch_group):
             _, metrics = micro_step(batch.select(rows), norm)
             for key, value in metrics.items():
                 sums[key] = sums.get(key, 0.0) + value.detach().double().cpu()

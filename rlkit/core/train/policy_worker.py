@@ -86,7 +86,8 @@ class PolicyWorker(DeviceWorker, AgentEpisodes, OfflineUpdates):
         tokens = fast_paths.auto_micro_batch_tokens(
             free_bytes=free, total_bytes=total, trainable_params=trainable,
             critic_params=sum(local for local, _ in numels.values()) if cfg.critic_enabled else 0,  # same shape
-            bytes_per_token=per_token, longest_sequence=cfg.data.max_prompt_length + cfg.data.max_response_length)
+            bytes_per_token=per_token,
+            longest_sequence=(cfg.data.max_prompt_length + cfg.data.max_response_length) * cfg.micro_batch_group)
         agreed = torch.tensor([tokens], device=packing.collective_device())
         dist.all_reduce(agreed, op=dist.ReduceOp.MIN)  # one budget for the run, the tightest rank's
         return int(agreed.item()), free / (1 << 30)
