@@ -1,6 +1,7 @@
 """`rlkit train dpo` through the CLI on the tiny model and GSM8K pairs: held-out accuracy of chosen
-over rejected rises, kill + resume gives the uninterrupted run's metrics bit for bit, and with LoRA
-the reference is the policy with its adapters off (bad pairs at preflight: tests/test_dpo_config.py).
+over rejected rises, kill + resume gives the uninterrupted run's metrics bit for bit, two workers give
+one worker's numbers, and with LoRA the reference is the policy with its adapters off (bad pairs at
+preflight: tests/test_dpo_config.py).
 
 The data: `rlkit prep-data gsm8k-pairs` rows from the real GSM8K files, made to fit the tiny model's
 character vocabulary (lowercase letters, digits, a few signs) and short: the question's last 24
@@ -66,7 +67,8 @@ def world(tmp_path_factory) -> Iterator[dict]:
         runs = root / "runs"
         args = overrides(data, val, runs)
         run_cli(["train", "dpo", *args, "--run-id", "reference"], root / "reference.log")
-        yield {"root": root, "runs": runs, "args": args, "reference": metrics(runs / "reference")}
+        odd = write_parquet(tiny_pairs(splits["test"][:127]), root / "held-out-127.parquet")
+        yield {"root": root, "runs": runs, "args": args, "odd_val": odd, "reference": metrics(runs / "reference")}
 
 
 def test_dpo_raises_held_out_accuracy_of_chosen_over_rejected(world) -> None:
@@ -112,3 +114,22 @@ def test_lora_dpo_takes_the_adapters_off_model_as_its_reference(world) -> None:
     assert records[0]["val/rewards/margins"] == pytest.approx(0.0, abs=1e-6)
     assert records[1]["rewards/margins"] == pytest.approx(0.0, abs=1e-6)  # one optimizer step: measured before it
     assert records[-1]["val/rewards/margins"] > 0.01 and records[-1]["val/rewards/accuracies"] > 0.5
+
+
+def test_two_workers_give_the_one_worker_numbers(world) -> None:
+    # Each worker holds whole pairs of every mini-batch; loss and rewards are means over the mini-batch's
+    # pairs whichever rank holds them. 127 held-out pairs on 2 workers: one filler pair (loss mask 0)
+    # evens out the ranks and must count for nothing.
+    root, runs = world["root"], world["runs"]
+    args = [a for a in world["args"] if not a.startswith(("trainer.total_steps", "trainer.val_freq", "data.val_files",
+                                                          "trainer.n_gpus_per_node"))]
+    args += ["trainer.total_steps=2", "trainer.val_freq=2", f"data.val_files=[{world['odd_val']}]"]
+    for workers in (1, 2):
+        run_cli(["train", "dpo", *args, f"trainer.n_gpus_per_node={workers}", "--run-id", f"workers{workers}"],
+                root / f"workers{workers}.log")
+    one, two = metrics(runs / "workers1"), metrics(runs / "workers2")
+    assert [r["step"] for r in two] == [0, 1, 2]
+    for a, b in zip(one, two):
+        keys = [k for k in a if k.startswith(("actor/loss", "rewards/", "val/"))]
+        assert len(keys) >= 5
+        assert {k: b[k] for k in keys} == pytest.approx({k: a[k] for k in keys}, abs=1e-5)
