@@ -92,7 +92,7 @@ def test_bad_pairs_exit_2_naming_file_and_row_before_the_run_dir_exists(tmp_path
                                       f"trainer.runs_dir={runs}"])
     assert result.exit_code == 2, result.output
     assert "Traceback" not in result.output
-    assert f"{data}, {message}" in " ".join(result.output.split())
+    assert f"1 bad pair(s): {data}, {message}" in " ".join(result.output.split())
     assert not runs.exists() and not ray.is_initialized()
 
 

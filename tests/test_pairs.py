@@ -110,7 +110,19 @@ def test_bad_pairs_name_file_and_row(tokenizer, bad, message) -> None:
     rows = [{"prompt": PROMPT, "chosen": "2", "rejected": "3"}, {"prompt": PROMPT, **bad}]
     with pytest.raises(UserError) as caught:
         tokenize_pairs([("pairs.parquet", rows)], tokenizer, max_prompt_length=7, max_response_length=4)
-    assert str(caught.value).startswith(f"pairs.parquet, {message}")
+    assert str(caught.value).startswith(f"1 bad pair(s): pairs.parquet, {message}")
+
+
+def test_every_bad_pair_is_counted_and_the_first_five_named(tokenizer) -> None:
+    good, same = {"prompt": PROMPT, "chosen": "2", "rejected": "3"}, {"prompt": PROMPT, "chosen": "2", "rejected": "2"}
+    rows = [good, same, good, *[same] * 6]  # bad: rows 1 and 3-8
+    with pytest.raises(UserError) as caught:
+        tokenize_pairs([("a.parquet", rows[:5]), ("b.parquet", rows[5:])], tokenizer, max_prompt_length=7,
+                       max_response_length=4)
+    text = str(caught.value)
+    assert text.startswith("7 bad pair(s) (and 2 more): a.parquet, row 1: 'chosen' and 'rejected' are the same text")
+    assert [f"{f}.parquet, row {i}:" in text for f, i in [("a", 3), ("a", 4), ("b", 0), ("b", 1), ("b", 2), ("b", 3)]] == \
+        [True, True, True, True, False, False]
 
 
 def test_overlong_pairs_can_be_filtered(tokenizer) -> None:

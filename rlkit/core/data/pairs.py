@@ -23,6 +23,7 @@ from rlkit.core.data.dataset import open_parquet, tokenize_prompt
 from rlkit.errors import UserError
 
 PAIR_COLUMNS = ("prompt", "chosen", "rejected")
+SHOWN_PROBLEMS = 5  # bad pairs named in the error; the rest are counted
 logger = logging.getLogger(__name__)
 
 
@@ -66,29 +67,36 @@ def pair_problem(raw: dict[str, Any]) -> str | None:
 
 def tokenize_pairs(sources: list[tuple[str, list[dict[str, Any]]]], tokenizer: Any, *, max_prompt_length: int,
                    max_response_length: int, overlong: str = "error") -> list[PairRow]:
-    """(file, raw rows) per source -> PairRows. A bad pair is a UserError naming its file and row; a pair
-    whose prompt + longer response is over max_prompt_length + max_response_length tokens errors, or with
-    overlong="filter" is dropped (and counted in a warning)."""
+    """(file, raw rows) per source -> PairRows. Every bad pair is collected and reported with its file and
+    row (UserError, the first SHOWN_PROBLEMS named, the rest counted); a pair whose prompt + longer
+    response is over max_prompt_length + max_response_length tokens is one, or with overlong="filter"
+    is dropped (and counted in a warning)."""
     budget = max_prompt_length + max_response_length
     pairs: list[PairRow] = []
+    problems: list[str] = []
     dropped = 0
     for name, raw_rows in sources:
         for i, raw in enumerate(raw_rows):
             problem = pair_problem(raw)
             if problem:
-                raise UserError(f"{name}, row {i}: {problem}; fix or remove the row")
+                problems.append(f"{name}, row {i}: {problem}")
+                continue
             prompt = tokenize_prompt(tokenizer, raw["prompt"])
             chosen, rejected = response_token_ids(tokenizer, raw["chosen"]), response_token_ids(tokenizer, raw["rejected"])
             longest = len(prompt) + max(len(chosen), len(rejected))
             if longest > budget:
                 if overlong == "filter":
                     dropped += 1
-                    continue
-                raise UserError(
-                    f"{name}, row {i}: prompt ({len(prompt)} tokens) + the longer response "
-                    f"({longest - len(prompt)} tokens with EOS) is {longest} tokens > data.max_prompt_length + "
-                    f"data.max_response_length = {budget}; raise them or set data.overlong_prompts=filter")
+                else:
+                    problems.append(f"{name}, row {i}: prompt ({len(prompt)} tokens) + the longer response "
+                                    f"({longest - len(prompt)} tokens with EOS) is {longest} tokens > "
+                                    f"data.max_prompt_length + data.max_response_length = {budget}")
+                continue
             pairs.append(PairRow(len(pairs), prompt, chosen, rejected))
+    if problems:
+        more = f" (and {len(problems) - SHOWN_PROBLEMS} more)" if len(problems) > SHOWN_PROBLEMS else ""
+        raise UserError(f"{len(problems)} bad pair(s){more}: " + "; ".join(problems[:SHOWN_PROBLEMS])
+                        + ". Fix or remove them; for long pairs raise the lengths or set data.overlong_prompts=filter")
     if not pairs:
         raise UserError(f"no usable pairs in {[name for name, _ in sources]} ({dropped} dropped as too long)")
     if dropped:

@@ -31,7 +31,7 @@ class OfflineStep:
     means: tuple[str, ...]   # metric keys that are shares of a mini-batch mean (the rest: token sums)
 
 
-# The rows a micro-batch must keep together (a dpo pair): config.micro_batch_group.
+# objective -> its micro-step (the rows that must share a micro-batch, a dpo pair: config.micro_batch_group).
 OFFLINE_STEPS = {"sft": OfflineStep("_sft_micro_step", ("loss",)),
                  "dpo": OfflineStep("_dpo_micro_step", PREFERENCE_METRICS)}
 
