@@ -58,7 +58,7 @@ def test_the_shape_counts_every_parameter_once() -> None:
 def test_memory_parts_by_hand() -> None:
     config = load_config("grpo-demo", ["actor.use_kl_loss=true"])
     shape = model_shape(resolve_model_path("rlkit:tiny-qwen2"))
-    batch = memory.micro_batch(config)
+    batch = memory.micro_batch(config, config.actor.micro_batch_tokens)
     assert (batch.tokens, batch.response_tokens) == (16 * 8 * 17, 16 * 8)  # the whole mini-batch fits 4096 tokens
     mem = memory.training_device(config, shape, 8 * 2**30, on_gpu=False)
     assert mem.parts["actor weights (fp32)"] == mem.parts["actor gradients (fp32)"] == 4 * TINY_PARAMS
@@ -220,7 +220,7 @@ def test_plan_matches_a_measured_cpu_update_within_25_percent(measured, override
     shape = model_shape(resolve_model_path("rlkit:tiny-qwen2"))
     mem = memory.training_device(config, shape, 8 * 2**30, on_gpu=False)
     parts = mem.parts
-    batch = memory.micro_batch(config)
+    batch = memory.micro_batch(config, config.actor.micro_batch_tokens)
     assert (batch.tokens, batch.response_tokens) == (16 * 64, 16 * 24)  # the worst-case batch measured
     planned_state = parts["actor weights (fp32)"] + parts["actor gradients (fp32)"] + parts["AdamW moments (fp32)"]
     got_state = measured["weights"] + measured["gradients"] + measured["moments"]
@@ -254,3 +254,13 @@ def test_with_lora_the_base_is_frozen_and_is_the_reference(qwen05) -> None:
     assert parts["base weights (fp32, frozen; also the reference)"] == 4 * 494_032_768
     assert parts["LoRA adapters, gradients, AdamW (fp32, 8.8M)"] == 16 * adapters
     assert not any(k.startswith(("reference", "actor weights", "AdamW")) for k in parts)
+
+
+def test_an_auto_token_budget_is_sized_as_a_gpu_worker_sizes_it(qwen05) -> None:
+    config = load_config("grpo", [*BENCH, "actor.micro_batch_tokens=auto"], model=qwen05, require_inputs=False)
+    parts = build_plan(config, gpu_memory_gib=140).memory.parts
+    # free once the fp32 actor and reference are loaded: 140 - 1.5 GiB - 8P; less 12P (gradients, AdamW) and the
+    # reserve (10% + 2 GiB = 16 GiB): 121,652,718,080 bytes. Per token (bf16): 24 layers x (2 x (18 x 896 + 4 x 4864
+    # + 6 x 128) + 16 x 896) + 2 x 2 x 151936 = 2,696,704 bytes -> 45,111 tokens, in 1024s: 45,056.
+    # (An H200 worker with 134 GiB free sized 44,032, docs/benchmarks.md.)
+    assert "activations (45056 tokens)" in parts

@@ -25,8 +25,10 @@ generate or sync peaks.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from types import SimpleNamespace
 
 from rlkit.core.planning.shape import ModelShape
+from rlkit.core.train import fast_paths
 from rlkit.core.train.logprobs import CHUNK_ELEMENTS
 from rlkit.recipes.schema import RLConfig
 
@@ -90,13 +92,34 @@ def compute_bytes(config: RLConfig, on_gpu: bool) -> int:
     return 2 if dtype == "bfloat16" or (dtype == "auto" and on_gpu) else 4
 
 
-def micro_batch(config: RLConfig, world_size: int | None = None) -> MicroBatch:
+def micro_batch(config: RLConfig, budget: int, world_size: int | None = None) -> MicroBatch:
     """The largest update micro-batch a device packs: its share of a mini-batch, capped by the token budget."""
     data, world = config.data, world_size or config.world_size
     sequence = data.max_prompt_length + data.max_response_length
     share = config.actor.mini_batch_size * config.samples_per_prompt * sequence // world
-    tokens = min(share, max(config.actor.micro_batch_tokens, sequence * config.micro_batch_group))
+    tokens = min(share, max(budget, sequence * config.micro_batch_group))  # a dpo pair runs whole
     return MicroBatch(tokens, tokens * data.max_response_length // sequence)
+
+
+def token_budget(config: RLConfig, shape: ModelShape, device_bytes: float, *, on_gpu: bool,
+                 loaded_bytes: float, trainable_params: float, critic_params: float) -> int:
+    """actor.micro_batch_tokens, with "auto" sized as a GPU worker sizes it at start-up
+    (rlkit.core.train.fast_paths): from the memory left once its models are loaded, before the
+    engine starts (it sleeps during the update)."""
+    budget = config.actor.micro_batch_tokens
+    if budget != "auto":
+        return budget
+    if not on_gpu:
+        return fast_paths.CPU_MICRO_BATCH_TOKENS
+    dims = SimpleNamespace(hidden_size=shape.hidden, intermediate_size=shape.intermediate,
+                           num_attention_heads=shape.heads, head_dim=shape.head_dim,
+                           num_key_value_heads=shape.kv_heads, num_hidden_layers=shape.layers, vocab_size=shape.vocab)
+    per_token = fast_paths.activation_bytes_per_token(dims, compute_bytes(config, on_gpu),
+                                                      config.model.gradient_checkpointing)
+    return fast_paths.auto_micro_batch_tokens(
+        free_bytes=int(device_bytes - DEVICE_RESERVE - loaded_bytes), total_bytes=int(device_bytes),
+        trainable_params=int(trainable_params), critic_params=int(critic_params), bytes_per_token=per_token,
+        longest_sequence=(config.data.max_prompt_length + config.data.max_response_length) * config.micro_batch_group)
 
 
 def activation_bytes(shape: ModelShape, batch: MicroBatch, compute: int, checkpointing: bool) -> dict[str, float]:
@@ -150,7 +173,12 @@ def training_device(config: RLConfig, shape: ModelShape, device_bytes: float, *,
     state = sum(parts.values())
     # One rank gathers the whole model once (a copy, fp32 compute too); more ranks a layer or two at a time.
     copy = shape.params * compute if world == 1 else (2 * shape.layer_params + shape.root_params) * compute
-    batch = micro_batch(config)
+    # Loaded before the worker sizes an auto budget: fp32 weights (the actor's or the frozen base), the reference.
+    loaded = sum(v for k, v in parts.items() if "weights" in k)
+    trainable = shape.lora_params(lora.rank, lora.target_modules) if lora.rank else shape.params
+    batch = micro_batch(config, token_budget(config, shape, device_bytes, on_gpu=on_gpu, loaded_bytes=loaded,
+                                             trainable_params=trainable / world,
+                                             critic_params=critic.params / world if critic else 0))
     parts[f"actor compute copy ({dtype})"] = copy
     activations = activation_bytes(shape, batch, compute, config.model.gradient_checkpointing)
     parts[f"activations ({batch.tokens} tokens{', checkpointed' if config.model.gradient_checkpointing else ''})"] \
