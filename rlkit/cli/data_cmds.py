@@ -17,6 +17,7 @@ from rich.table import Table
 
 from rlkit.cli.common import console, user_errors
 from rlkit.core.data import gsm8k as _gsm8k  # noqa: F401  (registers the builder)
+from rlkit.core.data import gsm8k_pairs as _gsm8k_pairs  # noqa: F401
 from rlkit.core.data import humaneval as _humaneval  # noqa: F401
 from rlkit.core.data import math as _math  # noqa: F401
 from rlkit.core.data import synthetic as _synthetic  # noqa: F401
@@ -79,15 +80,15 @@ def _clean_split(split: str, rows: Any, progress: Progress, dropped: Counter) ->
         if reason:
             dropped[reason] += 1
             continue
-        reward = row["reward_model"]
-        if not isinstance(reward["ground_truth"], str):  # one column type, as the loader expects
+        reward = row.get("reward_model")  # preference pairs have none
+        if reward is not None and not isinstance(reward["ground_truth"], str):  # one column type, as the loader expects
             row = {**row, "reward_model": {**reward, "ground_truth": str(reward["ground_truth"])}}
         kept.append(row)
     return kept
 
 
 def prep_data(
-    name: Optional[str] = typer.Argument(None, help="Builder to run: gsm8k, math, humaneval, synthetic (see --list)."),
+    name: Optional[str] = typer.Argument(None, help="Builder to run: gsm8k, gsm8k-pairs, math, humaneval, synthetic (see --list)."),
     out: Optional[Path] = typer.Option(
         None, "--out", help="Output directory for {split}.parquet (default: ~/data/NAME)."),
     source: Optional[str] = typer.Option(

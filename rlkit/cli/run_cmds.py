@@ -14,7 +14,8 @@ RUNS_DIR_OPTION = typer.Option("runs", "--runs-dir", envvar="RLKIT_RUNS_DIR",
                                help="Parent folder of run directories (trainer.runs_dir of the run).")
 RUN_ARGUMENT = typer.Argument(..., help="Run id (a folder under --runs-dir) or the run directory's path.")
 # Metrics `runs show` prints, in this order, when the run logged them.
-SHOW_KEYS = ["actor/loss", "actor/token_accuracy", "perf/loss_tokens",  # offline objectives (sft)
+SHOW_KEYS = ["actor/loss", "actor/token_accuracy", "perf/loss_tokens",  # offline objectives (sft, dpo)
+             "rewards/accuracies", "rewards/margins", "rewards/chosen", "rewards/rejected",
              "reward/mean", "reward/max", "response/length_mean", "response/clip_frac", "actor/pg_loss",
              "actor/kl_ref", "actor/kl_loss", "actor/entropy", "actor/grad_norm", "actor/lr",
              "rollout/log_prob_diff", "timing/step", "perf/tokens_per_s"]

@@ -74,8 +74,10 @@ def check_config(config: RLConfig, origins: dict[str, str] | None = None, *, req
     if data.train_batch_size * n % config.world_size:
         fail("data.train_batch_size", f"{data.train_batch_size} rows x {n} sample(s) each = "
              f"{data.train_batch_size * n} sequences cannot be split evenly over {config.world_size} workers")
-    if actor.micro_batch_tokens != "auto" and data.max_prompt_length + data.max_response_length > actor.micro_batch_tokens:
-        fail("actor.micro_batch_tokens", f"{actor.micro_batch_tokens} tokens cannot hold one sequence of "
+    longest = (data.max_prompt_length + data.max_response_length) * config.micro_batch_group
+    if actor.micro_batch_tokens != "auto" and longest > actor.micro_batch_tokens:
+        what = "one sequence" if config.micro_batch_group == 1 else "one pair (two sequences)"
+        fail("actor.micro_batch_tokens", f"{actor.micro_batch_tokens} tokens cannot hold {what} of "
              f"max_prompt_length + max_response_length = {data.max_prompt_length + data.max_response_length}")
     if actor.old_log_probs == "rollout" and (actor.ppo_epochs > 1 or actor.mini_batch_size != data.train_batch_size):
         fail("actor.old_log_probs", "rollout log-probs stand in for old log-probs only with one "
@@ -107,24 +109,35 @@ RL_ONLY_PREFIXES = ("rollout.", "algorithm.", "critic.", "reward.", "reward_mode
                     "actor.policy_loss", "actor.clip_ratio", "actor.entropy_coeff",
                     "actor.use_kl_loss", "actor.kl_loss_", "actor.rollout_is", "actor.old_log_probs",
                     "trainer.val_n", "trainer.val_temperature", "trainer.record_rollouts", "trainer.invariant")
+# The offline objectives (each with its own section of options) and how to make data for each.
+OFFLINE_SECTIONS = {"sft": "rlkit prep-data gsm8k --format sft", "dpo": "rlkit prep-data gsm8k-pairs"}
 
 
 def check_offline(config: RLConfig, origins: dict[str, str], fail: Callable[[str, str], None], *,
                   require_inputs: bool) -> None:
-    """objective sft: rows of data files, one pass over each batch, no rollout placement."""
+    """objectives sft and dpo: rows of data files, one pass over each batch, no rollout placement."""
+    other_sections = tuple(f"{name}." for name in OFFLINE_SECTIONS if name != config.objective)
     for key, origin in origins.items():
         if origin == "command line" and key.startswith(RL_ONLY_PREFIXES):
             fail(key, f"has no effect: objective {config.objective} generates nothing and scores nothing "
                  "(no rollout, reward, advantage, policy-gradient loss or critic)")
+        if origin == "command line" and key.startswith(other_sections):
+            fail(key, f"has no effect: only objective {key.split('.')[0]} reads it (objective is {config.objective})")
     if require_inputs and not config.data.train_files:
         fail("data.train_files", f"objective {config.objective} trains on rows of data files (no synthetic task); "
-             "set data.train_files=[train.parquet] (e.g. `rlkit prep-data gsm8k --format sft`)")
+             f"set data.train_files=[train.parquet] (e.g. `{OFFLINE_SECTIONS[config.objective]}`)")
     if config.actor.ppo_epochs != 1:
         fail("actor.ppo_epochs", f"objective {config.objective} passes over each batch once; remove it "
              "(more passes over the data: raise trainer.total_steps)")
     if config.rollout.placement != "colocated":
         fail("rollout.placement", f"objective {config.objective} starts no rollout engine, so every device trains; "
              "remove rollout.placement/rollout.devices")
+    if config.objective == "dpo":
+        if config.actor.mini_batch_size % config.world_size:
+            fail("actor.mini_batch_size", f"{config.actor.mini_batch_size} pairs cannot be split evenly over "
+                 f"{config.world_size} workers (each holds whole pairs: a pair's loss needs both responses)")
+        if config.dpo.loss_type == "ipo" and config.dpo.label_smoothing:
+            fail("dpo.label_smoothing", "applies to the sigmoid losses (cDPO), not to dpo.loss_type=ipo; remove it")
 
 
 def check_rollout_mode(config: RLConfig, fail: Callable[[str, str], None]) -> None:
@@ -186,6 +199,7 @@ def check_algorithm(config: RLConfig, origins: dict[str, str], fail: Callable[[s
         "rollout.max_staleness": (rollout.mode != "async", f"only rollout.mode=async reads it (mode is {rollout.mode})"),
         "rollout.weight_sync": (rollout.placement != "split", "only split placement sends weights to other devices"),
         "sft.": (config.objective != "sft", f"only objective sft reads it (objective is {config.objective})"),
+        "dpo.": (config.objective != "dpo", f"only objective dpo reads it (objective is {config.objective})"),
     }
     switches = ("critic.enable", "reward.overlong_buffer.enable")
     for key, origin in origins.items():
@@ -210,9 +224,11 @@ def batch_arithmetic(config: RLConfig) -> list[str]:
         per_micro = max(1, a.micro_batch_tokens // longest)
         micro = (f"in micro-batches of up to {a.micro_batch_tokens} tokens (at least {per_micro} full-length "
                  f"sequences, so at most {-(-per_worker // per_micro)} micro-batch(es))")
-    unit = "rows" if config.offline else "prompts"
-    first = (f"each step takes {sequences} rows of data.train_files ({config.objective}: no generation)"
-             if config.offline else f"each step samples {d.train_batch_size} prompts x rollout.n={n} = {sequences} sequences")
+    unit = {"rl": "prompts", "dpo": "pairs"}.get(config.objective, "rows")
+    pairs = f" = {sequences} sequences" if config.objective == "dpo" else ""
+    first = (f"each step takes {d.train_batch_size} {unit} of data.train_files{pairs} "
+             f"({config.objective}: no generation)" if config.offline
+             else f"each step samples {d.train_batch_size} prompts x rollout.n={n} = {sequences} sequences")
     return [
         first,
         f"the {sequences} sequences are split over {w} worker(s): {sequences // w} each",

@@ -25,10 +25,10 @@ class DataConfig(Section):
     train_files: list[str] = Field(default_factory=list, description="Parquet files of training prompts (see `rlkit prep-data`).")
     val_files: list[str] = Field(default_factory=list, description="Parquet files of held-out prompts: validated before training (trainer.val_before_train), every trainer.val_freq steps and after the last step (docs/architecture.md, Validation).")
     synthetic_task: str | None = Field(None, description="Built-in task (echo, succ, add) generated into the run dir when train_files is empty; with trainer.val_freq > 0 and no val_files, its test split is the validation set.")
-    train_batch_size: int = Field(16, ge=1, description="Prompts per RL step (before rollout.n samples each); objective sft: rows (sequences) per step.")
-    max_prompt_length: int = Field(512, ge=1, description="Longest prompt in tokens; longer ones error or are dropped (overlong_prompts). objective sft: a row's prompt + response must fit max_prompt_length + max_response_length.")
-    max_response_length: int = Field(512, ge=1, description="Most tokens generated per response (objective sft: see max_prompt_length).")
-    overlong_prompts: Literal["error", "filter"] = Field("error", description="What to do with prompts over max_prompt_length (objective sft: rows over max_prompt_length + max_response_length): error names them and stops before the run starts; filter drops them with a warning that counts them.")
+    train_batch_size: int = Field(16, ge=1, description="Prompts per RL step (before rollout.n samples each); objective sft: rows (sequences) per step; objective dpo: pairs per step.")
+    max_prompt_length: int = Field(512, ge=1, description="Longest prompt in tokens; longer ones error or are dropped (overlong_prompts). objective sft: a row's prompt + response must fit max_prompt_length + max_response_length; objective dpo: a pair's prompt + its longer response.")
+    max_response_length: int = Field(512, ge=1, description="Most tokens generated per response (objectives sft, dpo: see max_prompt_length).")
+    overlong_prompts: Literal["error", "filter"] = Field("error", description="What to do with prompts over max_prompt_length (objective sft: rows over max_prompt_length + max_response_length; objective dpo: pairs whose prompt + longer response is over it): error names them and stops before the run starts; filter drops them with a warning that counts them.")
     shuffle: bool = Field(True, description="Shuffle prompts each epoch (seeded by trainer.seed).")
 
 
@@ -97,7 +97,7 @@ class ActorConfig(Section):
     betas: tuple[float, float] = Field((0.9, 0.999), description="AdamW betas.")
     warmup_steps: int = Field(0, ge=0, description="Linear LR warm-up, in optimizer steps.")
     lr_schedule: Literal["constant", "cosine"] = Field("constant", description="LR after warm-up.")
-    mini_batch_size: int = Field(16, ge=1, description="Prompts per optimizer step (global); with rollout.n samples each. objective sft: rows per optimizer step.")
+    mini_batch_size: int = Field(16, ge=1, description="Prompts per optimizer step (global); with rollout.n samples each. objective sft: rows per optimizer step; objective dpo: pairs per optimizer step (a multiple of the workers: each holds whole pairs).")
     ppo_epochs: int = Field(1, ge=1, description="Passes over each step's batch.")
     micro_batch_tokens: Annotated[int, Field(ge=1)] | Literal["auto"] = Field("auto", description="Per-device token budget of one forward/backward (performance only, never the math). auto = on GPUs, sized at start-up from the memory free once the models are loaded (at most 65536, at least one full-length sequence; printed at start-up); 16384 on CPU.")
     grad_clip: float = Field(1.0, gt=0, description="Global gradient-norm clip.")
@@ -193,11 +193,19 @@ class SFTConfig(Section):
     completion_only_loss: bool = Field(True, description="Train only on the response tokens (prompt+response rows: the response and its EOS; `messages` rows: the assistant turns, each up to its end-of-turn token); everything else is context with loss mask 0. false trains on every token but the first (TRL's completion_only_loss / assistant_only_loss).")
 
 
+class DPOConfig(Section):
+    """`dpo.*`: options only preference training (objective: dpo) reads (rlkit.core.algos.preference)."""
+
+    loss_type: Literal["sigmoid", "ipo", "length_normalized"] = Field("sigmoid", description="sigmoid: DPO (Rafailov et al. 2023); ipo: IPO (Azar et al. 2023), squared distance of the log-ratio margin from 1/(2 beta); length_normalized: the sigmoid loss on per-token log-ratios (Tulu 3's length-normalized DPO). docs/algorithms.md, Preference losses.")
+    beta: float = Field(0.1, gt=0, description="How strongly the policy is held to the reference: DPO's beta (the implicit reward is beta x the log-ratio to the reference), IPO's tau.")
+    label_smoothing: float = Field(0.0, ge=0, lt=0.5, description="cDPO (Mitchell 2023): the share of pairs assumed to be mislabelled; the loss mixes in the flipped pair's with this weight. sigmoid and length_normalized only.")
+
+
 class RLConfig(Section):
     """A whole run. `rlkit train --dry-run` prints it resolved."""
 
     recipe: str = Field("", description="Name of the recipe this config came from.")
-    objective: Literal["rl", "sft"] = Field("rl", description="What a step trains on. rl: samples the policy generates, scored by the reward (rollout, reward, algorithm, critic). sft: supervised fine-tuning on data.train_files rows (prompt + response, or chat `messages`), the negative log-likelihood of the response tokens, aggregated by actor.loss_agg_mode; no rollout engine starts and the RL-only sections are ignored (docs/algorithms.md, SFT).")
+    objective: Literal["rl", "sft", "dpo"] = Field("rl", description="What a step trains on. rl: samples the policy generates, scored by the reward (rollout, reward, algorithm, critic). sft: supervised fine-tuning on data.train_files rows (prompt + response, or chat `messages`), the negative log-likelihood of the response tokens, aggregated by actor.loss_agg_mode; no rollout engine starts and the RL-only sections are ignored (docs/algorithms.md, SFT). dpo: preference training on data.train_files pairs (prompt, chosen, rejected) against the frozen initial model, options under dpo.* (docs/preference.md).")
     data: DataConfig = Field(default_factory=DataConfig)
     model: ModelConfig = Field(default_factory=ModelConfig)
     rollout: RolloutConfig = Field(default_factory=RolloutConfig)
@@ -208,16 +216,23 @@ class RLConfig(Section):
     reward_model: RewardModelConfig = Field(default_factory=RewardModelConfig)
     trainer: TrainerConfig = Field(default_factory=TrainerConfig)
     sft: SFTConfig = Field(default_factory=SFTConfig)
+    dpo: DPOConfig = Field(default_factory=DPOConfig)
 
     @property
     def offline(self) -> bool:
-        """Trains on rows of a data set (objective sft), not on samples of the policy: no rollout engine."""
+        """Trains on rows of a data set (objectives sft, dpo), not on samples of the policy: no rollout engine."""
         return self.objective != "rl"
 
     @property
     def samples_per_prompt(self) -> int:
-        """Sequences each data row becomes in a step: rollout.n samples in RL, the row itself offline."""
-        return self.rollout.n if self.objective == "rl" else 1
+        """Sequences each data row becomes in a step: rollout.n samples in RL, a pair's two responses in
+        dpo, the row itself in sft."""
+        return {"rl": self.rollout.n, "dpo": 2}.get(self.objective, 1)
+
+    @property
+    def micro_batch_group(self) -> int:
+        """Rows that always share a micro-batch: a dpo pair's two responses (its loss needs both); else 1."""
+        return 2 if self.objective == "dpo" else 1
 
     @property
     def world_size(self) -> int:
@@ -261,4 +276,12 @@ class RLConfig(Section):
 
     @property
     def needs_reference(self) -> bool:
+        if self.objective == "dpo":  # the preference losses compare the policy with it
+            return True
         return self.objective == "rl" and (self.actor.use_kl_loss or self.algorithm.use_kl_in_reward)
+
+    @property
+    def log_prob_temperature(self) -> float:
+        """The temperature of log-prob passes: RL's rollout.temperature (the distribution the engine
+        sampled from); 1 offline (the data's likelihood)."""
+        return self.rollout.temperature if self.objective == "rl" else 1.0

@@ -112,9 +112,7 @@ class Controller:
 
     # -- phases -------------------------------------------------------------------------
     def log_probs(self, batch: Batch, which: str) -> dict[str, torch.Tensor]:
-        shards = batch.chunk(self.config.world_size)
-        results = self.workers.call("compute_log_probs", per_rank=[(s, which) for s in shards], phase=f"{which} log-probs")
-        return {k: torch.cat([r[k] for r in results]) for k in results[0]}
+        return worker_log_probs(self.workers, batch, which, self.config.world_size)
 
     def old_log_probs(self, batch: Batch) -> dict[str, torch.Tensor]:
         if self.config.actor.old_log_probs == "rollout":
@@ -253,6 +251,14 @@ def save_run_checkpoint(config: RLConfig, run: RunDir, step: int, reason: str, g
             raise
         shutil.rmtree(tmp, ignore_errors=True)
         raise failure from None
+
+
+def worker_log_probs(workers: WorkerGroup, batch: Batch, which: str, world: int) -> dict[str, torch.Tensor]:
+    """Per-token log-probs (and entropy) of the batch's responses under the actor or the reference
+    (`which`), each of the `world` ranks computing its equal share."""
+    results = workers.call("compute_log_probs", per_rank=[(s, which) for s in batch.chunk(world)],
+                           phase=f"{which} log-probs")
+    return {k: torch.cat([r[k] for r in results]) for k in results[0]}
 
 
 def load_worker_shards(ckpt: checkpoint.Checkpoint, dataset_rows: int, groups: dict[str, WorkerGroup]) -> None:

@@ -1,8 +1,9 @@
-"""The offline controller: training on rows of a data set (objective sft), no rollout engine.
+"""The offline controller: training on rows of a data set (objectives sft, dpo), no rollout engine.
 
 `OfflineController.step` reads like the dataflow: the sampler's next batch of rows -> a token
 batch with the loss mask on the trained tokens (the row kind of the objective,
-rlkit.core.data.offline) -> mini-batches, each split evenly over the workers with its global
+rlkit.core.data.offline) -> for dpo, the frozen reference's log-probs of it (no gradient, once
+per batch, before any update) -> mini-batches, each split evenly over the workers with its global
 token counts -> the workers' `update_offline` (the shared optimize loop with the objective's
 micro-step, rlkit.core.train.offline_worker) -> metrics. The run loop (rlkit.core.controller.loop)
 drives it exactly as it drives the RL Controller: the same checkpoints (the policy's shards,
@@ -18,7 +19,11 @@ import torch
 
 from rlkit.core.batch import Batch, pad_to_ranks, shard_minibatches
 from rlkit.core.cluster.worker_group import DeviceReservation, WorkerGroup, init_ray
-from rlkit.core.controller.controller import load_worker_shards, save_run_checkpoint
+from rlkit.core.controller.controller import (
+    load_worker_shards,
+    save_run_checkpoint,
+    worker_log_probs,
+)
 from rlkit.core.controller.preflight import RunInputs
 from rlkit.core.controller.run_dir import RunDir
 from rlkit.core.data.dataset import PromptSampler
@@ -64,6 +69,9 @@ class OfflineController:
         with timed(timing, "step"):
             with timed(timing, "data"):
                 batch = self.kind.batch([self.rows[i] for i in self.sampler.next_batch()], self.pad_id)
+            if self.config.needs_reference:  # dpo
+                with timed(timing, "ref"):
+                    batch["ref_log_probs"] = self.reference_log_probs(batch)
             with timed(timing, "update"):
                 metrics = self.update(batch)
         tokens = float(batch["attention_mask"].sum())
@@ -73,23 +81,32 @@ class OfflineController:
                 "perf/tokens_per_s_per_device": tokens / timing["step"] / self.config.world_size,
                 **{f"timing/{k}": v for k, v in timing.items()}}
 
+    def reference_log_probs(self, batch: Batch) -> torch.Tensor:
+        """Per-token log-probs of the batch's responses under the reference (each rank its equal share)."""
+        return worker_log_probs(self.workers, batch, "ref", self.config.world_size)["log_probs"]
+
     def update(self, batch: Batch) -> dict[str, float]:
-        """One optimizer step per actor.mini_batch_size rows, each split evenly over the workers."""
+        """One optimizer step per actor.mini_batch_size rows (dpo: pairs), each split evenly over the workers."""
         cfg = self.config
-        tensors = Batch(dict(batch.tensors))  # the row kind's tensors travel; its meta (row indices) stays here
+        tensors = Batch(dict(batch.tensors))  # the row kind's tensors travel (dpo: with ref_log_probs); meta stays here
         per_rank = shard_minibatches(tensors, cfg.actor.mini_batch_size * cfg.samples_per_prompt, cfg.world_size)
         return self.workers.call("update_offline", per_rank=per_rank, phase="update_offline")[0]
 
     # -- validation ---------------------------------------------------------------------
     def validate(self, step: int) -> dict[str, float]:
-        """val/loss (aggregated as the training loss is) and val/token_accuracy over all of data.val_files
-        (`step` is the run loop's: the loss of a fixed set does not depend on it)."""
+        """The training metrics over all of data.val_files, as val/...: sft val/loss (aggregated as the
+        training loss is) and val/token_accuracy; dpo val/loss and val/rewards/* (means over the pairs).
+        (`step` is the run loop's: the metrics of a fixed set do not depend on it.)"""
         world = self.config.world_size
-        batch = pad_to_ranks(Batch(dict(self.kind.batch(self.val_rows, self.pad_id).tensors)), world)
+        # Every rank gets as many rows, and dpo's whole pairs: padded to a multiple of world x rows per pair.
+        batch = pad_to_ranks(Batch(dict(self.kind.batch(self.val_rows, self.pad_id).tensors)),
+                             world * self.config.samples_per_prompt)
         mask = batch["response_mask"]
         norm = {"num_tokens": float(mask.sum()), "num_seqs": float((mask.sum(-1) > 0).sum())}
         timing: dict[str, float] = {}
         with timed(timing, "val"):
+            if self.config.needs_reference:
+                batch["ref_log_probs"] = self.reference_log_probs(batch)
             out = self.workers.call("evaluate_offline", per_rank=[(shard, norm) for shard in batch.chunk(world)],
                                     phase="validation")[0]
         return {**{f"val/{k}": v for k, v in out.items()}, "timing/val": timing["val"]}

@@ -24,11 +24,21 @@ OFFLINE_PANELS: list[tuple[str, list[str | tuple[str, ...]]]] = [
     ("learning rate", ["actor/lr"]),
     ("trained tokens per step", ["perf/loss_tokens"]),
 ]
+# objective dpo: the implicit rewards (TRL's names) next to the loss.
+DPO_PANELS: list[tuple[str, list[str | tuple[str, ...]]]] = [
+    ("loss", ["actor/loss", "val/loss"]),
+    ("preference accuracy", ["rewards/accuracies", "val/rewards/accuracies"]),
+    ("reward margin", ["rewards/margins", "val/rewards/margins"]),
+    ("implicit rewards", ["rewards/chosen", "rewards/rejected", "val/rewards/chosen", "val/rewards/rejected"]),
+    ("grad norm", ["actor/grad_norm"]),
+    ("learning rate", ["actor/lr"]),
+]
 
 
 def plot_run(run_path: Path, out: Path) -> Path:
     """Reward, validation, response length, KL, entropy, grad norm and each phase's seconds per step
-    (offline objectives: training and validation loss, token accuracy, grad norm, learning rate, tokens)."""
+    (sft: training and validation loss, token accuracy, grad norm, learning rate, tokens; dpo: loss,
+    preference accuracy, margins and implicit rewards, grad norm, learning rate)."""
     import matplotlib
 
     matplotlib.use("Agg")  # files only: no display on training machines
@@ -65,7 +75,10 @@ def plot_run(run_path: Path, out: Path) -> Path:
 
 
 def panels_for(records: list[dict[str, Any]]) -> list[tuple[str, list[str | tuple[str, ...]]]]:
-    """The panels of a run: an offline objective's (it logs actor/loss) or RL's with its validation scores."""
+    """The panels of a run: dpo's (it logs rewards/margins), sft's (actor/loss) or RL's with its validation
+    scores."""
+    if any("rewards/margins" in r for r in records):
+        return DPO_PANELS
     if any("actor/loss" in r for r in records):
         return OFFLINE_PANELS
     return PANELS[:1] + [("validation", validation_keys(records))] + PANELS[1:]

@@ -39,7 +39,14 @@ OFFLINE_CONSOLE_KEYS = [
     ("actor/grad_norm", "grad norm"), ("actor/lr", "lr"), ("perf/loss_tokens", "tokens"),
     ("perf/tokens_per_s", "tok/s"), ("timing/step", "step s"),
 ]
-CONSOLE_KEYS_BY_OBJECTIVE = {"rl": CONSOLE_KEYS, "sft": OFFLINE_CONSOLE_KEYS}  # config.objective -> columns
+# objective dpo: the preference metrics (TRL's names) next to the loss.
+DPO_CONSOLE_KEYS = [
+    ("actor/loss", "loss"), ("val/loss", "val loss"), ("rewards/accuracies", "acc"),
+    ("val/rewards/accuracies", "val acc"), ("rewards/margins", "margin"), ("rewards/chosen", "chosen"),
+    ("rewards/rejected", "rejected"), ("actor/grad_norm", "grad norm"), ("perf/tokens_per_s", "tok/s"),
+    ("timing/step", "step s"),
+]
+CONSOLE_KEYS_BY_OBJECTIVE = {"rl": CONSOLE_KEYS, "sft": OFFLINE_CONSOLE_KEYS, "dpo": DPO_CONSOLE_KEYS}  # config.objective -> columns
 
 
 class Tracker:

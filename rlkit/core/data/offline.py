@@ -3,7 +3,7 @@
 The offline controller (rlkit.core.controller.offline) knows rows only through a `RowKind`:
 `load` reads and tokenizes a data key's files (every bad row reported with its file and row),
 `batch` lays a list of loaded rows out in the rollout batch layout (rlkit.core.batch) with the
-loss mask on the trained tokens. An objective with other rows (preference pairs) adds its kind here.
+loss mask on the trained tokens.
 """
 
 from __future__ import annotations
@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 from rlkit.core.batch import Batch
+from rlkit.core.data.pairs import pair_batch, read_pair_rows, tokenize_pairs
 from rlkit.core.data.sft import read_sft_file, sft_batch, tokenize_sft_rows
 from rlkit.recipes.schema import RLConfig
 
@@ -23,6 +24,13 @@ def load_sft(config: RLConfig, files: list[str], key: str, tokenizer: Any) -> li
                              completion_only=config.sft.completion_only_loss, overlong=data.overlong_prompts)
 
 
+def load_pairs(config: RLConfig, files: list[str], key: str, tokenizer: Any) -> list[Any]:
+    data = config.data
+    return tokenize_pairs([(file, read_pair_rows(file, key)) for file in files], tokenizer,
+                          max_prompt_length=data.max_prompt_length, max_response_length=data.max_response_length,
+                          overlong=data.overlong_prompts)
+
+
 @dataclass(frozen=True)
 class RowKind:
     load: Callable[[RLConfig, list[str], str, Any], list[Any]]  # (config, files, data key, tokenizer) -> rows
@@ -30,7 +38,8 @@ class RowKind:
     what: str                                                     # rows, in words (preflight's summary)
 
 
-ROW_KINDS = {"sft": RowKind(load_sft, sft_batch, "prompt + response / messages rows")}
+ROW_KINDS = {"sft": RowKind(load_sft, sft_batch, "prompt + response / messages rows"),
+             "dpo": RowKind(load_pairs, pair_batch, "preference pairs (prompt, chosen, rejected)")}
 
 
 def row_kind(config: RLConfig) -> RowKind:

@@ -4,11 +4,17 @@ from __future__ import annotations
 
 from typing import Any
 
+from rlkit.core.data.pairs import PAIR_COLUMNS, pair_problem
+
 
 def row_problem(row: Any) -> str | None:
-    """Why `row` is not a usable training row (see builders.py for the schema), or None."""
+    """Why `row` is not a usable training row (see builders.py for the schema; pairs.py for preference
+    pairs), or None."""
     if not isinstance(row, dict):
         return f"not a dict but {type(row).__name__}"
+    if "chosen" in row or "rejected" in row:  # a preference pair (rlkit.core.data.pairs)
+        missing = [key for key in PAIR_COLUMNS if key not in row]
+        return f"missing key {missing[0]!r}" if missing else pair_problem(row)
     missing = [key for key in ("data_source", "prompt", "reward_model") if key not in row]
     if missing:
         return f"missing key {missing[0]!r}"

@@ -97,7 +97,7 @@ def micro_batch(config: RLConfig, budget: int, world_size: int | None = None) ->
     data, world = config.data, world_size or config.world_size
     sequence = data.max_prompt_length + data.max_response_length
     share = config.actor.mini_batch_size * config.samples_per_prompt * sequence // world
-    tokens = min(share, max(budget, sequence))
+    tokens = min(share, max(budget, sequence * config.micro_batch_group))  # a dpo pair runs whole
     return MicroBatch(tokens, tokens * data.max_response_length // sequence)
 
 
@@ -119,7 +119,7 @@ def token_budget(config: RLConfig, shape: ModelShape, device_bytes: float, *, on
     return fast_paths.auto_micro_batch_tokens(
         free_bytes=int(device_bytes - DEVICE_RESERVE - loaded_bytes), total_bytes=int(device_bytes),
         trainable_params=int(trainable_params), critic_params=int(critic_params), bytes_per_token=per_token,
-        longest_sequence=config.data.max_prompt_length + config.data.max_response_length)
+        longest_sequence=(config.data.max_prompt_length + config.data.max_response_length) * config.micro_batch_group)
 
 
 def activation_bytes(shape: ModelShape, batch: MicroBatch, compute: int, checkpointing: bool) -> dict[str, float]:

@@ -57,8 +57,9 @@ def step_time(config: RLConfig, shape: ModelShape, critic: ModelShape | None = N
     if world > 2:
         notes.append(f"{world} training devices: the 2-GPU MFU is assumed (measured on 1 and 2)")
     passes = (4 if config.model.gradient_checkpointing else 3) * config.actor.ppo_epochs
-    if config.offline:  # objective sft: no generation, log-prob passes, weight sync or reward
-        return StepTime({"update": passes * forward / (peak * mfu("update", world))}, notes)
+    if config.offline:  # no generation, weight sync or reward; dpo: the reference's log-prob pass
+        reference = {"ref": forward / (peak * mfu("forward", world))} if config.needs_reference else {}
+        return StepTime({**reference, "update": passes * forward / (peak * mfu("update", world))}, notes)
     engines = world if config.rollout.placement == "colocated" else config.rollout.devices
     rate = cal["decode_tokens_per_s"] * cal["params"] / shape.params
     every = config.rollout.log_prob_check_freq

@@ -24,14 +24,22 @@ from rlkit.core.train.model import TrainableModel
 MicroStep = Callable[[Batch, dict[str, float]], tuple[torch.Tensor, dict[str, torch.Tensor]]]
 
 
-def micro_batches(batch: Batch, budget: int) -> list[list[int]]:
-    """Rows of each micro-batch: at most `budget` real tokens each, the same count on every rank."""
-    return packing.plan_micro_batches(batch["attention_mask"].sum(-1).tolist(), budget)
+def micro_batches(batch: Batch, budget: int, group: int = 1) -> list[list[int]]:
+    """Rows of each micro-batch: at most `budget` real tokens each, the same count on every rank.
+
+    Each run of `group` consecutive rows stays in one micro-batch (a preference pair's chosen and
+    rejected rows: its loss needs both); a group over the budget alone is a micro-batch of its own.
+    """
+    lengths = batch["attention_mask"].sum(-1).view(-1, group).sum(-1).tolist()
+    return [[item * group + j for item in items for j in range(group)]
+            for items in packing.plan_micro_batches(lengths, budget)]
 
 
 def optimize(model: TrainableModel, minibatches: list[Batch], norms: list[dict[str, float]], micro_step: MicroStep,
-             *, grad_clip: float, micro_batch_tokens: int, per_update: tuple[str, ...] = ()) -> dict[str, float]:
+             *, grad_clip: float, micro_batch_tokens: int, per_update: tuple[str, ...] = (),
+             group: int = 1) -> dict[str, float]:
     """One optimizer step per mini-batch; returns global metrics (names as `micro_step` gave them).
+    `group` consecutive rows share a micro-batch (see `micro_batches`).
 
     Keys in `per_update`, and `grad_norm`, are averaged over the optimizer steps (a mini-batch's
     loss is already a mean); every other key is a token sum, divided by the loss tokens.
@@ -46,7 +54,7 @@ def optimize(model: TrainableModel, minibatches: list[Batch], norms: list[dict[s
 
     for minibatch, norm in zip(minibatches, norms):
         model.optimizer.zero_grad(set_to_none=True)
-        for rows in micro_batches(minibatch, micro_batch_tokens):
+        for rows in micro_batches(minibatch, micro_batch_tokens, group):
             loss, metrics = micro_step(minibatch.select(rows), norm)
             # FSDP2 averages gradients over ranks; the normalisers are already global, so undo it.
             (loss * world).backward()

@@ -86,7 +86,8 @@ class PolicyWorker(DeviceWorker, AgentEpisodes, OfflineUpdates):
         tokens = fast_paths.auto_micro_batch_tokens(
             free_bytes=free, total_bytes=total, trainable_params=trainable,
             critic_params=sum(local for local, _ in numels.values()) if cfg.critic_enabled else 0,  # same shape
-            bytes_per_token=per_token, longest_sequence=cfg.data.max_prompt_length + cfg.data.max_response_length)
+            bytes_per_token=per_token,
+            longest_sequence=(cfg.data.max_prompt_length + cfg.data.max_response_length) * cfg.micro_batch_group)
         agreed = torch.tensor([tokens], device=packing.collective_device())
         dist.all_reduce(agreed, op=dist.ReduceOp.MIN)  # one budget for the run, the tightest rank's
         return int(agreed.item()), free / (1 << 30)
@@ -193,7 +194,7 @@ class PolicyWorker(DeviceWorker, AgentEpisodes, OfflineUpdates):
             for rows in micro_batches(batch, self.fast_paths.micro_batch_tokens):
                 packed = packing.pack(batch.select(rows)).to(self.device)
                 logits = fsdp.packed_outputs(model, packed)
-                lp, ent = selected_log_probs(logits, packed.targets, self.config.rollout.temperature,
+                lp, ent = selected_log_probs(logits, packed.targets, self.config.log_prob_temperature,
                                              with_entropy=which == "actor")
                 log_probs[rows] = packed.scatter(lp).cpu()
                 entropy[rows] = packed.scatter(ent).cpu()
