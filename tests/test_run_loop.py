@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from rlkit.core.controller import loop
+from rlkit.core.controller.controller import Controller
 from rlkit.core.controller.preflight import RunInputs
 from rlkit.core.controller.run_dir import RunDir
 from rlkit.core.controller.tracking import METRICS_FILE, read_metrics
@@ -22,6 +23,7 @@ class StandInController:
     """Steps that draw from the process's RNGs, and checkpoints that save them as the controller does."""
 
     seen_at_save: list[tuple[int, int]] = []  # (status.json step, last metrics.jsonl step) when a save starts
+    TRAIN_KEY, VAL_KEY = Controller.TRAIN_KEY, Controller.VAL_KEY
 
     def __init__(self, config, run: RunDir, inputs: RunInputs) -> None:
         self.config, self.run, self.completed_steps = config, run, 0

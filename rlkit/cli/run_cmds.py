@@ -14,7 +14,8 @@ RUNS_DIR_OPTION = typer.Option("runs", "--runs-dir", envvar="RLKIT_RUNS_DIR",
                                help="Parent folder of run directories (trainer.runs_dir of the run).")
 RUN_ARGUMENT = typer.Argument(..., help="Run id (a folder under --runs-dir) or the run directory's path.")
 # Metrics `runs show` prints, in this order, when the run logged them.
-SHOW_KEYS = ["reward/mean", "reward/max", "response/length_mean", "response/clip_frac", "actor/pg_loss",
+SHOW_KEYS = ["actor/loss", "actor/token_accuracy", "perf/loss_tokens",  # offline objectives (sft)
+             "reward/mean", "reward/max", "response/length_mean", "response/clip_frac", "actor/pg_loss",
              "actor/kl_ref", "actor/kl_loss", "actor/entropy", "actor/grad_norm", "actor/lr",
              "rollout/log_prob_diff", "timing/step", "perf/tokens_per_s"]
 STATUS_STYLE = {"running": "cyan", "finished": "green", "failed": "red", "dead": "red", "interrupted": "yellow"}
@@ -95,11 +96,13 @@ def runs_show(run_id: str = RUN_ARGUMENT, runs_dir: str = RUNS_DIR_OPTION) -> No
             if key in last:
                 metrics.add_row(key, _fmt(last[key]))
         console.print(metrics)
-    validated = [r for r in records if "val/reward/mean@1" in r]
+    validated = [r for r in records if any(k.startswith("val/") for k in r)]
     if validated:
         shown = validated[:1] + validated[-1:] if len(validated) > 1 else validated
-        table = Table("metric", *[f"step {r['step']}" for r in shown], title=f"validation ({len(validated)} times; "
-                      f"responses in {run.path / 'validation'})", title_justify="left")
+        generated = any(k.startswith("val/reward/") for k in validated[-1])  # an offline objective's generates nothing
+        where = f"; responses in {run.path / 'validation'}" if generated else ""
+        table = Table("metric", *[f"step {r['step']}" for r in shown], title=f"validation ({len(validated)} times{where})",
+                      title_justify="left")
         for key in sorted(k for k in validated[-1] if k.startswith("val/")):
             table.add_row(key, *[_fmt(r.get(key)) for r in shown])
         console.print(table)

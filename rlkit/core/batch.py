@@ -68,33 +68,58 @@ class Batch:
         return Batch({k: v.to(device) for k, v in self.tensors.items()}, self.meta)
 
 
+def shard_minibatches(batch: Batch, rows_per_minibatch: int, world: int,
+                      epochs: int = 1) -> list[tuple[list[Batch], list[dict[str, float]]]]:
+    """Per rank: (its equal share of each mini-batch, every mini-batch's global loss-token and
+    sequence counts). Mini-batches are consecutive `rows_per_minibatch` rows, `epochs` times over."""
+    shards: list[list[Batch]] = [[] for _ in range(world)]
+    norms = []
+    for _ in range(epochs):
+        for mb in batch.chunk(len(batch) // rows_per_minibatch):
+            mask = mb["response_mask"]
+            norms.append({"num_tokens": float(mask.sum()), "num_seqs": float((mask.sum(-1) > 0).sum())})
+            for rank, shard in enumerate(mb.chunk(world)):
+                shards[rank].append(shard)
+    return [(shards[r], norms) for r in range(world)]
+
+
+def padded_tensors(prompts: list[list[int]], responses: list[list[int]], loss_masks: list[list[float]],
+                   pad_id: int) -> dict[str, torch.Tensor]:
+    """Prompts left-padded and responses right-padded into the layout above: input_ids,
+    attention_mask, position_ids, responses, response_mask (the loss mask)."""
+    width_p = max(len(p) for p in prompts)
+    width_r = max(max(len(r) for r in responses), 1)
+    n = len(prompts)
+    input_ids = torch.full((n, width_p + width_r), pad_id, dtype=torch.long)
+    attention = torch.zeros((n, width_p + width_r), dtype=torch.long)
+    loss_mask = torch.zeros((n, width_r))
+    for i, (p, r, m) in enumerate(zip(prompts, responses, loss_masks)):
+        input_ids[i, width_p - len(p):width_p] = torch.tensor(p, dtype=torch.long)
+        input_ids[i, width_p:width_p + len(r)] = torch.tensor(r, dtype=torch.long)
+        attention[i, width_p - len(p):width_p + len(r)] = 1
+        loss_mask[i, :len(r)] = torch.tensor(m, dtype=torch.float32)
+    position_ids = (attention.cumsum(-1) - 1).clamp(min=0)
+    return {"input_ids": input_ids, "attention_mask": attention, "position_ids": position_ids,
+            "responses": input_ids[:, width_p:].clone(), "response_mask": loss_mask}
+
+
 def build_batch(trajectories: list[Trajectory], pad_id: int) -> Batch:
     """Pad prompts left and responses right into the Batch layout (see rlkit.core.batch).
 
     The loss mask comes from each trajectory: attention covers every real token, the loss only
     the policy's own.
     """
-    width_p = max(len(t.prompt_ids) for t in trajectories)
-    width_r = max(max(len(t.response_ids) for t in trajectories), 1)
-    n = len(trajectories)
-    input_ids = torch.full((n, width_p + width_r), pad_id, dtype=torch.long)
-    attention = torch.zeros((n, width_p + width_r), dtype=torch.long)
-    loss_mask = torch.zeros((n, width_r))
-    rollout_lp = torch.zeros((n, width_r))
+    tensors = padded_tensors([t.prompt_ids for t in trajectories], [t.response_ids for t in trajectories],
+                             [t.loss_mask for t in trajectories], pad_id)
+    loss_mask = tensors["response_mask"]
     with_log_probs = any(t.log_probs for t in trajectories)  # the engine was asked for them
-    for i, t in enumerate(trajectories):
-        p, r = t.prompt_ids, t.response_ids
-        input_ids[i, width_p - len(p):width_p] = torch.tensor(p)
-        input_ids[i, width_p:width_p + len(r)] = torch.tensor(r, dtype=torch.long)
-        attention[i, width_p - len(p):width_p + len(r)] = 1
-        loss_mask[i, :len(r)] = torch.tensor(t.loss_mask, dtype=torch.float32)
-        if with_log_probs:
-            rollout_lp[i, :len(r)] = torch.tensor(t.log_probs)
-    position_ids = (attention.cumsum(-1) - 1).clamp(min=0)
+    if with_log_probs:
+        rollout_lp = torch.zeros_like(loss_mask)
+        for i, t in enumerate(trajectories):
+            rollout_lp[i, :len(t.log_probs)] = torch.tensor(t.log_probs)
+        tensors["rollout_log_probs"] = rollout_lp * loss_mask
     return Batch(
-        tensors={"input_ids": input_ids, "attention_mask": attention, "position_ids": position_ids,
-                 "responses": input_ids[:, width_p:].clone(), "response_mask": loss_mask,
-                 **({"rollout_log_probs": rollout_lp * loss_mask} if with_log_probs else {}),
+        tensors={**tensors,
                  "group_ids": torch.tensor([t.group for t in trajectories]),
                  "finished": torch.tensor([t.finished for t in trajectories]),
                  "policy_version": torch.tensor([t.policy_version for t in trajectories])},

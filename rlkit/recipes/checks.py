@@ -44,10 +44,12 @@ def check_config(config: RLConfig, origins: dict[str, str] | None = None, *, req
     if require_inputs and not config.model.path:
         fail("model.path", "no model given; pass --model PATH_OR_HUB_ID or model.path=... "
              "('rlkit:tiny-qwen2' builds a tiny offline model)")
-    if require_inputs and not data.train_files and not data.synthetic_task:
+    if require_inputs and not data.train_files and not data.synthetic_task and not config.offline:
         fail("data.train_files", "no training data; set data.train_files=[train.parquet] "
              "(see `rlkit prep-data`) or data.synthetic_task=echo")
-    if algo.adv_estimator in ("grpo", "rloo", "reinforce_plus_plus_baseline") and rollout.n < 2:
+    if config.offline:
+        check_offline(config, origins, fail, require_inputs=require_inputs)
+    elif algo.adv_estimator in ("grpo", "rloo", "reinforce_plus_plus_baseline") and rollout.n < 2:
         fail("rollout.n", f"{algo.adv_estimator} compares samples of one prompt, so it needs rollout.n >= 2 "
              f"(got {rollout.n})")
     if algo.adv_estimator == "gae" and config.critic.enable is False:
@@ -65,19 +67,21 @@ def check_config(config: RLConfig, origins: dict[str, str] | None = None, *, req
     if rollout.placement == "split" and rollout.devices >= devices:
         fail("rollout.devices", f"split placement gives {rollout.devices} of the {devices} device(s) to rollout, "
              "leaving none to train; raise trainer.n_gpus_per_node / trainer.nnodes or use rollout.placement=colocated")
-    sequences_per_minibatch = actor.mini_batch_size * rollout.n
-    if sequences_per_minibatch % config.world_size:
-        fail("actor.mini_batch_size", f"{actor.mini_batch_size} prompts x rollout.n={rollout.n} = "
-             f"{sequences_per_minibatch} sequences cannot be split evenly over {config.world_size} workers")
-    if data.train_batch_size * rollout.n % config.world_size:
-        fail("data.train_batch_size", f"{data.train_batch_size} x rollout.n={rollout.n} sequences cannot be "
-             f"split evenly over {config.world_size} workers")
+    n = config.samples_per_prompt
+    if actor.mini_batch_size * n % config.world_size:
+        fail("actor.mini_batch_size", f"{actor.mini_batch_size} rows x {n} sample(s) each = "
+             f"{actor.mini_batch_size * n} sequences cannot be split evenly over {config.world_size} workers")
+    if data.train_batch_size * n % config.world_size:
+        fail("data.train_batch_size", f"{data.train_batch_size} rows x {n} sample(s) each = "
+             f"{data.train_batch_size * n} sequences cannot be split evenly over {config.world_size} workers")
     if actor.micro_batch_tokens != "auto" and data.max_prompt_length + data.max_response_length > actor.micro_batch_tokens:
         fail("actor.micro_batch_tokens", f"{actor.micro_batch_tokens} tokens cannot hold one sequence of "
              f"max_prompt_length + max_response_length = {data.max_prompt_length + data.max_response_length}")
     if actor.old_log_probs == "rollout" and (actor.ppo_epochs > 1 or actor.mini_batch_size != data.train_batch_size):
         fail("actor.old_log_probs", "rollout log-probs stand in for old log-probs only with one "
              "optimizer step per RL step (ppo_epochs=1, mini_batch_size == data.train_batch_size); use auto")
+    if config.offline:  # no rollout, reward or advantage: the rest are RL's
+        return
     check_rollout_mode(config, fail)
     if config.rollout_correction is not None and actor.old_log_probs == "rollout":
         fail("actor.rollout_is_cap" if actor.rollout_is_cap is not None else "actor.rollout_is",
@@ -96,6 +100,28 @@ def check_config(config: RLConfig, origins: dict[str, str] | None = None, *, req
             fail(f"rollout.{engine}.engine_kwargs", f"{', '.join(reserved)} is set by rlkit; use its own key "
                  f"instead ({_OWN_KEYS})")
     check_algorithm(config, origins, fail)
+
+
+# Sections only RL reads: a command-line key there does nothing with an offline objective.
+RL_ONLY_PREFIXES = ("rollout.", "algorithm.", "critic.", "reward.", "reward_model.")
+
+
+def check_offline(config: RLConfig, origins: dict[str, str], fail: Callable[[str, str], None], *,
+                  require_inputs: bool) -> None:
+    """objective sft: rows of data files, one pass over each batch, no rollout placement."""
+    for key, origin in origins.items():
+        if origin == "command line" and key.startswith(RL_ONLY_PREFIXES):
+            fail(key, f"has no effect: objective {config.objective} generates nothing and scores nothing "
+                 "(no rollout, reward, advantage or critic)")
+    if require_inputs and not config.data.train_files:
+        fail("data.train_files", f"objective {config.objective} trains on rows of data files (no synthetic task); "
+             "set data.train_files=[train.parquet] (e.g. `rlkit prep-data gsm8k --format sft`)")
+    if config.actor.ppo_epochs != 1:
+        fail("actor.ppo_epochs", f"objective {config.objective} passes over each batch once; remove it "
+             "(more passes over the data: raise trainer.total_steps)")
+    if config.rollout.placement != "colocated":
+        fail("rollout.placement", f"objective {config.objective} starts no rollout engine, so every device trains; "
+             "remove rollout.placement/rollout.devices")
 
 
 def check_rollout_mode(config: RLConfig, fail: Callable[[str, str], None]) -> None:
@@ -156,6 +182,7 @@ def check_algorithm(config: RLConfig, origins: dict[str, str], fail: Callable[[s
                             "only adv_estimator=gae and reinforce_plus_plus use it"),
         "rollout.max_staleness": (rollout.mode != "async", f"only rollout.mode=async reads it (mode is {rollout.mode})"),
         "rollout.weight_sync": (rollout.placement != "split", "only split placement sends weights to other devices"),
+        "sft.": (config.objective != "sft", f"only objective sft reads it (objective is {config.objective})"),
     }
     switches = ("critic.enable", "reward.overlong_buffer.enable")
     for key, origin in origins.items():
@@ -168,11 +195,11 @@ def check_algorithm(config: RLConfig, origins: dict[str, str], fail: Callable[[s
 
 def batch_arithmetic(config: RLConfig) -> list[str]:
     """The derived batch numbers, in words, for --dry-run."""
-    d, a, r, w = config.data, config.actor, config.rollout, config.world_size
-    sequences = d.train_batch_size * r.n
+    d, a, w, n = config.data, config.actor, config.world_size, config.samples_per_prompt
+    sequences = d.train_batch_size * n
     updates = d.train_batch_size // a.mini_batch_size * a.ppo_epochs
     longest = d.max_prompt_length + d.max_response_length
-    per_worker = a.mini_batch_size * r.n // w
+    per_worker = a.mini_batch_size * n // w
     if a.micro_batch_tokens == "auto":
         micro = ("in micro-batches sized at start-up (actor.micro_batch_tokens=auto: from the free GPU memory, "
                  f"{CPU_MICRO_BATCH_TOKENS} tokens on CPU)")
@@ -180,14 +207,18 @@ def batch_arithmetic(config: RLConfig) -> list[str]:
         per_micro = max(1, a.micro_batch_tokens // longest)
         micro = (f"in micro-batches of up to {a.micro_batch_tokens} tokens (at least {per_micro} full-length "
                  f"sequences, so at most {-(-per_worker // per_micro)} micro-batch(es))")
+    unit = "rows" if config.offline else "prompts"
+    first = (f"each step takes {sequences} rows of data.train_files ({config.objective}: no generation)"
+             if config.offline else f"each step samples {d.train_batch_size} prompts x rollout.n={n} = {sequences} sequences")
     return [
-        f"each step samples {d.train_batch_size} prompts x rollout.n={r.n} = {sequences} sequences",
+        first,
         f"the {sequences} sequences are split over {w} worker(s): {sequences // w} each",
-        f"{updates} optimizer step(s) per RL step: {d.train_batch_size // a.mini_batch_size} mini-batch(es) "
-        f"of {a.mini_batch_size} prompts ({a.mini_batch_size * r.n} sequences) x {a.ppo_epochs} epoch(s)",
+        f"{updates} optimizer step(s) per {'step' if config.offline else 'RL step'}: {d.train_batch_size // a.mini_batch_size} mini-batch(es) "
+        f"of {a.mini_batch_size} {unit} ({a.mini_batch_size * n} sequences) x {a.ppo_epochs} epoch(s)",
         f"each worker takes {per_worker} sequences per optimizer step, {micro}",
-        f"{config.trainer.total_steps} RL steps in all = {config.trainer.total_steps * sequences} sampled sequences",
-    ] + _algorithm_arithmetic(config)
+        f"{config.trainer.total_steps} steps in all = {config.trainer.total_steps * sequences} "
+        f"{'trained' if config.offline else 'sampled'} sequences",
+    ] + ([] if config.offline else _algorithm_arithmetic(config))
 
 
 def _algorithm_arithmetic(config: RLConfig) -> list[str]:

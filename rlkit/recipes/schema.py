@@ -25,7 +25,7 @@ class DataConfig(Section):
     train_files: list[str] = Field(default_factory=list, description="Parquet files of training prompts (see `rlkit prep-data`).")
     val_files: list[str] = Field(default_factory=list, description="Parquet files of held-out prompts: validated before training (trainer.val_before_train), every trainer.val_freq steps and after the last step (docs/architecture.md, Validation).")
     synthetic_task: str | None = Field(None, description="Built-in task (echo, succ, add) generated into the run dir when train_files is empty; with trainer.val_freq > 0 and no val_files, its test split is the validation set.")
-    train_batch_size: int = Field(16, ge=1, description="Prompts per RL step (before rollout.n samples each).")
+    train_batch_size: int = Field(16, ge=1, description="Prompts per RL step (before rollout.n samples each); objective sft: rows (sequences) per step.")
     max_prompt_length: int = Field(512, ge=1, description="Longest prompt in tokens; longer ones error or are dropped (overlong_prompts).")
     max_response_length: int = Field(512, ge=1, description="Most tokens generated per response.")
     overlong_prompts: Literal["error", "filter"] = Field("error", description="What to do with prompts over max_prompt_length.")
@@ -97,7 +97,7 @@ class ActorConfig(Section):
     betas: tuple[float, float] = Field((0.9, 0.999), description="AdamW betas.")
     warmup_steps: int = Field(0, ge=0, description="Linear LR warm-up, in optimizer steps.")
     lr_schedule: Literal["constant", "cosine"] = Field("constant", description="LR after warm-up.")
-    mini_batch_size: int = Field(16, ge=1, description="Prompts per optimizer step (global); with rollout.n samples each.")
+    mini_batch_size: int = Field(16, ge=1, description="Prompts per optimizer step (global); with rollout.n samples each. objective sft: rows per optimizer step.")
     ppo_epochs: int = Field(1, ge=1, description="Passes over each step's batch.")
     micro_batch_tokens: Annotated[int, Field(ge=1)] | Literal["auto"] = Field("auto", description="Per-device token budget of one forward/backward (performance only, never the math). auto = on GPUs, sized at start-up from the memory free once the models are loaded (at most 65536, at least one full-length sequence; printed at start-up); 16384 on CPU.")
     grad_clip: float = Field(1.0, gt=0, description="Global gradient-norm clip.")
@@ -187,10 +187,17 @@ class TrainerConfig(Section):
         return "off" if value is False else value
 
 
+class SFTConfig(Section):
+    """`sft.*`: options only supervised fine-tuning (objective: sft) reads."""
+
+    completion_only_loss: bool = Field(True, description="Train only on the response tokens (prompt+response rows: the response and its EOS; `messages` rows: the assistant turns, each up to its end-of-turn token); everything else is context with loss mask 0. false trains on every token but the first (TRL's completion_only_loss / assistant_only_loss).")
+
+
 class RLConfig(Section):
     """A whole run. `rlkit train --dry-run` prints it resolved."""
 
     recipe: str = Field("", description="Name of the recipe this config came from.")
+    objective: Literal["rl", "sft"] = Field("rl", description="What a step trains on. rl: samples the policy generates, scored by the reward (rollout, reward, algorithm, critic). sft: supervised fine-tuning on data.train_files rows (prompt + response, or chat `messages`), the negative log-likelihood of the response tokens, aggregated by actor.loss_agg_mode; no rollout engine starts and the RL-only sections are ignored (docs/algorithms.md, SFT).")
     data: DataConfig = Field(default_factory=DataConfig)
     model: ModelConfig = Field(default_factory=ModelConfig)
     rollout: RolloutConfig = Field(default_factory=RolloutConfig)
@@ -200,6 +207,17 @@ class RLConfig(Section):
     reward: RewardConfig = Field(default_factory=RewardConfig)
     reward_model: RewardModelConfig = Field(default_factory=RewardModelConfig)
     trainer: TrainerConfig = Field(default_factory=TrainerConfig)
+    sft: SFTConfig = Field(default_factory=SFTConfig)
+
+    @property
+    def offline(self) -> bool:
+        """Trains on rows of a data set (objective sft), not on samples of the policy: no rollout engine."""
+        return self.objective != "rl"
+
+    @property
+    def samples_per_prompt(self) -> int:
+        """Sequences each data row becomes in a step: rollout.n samples in RL, the row itself offline."""
+        return self.rollout.n if self.objective == "rl" else 1
 
     @property
     def world_size(self) -> int:
@@ -209,6 +227,8 @@ class RLConfig(Section):
 
     @property
     def critic_enabled(self) -> bool:
+        if self.offline:
+            return False
         return self.critic.enable if self.critic.enable is not None else self.algorithm.adv_estimator == "gae"
 
     @property
@@ -241,4 +261,4 @@ class RLConfig(Section):
 
     @property
     def needs_reference(self) -> bool:
-        return self.actor.use_kl_loss or self.algorithm.use_kl_in_reward
+        return self.objective == "rl" and (self.actor.use_kl_loss or self.algorithm.use_kl_in_reward)

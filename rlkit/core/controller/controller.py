@@ -19,7 +19,7 @@ from rlkit.core.algos.kl import (
     apply_kl_penalty,
     kl_estimate,
 )
-from rlkit.core.batch import Batch
+from rlkit.core.batch import Batch, shard_minibatches
 from rlkit.core.cluster.failures import WorkerFailure, checkpoint_write_failure
 from rlkit.core.cluster.placement import Placement
 from rlkit.core.cluster.worker_group import WorkerGroup, init_ray
@@ -44,6 +44,9 @@ def masked_mean(values: torch.Tensor, mask: torch.Tensor) -> float:
 
 
 class Controller:
+    # The metrics the run's closing summary compares, first steps against last.
+    TRAIN_KEY, VAL_KEY = "reward/mean", "val/reward/mean@1"
+
     def __init__(self, config: RLConfig, run: RunDir, inputs: RunInputs | None = None) -> None:
         """`inputs`: what the preflight checks loaded (the run loop passes them; None runs the checks here)."""
         self.config, self.run = config, run
@@ -159,18 +162,9 @@ class Controller:
         Mini-batches are actor.mini_batch_size whole prompt groups, repeated actor.ppo_epochs times,
         each split evenly over the workers.
         """
-        cfg, world = self.config, self.config.world_size
-        per_minibatch = cfg.actor.mini_batch_size * cfg.rollout.n
+        cfg = self.config
         slim = Batch({k: batch[k] for k in keys})
-        shards: list[list[Batch]] = [[] for _ in range(world)]
-        norms = []
-        for _ in range(cfg.actor.ppo_epochs):
-            for mb in slim.chunk(len(batch) // per_minibatch):
-                mask = mb["response_mask"]
-                norms.append({"num_tokens": float(mask.sum()), "num_seqs": float((mask.sum(-1) > 0).sum())})
-                for rank, shard in enumerate(mb.chunk(world)):
-                    shards[rank].append(shard)
-        return [(shards[r], norms) for r in range(world)]
+        return shard_minibatches(slim, cfg.actor.mini_batch_size * cfg.rollout.n, cfg.world_size, cfg.actor.ppo_epochs)
 
     # -- metrics ------------------------------------------------------------------------
     def batch_metrics(self, batch: Batch) -> dict[str, float]:
@@ -214,36 +208,15 @@ class Controller:
 
     def save_checkpoint(self, reason: str) -> Path:
         """Checkpoint the last completed step atomically; `reason` (periodic, final, ...) is recorded."""
-
-        def write_shards(folder: Path) -> None:
-            for name, group in self.checkpoint_groups().items():
-                group.call("save_checkpoint", str(folder / name), phase=f"save checkpoint ({name})")
-
         state = {**self.source.state_dict(), "policy_version": self.source.policy_version, "dataset_rows": len(self.rows),
                  "kl_coef": self.kl_ctrl.value, "rollout_seed": self.config.trainer.seed,
                  "world_size": self.config.world_size, "total_steps": self.config.trainer.total_steps}
-        try:
-            return checkpoint.write_checkpoint(
-                self.run.path, self.completed_steps, reason=reason, write_shards=write_shards, trainer_state=state,
-                controller_rng=rng_state(), config_yaml=config_to_yaml(self.config),
-                keep_last=self.config.trainer.keep_last)
-        except (OSError, WorkerFailure) as exc:  # disk full, unwritable run dir: name the path, give the space back
-            tmp = checkpoint.tmp_dir(self.run.path, self.completed_steps)
-            failure = checkpoint_write_failure(tmp, self.completed_steps, exc)
-            if failure is None:
-                raise
-            shutil.rmtree(tmp, ignore_errors=True)
-            raise failure from None
+        return save_run_checkpoint(self.config, self.run, self.completed_steps, reason, self.checkpoint_groups(), state)
 
     def load_checkpoint(self, ckpt: checkpoint.Checkpoint) -> None:
         """Restore every worker's shards, RNG and schedule, then the data position, KL coefficient, step."""
         state = ckpt.state
-        if state["dataset_rows"] != len(self.rows):
-            raise UserError(f"the training data changed: checkpoint {ckpt.path.name} was trained on "
-                            f"{state['dataset_rows']} prompts, data.train_files now holds {len(self.rows)}; "
-                            "an exact resume needs the same data (start a new run for new data)")
-        for name, group in self.checkpoint_groups().items():
-            group.call("load_checkpoint", str(ckpt.path / name), phase=f"load checkpoint ({name})")
+        load_worker_shards(ckpt, len(self.rows), self.checkpoint_groups())
         self.source.sync_weights(state.get("policy_version", state["step"]))
         self.source.load_state_dict(state)
         self.kl_ctrl.value = state["kl_coef"]
@@ -258,3 +231,35 @@ class Controller:
             self.critic.shutdown()
         self.placement.shutdown()
         ray.shutdown()
+
+
+def save_run_checkpoint(config: RLConfig, run: RunDir, step: int, reason: str, groups: dict[str, WorkerGroup],
+                        trainer_state: dict[str, Any]) -> Path:
+    """Step `step`'s checkpoint, written atomically: each group's shards in its sub-folder, the
+    controller's state and RNG, the config; a failed write names the path and frees its space."""
+
+    def write_shards(folder: Path) -> None:
+        for name, group in groups.items():
+            group.call("save_checkpoint", str(folder / name), phase=f"save checkpoint ({name})")
+
+    try:
+        return checkpoint.write_checkpoint(
+            run.path, step, reason=reason, write_shards=write_shards, trainer_state=trainer_state,
+            controller_rng=rng_state(), config_yaml=config_to_yaml(config), keep_last=config.trainer.keep_last)
+    except (OSError, WorkerFailure) as exc:  # disk full, unwritable run dir: name the path, give the space back
+        tmp = checkpoint.tmp_dir(run.path, step)
+        failure = checkpoint_write_failure(tmp, step, exc)
+        if failure is None:
+            raise
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise failure from None
+
+
+def load_worker_shards(ckpt: checkpoint.Checkpoint, dataset_rows: int, groups: dict[str, WorkerGroup]) -> None:
+    """Every group's shards (weights, optimizer, schedule, RNG) from `ckpt`, trained on the same data."""
+    if ckpt.state["dataset_rows"] != dataset_rows:
+        raise UserError(f"the training data changed: checkpoint {ckpt.path.name} was trained on "
+                        f"{ckpt.state['dataset_rows']} rows, data.train_files now holds {dataset_rows}; "
+                        "an exact resume needs the same data (start a new run for new data)")
+    for name, group in groups.items():
+        group.call("load_checkpoint", str(ckpt.path / name), phase=f"load checkpoint ({name})")

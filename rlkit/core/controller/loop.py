@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import functools
 import logging
 import sys
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Iterator
+from typing import Callable, Iterator
 
 from rich.logging import RichHandler
 
@@ -20,9 +21,15 @@ from rlkit.core.controller.interrupt import (
     stop_after_step,
     stopped_at_once,
 )
+from rlkit.core.controller.offline import OfflineController
 from rlkit.core.controller.preflight import RunInputs, check_inputs
 from rlkit.core.controller.run_dir import RunDir
-from rlkit.core.controller.tracking import Tracker, step_logger
+from rlkit.core.controller.tracking import (
+    CONSOLE_KEYS,
+    OFFLINE_CONSOLE_KEYS,
+    Tracker,
+    step_logger,
+)
 from rlkit.core.controller.validation import (
     discard_generations_after,
     training_evaluator,
@@ -61,11 +68,10 @@ def run_training(config: RLConfig, run: RunDir, inputs: RunInputs, resume_from: 
         # resume then restores them from its checkpoint.
         seed_rng(trainer.seed)
         try:
-            controller = Controller(config, run, inputs)
+            controller = make_controller(config, run, inputs)
             provenance.write(run.path, config)  # after the run dir holds a synthetic task's data
             logger.info(controller.fast_paths.describe())
-            evaluator = training_evaluator(config, run.path, controller.tokenizer, controller.scorer,
-                                           controller.placement.rollout)
+            validation = validation_fn(controller, run.path)
             if resume_from:
                 discard_after(run.path, start)
                 discard_generations_after(run.path, start)
@@ -73,20 +79,21 @@ def run_training(config: RLConfig, run: RunDir, inputs: RunInputs, resume_from: 
             stop.finish_steps()
             tracker = Tracker(run.path, trainer.logger, total_steps=trainer.total_steps, start_step=start,
                               project=trainer.project_name, name=trainer.experiment_name or run.run_id,
-                              config=config.model_dump(mode="json"), run_id=run.run_id)
-            rewards: list[float] = []
-            val_scores: dict[int, float] = {}  # step -> val/reward/mean@1, for the summary
-            if evaluator and trainer.val_before_train and not resume_from:
-                val_metrics = validate(evaluator, run.path, 0)
-                val_scores[0] = val_metrics["val/reward/mean@1"]
+                              config=config.model_dump(mode="json"), run_id=run.run_id,
+                              columns=OFFLINE_CONSOLE_KEYS if config.offline else CONSOLE_KEYS)
+            headline: list[float] = []  # the training metric the summary compares (reward, or the loss)
+            val_scores: dict[int, float] = {}  # step -> the validation metric, for the summary
+            if validation and trainer.val_before_train and not resume_from:
+                val_metrics = validation(0)
+                val_scores[0] = val_metrics[controller.VAL_KEY]
                 tracker.log(val_metrics, 0)
             for step in range(start + 1, trainer.total_steps + 1):
                 metrics = controller.step(step)
                 check_weight_sync(metrics, config.rollout, step)  # a stale rollout engine stops the run here
-                rewards.append(metrics["reward/mean"])
-                if evaluator and validation_due(step, trainer):  # the policy this step's checkpoint holds
-                    metrics.update(validate(evaluator, run.path, step))
-                    val_scores[step] = metrics["val/reward/mean@1"]
+                headline.append(metrics[controller.TRAIN_KEY])
+                if validation and validation_due(step, trainer):  # the policy this step's checkpoint holds
+                    metrics.update(validation(step))
+                    val_scores[step] = metrics[controller.VAL_KEY]
                 tracker.log(metrics, step)
                 invariants.check_step(config, step, metrics)  # after logging: the broken step's metrics are kept
                 controller.completed_steps = step
@@ -98,7 +105,7 @@ def run_training(config: RLConfig, run: RunDir, inputs: RunInputs, resume_from: 
                 if stop.requested:
                     raise stop_after_step(controller, run, stop, saved=should_save(step, trainer))
             run.write_status("finished")
-            tracker.message(summary(rewards, start, run.path, val_scores))
+            tracker.message(summary(headline, start, run.path, val_scores, controller.TRAIN_KEY, controller.VAL_KEY))
         except (KeyboardInterrupt, RunInterrupted) as exc:
             if isinstance(exc, KeyboardInterrupt):  # a second signal, or one during start-up
                 exc = stopped_at_once(run, stop, controller.completed_steps if controller else start)
@@ -125,13 +132,28 @@ def record_status(run: RunDir, status: str, **fields: object) -> None:
         logger.warning("could not record status %r in %s: %s", status, run.path, exc)
 
 
-def summary(rewards: list[float], start: int, run_path: Path, val_scores: dict[int, float]) -> str:
-    window = min(5, len(rewards))
+def make_controller(config: RLConfig, run: RunDir, inputs: RunInputs) -> Controller | OfflineController:
+    """The RL controller, or the offline one for objectives that train on a data set's rows."""
+    return OfflineController(config, run, inputs) if config.offline else Controller(config, run, inputs)
+
+
+def validation_fn(controller: Controller | OfflineController, run_path: Path) -> Callable[[int], dict[str, float]] | None:
+    """What validates the policy after a step (its `val/...` metrics); None without validation data."""
+    if isinstance(controller, OfflineController):
+        return controller.validate if controller.val_rows else None
+    evaluator = training_evaluator(controller.config, run_path, controller.tokenizer, controller.scorer,
+                                   controller.placement.rollout)
+    return functools.partial(validate, evaluator, run_path) if evaluator else None
+
+
+def summary(values: list[float], start: int, run_path: Path, val_scores: dict[int, float],
+            train_key: str = "reward/mean", val_key: str = "val/reward/mean@1") -> str:
+    window = min(5, len(values))
     steps = sorted(val_scores)
-    validation = (f"; val/reward/mean@1 {val_scores[steps[0]]:.3f} (step {steps[0]}) -> {val_scores[steps[-1]]:.3f} "
+    validation = (f"; {val_key} {val_scores[steps[0]]:.3f} (step {steps[0]}) -> {val_scores[steps[-1]]:.3f} "
                   f"(step {steps[-1]})" if len(steps) > 1 else "")
-    return (f"[bold green]done:[/] steps {start + 1}-{start + len(rewards)}; reward/mean "
-            f"{sum(rewards[:window]) / window:.3f} (first {window}) -> {sum(rewards[-window:]) / window:.3f} "
+    return (f"[bold green]done:[/] steps {start + 1}-{start + len(values)}; {train_key} "
+            f"{sum(values[:window]) / window:.3f} (first {window}) -> {sum(values[-window:]) / window:.3f} "
             f"(last {window}){validation}; run dir {run_path}\n      curves: rlkit plot {run_path.name} --runs-dir "
             f"{run_path.parent}  |  model: rlkit export {run_path.name} --runs-dir {run_path.parent} --out DIR")
 

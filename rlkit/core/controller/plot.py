@@ -16,10 +16,19 @@ PANELS: list[tuple[str, list[str | tuple[str, ...]]]] = [
     ("entropy", ["actor/entropy"]),
     ("grad norm", ["actor/grad_norm"]),
 ]
+# Runs of an offline objective (sft): the loss where RL runs have rewards and samples.
+OFFLINE_PANELS: list[tuple[str, list[str | tuple[str, ...]]]] = [
+    ("loss", ["actor/loss", "val/loss"]),
+    ("token accuracy", ["actor/token_accuracy", "val/token_accuracy"]),
+    ("grad norm", ["actor/grad_norm"]),
+    ("learning rate", ["actor/lr"]),
+    ("trained tokens per step", ["perf/loss_tokens"]),
+]
 
 
 def plot_run(run_path: Path, out: Path) -> Path:
-    """Reward, validation, response length, KL, entropy, grad norm and each phase's seconds per step."""
+    """Reward, validation, response length, KL, entropy, grad norm and each phase's seconds per step
+    (offline objectives: training and validation loss, token accuracy, grad norm, learning rate, tokens)."""
     import matplotlib
 
     matplotlib.use("Agg")  # files only: no display on training machines
@@ -31,7 +40,10 @@ def plot_run(run_path: Path, out: Path) -> Path:
     trained = [r for r in records if "timing/step" in r]  # not the validation before training (step 0)
     fig, axes = plt.subplots(2, 4, figsize=(20, 8), constrained_layout=True)
     fig.suptitle(f"{run_path.name}: {len(trained)} steps")
-    panels = PANELS[:1] + [("validation", validation_keys(records))] + PANELS[1:]
+    if any("actor/loss" in r for r in trained):
+        panels = OFFLINE_PANELS
+    else:
+        panels = PANELS[:1] + [("validation", validation_keys(records))] + PANELS[1:]
     for ax, (title, keys) in zip(axes.flat, panels):
         drawn = 0
         for key in keys:

@@ -34,8 +34,9 @@ class RunInputs:
 
     model_path: str  # what the workers load: a local directory or a hub id
     tokenizer: Any
-    rows: list[PromptRow]  # the training prompts, tokenized
+    rows: list[PromptRow] | list[Any]  # the training prompts, tokenized (offline objectives: their rows, tokenized)
     generated: list[dict[str, Any]] | None = None  # data.synthetic_task's rows (the run dir keeps a copy)
+    val_rows: list[Any] = field(default_factory=list)  # offline objectives: data.val_files' rows, tokenized
 
 
 @dataclass
@@ -53,20 +54,23 @@ class Preflight:
         inputs = None
         if cfg.model.path:
             model_path, tokenizer = self.model(cfg.model.path, "model.path")
-            inputs = self.training_data(model_path, tokenizer)
-            check_agent(cfg, tokenizer)  # rollout.agent: the user's environment, tools or agent function
-            self.checked.append(f"rollout.agent.loop={cfg.rollout.agent.loop}")
+            if cfg.offline:
+                inputs = self.offline_data(model_path, tokenizer)
+            else:
+                inputs = self.training_data(model_path, tokenizer)
+                check_agent(cfg, tokenizer)  # rollout.agent: the user's environment, tools or agent function
+                self.checked.append(f"rollout.agent.loop={cfg.rollout.agent.loop}")
         else:  # only a dry run gets here: the config check demands a model otherwise
             self.skipped.append("the model, its tokenizer and the training prompts (no model.path given)")
-        if cfg.reward_model.path:
+        if cfg.reward_model.path and not cfg.offline:
             self.model(cfg.reward_model.path, "reward_model.path")
         if "wandb" in cfg.trainer.logger and importlib.util.find_spec("wandb") is None:
             raise UserError("trainer.logger lists wandb, but wandb is not installed; "
                             "`pip install wandb` or drop it from trainer.logger")
         self.devices()
         if self.dry_run:
-            self.skipped.append("loading the weights onto the devices and starting the rollout engine "
-                                "(the workers do that when the run starts)")
+            self.skipped.append("loading the weights onto the devices" + ("" if cfg.offline else
+                                " and starting the rollout engine") + " (the workers do that when the run starts)")
         return inputs
 
     def model(self, spec: str, key: str) -> tuple[str, Any]:
@@ -114,6 +118,20 @@ class Preflight:
         for file in data.val_files:
             check_data_file(file, "data.val_files", tokenizer, self.config.model.path)
         return RunInputs(model_path, tokenizer, rows, generated)
+
+    def offline_data(self, model_path: str, tokenizer: Any) -> RunInputs:
+        """An offline objective's training and validation rows, tokenized, each within data.max_prompt_length +
+        data.max_response_length (every bad row named with its file and row), enough for one batch."""
+        from rlkit.core.data.offline import row_kind
+
+        data, kind = self.config.data, row_kind(self.config)
+        rows = kind.load(self.config, data.train_files, "data.train_files", tokenizer)
+        PromptSampler.check_size(len(rows), data.train_batch_size)
+        val_rows = kind.load(self.config, data.val_files, "data.val_files", tokenizer) if data.val_files else []
+        self.checked.append(f"data: {len(rows)} training and {len(val_rows)} validation {kind.what} of "
+                            f"{', '.join(data.train_files + data.val_files)}, each within data.max_prompt_length + "
+                            f"data.max_response_length = {data.max_prompt_length + data.max_response_length} tokens")
+        return RunInputs(model_path, tokenizer, rows, val_rows=val_rows)
 
     def devices(self) -> None:
         trainer = self.config.trainer

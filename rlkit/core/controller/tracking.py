@@ -33,14 +33,21 @@ CONSOLE_KEYS = [
     ("actor/entropy", "entropy"), ("actor/grad_norm", "grad norm"), ("rollout/log_prob_diff", "|Δlogp|"),
     ("perf/tokens_per_s", "tok/s"), ("timing/step", "step s"),
 ]
+# The same for offline objectives (sft): the loss instead of rewards.
+OFFLINE_CONSOLE_KEYS = [
+    ("actor/loss", "loss"), ("val/loss", "val loss"), ("actor/token_accuracy", "tok acc"),
+    ("actor/grad_norm", "grad norm"), ("actor/lr", "lr"), ("perf/loss_tokens", "tokens"),
+    ("perf/tokens_per_s", "tok/s"), ("timing/step", "step s"),
+]
 
 
 class Tracker:
     def __init__(self, run_dir: Path, loggers: list[str], *, total_steps: int, start_step: int,
                  project: str, name: str, config: dict[str, Any], console: Console | None = None,
-                 run_id: str | None = None) -> None:
-        """`start_step` > 0 continues a resumed run: sinks drop what was logged after that step."""
-        self.loggers = loggers
+                 run_id: str | None = None, columns: list[tuple[str, str]] = CONSOLE_KEYS) -> None:
+        """`start_step` > 0 continues a resumed run: sinks drop what was logged after that step.
+        `columns`: (metric, title) of the live table and of console.log's step lines."""
+        self.loggers, self.columns = loggers, columns
         self.jsonl = None
         if "jsonl" in loggers:
             truncate_metrics(run_dir / METRICS_FILE, start_step)
@@ -76,16 +83,16 @@ class Tracker:
         table = Table(box=None, pad_edge=False, header_style="bold cyan")
         # Fold, never "…": a narrow terminal shows a number on two lines rather than a cut one.
         table.add_column("step", justify="right", overflow="fold")
-        for _, title in CONSOLE_KEYS:
+        for _, title in self.columns:
             table.add_column(title, justify="right", overflow="fold")
         for row in self.rows[-12:]:
-            table.add_row(str(row["step"]), *[_fmt(row.get(key)) for key, _ in CONSOLE_KEYS])
+            table.add_row(str(row["step"]), *[_fmt(row.get(key)) for key, _ in self.columns])
         return Group(table, self.progress)
 
     def log(self, metrics: dict[str, Any], step: int) -> None:
         record = {"step": step, **{k: _plain(v) for k, v in sorted(metrics.items())}}
         step_logger.info("step %d  %s", step,
-                         "  ".join(f"{title}={_fmt(record.get(key))}" for key, title in CONSOLE_KEYS))
+                         "  ".join(f"{title}={_fmt(record.get(key))}" for key, title in self.columns))
         if self.jsonl:
             self.jsonl.write(json.dumps(record) + "\n")
             self.jsonl.flush()

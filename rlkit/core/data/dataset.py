@@ -27,8 +27,9 @@ class PromptRow:
     extra_info: dict[str, Any] = field(default_factory=dict)
 
 
-def open_parquet(path: str | Path) -> pq.ParquetFile:
-    """The file, opened (footer and schema read); UserError if it is missing, not parquet, or lacks columns."""
+def open_parquet(path: str | Path, required: tuple[str, ...] = REQUIRED_COLUMNS) -> pq.ParquetFile:
+    """The file, opened (footer and schema read); UserError if it is missing, not parquet, or lacks
+    `required` columns (an RL prompt row's by default)."""
     path = Path(path).expanduser()
     if not path.exists():
         raise UserError(f"data file {path} does not exist (run `rlkit prep-data ...` or fix data.train_files)")
@@ -36,9 +37,9 @@ def open_parquet(path: str | Path) -> pq.ParquetFile:
         file = pq.ParquetFile(path)
     except Exception as exc:  # pyarrow raises several types for "not parquet"
         raise UserError(f"data file {path} is not a readable parquet file: {exc}") from None
-    missing = [c for c in REQUIRED_COLUMNS if c not in file.schema_arrow.names]
+    missing = [c for c in required if c not in file.schema_arrow.names]
     if missing:
-        raise UserError(f"data file {path} lacks column(s) {missing}; rows need {list(REQUIRED_COLUMNS)} "
+        raise UserError(f"data file {path} lacks column(s) {missing}; rows need {list(required)} "
                         "(see `rlkit prep-data --help` for the schema)")
     return file
 

@@ -34,11 +34,13 @@ from rlkit.core.train import fast_paths, fsdp, packing
 from rlkit.core.train.learner import micro_batches, optimize
 from rlkit.core.train.logprobs import selected_log_probs
 from rlkit.core.train.model import build_policy
+from rlkit.core.train.offline_worker import OfflineUpdates
 
 
-class PolicyWorker(DeviceWorker, AgentEpisodes):
+class PolicyWorker(DeviceWorker, AgentEpisodes, OfflineUpdates):
     """Rank `rank` of the training group. Method names are the controller's phases (`agent_episodes`:
-    multi-turn rollout, rlkit.core.agents.worker)."""
+    multi-turn rollout, rlkit.core.agents.worker; `update_offline`: objective sft,
+    rlkit.core.train.offline_worker)."""
 
     # -- set-up -------------------------------------------------------------------------
     def node_info(self) -> dict[str, Any]:
@@ -48,7 +50,8 @@ class PolicyWorker(DeviceWorker, AgentEpisodes):
                 "node_id": ray.get_runtime_context().get_node_id()}
 
     def setup(self, master_addr: str, master_port: int, with_engine: bool = True) -> dict[str, Any]:
-        """Load the models and start the rollout engine (`with_engine=False`: `rlkit replay` only updates)."""
+        """Load the models and start the rollout engine (`with_engine=False`: `rlkit replay` and offline
+        objectives only update)."""
         self.join_process_group(master_addr, master_port)
         self._seed(self.config.trainer.seed)
         cfg = self.config

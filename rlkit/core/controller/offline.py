@@ -1,0 +1,120 @@
+"""The offline controller: training on rows of a data set (objective sft), no rollout engine.
+
+`OfflineController.step` reads like the dataflow: the sampler's next batch of rows -> a token
+batch with the loss mask on the trained tokens (the row kind of the objective,
+rlkit.core.data.offline) -> mini-batches, each split evenly over the workers with its global
+token counts -> the workers' `update_offline` (the shared optimize loop with the objective's
+micro-step, rlkit.core.train.offline_worker) -> metrics. The run loop (rlkit.core.controller.loop)
+drives it exactly as it drives the RL Controller: the same checkpoints (the policy's shards,
+the sampler's position, the controller RNG), resume, validation schedule and metrics sinks.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from rlkit.core.batch import Batch, shard_minibatches
+from rlkit.core.cluster.worker_group import DeviceReservation, WorkerGroup, init_ray
+from rlkit.core.controller.controller import load_worker_shards, save_run_checkpoint
+from rlkit.core.controller.preflight import RunInputs
+from rlkit.core.controller.run_dir import RunDir
+from rlkit.core.data.dataset import PromptSampler
+from rlkit.core.data.offline import row_kind
+from rlkit.core.rollout.source import timed
+from rlkit.core.state import checkpoint
+from rlkit.core.state.shards import set_rng_state
+from rlkit.core.train.policy_worker import PolicyWorker
+from rlkit.recipes.schema import RLConfig
+
+
+class OfflineController:
+    # The metrics the run's closing summary compares, first steps against last.
+    TRAIN_KEY, VAL_KEY = "actor/loss", "val/loss"
+
+    def __init__(self, config: RLConfig, run: RunDir, inputs: RunInputs) -> None:
+        """`inputs`: the rows the preflight checks loaded and tokenized (rlkit.core.controller.preflight)."""
+        import ray
+
+        self.config, self.run = config, run
+        self.model_path, self.tokenizer = inputs.model_path, inputs.tokenizer
+        self.rows, self.val_rows = inputs.rows, inputs.val_rows
+        self.kind = row_kind(config)
+        self.pad_id = self.tokenizer.pad_token_id or 0
+        self.sampler = PromptSampler(len(self.rows), config.data.train_batch_size, seed=config.trainer.seed,
+                                     shuffle=config.data.shuffle)
+        try:
+            init_ray(config)
+            self.workers = WorkerGroup(PolicyWorker, config, self.model_path, name="worker",
+                                       reservation=DeviceReservation(config))
+            master = self.workers.call("address", phase="address")[0]
+            setup = self.workers.call("setup", *master, False, phase="setup (model load)", startup=True)
+            self.fast_paths = setup[0]["fast_paths"]  # the same on every rank
+            config.actor.micro_batch_tokens = self.fast_paths.micro_batch_tokens  # checkpoints keep the resolved budget
+        except BaseException:  # a worker that died or hung in start-up, or Ctrl-C: stop what did start
+            ray.shutdown()
+            raise
+        self.completed_steps = 0  # the run loop advances it; a checkpoint saves this step
+
+    # -- the step -----------------------------------------------------------------------
+    def step(self, step: int) -> dict[str, Any]:
+        timing: dict[str, float] = {}
+        with timed(timing, "step"):
+            with timed(timing, "data"):
+                batch = self.kind.batch([self.rows[i] for i in self.sampler.next_batch()], self.pad_id)
+            with timed(timing, "update"):
+                metrics = self.update(batch)
+        tokens = float(batch["attention_mask"].sum())
+        return {**metrics, "data/epoch": float(self.sampler.epoch),
+                "perf/loss_tokens": float(batch["response_mask"].sum()), "perf/tokens": tokens,
+                "perf/tokens_per_s": tokens / timing["step"],
+                "perf/tokens_per_s_per_device": tokens / timing["step"] / self.config.world_size,
+                **{f"timing/{k}": v for k, v in timing.items()}}
+
+    def update(self, batch: Batch) -> dict[str, float]:
+        """One optimizer step per actor.mini_batch_size rows, each split evenly over the workers."""
+        slim = Batch({k: batch[k] for k in ("input_ids", "attention_mask", "position_ids", "responses",
+                                            "response_mask")})
+        per_rank = shard_minibatches(slim, self.config.actor.mini_batch_size, self.config.world_size)
+        return self.workers.call("update_offline", per_rank=per_rank, phase="update_offline")[0]
+
+    # -- validation ---------------------------------------------------------------------
+    def validate(self, step: int) -> dict[str, float]:
+        """val/loss (aggregated as the training loss is) and val/token_accuracy over all of data.val_files."""
+        batch = self.kind.batch(self.val_rows, self.pad_id)
+        world = self.config.world_size
+        short = -len(batch) % world
+        if short:  # every rank gets as many rows; the fillers are copies that train nothing (loss mask 0)
+            filler = batch.select([i % len(batch) for i in range(short)])
+            filler["response_mask"] = torch.zeros_like(filler["response_mask"])
+            batch = Batch({k: torch.cat([batch[k], filler[k]]) for k in batch.tensors})
+        mask = batch["response_mask"]
+        norm = {"num_tokens": float(mask.sum()), "num_seqs": float((mask.sum(-1) > 0).sum())}
+        timing: dict[str, float] = {}
+        with timed(timing, "val"):
+            out = self.workers.call("evaluate_offline", per_rank=[(shard, norm) for shard in batch.chunk(world)],
+                                    phase="validation")[0]
+        return {**{f"val/{k}": v for k, v in out.items()}, "timing/val": timing["val"]}
+
+    # -- checkpoints (layout and atomic writes: rlkit.core.state.checkpoint) -------------------
+    def save_checkpoint(self, reason: str) -> Path:
+        """Checkpoint the last completed step atomically; `reason` (periodic, final, ...) is recorded."""
+        state = {"sampler": self.sampler.state_dict(), "dataset_rows": len(self.rows),
+                 "world_size": self.config.world_size, "total_steps": self.config.trainer.total_steps}
+        return save_run_checkpoint(self.config, self.run, self.completed_steps, reason, {"policy": self.workers},
+                                   state)
+
+    def load_checkpoint(self, ckpt: checkpoint.Checkpoint) -> None:
+        """Restore every worker's shards, optimizer, schedule and RNG, then the data position and step."""
+        load_worker_shards(ckpt, len(self.rows), {"policy": self.workers})
+        self.sampler.load_state_dict(ckpt.state["sampler"])
+        set_rng_state(torch.load(ckpt.path / checkpoint.RNG_FILE, weights_only=True))
+        self.completed_steps = ckpt.state["step"]
+
+    def close(self) -> None:
+        import ray
+
+        self.workers.shutdown()
+        ray.shutdown()

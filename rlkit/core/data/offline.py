@@ -1,0 +1,37 @@
+"""Rows of the offline objectives: how each reads its data files and lays rows out as a token batch.
+
+The offline controller (rlkit.core.controller.offline) knows rows only through a `RowKind`:
+`load` reads and tokenizes a data key's files (every bad row reported with its file and row),
+`batch` lays a list of loaded rows out in the rollout batch layout (rlkit.core.batch) with the
+loss mask on the trained tokens. An objective with other rows (preference pairs) adds its kind here.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable
+
+from rlkit.core.batch import Batch
+from rlkit.core.data.sft import read_sft_file, sft_batch, tokenize_sft_rows
+from rlkit.recipes.schema import RLConfig
+
+
+def load_sft(config: RLConfig, files: list[str], key: str, tokenizer: Any) -> list[Any]:
+    data = config.data
+    return tokenize_sft_rows([(file, read_sft_file(file, key)) for file in files], tokenizer,
+                             max_length=data.max_prompt_length + data.max_response_length,
+                             completion_only=config.sft.completion_only_loss)
+
+
+@dataclass(frozen=True)
+class RowKind:
+    load: Callable[[RLConfig, list[str], str, Any], list[Any]]  # (config, files, data key, tokenizer) -> rows
+    batch: Callable[[list[Any], int], Batch]                      # (rows, pad id) -> token batch
+    what: str                                                     # rows, in words (preflight's summary)
+
+
+ROW_KINDS = {"sft": RowKind(load_sft, sft_batch, "prompt + response / messages rows")}
+
+
+def row_kind(config: RLConfig) -> RowKind:
+    return ROW_KINDS[config.objective]

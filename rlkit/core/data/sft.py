@@ -1,0 +1,139 @@
+"""Supervised fine-tuning rows: parquet -> token ids with a loss mask, checked row by row.
+
+Two row formats (`rlkit prep-data gsm8k --format sft` writes the first):
+  prompt + response  `prompt` as RL rows have it (chat messages, or a plain string) and
+                     `response` (str). Tokens: the prompt through the chat template with the
+                     generation prompt, then the response's own tokens and the tokenizer's EOS.
+  messages           a whole chat (list of {role, content}); every assistant turn is trained.
+                     Tokens: the chat template, cut at turn boundaries (each prefix of the chat
+                     rendered on its own must start the next one), never the joined text re-tokenized.
+An example is a prompt (context only) and a response whose loss mask is 1 on trained tokens,
+the layout of a rollout batch (rlkit.core.batch), so packing and the optimize loop are RL's.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from rlkit.core.batch import Batch, padded_tensors
+from rlkit.core.data.dataset import open_parquet, tokenize_prompt
+from rlkit.errors import UserError
+
+FORMATS = {"prompt + response": ("prompt", "response"), "messages": ("messages",)}
+SHOWN_PROBLEMS = 5  # bad rows named in the error; the rest are counted
+
+
+@dataclass
+class SFTExample:
+    """One training sequence: context tokens, then tokens whose loss mask says which are trained."""
+
+    index: int
+    prompt_ids: list[int]
+    response_ids: list[int]
+    loss_mask: list[int]
+
+    @property
+    def length(self) -> int:
+        return len(self.prompt_ids) + len(self.response_ids)
+
+
+def read_sft_file(path: str, key: str) -> list[dict[str, Any]]:
+    """The rows of one parquet file with prompt + response or messages columns."""
+    file = open_parquet(path, required=())
+    names = file.schema_arrow.names
+    if not any(all(c in names for c in columns) for columns in FORMATS.values()):
+        raise UserError(f"data file {path} ({key}) has columns {names}; SFT rows need 'prompt' + 'response' "
+                        "or 'messages' (see `rlkit prep-data gsm8k --format sft`)")
+    return file.read().to_pylist()
+
+
+def tokenize_sft_rows(sources: list[tuple[str, list[dict[str, Any]]]], tokenizer: Any, *, max_length: int,
+                      completion_only: bool = True) -> list[SFTExample]:
+    """(file name, rows) per source -> examples; every bad row is collected and reported with its file
+    and row (UserError): no response, nothing to train, or longer than `max_length` tokens."""
+    examples: list[SFTExample] = []
+    problems: list[str] = []
+    for name, rows in sources:
+        for i, row in enumerate(rows):
+            try:
+                prompt, response, mask = tokenize_sft_row(row, tokenizer)
+            except ValueError as exc:
+                problems.append(f"{name}, row {i}: {exc}")
+                continue
+            if len(prompt) + len(response) > max_length:
+                problems.append(f"{name}, row {i}: {len(prompt)} prompt + {len(response)} response tokens > "
+                                f"data.max_prompt_length + data.max_response_length = {max_length}")
+                continue
+            if not completion_only:  # every token but the first is a target
+                full = prompt + response
+                prompt, response, mask = full[:1], full[1:], [1] * (len(full) - 1)
+            examples.append(SFTExample(len(examples), prompt, response, mask))
+    if problems:
+        more = f" (and {len(problems) - SHOWN_PROBLEMS} more)" if len(problems) > SHOWN_PROBLEMS else ""
+        raise UserError(f"{len(problems)} bad SFT row(s){more}: " + "; ".join(problems[:SHOWN_PROBLEMS])
+                        + ". Fix or drop them, or raise data.max_response_length for long rows")
+    return examples
+
+
+def tokenize_sft_row(row: dict[str, Any], tokenizer: Any) -> tuple[list[int], list[int], list[int]]:
+    """(prompt ids, response ids, loss mask) of one row; ValueError says what is wrong with it."""
+    if row.get("messages") is not None and row.get("response") is None:
+        return _tokenize_messages(list(row["messages"]), tokenizer)
+    prompt, response = row.get("prompt"), row.get("response")
+    if not prompt or (not isinstance(prompt, str) and not any(m.get("content") for m in prompt)):
+        raise ValueError("column 'prompt' is empty")
+    if not isinstance(response, str) or not response.strip():
+        raise ValueError("column 'response' is missing or empty")
+    if tokenizer.eos_token_id is None:
+        raise ValueError("the tokenizer has no EOS token to end the response with")
+    response_ids = list(tokenizer(response, add_special_tokens=False)["input_ids"]) + [tokenizer.eos_token_id]
+    return tokenize_prompt(tokenizer, prompt), response_ids, [1] * len(response_ids)
+
+
+def _tokenize_messages(messages: list[dict[str, Any]], tokenizer: Any) -> tuple[list[int], list[int], list[int]]:
+    """A chat cut at its assistant turns: tokens before the first one are the prompt; each assistant
+    turn is trained up to and including its first EOS (what the template writes after it is context)."""
+    if not tokenizer.chat_template:
+        raise ValueError("'messages' needs a chat template, and the tokenizer has none")
+    turns = [i for i, m in enumerate(messages) if m.get("role") == "assistant"]
+    if not turns:
+        raise ValueError("'messages' has no assistant message to train on")
+    if any(not (m.get("content") or "").strip() for m in messages if m.get("role") == "assistant"):
+        raise ValueError("'messages' has an empty assistant message")
+    ids: list[int] = []
+    mask: list[int] = []
+
+    def extend(rendered: list[int], trained: bool) -> None:
+        if rendered[:len(ids)] != ids:
+            raise ValueError("the chat template renders an earlier part of this chat differently once later "
+                             "messages follow, so its turns cannot be cut token-exactly")
+        new = rendered[len(ids):]
+        if trained:
+            end = new.index(tokenizer.eos_token_id) + 1 if tokenizer.eos_token_id in new else len(new)
+            mask.extend([1] * end + [0] * (len(new) - end))
+        else:
+            mask.extend([0] * len(new))
+        ids.extend(new)
+
+    for turn in turns:
+        extend(_render(tokenizer, messages[:turn], generation_prompt=True), trained=False)
+        extend(_render(tokenizer, messages[:turn + 1], generation_prompt=False), trained=True)
+    if turns[-1] + 1 < len(messages):
+        extend(_render(tokenizer, messages, generation_prompt=False), trained=False)
+    prompt_end = mask.index(1)  # the first assistant token: everything before it is context
+    return ids[:prompt_end], ids[prompt_end:], mask[prompt_end:]
+
+
+def _render(tokenizer: Any, messages: list[dict[str, Any]], *, generation_prompt: bool) -> list[int]:
+    if not messages:
+        return []
+    return list(tokenizer.apply_chat_template(messages, add_generation_prompt=generation_prompt, tokenize=True,
+                                              return_dict=False))
+
+
+def sft_batch(examples: list[SFTExample], pad_id: int) -> Batch:
+    """The examples in the rollout batch layout: context left of the response, the loss mask on it."""
+    tensors = padded_tensors([e.prompt_ids for e in examples], [e.response_ids for e in examples],
+                             [e.loss_mask for e in examples], pad_id)
+    return Batch(tensors, {"row_index": [e.index for e in examples]})

@@ -1,0 +1,76 @@
+"""The policy worker's updates on rows of a data set (objective sft): no rollout, no engine.
+
+`update_offline` is the RL update's twin: the same mini-batches with the whole mini-batch's
+counts (`norms`), the same optimize loop (micro-batches packed to actor.micro_batch_tokens,
+clip, AdamW, schedule). Only the micro-step differs, and config.objective picks it from
+`OFFLINE_MICRO_STEPS`. A micro-step returns (loss, metric sums): `loss` is the micro-batch's
+share of the mini-batch's loss; every other key is a token sum that the loop divides by
+`tokens`. `evaluate_offline` runs the same micro-step without gradients over a held-out batch.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from rlkit.core.algos.sft import sft_loss
+from rlkit.core.batch import Batch
+from rlkit.core.train import fsdp, packing
+from rlkit.core.train.learner import all_reduce_sums, micro_batches, optimize
+from rlkit.core.train.logprobs import selected_log_probs
+
+# objective -> the worker method that computes one micro-batch's loss and metric sums.
+OFFLINE_MICRO_STEPS = {"sft": "_sft_micro_step"}
+
+
+class OfflineUpdates:
+    """Mixed into PolicyWorker (which holds `config`, `model`, `device`, `fast_paths`, `phase`)."""
+
+    config: Any
+    model: Any
+    device: torch.device
+    fast_paths: Any
+    phase: str
+
+    def update_offline(self, minibatches: list[Batch], norms: list[dict[str, float]]) -> dict[str, float]:
+        """One optimizer step per mini-batch; global metrics, the same on every rank."""
+        self.phase = "update_offline"
+        totals = optimize(self.model, minibatches, norms, self._offline_micro_step(),
+                          grad_clip=self.config.actor.grad_clip, micro_batch_tokens=self.fast_paths.micro_batch_tokens,
+                          per_update=("loss",))
+        self.phase = "idle"
+        return {k if "/" in k else f"actor/{k}": v for k, v in totals.items()}
+
+    @torch.no_grad()
+    def evaluate_offline(self, batch: Batch, norm: dict[str, float]) -> dict[str, float]:
+        """The loss of this rank's share of a held-out set whose counts are `norm`, summed over
+        ranks; other metric sums divided by its tokens (keys as the micro-step names them)."""
+        self.phase = "evaluate_offline"
+        self.model.module.eval()  # no dropout; the next update switches back to train()
+        micro_step = self._offline_micro_step()
+        sums: dict[str, torch.Tensor] = {}
+        for rows in micro_batches(batch, self.fast_paths.micro_batch_tokens):
+            _, metrics = micro_step(batch.select(rows), norm)
+            for key, value in metrics.items():
+                sums[key] = sums.get(key, 0.0) + value.detach().double().cpu()
+        totals = all_reduce_sums(sums)
+        tokens = max(totals.pop("tokens"), 1.0)
+        self.phase = "idle"
+        return {k: v if k == "loss" else v / tokens for k, v in totals.items()}
+
+    def _offline_micro_step(self):
+        return getattr(self, OFFLINE_MICRO_STEPS[self.config.objective])
+
+    def _sft_micro_step(self, mb: Batch, norm: dict[str, float]) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        """Negative log-likelihood of the micro-batch's trained tokens, normalised by the mini-batch's counts."""
+        packed = packing.pack(mb).to(self.device)  # only positions that predict a trained token get logits
+        logits = fsdp.packed_outputs(self.model.module, packed)
+        flat_log_probs, _ = selected_log_probs(logits, packed.targets)  # temperature 1: the data's likelihood
+        log_probs = packed.scatter(flat_log_probs)
+        correct = packed.scatter((logits.argmax(-1) == packed.targets).float())
+        mask = mb["response_mask"].to(self.device).float()
+        loss = sft_loss(log_probs, mask, self.config.actor.loss_agg_mode, global_num_tokens=norm["num_tokens"],
+                        global_num_seqs=norm["num_seqs"], norm_length=self.config.data.max_response_length)
+        return loss, {"loss": loss.detach().cpu(), "token_accuracy": (correct * mask).sum().cpu(),
+                      "tokens": mask.sum().cpu()}
