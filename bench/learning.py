@@ -61,7 +61,7 @@ class Settings:
 
 
 SETTINGS = {
-    # ~86M-parameter Qwen2 on an H200: SFT ~2 min, each RL run ~3 min with its engine start. No torch.compile:
+    # ~114M-parameter Qwen2 on an H200: SFT ~2 min, each RL run ~3 min with its engine start. No torch.compile:
     # its start-up would be a large share of runs this short.
     "gpu": Settings(
         task={"n_train": 20000, "n_test": 256, "min_steps": 2, "max_steps": 4, "max_number": 20, "max_factor": 5,
@@ -69,7 +69,7 @@ SETTINGS = {
         size="large", vocab=1024,
         sft={"data.train_batch_size": 128, "actor.mini_batch_size": 128, "actor.lr": 5e-4, "actor.warmup_steps": 20,
              "data.max_prompt_length": 160, "data.max_response_length": 160, "model.compile": "false"},
-        sft_steps=800, prompts=32, samples=8, response_length=160, rl_lr=5e-5, rl_steps=200, val_freq=5,
+        sft_steps=800, prompts=32, samples=8, response_length=128, rl_lr=5e-5, rl_steps=200, val_freq=5,
         extra=["rollout.vllm.enforce_eager=true", "model.compile=false", "rollout.gpu_memory_utilization=0.3"]),
     # The same pipeline on 2 CPU cores in about 2 minutes (no learning expected at this size and length).
     "tiny": Settings(
@@ -180,22 +180,22 @@ class Bench:
             "trainer.logger=[jsonl]", f"trainer.runs_dir={self.workdir / 'runs'}"]
         self.run("sft", rlkit_cli("train", "sft", "--model", str(self.workdir / "model"), *overrides, "--run-id", "sft"),
                  deadline_s, "0")
-        checkpoints = sorted((self.workdir / "runs" / "sft" / "checkpoints").glob("step_*"), reverse=True)
-        self.results["sft_checkpoints"] = {}
-        for checkpoint in checkpoints:
-            step = int(checkpoint.name.removeprefix("step_"))
+        folder = self.workdir / "runs" / "sft" / "checkpoints"
+        steps = [int(p.name.removeprefix("step_")) for p in folder.glob("step_*") if p.name.removeprefix("step_").isdigit()]
+
+        def export_and_score(step: int) -> float | None:
             export = self.workdir / f"sft-export-{step}"
             if self.run(f"export-{step}", rlkit_cli("export", "sft", "--runs-dir", str(self.workdir / "runs"),
                                                     "--step", str(step), "--out", str(export)), 120, None) != "ok":
-                continue
-            score = self.greedy_score(export)
-            self.results["sft_checkpoints"][step] = score
-            if score is not None and score <= SFT_MAX_SCORE:
-                break
-        else:
-            raise SystemExit(f"no usable SFT checkpoint ({self.results['sft_checkpoints']}); see {self.out / 'bench.log'}")
-        self.results["sft_step"] = step
-        return export
+                return None
+            return self.greedy_score(export)
+
+        chosen, scores = pick_checkpoint(steps, export_and_score, SFT_MAX_SCORE)
+        self.results.update(sft_checkpoints=scores, sft_step=chosen)
+        self.save()
+        if chosen is None:
+            raise SystemExit(f"no SFT checkpoint could be exported and scored; see {self.out / 'bench.log'}")
+        return self.workdir / f"sft-export-{chosen}"
 
     def greedy_score(self, model: Path) -> float | None:
         result = self.workdir / f"{model.name}-score.json"
@@ -206,7 +206,7 @@ class Bench:
             return None
         return json.loads(result.read_text())["accuracy"]
 
-    def rl_overrides(self, model: Path) -> list[str]:
+    def rl_overrides(self) -> list[str]:
         s = self.settings
         return [f"data.train_files=[{self.data('rl') / 'train.parquet'}]",
                 f"data.val_files=[{self.data('rl') / 'test.parquet'}]", f"data.train_batch_size={s.prompts}",
@@ -219,7 +219,7 @@ class Bench:
 
     def rlkit_run(self, name: str, recipe: str, model: Path, extra: list[str], deadline_s: float, gpu: str) -> None:
         began = time.time()
-        status = self.run(name, rlkit_cli("train", recipe, "--model", str(model), *self.rl_overrides(model), *extra,
+        status = self.run(name, rlkit_cli("train", recipe, "--model", str(model), *self.rl_overrides(), *extra,
                                           "--run-id", name), deadline_s, gpu)
         points = rlkit_points(self.workdir / "runs" / name, began)
         with self.lock:
@@ -272,6 +272,20 @@ class Bench:
     def save(self) -> None:
         with self.lock:
             (self.out / "results.json").write_text(json.dumps(self.results, indent=1))
+
+
+def pick_checkpoint(steps: list[int], score, max_score: float) -> tuple[int | None, dict[int, float]]:
+    """The latest step whose score(step) is at most max_score, trying later steps first; when every score is
+    above it, the earliest scored step. Steps whose score is None (export or scoring failed) are passed over."""
+    chosen, scores = None, {}
+    for step in sorted(steps, reverse=True):
+        value = score(step)
+        if value is None:
+            continue
+        chosen, scores[step] = step, value
+        if value <= max_score:
+            break
+    return chosen, scores
 
 
 def rlkit_points(run_dir: Path, began: float) -> list[dict]:

@@ -9,7 +9,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # bench/ is not part of the package
 
-from bench.learning import rlkit_points  # noqa: E402
+from bench.learning import pick_checkpoint, rlkit_points  # noqa: E402
 from bench.learning_report import first_reaching, plot, table  # noqa: E402
 
 
@@ -58,3 +58,18 @@ def test_table_reports_start_end_and_when_trls_final_score_was_reached() -> None
 def test_plot_writes_one_png(tmp_path: Path) -> None:
     out = plot(results(), tmp_path / "learning.png")
     assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_the_sft_checkpoint_is_the_latest_with_a_middling_score() -> None:
+    scores = {200: 0.15, 400: 0.45, 600: 0.7, 800: 0.85}
+    tried = []
+
+    def score(step):
+        tried.append(step)
+        return scores[step]
+
+    assert pick_checkpoint([200, 800, 400, 600], score, 0.6) == (400, {800: 0.85, 600: 0.7, 400: 0.45})
+    assert tried == [800, 600, 400]  # from the latest back, stopping at the first at most 0.6
+    assert pick_checkpoint([600, 800], scores.get, 0.6) == (600, {800: 0.85, 600: 0.7})  # all above: the earliest
+    assert pick_checkpoint([400, 800], {400: 0.3, 800: None}.get, 0.6) == (400, {400: 0.3})  # a failed export
+    assert pick_checkpoint([], score, 0.6) == (None, {})

@@ -28,10 +28,10 @@ CHAT_TEMPLATE = (
 ROLE_NAMES = ["system\n", "user\n", "assistant\n"]
 # Named sizes: hidden, layers, intermediate (heads = hidden / 64: vLLM's CPU attention needs head_dim 64).
 SIZES: dict[str, tuple[int, int, int]] = {
-    "tiny": (128, 2, 512),       # ~0.5M parameters with a 512-token vocabulary: CPU tests
-    "small": (256, 4, 1024),     # ~3.5M: CPU, a few minutes
-    "base": (512, 8, 2048),      # ~26M
-    "large": (768, 12, 3072),    # ~86M: the GPU benchmark
+    "tiny": (128, 2, 512),       # ~0.6M parameters with a 512-token vocabulary: CPU tests
+    "small": (256, 4, 1024),     # ~4.3M: CPU, a few minutes
+    "base": (512, 8, 2048),      # ~34M
+    "large": (768, 12, 3072),    # ~114M: the GPU benchmark
 }
 
 
