@@ -21,7 +21,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench.rlkit_grpo import overrides, summarize  # noqa: E402
+from bench.rlkit_grpo import overrides, summarize, with_defaults  # noqa: E402
 from bench.workload import H200_BF16_PEAK_FLOPS, prepared  # noqa: E402
 
 CHATML = ("{% for m in messages %}{{ '<|im_start|>' + m['role'] + '\n' + m['content'] + '<|im_end|>\n' }}{% endfor %}"
@@ -79,8 +79,7 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=4)
     parser.add_argument("--warmup", type=int, default=1)
     parser.add_argument("--peak-flops", type=float, default=H200_BF16_PEAK_FLOPS)
-    args = parser.parse_args()
-    args.placement, args.grad_ckpt, args.old_log_probs, args.engine_kwargs = "colocated", False, "auto", "{}"
+    args = with_defaults(parser.parse_args())
 
     os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
     from rlkit.core.controller.controller import Controller

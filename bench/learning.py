@@ -155,7 +155,7 @@ class Bench:
         options = [x for k, v in self.settings.task.items() for x in ("-o", f"{k}={v}")]
         for kind in ("sft", "rl"):
             status = self.run(f"prep-{kind}", rlkit_cli("prep-data", "arithmetic", "--out", str(self.data(kind)),
-                                                         *options, "-o", f"format={kind}"), 120, None)
+                                                         *options, "--format", kind), 120, None)
             if status != "ok":
                 raise SystemExit(f"prep-data failed ({status}); see {self.out / 'bench.log'}")
         model = self.workdir / "model"

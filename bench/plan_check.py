@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import subprocess
 import sys
 import threading
@@ -22,7 +23,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench.rlkit_grpo import overrides  # noqa: E402
+from bench.rlkit_grpo import overrides, with_defaults  # noqa: E402
 from bench.workload import prepared  # noqa: E402
 
 GIB = 2**30
@@ -30,7 +31,11 @@ PLAN_PHASES = {"gen": "generate", "update_actor": "update", "sync": "sync"}  # c
 
 
 class MemorySampler(threading.Thread):
-    """(time, [used bytes per GPU]) every `period` seconds until stopped."""
+    """(time, [used bytes per GPU]) every `period` seconds until stopped.
+
+    Only the GPUs CUDA_VISIBLE_DEVICES names, when set, so that a run on the machine's other GPU
+    does not show up in this one's peaks.
+    """
 
     def __init__(self, period: float = 0.1) -> None:
         super().__init__(daemon=True)
@@ -39,7 +44,9 @@ class MemorySampler(threading.Thread):
     def run(self) -> None:
         while self.running:
             try:
-                out = subprocess.run(["nvidia-smi", "--query-gpu=memory.used", "--format=csv,noheader,nounits"],
+                visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+                out = subprocess.run(["nvidia-smi", "--query-gpu=memory.used", "--format=csv,noheader,nounits",
+                                      *([f"--id={visible}"] if visible else [])],
                                      capture_output=True, text=True, timeout=5).stdout
                 self.samples.append((time.monotonic(), [int(v) * 2**20 for v in out.split()]))
             except (OSError, subprocess.SubprocessError):
@@ -86,10 +93,7 @@ def main() -> None:
     parser.add_argument("--gpu-memory-utilization", type=float, default=0.35)
     parser.add_argument("--steps", type=int, default=4)
     parser.add_argument("--warmup", type=int, default=1)
-    args = parser.parse_args()
-    # The rest of bench/rlkit_grpo.py's settings, as its defaults: full fine-tuning, sync rollout.
-    args.rollout, args.old_log_probs, args.engine_kwargs = "vllm", "auto", "{}"
-    args.defaults, args.lora_rank, args.mode, args.weight_sync, args.rollout_is_cap = False, 0, "sync", "broadcast", None
+    args = with_defaults(parser.parse_args())  # the rest as bench/rlkit_grpo.py's defaults: full fine-tuning, sync
 
     from rlkit.core.controller.controller import Controller
     from rlkit.core.controller.run_dir import RunDir

@@ -116,7 +116,7 @@ class GpuMemoryPeak(threading.Thread):
             self.peak_mib = max(self.peak_mib or 0.0, *used)
 
 
-def main() -> None:
+def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--workdir", required=True, help="where the workload's model and prompts live (built once)")
     parser.add_argument("--out", required=True, help="result JSON")
@@ -151,7 +151,20 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=4)
     parser.add_argument("--warmup", type=int, default=1, help="leading steps left out of the means")
     parser.add_argument("--peak-flops", type=float, default=H200_BF16_PEAK_FLOPS, help="per-GPU bf16 peak for MFU")
-    args = parser.parse_args()
+    return parser
+
+
+def with_defaults(args: argparse.Namespace) -> argparse.Namespace:
+    """`args` of another bench script, completed with this script's defaults for the settings it
+    does not expose, so that `overrides` sees every setting (full fine-tuning, sync rollout, ...)."""
+    for key, value in vars(build_parser().parse_args(["--workdir", "", "--out", ""])).items():
+        if not hasattr(args, key):
+            setattr(args, key, value)
+    return args
+
+
+def main() -> None:
+    args = build_parser().parse_args()
 
     os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
     from rlkit.core.controller.controller import Controller

@@ -2,7 +2,7 @@
 
   python scripts/build_scratch_model.py --data data/sft/train.parquet --out models/arith [--size tiny] [--vocab 512]
 
---data is a parquet of SFT rows (prompt + response, e.g. `rlkit prep-data arithmetic -o format=sft`);
+--data is a parquet of SFT rows (prompt + response, e.g. `rlkit prep-data arithmetic --format sft`);
 the tokenizer is trained on every prompt and response in it. --out is then a `--model DIR` for
 `rlkit train sft` (sizes: rlkit.core.train.scratch.SIZES). The warm-start walkthrough in the README
 uses it: a model built this way knows nothing until SFT teaches it the format and the arithmetic.

@@ -86,7 +86,7 @@ def test_builder_is_seeded_held_out_and_scored_by_the_gsm8k_reward() -> None:
 
 def test_prep_data_writes_sft_rows_and_names_a_bad_option(tmp_path: Path) -> None:
     result = invoke(register, "prep-data", "arithmetic", "--out", str(tmp_path), "-o", "n_train=64",
-                    "-o", "n_test=16", "-o", "format=sft", "-o", "max_steps=2", "--instruction", "")
+                    "-o", "n_test=16", "--format", "sft", "-o", "max_steps=2", "--instruction", "")
     assert result.exit_code == 0, result.output
     rows = pq.read_table(tmp_path / "train.parquet").to_pylist()
     assert len(rows) == 64 and len(pq.read_table(tmp_path / "test.parquet").to_pylist()) == 16
@@ -94,7 +94,7 @@ def test_prep_data_writes_sft_rows_and_names_a_bad_option(tmp_path: Path) -> Non
     assert rows[0]["response"].endswith(f"#### {rows[0]['reward_model']['ground_truth']}")
     assert {row["response"].count("\n") for row in rows} == {2}
     bad = invoke(register, "prep-data", "arithmetic", "--out", str(tmp_path), "-o", "format=dpo")
-    assert bad.exit_code == 2 and "-o format='dpo'" in bad.output and "Traceback" not in bad.output
+    assert bad.exit_code == 2 and "format='dpo'; choose one of rl, sft" in bad.output and "Traceback" not in bad.output
     few = invoke(register, "prep-data", "arithmetic", "--out", str(tmp_path), "-o", "max_number=2",
                  "-o", "max_value=3", "-o", "max_factor=1", "-o", "max_steps=1", "-o", "min_steps=1")
     assert few.exit_code == 2 and "different train problems" in few.output

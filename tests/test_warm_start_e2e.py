@@ -39,7 +39,7 @@ def validations(run_dir: Path) -> dict[int, dict]:
 
 def test_sft_then_grpo_lifts_validation_above_the_sft_score(tmp_path: Path) -> None:
     data, runs = tmp_path / "data", tmp_path / "runs"
-    rlkit("prep-data", "arithmetic", "--out", str(data / "sft"), *TASK, "-o", "format=sft")
+    rlkit("prep-data", "arithmetic", "--out", str(data / "sft"), *TASK, "--format", "sft")
     rlkit("prep-data", "arithmetic", "--out", str(data / "rl"), *TASK)
     build = subprocess.run([sys.executable, str(REPO / "scripts" / "build_scratch_model.py"), "--data",
                             str(data / "sft" / "train.parquet"), "--out", str(tmp_path / "base"), "--size", "tiny"],

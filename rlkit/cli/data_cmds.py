@@ -52,12 +52,15 @@ def _list_builders() -> None:
                   "and returning {split: [row, ...]}.", markup=False)
 
 
-def _parse_options(texts: list[str], instruction: str | None, fn: Builder, name: str) -> dict[str, Any]:
+def _parse_options(texts: list[str], instruction: str | None, fn: Builder, name: str,
+                   data_format: str | None = None) -> dict[str, Any]:
     from rlkit.recipes.loader import parse_override
 
     options = dict(parse_override(text) for text in texts)
     if instruction is not None:
         options["instruction"] = instruction
+    if data_format is not None:
+        options["format"] = data_format
     known = _builder_options(fn)
     for key in options:
         if key not in known:
@@ -93,6 +96,9 @@ def prep_data(
                                "is downloaded from the Hugging Face hub (needs `pip install datasets`)."),
     instruction: Optional[str] = typer.Option(
         None, "--instruction", help="Text appended to every question (gsm8k, math); '' appends nothing."),
+    data_format: Optional[str] = typer.Option(
+        None, "--format", help="rl (prompts for RL, the default) or sft (a `response` column too, for "
+                               "`rlkit train sft`; gsm8k: the reference solution). Same as -o format=..."),
     options: Optional[list[str]] = typer.Option(
         None, "--option", "-o", help="Builder option KEY=VALUE, repeatable (e.g. -o task=add -o n_train=4096)."),
     builder: Optional[str] = typer.Option(
@@ -102,6 +108,7 @@ def prep_data(
     """Build train/test parquet files (prompt as chat messages, reward_model.ground_truth, ...).
 
     Example: rlkit prep-data gsm8k --source ~/gsm8k-jsonl --out ~/data/gsm8k
+    (SFT rows: rlkit prep-data gsm8k --format sft --out ~/data/gsm8k-sft)
     """
     if list_builders:
         _list_builders()
@@ -114,7 +121,7 @@ def prep_data(
         fn, label = DATASET_BUILDERS.get(name), name
     else:
         raise UserError(DATASET_BUILDERS.unknown_message(name) + " (or use --builder path/file.py:function)")
-    kwargs = _parse_options(options or [], instruction, fn, label)
+    kwargs = _parse_options(options or [], instruction, fn, label, data_format)
     out_dir = (out or Path("~/data") / label).expanduser()
     with console.status(f"building {label} from {source or 'the Hugging Face hub'}"):
         try:

@@ -86,8 +86,9 @@ def _print_plan(result, usd_per_gpu_hour: Optional[float]) -> None:
     trainer = config.trainer
     console.print(f"[bold]{config.model.path}[/]: {shape.params / 1e6:,.1f}M parameters ({shape.layers} layers, "
                   f"hidden {shape.hidden}, vocabulary {shape.vocab}); {trainer.nnodes} node(s) x "
-                  f"{trainer.n_gpus_per_node} device(s), {config.world_size} training, rollout "
-                  f"{config.rollout.placement}", highlight=False)
+                  f"{trainer.n_gpus_per_node} device(s), {config.world_size} training, "
+                  + (f"objective {config.objective}: no rollout" if config.offline
+                     else f"rollout {config.rollout.placement}"), highlight=False)
     console.print(f"one training device: {device.name}, {device.bytes / GIB:.1f} GiB"
                   + ("" if device.measured else " (not measured here)"), highlight=False)
     parts = Table("per training device", "size", title_justify="left")

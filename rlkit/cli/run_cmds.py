@@ -61,15 +61,22 @@ def runs_list(runs_dir: str = RUNS_DIR_OPTION) -> None:
     if not runs:
         console.print(f"no runs in {Path(runs_dir).expanduser()}")
         return
-    table = Table("run", "recipe", "status", "step", "reward", "checkpoints", "updated")
+    table = Table("run", "recipe", "status", "step", "reward / loss", "checkpoints", "updated")
     for run in runs:
         status = run.read_status()
         last = (read_metrics(run.path / METRICS_FILE) or [{}])[-1]
         usable = [c.step for c in list_checkpoints(run.path) if c.problem is None]
         table.add_row(run.run_id, _recipe(run.path), _styled(status.get("status", "unknown")),
-                      f"{status.get('step', '-')}/{status.get('total_steps', '-')}", _fmt(last.get("reward/mean")),
+                      f"{status.get('step', '-')}/{status.get('total_steps', '-')}", _last_score(last),
                       f"{len(usable)} (last {usable[-1]})" if usable else "0", str(status.get("updated_at", "-")))
     console.print(table)
+
+
+def _last_score(record: dict[str, Any]) -> str:
+    """An RL run's reward, an offline objective's (sft) loss."""
+    if "reward/mean" not in record and "actor/loss" in record:
+        return f"loss {_fmt(record['actor/loss'])}"
+    return _fmt(record.get("reward/mean"))
 
 
 @user_errors

@@ -83,6 +83,17 @@ def shard_minibatches(batch: Batch, rows_per_minibatch: int, world: int,
     return [(shards[r], norms) for r in range(world)]
 
 
+def pad_to_ranks(batch: Batch, world: int) -> Batch:
+    """`batch` (tensors only) with rows added until every rank gets as many: copies of its first rows
+    whose loss mask is 0, so they count for nothing (a held-out pass over a set of any size)."""
+    short = -len(batch) % world
+    if not short:
+        return batch
+    filler = batch.select([i % len(batch) for i in range(short)])
+    filler["response_mask"] = torch.zeros_like(filler["response_mask"])
+    return Batch({k: torch.cat([batch[k], filler[k]]) for k in batch.tensors})
+
+
 def padded_tensors(prompts: list[list[int]], responses: list[list[int]], loss_masks: list[list[float]],
                    pad_id: int) -> dict[str, torch.Tensor]:
     """Prompts left-padded and responses right-padded into the layout above: input_ids,

@@ -102,8 +102,11 @@ def check_config(config: RLConfig, origins: dict[str, str] | None = None, *, req
     check_algorithm(config, origins, fail)
 
 
-# Sections only RL reads: a command-line key there does nothing with an offline objective.
-RL_ONLY_PREFIXES = ("rollout.", "algorithm.", "critic.", "reward.", "reward_model.")
+# Keys only RL reads: on the command line of an offline objective they would do nothing.
+RL_ONLY_PREFIXES = ("rollout.", "algorithm.", "critic.", "reward.", "reward_model.", "data.synthetic_task",
+                    "actor.policy_loss", "actor.clip_ratio", "actor.entropy_coeff",
+                    "actor.use_kl_loss", "actor.kl_loss_", "actor.rollout_is", "actor.old_log_probs",
+                    "trainer.val_n", "trainer.val_temperature", "trainer.record_rollouts", "trainer.invariant")
 
 
 def check_offline(config: RLConfig, origins: dict[str, str], fail: Callable[[str, str], None], *,
@@ -112,7 +115,7 @@ def check_offline(config: RLConfig, origins: dict[str, str], fail: Callable[[str
     for key, origin in origins.items():
         if origin == "command line" and key.startswith(RL_ONLY_PREFIXES):
             fail(key, f"has no effect: objective {config.objective} generates nothing and scores nothing "
-                 "(no rollout, reward, advantage or critic)")
+                 "(no rollout, reward, advantage, policy-gradient loss or critic)")
     if require_inputs and not config.data.train_files:
         fail("data.train_files", f"objective {config.objective} trains on rows of data files (no synthetic task); "
              "set data.train_files=[train.parquet] (e.g. `rlkit prep-data gsm8k --format sft`)")

@@ -26,9 +26,9 @@ class DataConfig(Section):
     val_files: list[str] = Field(default_factory=list, description="Parquet files of held-out prompts: validated before training (trainer.val_before_train), every trainer.val_freq steps and after the last step (docs/architecture.md, Validation).")
     synthetic_task: str | None = Field(None, description="Built-in task (echo, succ, add) generated into the run dir when train_files is empty; with trainer.val_freq > 0 and no val_files, its test split is the validation set.")
     train_batch_size: int = Field(16, ge=1, description="Prompts per RL step (before rollout.n samples each); objective sft: rows (sequences) per step.")
-    max_prompt_length: int = Field(512, ge=1, description="Longest prompt in tokens; longer ones error or are dropped (overlong_prompts).")
-    max_response_length: int = Field(512, ge=1, description="Most tokens generated per response.")
-    overlong_prompts: Literal["error", "filter"] = Field("error", description="What to do with prompts over max_prompt_length.")
+    max_prompt_length: int = Field(512, ge=1, description="Longest prompt in tokens; longer ones error or are dropped (overlong_prompts). objective sft: a row's prompt + response must fit max_prompt_length + max_response_length.")
+    max_response_length: int = Field(512, ge=1, description="Most tokens generated per response (objective sft: see max_prompt_length).")
+    overlong_prompts: Literal["error", "filter"] = Field("error", description="What to do with prompts over max_prompt_length (objective sft: rows over max_prompt_length + max_response_length): error names them and stops before the run starts; filter drops them with a warning that counts them.")
     shuffle: bool = Field(True, description="Shuffle prompts each epoch (seeded by trainer.seed).")
 
 

@@ -54,7 +54,7 @@ class AgentEpisodes:
             from transformers import AutoTokenizer
 
             self._agent_loop = build_agent_loop(self.config, AutoTokenizer.from_pretrained(self.model_path))
-        self.engine.wake_up()
+        self.wake_engine()  # type: ignore[attr-defined]
         trajectories = self._agent_loop.run(self.engine, rows, groups, sampling)
         self.engine.sleep()
         self.phase = "idle"

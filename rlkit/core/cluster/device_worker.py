@@ -43,6 +43,17 @@ class DeviceWorker(PhaseReporter):
             torch.cuda.set_device(self.device)
         dist.init_process_group("nccl" if self.use_cuda else "gloo", rank=self.rank, world_size=self.world_size)
 
+    def wake_engine(self, weights_only: bool = False) -> None:
+        """Wake this worker's rollout engine, first handing back what PyTorch's allocator cached.
+
+        The allocator keeps the training passes' freed blocks (the update's activations: ~45 GiB
+        at 32k micro-batch tokens on a 0.5B model, measured on an H200), and a colocated engine
+        would otherwise generate next to them; the next update allocates them again.
+        """
+        if self.use_cuda:
+            torch.cuda.empty_cache()
+        self.engine.wake_up(weights_only=weights_only)  # type: ignore[attr-defined]
+
     def generate_keeping_rng(self, prompts: list[list[int]], sampling: Sampling) -> list[RolloutSample]:
         """`generate` (of the workers that hold an engine) for validation: this process's RNG states are
         put back afterwards (an engine may reseed them; the HF engine does), so validating never

@@ -25,8 +25,7 @@ from rlkit.core.controller.offline import OfflineController
 from rlkit.core.controller.preflight import RunInputs, check_inputs
 from rlkit.core.controller.run_dir import RunDir
 from rlkit.core.controller.tracking import (
-    CONSOLE_KEYS,
-    OFFLINE_CONSOLE_KEYS,
+    CONSOLE_KEYS_BY_OBJECTIVE,
     Tracker,
     step_logger,
 )
@@ -80,7 +79,7 @@ def run_training(config: RLConfig, run: RunDir, inputs: RunInputs, resume_from: 
             tracker = Tracker(run.path, trainer.logger, total_steps=trainer.total_steps, start_step=start,
                               project=trainer.project_name, name=trainer.experiment_name or run.run_id,
                               config=config.model_dump(mode="json"), run_id=run.run_id,
-                              columns=OFFLINE_CONSOLE_KEYS if config.offline else CONSOLE_KEYS)
+                              columns=CONSOLE_KEYS_BY_OBJECTIVE[config.objective])
             headline: list[float] = []  # the training metric the summary compares (reward, or the loss)
             val_scores: dict[int, float] = {}  # step -> the validation metric, for the summary
             if validation and trainer.val_before_train and not resume_from:

@@ -16,7 +16,7 @@ from typing import Any
 
 import torch
 
-from rlkit.core.batch import Batch, shard_minibatches
+from rlkit.core.batch import Batch, pad_to_ranks, shard_minibatches
 from rlkit.core.cluster.worker_group import DeviceReservation, WorkerGroup, init_ray
 from rlkit.core.controller.controller import load_worker_shards, save_run_checkpoint
 from rlkit.core.controller.preflight import RunInputs
@@ -75,21 +75,17 @@ class OfflineController:
 
     def update(self, batch: Batch) -> dict[str, float]:
         """One optimizer step per actor.mini_batch_size rows, each split evenly over the workers."""
-        slim = Batch({k: batch[k] for k in ("input_ids", "attention_mask", "position_ids", "responses",
-                                            "response_mask")})
-        per_rank = shard_minibatches(slim, self.config.actor.mini_batch_size, self.config.world_size)
+        cfg = self.config
+        tensors = Batch(dict(batch.tensors))  # the row kind's tensors travel; its meta (row indices) stays here
+        per_rank = shard_minibatches(tensors, cfg.actor.mini_batch_size * cfg.samples_per_prompt, cfg.world_size)
         return self.workers.call("update_offline", per_rank=per_rank, phase="update_offline")[0]
 
     # -- validation ---------------------------------------------------------------------
     def validate(self, step: int) -> dict[str, float]:
-        """val/loss (aggregated as the training loss is) and val/token_accuracy over all of data.val_files."""
-        batch = self.kind.batch(self.val_rows, self.pad_id)
+        """val/loss (aggregated as the training loss is) and val/token_accuracy over all of data.val_files
+        (`step` is the run loop's: the loss of a fixed set does not depend on it)."""
         world = self.config.world_size
-        short = -len(batch) % world
-        if short:  # every rank gets as many rows; the fillers are copies that train nothing (loss mask 0)
-            filler = batch.select([i % len(batch) for i in range(short)])
-            filler["response_mask"] = torch.zeros_like(filler["response_mask"])
-            batch = Batch({k: torch.cat([batch[k], filler[k]]) for k in batch.tensors})
+        batch = pad_to_ranks(Batch(dict(self.kind.batch(self.val_rows, self.pad_id).tensors)), world)
         mask = batch["response_mask"]
         norm = {"num_tokens": float(mask.sum()), "num_seqs": float((mask.sum(-1) > 0).sum())}
         timing: dict[str, float] = {}

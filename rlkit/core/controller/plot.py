@@ -40,10 +40,7 @@ def plot_run(run_path: Path, out: Path) -> Path:
     trained = [r for r in records if "timing/step" in r]  # not the validation before training (step 0)
     fig, axes = plt.subplots(2, 4, figsize=(20, 8), constrained_layout=True)
     fig.suptitle(f"{run_path.name}: {len(trained)} steps")
-    if any("actor/loss" in r for r in trained):
-        panels = OFFLINE_PANELS
-    else:
-        panels = PANELS[:1] + [("validation", validation_keys(records))] + PANELS[1:]
+    panels = panels_for(records)
     for ax, (title, keys) in zip(axes.flat, panels):
         drawn = 0
         for key in keys:
@@ -65,6 +62,13 @@ def plot_run(run_path: Path, out: Path) -> Path:
     fig.savefig(out, dpi=100)
     plt.close(fig)
     return out
+
+
+def panels_for(records: list[dict[str, Any]]) -> list[tuple[str, list[str | tuple[str, ...]]]]:
+    """The panels of a run: an offline objective's (it logs actor/loss) or RL's with its validation scores."""
+    if any("actor/loss" in r for r in records):
+        return OFFLINE_PANELS
+    return PANELS[:1] + [("validation", validation_keys(records))] + PANELS[1:]
 
 
 def validation_keys(records: list[dict[str, Any]]) -> list[str | tuple[str, ...]]:

@@ -39,6 +39,7 @@ OFFLINE_CONSOLE_KEYS = [
     ("actor/grad_norm", "grad norm"), ("actor/lr", "lr"), ("perf/loss_tokens", "tokens"),
     ("perf/tokens_per_s", "tok/s"), ("timing/step", "step s"),
 ]
+CONSOLE_KEYS_BY_OBJECTIVE = {"rl": CONSOLE_KEYS, "sft": OFFLINE_CONSOLE_KEYS}  # config.objective -> columns
 
 
 class Tracker:

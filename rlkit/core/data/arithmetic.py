@@ -9,8 +9,8 @@ and the final answer after '####', so rlkit's GSM8K reward scores it (data_sourc
 `max_value` (no intermediate result above it). Every generated question is different; the test
 split holds none of the train split's questions.
 
-Rows are RL rows (prompt + ground truth) with `format="rl"`, and SFT rows (the same, plus the
-worked solution as `response`) with `format="sft"`.
+Rows are RL rows (prompt + ground truth) with `format="rl"` (`rlkit prep-data arithmetic --format rl`, the
+default), and SFT rows (the same, plus the worked solution as `response`) with `--format sft`.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from rlkit.core.data.builders import DATASET_BUILDERS, Row, make_row
-from rlkit.core.data.gsm8k import INSTRUCTION
+from rlkit.core.data.gsm8k import FORMATS, INSTRUCTION
 from rlkit.errors import UserError
 
 DATA_SOURCE = "gsm8k/arithmetic"
@@ -105,8 +105,9 @@ def build_arithmetic(source: str | None = None, *, n_train: int = 20000, n_test:
     `format`: "rl" (prompt + ground truth) or "sft" (also the worked solution as `response`);
     `calc`: "plain" (12+5=17) or "annotated" (12+5=<<12+5=17>>17, GSM8K's own style).
     """
-    if format not in ("rl", "sft"):
-        raise UserError(f"-o format={format!r}: use 'rl' (prompt + ground truth) or 'sft' (+ response)")
+    if format not in FORMATS:
+        raise UserError(f"arithmetic: format={format!r}; choose one of {', '.join(FORMATS)} (rl: prompt + ground "
+                        "truth; sft: also the worked solution as `response`)")
     if calc not in ("plain", "annotated"):
         raise UserError(f"-o calc={calc!r}: use 'plain' (12+5=17) or 'annotated' (12+5=<<12+5=17>>17)")
     if not 1 <= min_steps <= max_steps:

@@ -20,7 +20,7 @@ def load_sft(config: RLConfig, files: list[str], key: str, tokenizer: Any) -> li
     data = config.data
     return tokenize_sft_rows([(file, read_sft_file(file, key)) for file in files], tokenizer,
                              max_length=data.max_prompt_length + data.max_response_length,
-                             completion_only=config.sft.completion_only_loss)
+                             completion_only=config.sft.completion_only_loss, overlong=data.overlong_prompts)
 
 
 @dataclass(frozen=True)

@@ -13,6 +13,7 @@ the layout of a rollout batch (rlkit.core.batch), so packing and the optimize lo
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 from typing import Any
 
@@ -20,8 +21,9 @@ from rlkit.core.batch import Batch, padded_tensors
 from rlkit.core.data.dataset import open_parquet, tokenize_prompt
 from rlkit.errors import UserError
 
-FORMATS = {"prompt + response": ("prompt", "response"), "messages": ("messages",)}
+FORMATS = (("prompt", "response"), ("messages",))  # the columns of each row format
 SHOWN_PROBLEMS = 5  # bad rows named in the error; the rest are counted
+logger = logging.getLogger(__name__)
 
 
 @dataclass
@@ -33,27 +35,25 @@ class SFTExample:
     response_ids: list[int]
     loss_mask: list[int]
 
-    @property
-    def length(self) -> int:
-        return len(self.prompt_ids) + len(self.response_ids)
-
 
 def read_sft_file(path: str, key: str) -> list[dict[str, Any]]:
     """The rows of one parquet file with prompt + response or messages columns."""
     file = open_parquet(path, required=())
     names = file.schema_arrow.names
-    if not any(all(c in names for c in columns) for columns in FORMATS.values()):
+    if not any(all(c in names for c in columns) for columns in FORMATS):
         raise UserError(f"data file {path} ({key}) has columns {names}; SFT rows need 'prompt' + 'response' "
                         "or 'messages' (see `rlkit prep-data gsm8k --format sft`)")
     return file.read().to_pylist()
 
 
 def tokenize_sft_rows(sources: list[tuple[str, list[dict[str, Any]]]], tokenizer: Any, *, max_length: int,
-                      completion_only: bool = True) -> list[SFTExample]:
+                      completion_only: bool = True, overlong: str = "error") -> list[SFTExample]:
     """(file name, rows) per source -> examples; every bad row is collected and reported with its file
-    and row (UserError): no response, nothing to train, or longer than `max_length` tokens."""
+    and row (UserError): no response, nothing to train, or longer than `max_length` tokens (which
+    `overlong="filter"` drops instead, with a warning)."""
     examples: list[SFTExample] = []
     problems: list[str] = []
+    dropped = 0
     for name, rows in sources:
         for i, row in enumerate(rows):
             try:
@@ -62,6 +62,9 @@ def tokenize_sft_rows(sources: list[tuple[str, list[dict[str, Any]]]], tokenizer
                 problems.append(f"{name}, row {i}: {exc}")
                 continue
             if len(prompt) + len(response) > max_length:
+                if overlong == "filter":
+                    dropped += 1
+                    continue
                 problems.append(f"{name}, row {i}: {len(prompt)} prompt + {len(response)} response tokens > "
                                 f"data.max_prompt_length + data.max_response_length = {max_length}")
                 continue
@@ -72,7 +75,14 @@ def tokenize_sft_rows(sources: list[tuple[str, list[dict[str, Any]]]], tokenizer
     if problems:
         more = f" (and {len(problems) - SHOWN_PROBLEMS} more)" if len(problems) > SHOWN_PROBLEMS else ""
         raise UserError(f"{len(problems)} bad SFT row(s){more}: " + "; ".join(problems[:SHOWN_PROBLEMS])
-                        + ". Fix or drop them, or raise data.max_response_length for long rows")
+                        + ". Fix or drop them; for long rows raise data.max_response_length or set "
+                        "data.overlong_prompts=filter")
+    if not examples:
+        raise UserError(f"no usable rows in {[name for name, _ in sources]} ({dropped} longer than "
+                        f"data.max_prompt_length + data.max_response_length = {max_length} dropped)")
+    if dropped:
+        logger.warning("dropped %d of %d SFT rows longer than data.max_prompt_length + data.max_response_length = %d "
+                       "(data.overlong_prompts=filter)", dropped, dropped + len(examples), max_length)
     return examples
 
 
@@ -99,6 +109,9 @@ def _tokenize_messages(messages: list[dict[str, Any]], tokenizer: Any) -> tuple[
     turns = [i for i, m in enumerate(messages) if m.get("role") == "assistant"]
     if not turns:
         raise ValueError("'messages' has no assistant message to train on")
+    if turns[0] == 0:
+        raise ValueError("'messages' starts with an assistant message; put the system or user message it answers "
+                         "before it")
     if any(not (m.get("content") or "").strip() for m in messages if m.get("role") == "assistant"):
         raise ValueError("'messages' has an empty assistant message")
     ids: list[int] = []

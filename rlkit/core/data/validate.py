@@ -22,6 +22,8 @@ def row_problem(row: Any) -> str | None:
         return "'prompt' is neither text nor a list of {role, content} messages"
     elif not any(isinstance(m.get("content"), str) and m["content"].strip() for m in prompt):
         return "empty 'prompt'"
+    if "response" in row and (not isinstance(row["response"], str) or not row["response"].strip()):
+        return "empty 'response'"  # an SFT row (--format sft)
     reward = row["reward_model"]
     if not isinstance(reward, dict) or reward.get("ground_truth") in (None, ""):
         return "no 'reward_model.ground_truth'"

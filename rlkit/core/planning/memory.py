@@ -2,7 +2,9 @@
 
 What lives on a training device (FSDP2 over W = config.world_size ranks):
   state        actor fp32 weights, gradients and AdamW moments (16 bytes a parameter / W), the
-               reference's fp32 weights (4 / W), the critic's state (16 / W of its parameters)
+               reference's fp32 weights (4 / W), the critic's state (16 / W of its parameters);
+               with LoRA the frozen fp32 base (4 / W), which is also the reference, and 16 bytes
+               per adapter parameter
   compute copy the compute-dtype copy FSDP2 gathers: the whole model with one rank (kept from
                forward to backward; the reference, which has no backward, keeps it), two
                layers and the root with more
@@ -12,16 +14,21 @@ What lives on a training device (FSDP2 over W = config.world_size ranks):
   logits       the head's output at the K response positions, kept for backward, its gradient,
                and the fp32 log-prob chunks (rlkit.core.train.logprobs)
   vLLM         colocated: rollout.gpu_memory_utilization of the device while generating; asleep
-               (weights on the host, KV cache freed) while training; its weights during the sync
+               (weights on the host, KV cache freed) while training; during the sync its whole share
+               (measured: waking only its weights did not lower the peak)
 Peaks: generate = state + vLLM share; update = state + compute copy + activations + logits;
-sync = state + the engine's weights + one gathered fp32 tensor.
+sync = state + vLLM share + one gathered fp32 tensor. PyTorch's cached blocks are handed back
+before the engine wakes (DeviceWorker.wake_engine), so the update's activations are not in the
+generate or sync peaks.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from types import SimpleNamespace
 
 from rlkit.core.planning.shape import ModelShape
+from rlkit.core.train import fast_paths
 from rlkit.core.train.logprobs import CHUNK_ELEMENTS
 from rlkit.recipes.schema import RLConfig
 
@@ -85,13 +92,34 @@ def compute_bytes(config: RLConfig, on_gpu: bool) -> int:
     return 2 if dtype == "bfloat16" or (dtype == "auto" and on_gpu) else 4
 
 
-def micro_batch(config: RLConfig, world_size: int | None = None) -> MicroBatch:
+def micro_batch(config: RLConfig, budget: int, world_size: int | None = None) -> MicroBatch:
     """The largest update micro-batch a device packs: its share of a mini-batch, capped by the token budget."""
     data, world = config.data, world_size or config.world_size
     sequence = data.max_prompt_length + data.max_response_length
-    share = config.actor.mini_batch_size * config.rollout.n * sequence // world
-    tokens = min(share, max(config.actor.micro_batch_tokens, sequence))
+    share = config.actor.mini_batch_size * config.samples_per_prompt * sequence // world
+    tokens = min(share, max(budget, sequence))
     return MicroBatch(tokens, tokens * data.max_response_length // sequence)
+
+
+def token_budget(config: RLConfig, shape: ModelShape, device_bytes: float, *, on_gpu: bool,
+                 loaded_bytes: float, trainable_params: float, critic_params: float) -> int:
+    """actor.micro_batch_tokens, with "auto" sized as a GPU worker sizes it at start-up
+    (rlkit.core.train.fast_paths): from the memory left once its models are loaded, before the
+    engine starts (it sleeps during the update)."""
+    budget = config.actor.micro_batch_tokens
+    if budget != "auto":
+        return budget
+    if not on_gpu:
+        return fast_paths.CPU_MICRO_BATCH_TOKENS
+    dims = SimpleNamespace(hidden_size=shape.hidden, intermediate_size=shape.intermediate,
+                           num_attention_heads=shape.heads, head_dim=shape.head_dim,
+                           num_key_value_heads=shape.kv_heads, num_hidden_layers=shape.layers, vocab_size=shape.vocab)
+    per_token = fast_paths.activation_bytes_per_token(dims, compute_bytes(config, on_gpu),
+                                                      config.model.gradient_checkpointing)
+    return fast_paths.auto_micro_batch_tokens(
+        free_bytes=int(device_bytes - DEVICE_RESERVE - loaded_bytes), total_bytes=int(device_bytes),
+        trainable_params=int(trainable_params), critic_params=int(critic_params), bytes_per_token=per_token,
+        longest_sequence=config.data.max_prompt_length + config.data.max_response_length)
 
 
 def activation_bytes(shape: ModelShape, batch: MicroBatch, compute: int, checkpointing: bool) -> dict[str, float]:
@@ -122,23 +150,35 @@ def training_device(config: RLConfig, shape: ModelShape, device_bytes: float, *,
     world, compute = config.world_size, compute_bytes(config, on_gpu)
     mem = DeviceMemory()
     parts = mem.parts
-    parts["actor weights (fp32)"] = 4 * shape.params / world
-    parts["actor gradients (fp32)"] = 4 * shape.params / world
-    parts["AdamW moments (fp32)"] = 8 * shape.params / world
-    if config.needs_reference:
+    lora = config.model.lora
+    if lora.rank:  # the base is frozen and is also the reference (adapters off): no second model
+        adapters = shape.lora_params(lora.rank, lora.target_modules)
+        parts["base weights (fp32, frozen; also the reference)"] = 4 * shape.params / world
+        parts[f"LoRA adapters, gradients, AdamW (fp32, {adapters / 1e6:.1f}M)"] = 16 * adapters / world
+    else:
+        parts["actor weights (fp32)"] = 4 * shape.params / world
+        parts["actor gradients (fp32)"] = 4 * shape.params / world
+        parts["AdamW moments (fp32)"] = 8 * shape.params / world
+    separate_reference = config.needs_reference and not lora.rank
+    if separate_reference:
         parts["reference weights (fp32)"] = 4 * shape.params / world
     if critic is not None:
         parts["critic weights, gradients, AdamW"] = 16 * critic.params / world
     if reward_model is not None:
         parts["reward model (fp32)"] = 4 * reward_model.params
     dtype = "bf16" if compute == 2 else "fp32"
-    if world == 1 and config.needs_reference:
+    if world == 1 and separate_reference:
         # One rank keeps a module's gathered copy until its backward, which the reference never runs.
         parts[f"reference compute copy ({dtype}, kept with one rank)"] = shape.params * compute
     state = sum(parts.values())
     # One rank gathers the whole model once (a copy, fp32 compute too); more ranks a layer or two at a time.
     copy = shape.params * compute if world == 1 else (2 * shape.layer_params + shape.root_params) * compute
-    batch = micro_batch(config)
+    # Loaded before the worker sizes an auto budget: fp32 weights (the actor's or the frozen base), the reference.
+    loaded = sum(v for k, v in parts.items() if "weights" in k)
+    trainable = shape.lora_params(lora.rank, lora.target_modules) if lora.rank else shape.params
+    batch = micro_batch(config, token_budget(config, shape, device_bytes, on_gpu=on_gpu, loaded_bytes=loaded,
+                                             trainable_params=trainable / world,
+                                             critic_params=critic.params / world if critic else 0))
     parts[f"actor compute copy ({dtype})"] = copy
     activations = activation_bytes(shape, batch, compute, config.model.gradient_checkpointing)
     parts[f"activations ({batch.tokens} tokens{', checkpointed' if config.model.gradient_checkpointing else ''})"] \
@@ -148,12 +188,14 @@ def training_device(config: RLConfig, shape: ModelShape, device_bytes: float, *,
     head = logits_bytes(shape, batch, compute)
     parts.update({f"{k} ({batch.response_tokens} response tokens)": b for k, b in head.items()})
     mem.phases["update"] = state + copy + sum(activations.values()) + sum(head.values())
-    if config.rollout.placement == "colocated":
+    if config.rollout.placement == "colocated" and not config.offline:  # objective sft starts no engine
         engine = engine_bytes(config, shape, device_bytes, on_gpu)
         parts["vLLM share while generating" if on_gpu else "rollout engine (CPU: weights + KV cache)"] = engine
         mem.phases["generate"] = state + engine
         largest = max(shape.vocab, shape.intermediate) * shape.hidden * 4  # one gathered fp32 tensor
-        mem.phases["sync"] = state + shape.params * compute + largest
+        # The sync wakes only the engine's weights, yet on an H200 (vLLM 0.26) its peak was the
+        # generate phase's: the engine's whole share is counted (docs/benchmarks.md, calibration).
+        mem.phases["sync"] = state + max(engine, shape.params * compute) + largest
         mem.notes.append("vLLM sleeps while training (weights on the host, KV cache freed): ~0 in update")
     return mem
 

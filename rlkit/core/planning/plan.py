@@ -65,7 +65,8 @@ def build_plan(config: RLConfig, *, gpu_memory_gib: float | None = None) -> Plan
     reward = model_shape(resolve_model_path(config.reward_model.path)) if config.reward_model.path else None
     device = target_device(config, gpu_memory_gib)
     mem = memory.training_device(config, shape, device.bytes, on_gpu=device.on_gpu, critic=critic, reward_model=reward)
-    kv = memory.kv_cache(config, shape, device.bytes, device.on_gpu) if config.rollout.name == "vllm" else None
+    kv = (memory.kv_cache(config, shape, device.bytes, device.on_gpu)
+          if config.rollout.name == "vllm" and not config.offline else None)
     plan = Plan(config, shape, device, mem, kv, timing.step_time(config, shape, critic), fits=False)
     plan.fits = mem.peak <= plan.usable
     if not plan.fits:
@@ -87,8 +88,9 @@ def knobs(plan: Plan, critic: ModelShape | None, reward: ModelShape | None) -> l
         return memory.training_device(changed, plan.shape, plan.device.bytes, on_gpu=plan.device.on_gpu,
                                       critic=critic, reward_model=reward).phases[mem.peak_phase] <= usable
 
-    if mem.peak_phase == "generate":
-        state = mem.phases["generate"] - memory.engine_bytes(config, plan.shape, plan.device.bytes, plan.device.on_gpu)
+    if mem.peak_phase in ("generate", "sync"):  # both hold the engine's whole share
+        state = mem.phases[mem.peak_phase] - memory.engine_bytes(config, plan.shape, plan.device.bytes,
+                                                                 plan.device.on_gpu)
         share = (usable - state) / plan.device.bytes
         if share > 0.05:
             found.append(f"rollout.gpu_memory_utilization={share - 0.01:.2f} (now {config.rollout.gpu_memory_utilization:g})")

@@ -30,6 +30,20 @@ class ModelShape:
         kv = self.kv_heads * self.head_dim
         return 2 * self.hidden * self.heads * self.head_dim + 2 * self.hidden * kv + 3 * self.hidden * self.intermediate
 
+    def linear_shapes(self) -> dict[str, tuple[int, int]]:
+        """(in, out) features of each matrix product in a decoder layer, by its Qwen2/Llama module name."""
+        q, kv = self.heads * self.head_dim, self.kv_heads * self.head_dim
+        return {"q_proj": (self.hidden, q), "k_proj": (self.hidden, kv), "v_proj": (self.hidden, kv),
+                "o_proj": (q, self.hidden), "gate_proj": (self.hidden, self.intermediate),
+                "up_proj": (self.hidden, self.intermediate), "down_proj": (self.intermediate, self.hidden)}
+
+    def lora_params(self, rank: int, target_modules: str | list[str]) -> int:
+        """Parameters of rank-`rank` adapters (A: in x r, B: r x out) on the targeted layers' matrix products;
+        'all-linear' targets all seven (peft leaves the output head out)."""
+        shapes = self.linear_shapes()
+        names = list(shapes) if target_modules == "all-linear" else [n for n in target_modules if n in shapes]
+        return self.layers * sum(rank * sum(shapes[n]) for n in names)
+
     def forward_flops(self, prompt_tokens: int, response_tokens: int) -> float:
         """Matrix-multiply FLOPs of one forward over one sequence, counted as docs/benchmarks.md counts them:
         2 x linear params x every token, the vocabulary head at response positions only, causal attention."""

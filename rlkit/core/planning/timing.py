@@ -49,13 +49,16 @@ def mfu(kind: str, devices: int) -> float:
 
 def step_time(config: RLConfig, shape: ModelShape, critic: ModelShape | None = None) -> StepTime:
     cal, data, world = CALIBRATION, config.data, config.world_size
-    samples = data.train_batch_size * config.rollout.n
+    samples = data.train_batch_size * config.samples_per_prompt
     forward = samples * shape.forward_flops(data.max_prompt_length, data.max_response_length)
     peak = cal["peak_flops"] * world
     phases: dict[str, float] = {}
     notes = [f"calibrated on {cal['device']} (docs/benchmarks.md); responses at full length"]
     if world > 2:
         notes.append(f"{world} training devices: the 2-GPU MFU is assumed (measured on 1 and 2)")
+    passes = (4 if config.model.gradient_checkpointing else 3) * config.actor.ppo_epochs
+    if config.offline:  # objective sft: no generation, log-prob passes, weight sync or reward
+        return StepTime({"update": passes * forward / (peak * mfu("update", world))}, notes)
     engines = world if config.rollout.placement == "colocated" else config.rollout.devices
     rate = cal["decode_tokens_per_s"] * cal["params"] / shape.params
     every = config.rollout.log_prob_check_freq
@@ -73,7 +76,6 @@ def step_time(config: RLConfig, shape: ModelShape, critic: ModelShape | None = N
         critic_forward = samples * critic.forward_flops(data.max_prompt_length, data.max_response_length)
         phases["values"] = critic_forward / (peak * mfu("forward", world))
         phases["update_critic"] = 3 * critic_forward / (peak * mfu("update", world))
-    passes = (4 if config.model.gradient_checkpointing else 3) * config.actor.ppo_epochs
     phases["update_actor"] = passes * forward / (peak * mfu("update", world))
     if config.rollout.placement == "colocated":
         phases["sync"] = 4 * shape.params / cal["sync_bytes_per_s"]

@@ -49,13 +49,15 @@ class VLLMEngine(RolloutEngine):
                     n=1, max_tokens=sampling.max_tokens, logprobs=0 if sampling.log_probs else None,
                     temperature=0.0 if sampling.greedy else sampling.temperature,
                     top_p=sampling.top_p, top_k=sampling.top_k, seed=sampling.seed + i * sampling.n + j,
-                    ignore_eos=sampling.ignore_eos, detokenize=False))
+                    ignore_eos=sampling.ignore_eos, detokenize=False,
+                    # Flat lists, not a {token: Logprob} dict per token: vLLM's cheaper form to build and collect.
+                    flat_logprobs=True))
         outputs = self.llm.generate(requests, params, use_tqdm=False)
         samples = []
         for k, out in enumerate(outputs):
             completion = out.outputs[0]
             tokens = list(completion.token_ids)
-            log_probs = [entry[t].logprob for entry, t in zip(completion.logprobs, tokens)] if sampling.log_probs else []
+            log_probs = sampled_log_probs(completion.logprobs, len(tokens)) if sampling.log_probs else []
             samples.append(RolloutSample(k // sampling.n, tokens, log_probs, completion.finish_reason == "stop"))
         return samples
 
@@ -90,6 +92,12 @@ class VLLMEngine(RolloutEngine):
             self.llm.wake_up()
             missing = set(self.asleep)
         self.asleep -= missing
+
+
+def sampled_log_probs(flat: Any, count: int) -> list[float]:
+    """The sampled token's log-prob at each of `count` positions of vLLM's FlatLogprobs: asked with
+    logprobs=0, a position holds the sampled token alone (vLLM's sampler puts it first)."""
+    return [flat.logprobs[flat.start_indices[i]] for i in range(count)]
 
 
 def _refresh_tied_lm_head(worker) -> None:

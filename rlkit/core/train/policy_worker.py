@@ -99,7 +99,7 @@ class PolicyWorker(DeviceWorker, AgentEpisodes, OfflineUpdates):
     # -- rollout ------------------------------------------------------------------------
     def generate(self, prompts: list[list[int]], sampling: Sampling) -> list[RolloutSample]:
         self.phase = "generate"
-        self.engine.wake_up()
+        self.wake_engine()
         samples = self.engine.generate(prompts, sampling)
         self.sync_probe.record(prompts, samples)
         self.engine.sleep()
@@ -111,7 +111,7 @@ class PolicyWorker(DeviceWorker, AgentEpisodes, OfflineUpdates):
         self.phase = "sync_weights"
         start, moved = time.perf_counter(), 0
         # A checked sync scores a sequence before and after loading: the whole engine must be awake.
-        self.engine.wake_up(weights_only=not self.sync_probe.pending)
+        self.wake_engine(weights_only=not self.sync_probe.pending)
 
         def weights():
             nonlocal moved
