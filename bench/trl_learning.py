@@ -7,7 +7,8 @@ train/test parquet files and the settings rlkit's GRPO run uses: prompts and sam
 response length, learning rate, steps, validation frequency and a deadline. What is set to
 match rlkit's run: one optimizer step per generation batch (num_iterations 1), loss_type "dapo"
 (token-mean over the batch, rlkit's actor.loss_agg_mode=token-mean), rewards scaled by the group
-std, clip 0.2, no KL term (beta 0), constant learning rate without warm-up, temperature 1,
+std, clip 0.2, no KL term (beta 0), constant learning rate without warm-up, temperature 1, fp32
+master weights (TRL's default dtype; the checkpoint is bf16, as rlkit's run loads it),
 no importance-sampling correction (rlkit's run has none either), vLLM colocated and eager
 (TRL builds its engine with CUDA graphs; the engine's constructor is wrapped to add
 enforce_eager=True, as rlkit's run sets rollout.vllm.enforce_eager=true). Without CUDA (the
