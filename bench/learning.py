@@ -35,7 +35,7 @@ import sys
 import tempfile
 import threading
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
@@ -110,7 +110,8 @@ class Bench:
         return self.budget - (time.monotonic() - self.start)
 
     def run(self, name: str, command: list[str], deadline_s: float, gpu: str | None) -> str:
-        """One command in its own session; SIGTERM at the deadline (rlkit checkpoints and stops), SIGKILL 30 s later."""
+        """One command in its own session; SIGTERM at the deadline (rlkit finishes the step, checkpoints and
+        stops), then SIGKILL to the whole session (30 s later at most)."""
         env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(HERE.parent),
                                                                           os.environ.get("PYTHONPATH")]))}
         if gpu is not None:
@@ -126,7 +127,9 @@ class Bench:
             proc.wait(timeout=max(deadline_s, 1))
         except subprocess.TimeoutExpired:
             status = "stopped at its deadline"
-            os.killpg(proc.pid, signal.SIGTERM)
+            # The command alone, as a user's kill would: SIGTERM to its whole session would also reach
+            # rlkit's Ray workers, and the controller would wait on dead workers instead of checkpointing.
+            proc.send_signal(signal.SIGTERM)
             try:
                 proc.wait(timeout=30)
             except subprocess.TimeoutExpired:
@@ -174,13 +177,13 @@ class Bench:
         return self.workdir / "data" / kind
 
     def sft(self, deadline_s: float) -> Path:
-        """`rlkit train sft` (checkpoints at every quarter), then the latest checkpoint whose greedy test score is
-        at most SFT_MAX_SCORE, exported: a warm start that leaves RL room to improve."""
+        """`rlkit train sft` (5 checkpoints), then the latest checkpoint whose greedy test score is at most
+        SFT_MAX_SCORE, exported: a warm start that leaves RL room to improve."""
         s = self.settings
         overrides = [f"{k}={v}" for k, v in s.sft.items()] + [
             f"data.train_files=[{self.data('sft') / 'train.parquet'}]",
             f"data.val_files=[{self.data('sft') / 'test.parquet'}]", f"trainer.total_steps={s.sft_steps}",
-            f"trainer.save_freq={max(s.sft_steps // 4, 1)}", "trainer.keep_last=4", "trainer.val_freq=0",
+            f"trainer.save_freq={max(s.sft_steps // 5, 1)}", "trainer.keep_last=5", "trainer.val_freq=0",
             "trainer.logger=[jsonl]", f"trainer.runs_dir={self.workdir / 'runs'}"]
         self.run("sft", rlkit_cli("train", "sft", "--model", str(self.workdir / "model"), *overrides, "--run-id", "sft"),
                  deadline_s, "0")
@@ -250,6 +253,8 @@ class Bench:
                                        "--out", str(result_file)], deadline_s, gpu)
         result = json.loads(result_file.read_text()) if result_file.exists() else {}
         with self.lock:
+            if status == "ok" and "stopped_at_deadline" in result:  # TRL stops itself before its deadline
+                status = "stopped at its deadline"
             self.results["runs"]["trl-grpo"] = {"tool": "trl", "recipe": "GRPOTrainer", "status": status,
                                                 "trl_status": result.get("status"), "points": result.get("points", [])}
         self.save()
@@ -282,16 +287,31 @@ class Bench:
 
 
 def pick_checkpoint(steps: list[int], score, max_score: float) -> tuple[int | None, dict[int, float]]:
-    """The latest step whose score(step) is at most max_score, trying later steps first; when every score is
-    above it, the earliest scored step. Steps whose score is None (export or scoring failed) are passed over."""
-    chosen, scores = None, {}
-    for step in sorted(steps, reverse=True):
+    """The latest step whose score(step) is at most max_score: the last step first (SFT that fell short of
+    the mark needs one score), then a binary search over the others (scores rise with steps). When every
+    score tried is above it, the step with the lowest. A step whose score is None (export or scoring
+    failed) counts as above. Returns (step, {step: score} of every step tried)."""
+    ordered, scores = sorted(steps), {}
+
+    def fits(step: int) -> bool:
         value = score(step)
-        if value is None:
-            continue
-        chosen, scores[step] = step, value
-        if value <= max_score:
-            break
+        if value is not None:
+            scores[step] = value
+        return value is not None and value <= max_score
+
+    if not ordered:
+        return None, scores
+    if fits(ordered[-1]):
+        return ordered[-1], scores
+    chosen, low, high = None, 0, len(ordered) - 2
+    while low <= high:
+        middle = (low + high) // 2
+        if fits(ordered[middle]):
+            chosen, low = ordered[middle], middle + 1
+        else:
+            high = middle - 1
+    if chosen is None and scores:
+        chosen = min(scores, key=scores.get)
     return chosen, scores
 
 
@@ -333,6 +353,9 @@ def main() -> None:
     parser.add_argument("--budget", type=float, default=520, help="seconds for everything (a run stopped at its "
                         "deadline may take up to 30 s more to stop)")
     parser.add_argument("--sft-budget", type=float, default=170, help="seconds for SFT and its export")
+    parser.add_argument("--sft-steps", type=int, default=None, help="SFT steps (default: the settings')")
+    parser.add_argument("--rl-steps", type=int, default=None,
+                        help="most steps of each RL run (default: the settings'; the deadline usually ends a run first)")
     args = parser.parse_args()
     os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
@@ -343,6 +366,7 @@ def main() -> None:
         os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
         os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", "nobind")
     settings = SETTINGS["tiny" if args.tiny else "gpu"]
+    settings = replace(settings, sft_steps=args.sft_steps or settings.sft_steps, rl_steps=args.rl_steps or settings.rl_steps)
     with (out / "bench.log").open("w") as log:
         bench = Bench(out, workdir, settings, args.budget, log)
         bench.results.update(date=time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), command=" ".join(sys.argv),

@@ -61,15 +61,17 @@ def test_plot_writes_one_png(tmp_path: Path) -> None:
 
 
 def test_the_sft_checkpoint_is_the_latest_with_a_middling_score() -> None:
-    scores = {200: 0.15, 400: 0.45, 600: 0.7, 800: 0.85}
+    scores = {160: 0.1, 320: 0.3, 480: 0.5, 640: 0.7, 800: 0.85}
     tried = []
 
     def score(step):
         tried.append(step)
         return scores[step]
 
-    assert pick_checkpoint([200, 800, 400, 600], score, 0.6) == (400, {800: 0.85, 600: 0.7, 400: 0.45})
-    assert tried == [800, 600, 400]  # from the latest back, stopping at the first at most 0.6
-    assert pick_checkpoint([600, 800], scores.get, 0.6) == (600, {800: 0.85, 600: 0.7})  # all above: the earliest
-    assert pick_checkpoint([400, 800], {400: 0.3, 800: None}.get, 0.6) == (400, {400: 0.3})  # a failed export
+    # The last (0.85) is too good; a binary search over 160..640: 320 fits, 480 fits, 640 does not.
+    assert pick_checkpoint([800, 160, 640, 320, 480], score, 0.6) == (480, {800: 0.85, 320: 0.3, 480: 0.5, 640: 0.7})
+    assert tried == [800, 320, 480, 640]
+    assert pick_checkpoint([160, 800], {160: 0.1, 800: 0.55}.get, 0.6) == (800, {800: 0.55})  # one score
+    assert pick_checkpoint([640, 800], scores.get, 0.6) == (640, {800: 0.85, 640: 0.7})  # all above: the lowest
+    assert pick_checkpoint([160, 320, 800], {160: 0.1, 320: None, 800: 0.9}.get, 0.6) == (160, {800: 0.9, 160: 0.1})
     assert pick_checkpoint([], score, 0.6) == (None, {})
