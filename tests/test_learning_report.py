@@ -75,3 +75,11 @@ def test_the_sft_checkpoint_is_the_latest_with_a_middling_score() -> None:
     assert pick_checkpoint([640, 800], scores.get, 0.6) == (640, {800: 0.85, 640: 0.7})  # all above: the lowest
     assert pick_checkpoint([160, 320, 800], {160: 0.1, 320: None, 800: 0.9}.get, 0.6) == (160, {800: 0.9, 160: 0.1})
     assert pick_checkpoint([], score, 0.6) == (None, {})
+
+
+def test_trl_reward_is_rlkits_gsm8k_reward_on_conversational_completions() -> None:
+    from bench.greedy_eval import reward
+
+    completions = [[{"role": "assistant", "content": "9-4=5.\n#### 5"}], [{"role": "assistant", "content": "#### 4"}],
+                   [{"role": "assistant", "content": "5"}], "plain text #### 5"]
+    assert reward(completions, ["5", "5", "5", "5.0"]) == [1.0, 0.0, 0.0, 1.0]  # strict: the number after '####'
