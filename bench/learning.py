@@ -1,12 +1,14 @@
 """Learning, side by side: SFT a model built from scratch, then GRPO / PPO / DAPO with rlkit and GRPO with TRL.
 
-  python bench/learning.py --out OUT_DIR [--tiny] [--budget 540] [--workdir DIR] [--no-trl]
+  python bench/learning.py --out OUT_DIR [--tiny] [--budget 520] [--sft-budget 170] [--workdir DIR]
+      [--sft-steps N] [--rl-steps N]
 
 1. Task: `rlkit prep-data arithmetic` (GSM8K-format word problems, worked solutions ending in
    '#### N'), as SFT rows and as RL rows, with a held-out test split.
 2. Tokenizer and model: a BPE trained on the task's text and a Qwen2 of SETTINGS' size
    (rlkit.core.train.scratch), one `--model DIR` directory.
-3. SFT: `rlkit train sft` to a middling test score, then `rlkit export`.
+3. SFT: `rlkit train sft` with 5 checkpoints; the latest whose greedy test score is at most 0.6 (a
+   middling start) is exported with `rlkit export` in bf16.
 4. Two lanes at once, each on its own device (CUDA_VISIBLE_DEVICES): lane 0 runs rlkit GRPO then
    rlkit PPO (critic), lane 1 TRL's GRPOTrainer (bench/trl_learning.py) then rlkit DAPO, all from
    the SFT export, with the same prompts per step, samples per prompt, response length, learning

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import random
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Literal
 
 from rlkit.core.data.builders import DATASET_BUILDERS, Row, make_row
 from rlkit.core.data.gsm8k import FORMATS, INSTRUCTION
