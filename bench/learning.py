@@ -356,6 +356,9 @@ def main() -> None:
                         "deadline may take up to 30 s more to stop)")
     parser.add_argument("--sft-budget", type=float, default=170, help="seconds for SFT and its export")
     parser.add_argument("--sft-steps", type=int, default=None, help="SFT steps (default: the settings')")
+    parser.add_argument("--gpus", type=int, default=2, choices=[1, 2],
+                        help="2: each lane on its own GPU; 1: both lanes share GPU 0 (every run then competes with "
+                             "the other lane's for the GPU, so wall-clock is slower for all of them)")
     parser.add_argument("--rl-steps", type=int, default=None,
                         help="most steps of each RL run (default: the settings'; the deadline usually ends a run first)")
     args = parser.parse_args()
@@ -375,7 +378,8 @@ def main() -> None:
                              workdir=str(workdir), versions=versions())
         bench.prepare()
         model = bench.sft(args.sft_budget - (time.monotonic() - bench.start) - 30)
-        bench.lanes(model, ("0", "1"))
+        bench.results["gpus"] = args.gpus
+        bench.lanes(model, ("0", "1") if args.gpus == 2 else ("0", "0"))
         bench.results["seconds"] = time.monotonic() - bench.start
         bench.save()
     (out / "results.md").write_text(table(bench.results))
