@@ -357,8 +357,9 @@ def main() -> None:
     parser.add_argument("--sft-budget", type=float, default=170, help="seconds for SFT and its export")
     parser.add_argument("--sft-steps", type=int, default=None, help="SFT steps (default: the settings')")
     parser.add_argument("--gpus", type=int, default=2, choices=[1, 2],
-                        help="2: each lane on its own GPU; 1: both lanes share GPU 0 (every run then competes with "
-                             "the other lane's for the GPU, so wall-clock is slower for all of them)")
+                        help="2: each lane on its own GPU; 1: both lanes share GPU 0, for smoke runs only: runs "
+                             "compete for the GPU, and vLLM's sleep mode, which assumes it is alone on its GPU, can "
+                             "stop an rlkit run (docs/learning.md)")
     parser.add_argument("--rl-steps", type=int, default=None,
                         help="most steps of each RL run (default: the settings'; the deadline usually ends a run first)")
     args = parser.parse_args()
