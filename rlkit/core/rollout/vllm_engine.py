@@ -31,9 +31,14 @@ class VLLMEngine(RolloutEngine):
             max_num_seqs=max_num_seqs, enable_sleep_mode=self.sleep_mode, enable_prefix_caching=False,
             # Log-probs of the distribution actually sampled (after temperature), as the trainer computes.
             logprobs_mode="processed_logprobs",
-            **(engine_kwargs or {}),
+            **{**self.cpu_defaults(), **(engine_kwargs or {})},
         )
         self.asleep: set[str] = set()  # parts of device memory released by sleep()
+
+    def cpu_defaults(self) -> dict[str, Any]:
+        """On a CPU, prompts are prefilled whole: vLLM rewinds a seeded request's generator after a
+        partial prefill, which CPU generators cannot do ("CPU Generator does not use offset")."""
+        return {} if self.on_gpu else {"enable_chunked_prefill": False}
 
     def generate(self, prompts: list[list[int]], sampling: Sampling) -> list[RolloutSample]:
         from vllm import SamplingParams
