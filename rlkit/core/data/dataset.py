@@ -59,6 +59,12 @@ def tokenize_prompt(tokenizer, messages: Any, tools: list[dict[str, Any]] | None
                                               tokenize=True, return_dict=False))
 
 
+def response_token_ids(tokenizer, text: str) -> list[int]:
+    """A response's tokens, then EOS: what SFT and preference rows train on after the prompt (tokenized
+    alone, never joined to the prompt's text and re-tokenized)."""
+    return list(tokenizer(text, add_special_tokens=False)["input_ids"]) + [tokenizer.eos_token_id]
+
+
 def load_prompt_dataset(files: list[str], tokenizer, *, max_prompt_length: int,
                         overlong: str = "error", tools: list[dict[str, Any]] | None = None) -> list[PromptRow]:
     """All rows of `files`, tokenized (with the tools the policy may call); prompts longer than

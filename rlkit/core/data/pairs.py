@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from rlkit.core.batch import Batch, padded_tensors
-from rlkit.core.data.dataset import open_parquet, tokenize_prompt
+from rlkit.core.data.dataset import open_parquet, response_token_ids, tokenize_prompt
 from rlkit.errors import UserError
 
 PAIR_COLUMNS = ("prompt", "chosen", "rejected")
@@ -43,11 +43,6 @@ def read_pair_rows(path: str | Path, key: str) -> list[dict[str, Any]]:
     if file.metadata.num_rows == 0:
         raise UserError(f"data file {path} ({key}) has no rows")
     return file.read(columns=list(PAIR_COLUMNS)).to_pylist()
-
-
-def response_token_ids(tokenizer: Any, text: str) -> list[int]:
-    """A response's tokens, then EOS."""
-    return list(tokenizer(text, add_special_tokens=False)["input_ids"]) + [tokenizer.eos_token_id]
 
 
 def pair_problem(raw: dict[str, Any]) -> str | None:

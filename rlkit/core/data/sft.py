@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from rlkit.core.batch import Batch, padded_tensors
-from rlkit.core.data.dataset import open_parquet, tokenize_prompt
+from rlkit.core.data.dataset import open_parquet, response_token_ids, tokenize_prompt
 from rlkit.errors import UserError
 
 FORMATS = (("prompt", "response"), ("messages",))  # the columns of each row format
@@ -97,7 +97,7 @@ def tokenize_sft_row(row: dict[str, Any], tokenizer: Any) -> tuple[list[int], li
         raise ValueError("column 'response' is missing or empty")
     if tokenizer.eos_token_id is None:
         raise ValueError("the tokenizer has no EOS token to end the response with")
-    response_ids = list(tokenizer(response, add_special_tokens=False)["input_ids"]) + [tokenizer.eos_token_id]
+    response_ids = response_token_ids(tokenizer, response)
     return tokenize_prompt(tokenizer, prompt), response_ids, [1] * len(response_ids)
 
 
