@@ -206,6 +206,18 @@ def test_an_exception_that_cannot_cross_ray_arrives_as_its_type_and_message():
                             "input_value=ArgsKwargs((), {'max_model_len': 528}), input_type=ArgsKwargs]")
 
 
+def test_vllm_seeing_another_process_on_its_gpu_gets_the_fix():
+    # vLLM 0.26's assertion when another process allocated on the GPU while its engine went to sleep (H200)
+    failure = worker_raised("worker", 0, 0, "generate", None, AssertionError("Memory usage increased after sleeping."),
+                            "Traceback ...")
+    assert str(failure) == ("worker rank 0 (node 0) raised AssertionError during 'generate': Memory usage increased "
+                            "after sleeping. vLLM measures the whole GPU's free memory, and another process on this "
+                            "GPU changed its use: give the run its GPUs alone (CUDA_VISIBLE_DEVICES; see "
+                            "docs/troubleshooting.md, 'Another process on the GPU')")
+    plain = worker_raised("worker", 0, 0, "generate", None, ValueError("row 7"), "")
+    assert str(plain) == "worker rank 0 (node 0) raised ValueError during 'generate': row 7"
+
+
 def test_headline_keeps_one_line_and_the_second_after_a_title():
     assert headline("row 7 is not a number\nmore") == "row 7 is not a number"
     assert headline("bad rows:\n  row 7\n  row 8") == "bad rows: row 7"

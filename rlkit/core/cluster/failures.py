@@ -165,13 +165,25 @@ def worker_died(group: str, rank: int, node: int, call_phase: str, place: Worker
         detail=_strip_ansi(ray_message) if "creation task" in ray_message else "")
 
 
+# Exceptions of other libraries whose message alone does not say what to do: (words in it, the fix).
+KNOWN_CAUSES = [
+    # vLLM's sleep mode and memory profiling compare the whole GPU's free memory before and after.
+    (("Memory usage increased after sleeping", "Error in memory profiling"),
+     "vLLM measures the whole GPU's free memory, and another process on this GPU changed its use: give "
+     f"the run its GPUs alone (CUDA_VISIBLE_DEVICES; see {TROUBLESHOOTING}, 'Another process on the GPU')"),
+]
+
+
 def worker_raised(group: str, rank: int, node: int, call_phase: str, place: WorkerPlace | None,
                   cause: BaseException, traceback_text: str) -> WorkerFailure:
     inside = f" (worker phase '{place.phase}')" if place and place.phase != call_phase else ""
     type_name = cause.type_name if isinstance(cause, WorkerException) else type(cause).__name__
+    message = headline(str(cause))
+    fixes = [fix for words, fix in KNOWN_CAUSES if any(w in str(cause) for w in words)]
+    if fixes:
+        message = message.rstrip(".") + "".join(f". {fix}" for fix in fixes)
     return WorkerFailure(
-        f"{group} {describe_worker(rank, node, place)} raised {type_name} during "
-        f"'{call_phase}'{inside}: {headline(str(cause))}",
+        f"{group} {describe_worker(rank, node, place)} raised {type_name} during '{call_phase}'{inside}: {message}",
         detail=_strip_ansi(traceback_text), cause=cause)
 
 
