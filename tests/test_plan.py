@@ -264,3 +264,11 @@ def test_an_auto_token_budget_is_sized_as_a_gpu_worker_sizes_it(qwen05) -> None:
     # + 6 x 128) + 16 x 896) + 2 x 2 x 151936 = 2,696,704 bytes -> 45,111 tokens, in 1024s: 45,056.
     # (An H200 worker with 134 GiB free sized 44,032, docs/benchmarks.md.)
     assert "activations (45056 tokens)" in parts
+
+
+def test_an_auto_budget_counts_the_critic_once(qwen05) -> None:
+    # PPO's critic (same shape, 16 bytes a parameter) is taken off the free memory once, as the worker does:
+    # 121,652,718,080 - 16 x 494,032,768 = 113,748,193,792 bytes / 2,696,704 per token = 42,180 -> 41,984.
+    # Counted twice (as the plan did by matching "weights" in its part names) it would be 38,912.
+    config = load_config("ppo", [*BENCH, "actor.micro_batch_tokens=auto"], model=qwen05, require_inputs=False)
+    assert "activations (41984 tokens)" in build_plan(config, gpu_memory_gib=140).memory.parts

@@ -173,8 +173,10 @@ def training_device(config: RLConfig, shape: ModelShape, device_bytes: float, *,
     state = sum(parts.values())
     # One rank gathers the whole model once (a copy, fp32 compute too); more ranks a layer or two at a time.
     copy = shape.params * compute if world == 1 else (2 * shape.layer_params + shape.root_params) * compute
-    # Loaded before the worker sizes an auto budget: fp32 weights (the actor's or the frozen base), the reference.
-    loaded = sum(v for k, v in parts.items() if "weights" in k)
+    # What a worker holds when it sizes an auto budget, before its engine starts: the fp32 policy (or frozen
+    # base), the reference, the reward model. The critic and the update's own state are terms of the sizing.
+    loaded = 4 * shape.params / world * (2 if separate_reference else 1) \
+        + (4 * reward_model.params if reward_model is not None else 0)
     trainable = shape.lora_params(lora.rank, lora.target_modules) if lora.rank else shape.params
     batch = micro_batch(config, token_budget(config, shape, device_bytes, on_gpu=on_gpu, loaded_bytes=loaded,
                                              trainable_params=trainable / world,
