@@ -13,19 +13,10 @@ import json
 import re
 
 import pytest
-from test_resume_e2e import (
-    assert_same_metrics,
-    kill_tree,
-    metrics,
-    run_cli,
-    start,
-    training_overrides,
-    wait_for,
-)
+from test_resume_e2e import assert_same_metrics, killed_after_checkpoint, metrics, resumed, run_cli, training_overrides
 
 from rlkit.core.data.builders import write_parquet
 from rlkit.core.data.synthetic import build_synthetic
-from rlkit.core.state.checkpoint import MARKER, step_dir_name
 
 pytestmark = pytest.mark.slow
 
@@ -69,15 +60,13 @@ def test_async_rollout_keeps_its_staleness_bound_and_resumes_exactly_after_sigki
     assert any(abs(r["actor/rollout_is_weight"] - 1) > 1e-4 for r in later)
     assert all(r["rollout/log_prob_diff"] > 0 for r in later)
 
-    log = root / f"{mode}-killed.log"
-    proc = start(["train", "grpo-demo", *overrides, "--run-id", f"{mode}-killed"], log)
-    marker = runs / f"{mode}-killed" / "checkpoints" / step_dir_name(K) / MARKER
-    wait_for(marker.exists, proc, log, f"step {K}'s checkpoint")
-    kill_tree(proc)  # the next step's batches are in flight on the rollout worker
-    state = json.loads((marker.parent / "trainer_state.json").read_text())
+    # Killed while the next step's batches are in flight on the rollout worker.
+    checkpoint = killed_after_checkpoint(["train", "grpo-demo", *overrides], runs, f"{mode}-killed", K,
+                                         root / f"{mode}-killed.log")
+    state = json.loads((checkpoint / "trainer_state.json").read_text())
     assert [batch["step"] for batch in state["rollout_in_flight"]] == list(range(K + 1, K + 1 + lookahead))
 
-    output = " ".join(run_cli(["resume", f"{mode}-killed", "--runs-dir", str(runs)], root / f"{mode}-resume.log").split())
+    output = resumed(runs, f"{mode}-killed", root / f"{mode}-resume.log")
     assert int(re.search(r"from checkpoint step_(\d+)", output).group(1)) in (K, K + 1)
     assert_same_metrics(runs / f"{mode}-killed", reference)
 

@@ -20,10 +20,9 @@ from typing import Iterator
 
 import pytest
 from conftest import GSM8K
-from test_resume_e2e import assert_same_metrics, kill_tree, metrics, run_cli, start, wait_for
+from test_resume_e2e import assert_same_metrics, killed_after_checkpoint, metrics, resumed, run_cli
 
 from rlkit.core.data.builders import write_parquet
-from rlkit.core.state.checkpoint import MARKER, step_dir_name
 from rlkit.core.train.tiny import CHARACTERS
 
 pytestmark = [pytest.mark.slow, pytest.mark.skipif(not GSM8K.is_dir(), reason="the real GSM8K files are not here")]
@@ -89,11 +88,8 @@ def test_dpo_raises_held_out_accuracy_of_chosen_over_rejected(world) -> None:
 
 def test_sigkill_after_a_checkpoint_then_resume_is_exact(world) -> None:
     root, runs = world["root"], world["runs"]
-    log = root / "killed.log"
-    proc = start(["train", "dpo", *world["args"], "--run-id", "killed"], log)
-    wait_for((runs / "killed" / "checkpoints" / step_dir_name(K) / MARKER).exists, proc, log, f"step {K}'s checkpoint")
-    kill_tree(proc)
-    output = " ".join(run_cli(["resume", "killed", "--runs-dir", str(runs)], root / "killed-resume.log").split())
+    killed_after_checkpoint(["train", "dpo", *world["args"]], runs, "killed", K, root / "killed.log")
+    output = resumed(runs, "killed", root / "killed-resume.log")
     assert re.search(r"from checkpoint step_0*[46]\b", output)
     assert_same_metrics(runs / "killed", world["reference"])
     assert json.loads((runs / "killed" / "status.json").read_text())["status"] == "finished"

@@ -14,17 +14,15 @@ from test_resume_e2e import (
     START_TIMEOUT_S,
     assert_same_metrics,
     env,
-    kill_tree,
+    killed_after_checkpoint,
     metrics,
+    resumed,
     run_cli,
-    start,
     training_overrides,
-    wait_for,
 )
 
 from rlkit.core.data.builders import write_parquet
 from rlkit.core.data.synthetic import build_synthetic
-from rlkit.core.state.checkpoint import MARKER, step_dir_name
 
 pytestmark = pytest.mark.slow
 
@@ -54,12 +52,8 @@ def test_lora_grpo_killed_and_resumed_is_exact(world) -> None:
     assert [r["step"] for r in reference] == list(range(STEPS + 1))  # step 0: validation before training
     assert reference[-1]["actor/kl_loss"] > 0  # the adapters moved the policy
 
-    log = root / "killed.log"
-    proc = start(["train", "grpo-demo", *overrides, "--run-id", "killed"], log)
-    wait_for((runs / "killed" / "checkpoints" / step_dir_name(KILL_AFTER) / MARKER).exists, proc, log,
-             f"step {KILL_AFTER}'s checkpoint")
-    kill_tree(proc)
-    output = " ".join(run_cli(["resume", "killed", "--runs-dir", str(runs)], root / "resume.log").split())
+    killed_after_checkpoint(["train", "grpo-demo", *overrides], runs, "killed", KILL_AFTER, root / "killed.log")
+    output = resumed(runs, "killed", root / "resume.log")
     assert int(re.search(r"from checkpoint step_(\d+)", output).group(1)) in (KILL_AFTER, KILL_AFTER + 1)
     assert_same_metrics(runs / "killed", reference, runs / "reference")
 
@@ -85,7 +79,7 @@ def test_a_broken_weight_sync_stops_the_run_with_the_reason(world, fault, extra,
     import subprocess
     import sys
 
-    root, runs = world["root"], world["runs"]
+    runs = world["runs"]
     run_id = f"broken-{failed_step}"
     done = subprocess.run([sys.executable, "-m", "rlkit.cli.main", "train", "grpo-demo", *world["overrides"], *extra,
                            "--run-id", run_id], env=env(RLKIT_FAULT=fault), capture_output=True, text=True,

@@ -126,6 +126,21 @@ def wait_for(condition, proc: subprocess.Popen, log: Path, what: str) -> None:
         time.sleep(0.05)
 
 
+def killed_after_checkpoint(args: list[str], runs: Path, run_id: str, step: int, log: Path) -> Path:
+    """`rlkit ARGS --run-id RUN_ID`, SIGKILLed (its whole process tree) as soon as step `step`'s
+    checkpoint is complete; returns that checkpoint's directory."""
+    proc = start([*args, "--run-id", run_id], log)
+    marker = runs / run_id / "checkpoints" / step_dir_name(step) / MARKER
+    wait_for(marker.exists, proc, log, f"step {step}'s checkpoint")
+    kill_tree(proc)
+    return marker.parent
+
+
+def resumed(runs: Path, run_id: str, log: Path) -> str:
+    """`rlkit resume RUN_ID`'s output, whitespace collapsed (rich wraps long lines)."""
+    return " ".join(run_cli(["resume", run_id, "--runs-dir", str(runs)], log).split())
+
+
 def metrics(run: Path) -> list[dict]:
     return [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
 
@@ -168,16 +183,12 @@ def reference_run(root: Path) -> dict:
 
 def test_sigkill_after_a_checkpoint_then_resume_is_exact(world) -> None:
     root, runs = world["root"], world["runs"]
-    log = root / "killed.log"
-    proc = start(["train", "grpo-demo", *world["overrides"], "--run-id", "killed"], log)
-    marker = runs / "killed" / "checkpoints" / step_dir_name(K) / MARKER
-    wait_for(marker.exists, proc, log, f"step {K}'s checkpoint")
-    kill_tree(proc)
+    killed_after_checkpoint(["train", "grpo-demo", *world["overrides"]], runs, "killed", K, root / "killed.log")
     status = json.loads((runs / "killed" / "status.json").read_text())
     # What a SIGKILL leaves behind; status.json is rewritten just after the marker, so the kill may beat it.
     assert status["status"] == "running" and status["step"] >= K - 1
 
-    output = " ".join(run_cli(["resume", "killed", "--runs-dir", str(runs)], root / "killed-resume.log").split())
+    output = resumed(runs, "killed", root / "killed-resume.log")
     resumed_from = int(re.search(r"from checkpoint step_(\d+)", output).group(1))
     assert resumed_from in (K, K + 1)  # the kill lands within one poll of the marker appearing
     assert_same_metrics(runs / "killed", world["reference"], runs / "reference")

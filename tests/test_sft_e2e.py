@@ -14,11 +14,10 @@ from typing import Iterator
 
 import pytest
 import torch
-from test_resume_e2e import assert_same_metrics, kill_tree, metrics, run_cli, start, wait_for
+from test_resume_e2e import assert_same_metrics, killed_after_checkpoint, metrics, resumed, run_cli
 
 from rlkit.core.data.builders import write_parquet
 from rlkit.core.data.synthetic import build_synthetic
-from rlkit.core.state.checkpoint import MARKER, step_dir_name
 
 pytestmark = pytest.mark.slow
 
@@ -95,11 +94,8 @@ def test_the_export_holds_the_trained_weights_and_starts_an_rl_run(world) -> Non
 
 def test_sigkill_after_a_checkpoint_then_resume_is_exact(world) -> None:
     root, runs = world["root"], world["runs"]
-    log = root / "killed.log"
-    proc = start(["train", "sft", *world["args"], "--run-id", "killed"], log)
-    wait_for((runs / "killed" / "checkpoints" / step_dir_name(K) / MARKER).exists, proc, log, f"step {K}'s checkpoint")
-    kill_tree(proc)
-    output = " ".join(run_cli(["resume", "killed", "--runs-dir", str(runs)], root / "killed-resume.log").split())
+    killed_after_checkpoint(["train", "sft", *world["args"]], runs, "killed", K, root / "killed.log")
+    output = resumed(runs, "killed", root / "killed-resume.log")
     assert "from checkpoint step_" in output
     assert_same_metrics(runs / "killed", world["reference"])
     assert json.loads((runs / "killed" / "status.json").read_text())["status"] == "finished"
