@@ -6,7 +6,7 @@ import json
 from pathlib import Path
 
 import pytest
-from conftest import GSM8K, invoke
+from conftest import GSM8K, invoke, require_gsm8k
 
 from rlkit.cli.data_cmds import register
 from rlkit.core.data.builders import write_parquet
@@ -35,7 +35,7 @@ def write_lines(path: Path, values: list) -> Path:
 
 @pytest.fixture(scope="module")
 def gsm8k_test(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, list[dict]]:
-    assert GSM8K.is_dir(), f"the real GSM8K is expected at {GSM8K} (../shared/data/gsm8k from the repo)"
+    require_gsm8k()
     rows = build_gsm8k(str(GSM8K))["test"]
     return write_parquet(rows, tmp_path_factory.mktemp("gsm8k") / "test.parquet"), rows
 

@@ -9,7 +9,7 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-from conftest import GSM8K, invoke
+from conftest import GSM8K, invoke, require_gsm8k
 
 from rlkit.cli.data_cmds import register
 from rlkit.core.data.gsm8k import INSTRUCTION
@@ -34,7 +34,7 @@ def write_jsonl(path: Path, records: list[dict]) -> None:
 
 
 def test_gsm8k_from_the_real_files(tmp_path: Path) -> None:
-    assert GSM8K.is_dir(), f"the real GSM8K is expected at {GSM8K} (../shared/data/gsm8k from the repo)"
+    require_gsm8k()
     result = cli("gsm8k", "--source", str(GSM8K), "--out", str(tmp_path))
     assert result.exit_code == 0, result.output
     assert "7473" in result.output and "1319" in result.output

@@ -6,7 +6,7 @@ import json
 import time
 
 import pytest
-from conftest import GSM8K
+from conftest import GSM8K, require_gsm8k
 
 from rlkit.core.rewards.gsm8k import extract_answer, gsm8k_reward, to_number
 from rlkit.core.rewards.registry import reward_fn_for
@@ -100,7 +100,7 @@ def test_registered_under_verl_data_source_names() -> None:
 
 
 def test_every_real_gsm8k_solution_scores_one_against_its_own_answer() -> None:
-    assert GSM8K.is_dir(), f"the real GSM8K is expected at {GSM8K} (../shared/data/gsm8k from the repo)"
+    require_gsm8k()
     for split in ("train", "test"):
         records = [json.loads(line) for line in (GSM8K / f"{split}.jsonl").read_text().splitlines()]
         for record in records:

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pyarrow.parquet as pq
 import pytest
-from conftest import GSM8K, invoke
+from conftest import GSM8K, invoke, require_gsm8k
 from typer.testing import CliRunner
 
 from rlkit.cli.data_cmds import register
@@ -145,8 +145,7 @@ def test_rows_without_prompt_response_or_messages_columns(tmp_path: Path) -> Non
 
 
 def test_prep_data_gsm8k_format_sft_from_the_real_files(tmp_path: Path) -> None:
-    if not GSM8K.is_dir():
-        pytest.skip(f"no GSM8K at {GSM8K}")
+    require_gsm8k()
     result = invoke(register, "prep-data", "gsm8k", "--format", "sft", "--source", str(GSM8K), "--out", str(tmp_path))
     assert result.exit_code == 0, result.output
     source = [json.loads(line) for line in (GSM8K / "train.jsonl").read_text().splitlines()]
