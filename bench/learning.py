@@ -14,8 +14,8 @@
    response length, learning rate and loss aggregation (token-mean), greedy validation on the test
    split before training and every few steps. --gpus 1: one after another on GPU 0; --gpus 2: two
    lanes at once, run i of --runs on GPU i % 2 (CUDA_VISIBLE_DEVICES). Each run of a lane gets an
-   equal share of the time its lane has left. Both tools' vLLM engines are eager (no CUDA graphs): engine start-up is
-   ~40-60 s eager against ~130-175 s with graphs, a large share of a few-minute run.
+   equal share of the time its lane has left. Both tools' vLLM engines are eager (no CUDA graphs):
+   engine start-up is ~40-60 s eager against ~130-175 s with graphs, a large share of a few-minute run.
 5. OUT_DIR: results.json (validation accuracy against samples and against seconds since each run
    started, per run), learning.png (both curves, rlkit plot style), results.md (a table), bench.log.
    A copy of results.json stays in the workdir: --reuse-sft (a later call with the same --workdir)
