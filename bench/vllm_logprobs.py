@@ -72,8 +72,8 @@ def orchestrate(args: argparse.Namespace) -> None:
     """Each engine in its own process, in order, within the budget; results merged into --out."""
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    prepared(args.workdir, args.tiny)  # build the model once, before the children share it
     deadline = time.monotonic() + args.budget
+    prepared(args.workdir, args.tiny)  # build the model once, before the children share it
     summary: dict[str, Any] = {"args": vars(args), "engines": {}}
     for name in args.engines.split(","):
         left = deadline - time.monotonic()
