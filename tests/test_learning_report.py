@@ -9,8 +9,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # bench/ is not part of the package
 
-from bench.learning import pick_checkpoint, rlkit_points  # noqa: E402
 from bench.learning_report import first_reaching, plot, table  # noqa: E402
+from bench.learning_results import pick_checkpoint, rlkit_points  # noqa: E402
 
 
 def test_rlkit_points_count_samples_and_time_each_validation(tmp_path: Path) -> None:
@@ -34,7 +34,11 @@ def results() -> dict:
     def points(*rows):
         return [{"step": s, "samples": s * 256, "seconds": t, "val": v} for s, t, v in rows]
 
-    return {"date": "2026-12-01", "command": "bench/learning.py", "seconds": 500.0,
+    return {"calls": [{"date": "2026-12-01 10:00 UTC", "command": "bench/learning.py --runs rlkit-grpo,trl-grpo",
+                       "seconds": 500.4},
+                      {"date": "2026-12-01 10:09 UTC", "command": "bench/learning.py --reuse-sft --runs rlkit-ppo",
+                       "seconds": 300.0}],
+            "sft_checkpoints": {"80": 0.45, "400": 0.9, "160": 0.7}, "sft_step": 80,
             "model": {"size": "large", "params": 86_000_000},
             "runs": {"rlkit-grpo": {"tool": "rlkit", "status": "ok", "points": points((0, 70, 0.3), (5, 90, 0.35),
                                                                                      (10, 110, 0.42))},
@@ -47,11 +51,15 @@ def test_table_reports_start_end_and_when_trls_final_score_was_reached() -> None
     assert first_reaching([{"val": 0.3, "samples": 0}, {"val": 0.4, "samples": 1280}], 0.4, "samples") == 1280
     assert first_reaching([{"val": 0.3, "samples": 0}], 0.4, "samples") is None
     lines = table(results()).splitlines()
+    assert lines[0].endswith("calls: `bench/learning.py --runs rlkit-grpo,trl-grpo` (2026-12-01 10:00 UTC, 500 s); "
+                             "`bench/learning.py --reuse-sft --runs rlkit-ppo` (2026-12-01 10:09 UTC, 300 s).")
     assert "samples to TRL's final (0.400)" in lines[2]
     # rlkit GRPO: from 0.300, last 0.420 at step 10 (2,560 samples, 110 s); first >= 0.40 at step 10.
     assert lines[4] == "| rlkit-grpo | ok | 0.300 | 0.420 | 0.420 | 10 | 2,560 | 110 | 2,560 | 110 |"
     assert lines[5] == "| trl-grpo | ok | 0.310 | 0.400 | 0.400 | 5 | 1,280 | 150 | 1,280 | 150 |"
     assert lines[6] == "| rlkit-ppo | exit 1 | - | - | - | - | - | - | - | - |"
+    assert lines[-3] == ("SFT checkpoints scored (greedy, test split): step 80 0.450, step 160 0.700, step 400 0.900; "
+                         "RL starts from step 80.")  # in step order (JSON keys are strings)
     assert lines[-1] == "Phases: sft 120 s (ok)."
 
 
