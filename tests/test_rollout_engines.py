@@ -118,3 +118,27 @@ def test_sglang_engine_including_tied_lm_head(tiny_model_dir, device, monkeypatc
             assert torch.allclose(torch.tensor(engine.score([sequence], 9)[0]), reference, atol=1e-4)
     finally:
         engine.shutdown()
+
+
+def test_sglang_log_level_and_cuda_graphs_are_defaults_a_user_can_change(monkeypatch):
+    """rlkit starts SGLang quietly, with CUDA graphs wherever they exist; `rollout.sglang.engine_kwargs`
+    may change those two (to watch a slow start), while the keys rlkit derives stay refused. A stand-in
+    `sglang` module records what the engine is started with (SGLang itself is not installed here)."""
+    import sys
+    import types
+
+    from rlkit.core.rollout.sglang_engine import SGLangEngine
+    from rlkit.errors import ConfigError
+    from rlkit.recipes.loader import load_config
+
+    started: list[dict] = []
+    monkeypatch.setitem(sys.modules, "sglang", types.SimpleNamespace(Engine=lambda **kwargs: started.append(kwargs)))
+    for kwargs in (None, {"log_level": "info", "disable_cuda_graph": False}):
+        SGLangEngine("model", dtype="float32", seed=0, max_model_len=64, device=torch.device("cpu"),
+                     gpu_memory_utilization=0.3, max_num_seqs=4, sleep_mode=False, attention_backend=None,
+                     engine_kwargs=kwargs)
+    assert [(s["log_level"], s["disable_cuda_graph"]) for s in started] == [("error", True), ("info", False)]
+    assert load_config("grpo-demo", ["rollout.sglang.engine_kwargs={log_level: info}"]).rollout.sglang.engine_kwargs \
+        == {"log_level": "info"}
+    with pytest.raises(ConfigError, match="enable_deterministic_inference is set by rlkit"):
+        load_config("grpo-demo", ["rollout.sglang.engine_kwargs={enable_deterministic_inference: false}"])

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import sys
+import types
+
 import pytest
 import torch
 
@@ -80,6 +83,25 @@ def test_vllm_wakes_only_the_weights_for_a_sync_and_the_kv_cache_before_generati
     engine.wake_up()                    # generate
     assert engine.llm.calls == [("sleep", 1), ("wake_up", ["weights"]), ("wake_up", ["kv_cache"])]
     assert engine.asleep == set()
+
+
+def test_vllm_engine_arguments_take_engine_kwargs_last(monkeypatch):
+    """rlkit's own arguments (processed log-probs, the CPU's whole prefills) unless engine_kwargs
+    name them: recipes cannot (rlkit.recipes.checks), bench/vllm_logprobs.py does."""
+    seen: list[dict] = []
+    monkeypatch.setitem(sys.modules, "vllm", types.SimpleNamespace(LLM=lambda **kwargs: seen.append(kwargs)))
+
+    def start(engine_kwargs):
+        VLLMEngine("m", dtype="float32", seed=0, max_model_len=64, device=torch.device("cpu"),
+                   gpu_memory_utilization=0.3, enforce_eager=None, max_num_seqs=4, sleep_mode=False,
+                   engine_kwargs=engine_kwargs)
+        return seen[-1]
+
+    default = start(None)
+    assert (default["logprobs_mode"], default["enable_chunked_prefill"], default["enforce_eager"]) == (
+        "processed_logprobs", False, True)
+    overridden = start({"logprobs_mode": "raw_logprobs", "async_scheduling": False})
+    assert (overridden["logprobs_mode"], overridden["async_scheduling"]) == ("raw_logprobs", False)
 
 
 def test_split_placement_must_leave_devices_to_train():

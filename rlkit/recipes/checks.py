@@ -15,7 +15,7 @@ VLLM_KEYS_SET_BY_RLKIT = {"model", "dtype", "seed", "max_model_len", "gpu_memory
 SGLANG_KEYS_SET_BY_RLKIT = {"model_path", "dtype", "random_seed", "context_length", "device", "base_gpu_id",
                             "mem_fraction_static", "max_running_requests", "max_total_tokens", "attention_backend",
                             "enable_deterministic_inference", "enable_memory_saver", "enable_weights_cpu_backup",
-                            "skip_tokenizer_init", "disable_radix_cache", "disable_cuda_graph", "log_level"}
+                            "skip_tokenizer_init", "disable_radix_cache"}
 _OWN_KEYS = ("model.path, model.dtype, trainer.seed, data.max_*_length, rollout.gpu_memory_utilization, "
              "rollout.max_num_seqs, rollout.<engine>.*")
 

@@ -58,7 +58,7 @@ class SGLangOptions(Section):
     """`rollout.sglang.*`: options only the SGLang engine reads."""
 
     attention_backend: str | None = Field(None, description="SGLang attention backend (its --attention-backend, e.g. fa3, flashinfer, triton); None = SGLang's choice on GPU, torch_native on CPU. Per-request seeds need one SGLang runs deterministically (fa3, fa4, flashinfer, triton).")
-    engine_kwargs: dict[str, Any] = Field(default_factory=dict, description="Further `sglang.Engine` arguments (its server arguments), e.g. {chunked_prefill_size: 4096}; arguments rlkit derives from its own keys are refused.")
+    engine_kwargs: dict[str, Any] = Field(default_factory=dict, description="Further `sglang.Engine` arguments (its server arguments), e.g. {chunked_prefill_size: 4096}; arguments rlkit derives from its own keys are refused. Two defaults can be changed here: log_level (error) and disable_cuda_graph (false on GPUs), e.g. {log_level: info} to watch a slow engine start.")
 
 
 class HFOptions(Section):

@@ -51,8 +51,10 @@ class SGLangEngine(RolloutEngine):
             attention_backend=attention_backend or (None if on_gpu else "torch_native"),
             enable_deterministic_inference=on_gpu,  # makes `sampling_seed` count
             enable_memory_saver=self.sleep_mode, enable_weights_cpu_backup=self.sleep_mode,
-            skip_tokenizer_init=True, disable_radix_cache=True, disable_cuda_graph=not on_gpu, log_level="error",
-            **(engine_kwargs or {}),
+            skip_tokenizer_init=True, disable_radix_cache=True,
+            # Defaults a user may change through rollout.sglang.engine_kwargs: quiet logs, and CUDA graphs
+            # wherever they exist ({log_level: info, disable_cuda_graph: true} shows and shortens a slow start).
+            **{"disable_cuda_graph": not on_gpu, "log_level": "error", **(engine_kwargs or {})},
         )
         self.asleep: set[str] = set()  # memory-saver tags released by sleep()
 

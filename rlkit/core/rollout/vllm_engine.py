@@ -24,15 +24,19 @@ class VLLMEngine(RolloutEngine):
         from vllm import LLM
 
         self.sleep_mode = sleep_mode and self.on_gpu
-        self.llm = LLM(
+        own = dict(
             model=model_path, dtype=dtype, seed=seed, max_model_len=max_model_len,
             gpu_memory_utilization=gpu_memory_utilization,
             enforce_eager=not self.on_gpu if enforce_eager is None else enforce_eager,
             max_num_seqs=max_num_seqs, enable_sleep_mode=self.sleep_mode, enable_prefix_caching=False,
             # Log-probs of the distribution actually sampled (after temperature), as the trainer computes.
+            # No slower than raw ones on vLLM 0.26's GPU model runner (V2): no logits copy, and the
+            # FlashInfer sampler it rules out is not used for seeded requests anyway (docs/benchmarks.md).
             logprobs_mode="processed_logprobs",
-            **{**self.cpu_defaults(), **(engine_kwargs or {})},
         )
+        # engine_kwargs last: recipes cannot name rlkit's own arguments (rlkit.recipes.checks), a
+        # benchmark can (bench/vllm_logprobs.py compares logprobs_mode and async_scheduling).
+        self.llm = LLM(**{**own, **self.cpu_defaults(), **(engine_kwargs or {})})
         self.asleep: set[str] = set()  # parts of device memory released by sleep()
 
     def cpu_defaults(self) -> dict[str, Any]:
@@ -41,11 +45,17 @@ class VLLMEngine(RolloutEngine):
         return {} if self.on_gpu else {"enable_chunked_prefill": False}
 
     def generate(self, prompts: list[list[int]], sampling: Sampling) -> list[RolloutSample]:
+        requests, params = self.requests(prompts, sampling)
+        return self.samples(self.llm.generate(requests, params, use_tqdm=False), sampling)
+
+    def requests(self, prompts: list[list[int]], sampling: Sampling) -> tuple[list[Any], list[Any]]:
+        """vLLM's prompts and SamplingParams for a generate call, in the order of its samples."""
         from vllm import SamplingParams
         from vllm.inputs import TokensPrompt
 
         # One request per sample with its own seed: n > 1 with a shared seed would repeat samples.
-        # Log-probs only when asked: returning them halves vLLM 0.26's decode speed at batch 512 on an H200.
+        # Log-probs only when asked: each costs per-token Python in vLLM's engine loop, which at
+        # batch 512 on an H200 is what bounds the decode speed (docs/benchmarks.md).
         requests, params = [], []
         for i, prompt in enumerate(prompts):
             for j in range(sampling.n):
@@ -55,9 +65,14 @@ class VLLMEngine(RolloutEngine):
                     temperature=0.0 if sampling.greedy else sampling.temperature,
                     top_p=sampling.top_p, top_k=sampling.top_k, seed=sampling.seed + i * sampling.n + j,
                     ignore_eos=sampling.ignore_eos, detokenize=False,
-                    # Flat lists, not a {token: Logprob} dict per token: vLLM's cheaper form to build and collect.
+                    # Flat lists, not a {token: Logprob} dict per token: the dicts outlive the step, so
+                    # Python's garbage collector runs over them (and the whole heap) again and again.
                     flat_logprobs=True))
-        outputs = self.llm.generate(requests, params, use_tqdm=False)
+        return requests, params
+
+    @staticmethod
+    def samples(outputs: list[Any], sampling: Sampling) -> list[RolloutSample]:
+        """rlkit's samples from vLLM's outputs of `requests`."""
         samples = []
         for k, out in enumerate(outputs):
             completion = out.outputs[0]
