@@ -49,6 +49,13 @@ MEASURED = [
     Run("7B LoRA 16, 16 prompts", ["--shape", "7b", "--prompts", "16", "--grad-ckpt", "--micro-batch-tokens", "8192",
                                    "--lora-rank", "16"], 4.51, 2.84, 10.58, 0.90, 18.92),
 ]
+# Earlier runs of the 0.5B bench (bench/plan_check.py), not fitted: printed as a further check.
+BENCH_FLAGS = ["--shape", "0.5b", "--compile", "--micro-batch-tokens", "32768"]
+EARLIER = [
+    Run("0.5B bench, session 3", BENCH_FLAGS, 5.07, 1.18, 3.60, 0.41, 10.52),
+    Run("0.5B bench, session 4", BENCH_FLAGS, 6.74, 1.18, 3.63, 0.30, 12.20),
+    Run("0.5B bench, checkpointed, session 4", [*BENCH_FLAGS, "--grad-ckpt"], 6.81, 1.14, 4.89, 0.30, 13.42),
+]
 FITTED = {"training": ["matmul_efficiency", "forward_s_per_micro_batch", "update_s_per_micro_batch"],
           "decode": ["decode_s_per_layer", "decode_s_per_sequence"], "sync": ["sync_s", "sync_bytes_per_s"]}
 
@@ -117,22 +124,27 @@ def fit(items: list, runs: list[Run]) -> dict:
     return cal
 
 
+def row(label: str, name: str, got: dict[str, float], run: Run) -> str:
+    """A markdown row: predicted seconds per phase and step, (measured / predicted)."""
+    values = [got["gen"], got["ref"], got["update_actor"], got["sync"], sum(got.values())]
+    measured = [run.gen, run.ref, run.update, run.sync, run.step]
+    return f"| {label} | {name} | " + " | ".join(f"{v:.2f} ({m / v:.2f})" for v, m in zip(values, measured)) + " |"
+
+
 def main() -> None:
     with tempfile.TemporaryDirectory() as folder:
         items = [planned(run, Path(folder)) for run in MEASURED]
+        earlier = [planned(run, Path(folder)) for run in EARLIER]
     fitted = fit(items, MEASURED)
     print("fitted on all runs:", {k: f"{fitted[k]:.4g}" for group in FITTED.values() for k in group})
     print("| run | | gen | ref | update | sync | step |\n|---|---|---|---|---|---|---|")
     for i, run in enumerate(MEASURED):
         others = [j for j in range(len(MEASURED)) if j != i]
         held_out = fit([items[j] for j in others], [MEASURED[j] for j in others])
-        shipped, loo = phases(items[i], timing.CALIBRATION), phases(items[i], held_out)
-        measured = [run.gen, run.ref, run.update, run.sync, run.step]
-        for name, got in (("planned", shipped), ("left out", loo)):
-            values = [got["gen"], got["ref"], got["update_actor"], got["sync"], sum(got.values())]
-            cells = " | ".join(f"{v:.2f} ({m / v:.2f})" for v, m in zip(values, measured))
-            print(f"| {run.label if name == 'planned' else ''} | {name} | {cells} |")
-
+        print(row(run.label, "planned", phases(items[i], timing.CALIBRATION), run))
+        print(row("", "left out", phases(items[i], held_out), run))
+    for item, run in zip(earlier, EARLIER):
+        print(row(run.label, "not fitted", phases(item, timing.CALIBRATION), run))
 
 if __name__ == "__main__":
     main()
