@@ -5,7 +5,10 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+from typing import Iterator
+
 import pytest
+from ray_head import RayHead
 
 os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
@@ -30,6 +33,47 @@ def tiny_model_dir(tmp_path_factory) -> Path:
     from rlkit.core.train.tiny import build_tiny_qwen2
 
     return build_tiny_qwen2(tmp_path_factory.mktemp("tiny") / "tiny-qwen2")
+
+
+@pytest.fixture(scope="session")
+def ray_head() -> Iterator[RayHead]:
+    """The shared Ray head (tests/ray_head.py), started by the first test that needs it."""
+    head = RayHead()
+    try:
+        yield head
+    finally:
+        head.stop()
+
+
+def _shared_ray(node) -> bool:
+    return any(mark.name == "shared_ray" for mark in node.own_markers)
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _shared_ray_for_module(request) -> Iterator[None]:
+    """A module marked `shared_ray` (pytestmark) attaches its runs to the shared head, module fixtures too."""
+    if not _shared_ray(request.node):
+        yield
+        return
+    head = request.getfixturevalue("ray_head")
+    with pytest.MonkeyPatch.context() as patch:
+        for key, value in head.env.items():
+            patch.setenv(key, value)
+        yield
+
+
+@pytest.fixture(autouse=True)
+def _shared_ray_for_test(request, monkeypatch) -> Iterator[None]:
+    """A test marked `shared_ray` (itself or its module) attaches to the shared head; after it, the head
+    must be idle again (every actor of its runs gone), so no test inherits another's leftovers."""
+    if request.node.get_closest_marker("shared_ray") is None:
+        yield
+        return
+    head = request.getfixturevalue("ray_head")
+    for key, value in head.env.items():
+        monkeypatch.setenv(key, value)
+    yield
+    head.wait_idle()
 
 
 @pytest.fixture(autouse=True)

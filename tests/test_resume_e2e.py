@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Iterator
 
 import pytest
+from ray_head import descendants, is_zombie, wait_until_idle
 
 from rlkit.core.cluster.faults import HANG_MESSAGE
 from rlkit.core.controller.tracking import is_timing_key
@@ -32,7 +33,7 @@ from rlkit.core.data.builders import write_parquet
 from rlkit.core.data.synthetic import build_synthetic
 from rlkit.core.state.checkpoint import MARKER, step_dir_name
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.shared_ray]
 
 REPO = Path(__file__).resolve().parents[1]
 N, K = 6, 3
@@ -75,25 +76,9 @@ def run_cli(args: list[str], log: Path) -> str:
     return output
 
 
-def descendants(pid: int) -> set[int]:
-    children: dict[int, list[int]] = {}
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            fields = stat.read_text().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        children.setdefault(int(fields[1]), []).append(int(stat.parent.name))
-    found, todo = set(), [pid]
-    while todo:
-        for child in children.get(todo.pop(), []):
-            if child not in found:
-                found.add(child)
-                todo.append(child)
-    return found
-
-
 def kill_tree(proc: subprocess.Popen) -> None:
-    """SIGKILL the process group, then make sure none of its processes (Ray's included) survive."""
+    """SIGKILL the process group, then make sure none of its processes (Ray's included) survive; on
+    the tests' shared Ray head (tests/ray_head.py), that the run's workers are gone too."""
     tree = descendants(proc.pid)
     try:
         os.killpg(proc.pid, signal.SIGKILL)
@@ -103,18 +88,12 @@ def kill_tree(proc: subprocess.Popen) -> None:
     deadline = time.monotonic() + 30
     alive = tree
     while alive and time.monotonic() < deadline:
-        alive = {pid for pid in alive if Path(f"/proc/{pid}").exists() and not _zombie(pid)}
+        alive = {pid for pid in alive if Path(f"/proc/{pid}").exists() and not is_zombie(pid)}
         time.sleep(0.2)
     for pid in alive:  # clean up before failing, so a failing test leaks nothing either
         os.kill(pid, signal.SIGKILL)
     assert not alive, f"processes outlived the killed run: {sorted(alive)}"
-
-
-def _zombie(pid: int) -> bool:
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z"
-    except OSError:
-        return False
+    wait_until_idle()
 
 
 def wait_for(condition, proc: subprocess.Popen, log: Path, what: str) -> None:
