@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.shared_ray]
 
 
 def _train(tmp_path, run_id: str, *overrides: str, timeout: int = 900) -> subprocess.CompletedProcess:

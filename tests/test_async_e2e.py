@@ -18,7 +18,7 @@ from test_resume_e2e import assert_same_metrics, killed_after_checkpoint, metric
 from rlkit.core.data.builders import write_parquet
 from rlkit.core.data.synthetic import build_synthetic
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.shared_ray]
 
 N, K = 6, 3
 SPLIT = ["trainer.n_gpus_per_node=2", "rollout.placement=split", "rollout.devices=1"]

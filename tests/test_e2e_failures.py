@@ -1,7 +1,9 @@
 """Failures end to end through the CLI: a killed worker, a hung phase, Ctrl-C, an unwritable run dir.
 
 Faults are injected with RLKIT_FAULT (rlkit.core.cluster.faults); every run is a tiny one, and every
-wait has a deadline well short of what a hang would cost.
+wait has a deadline well short of what a hang would cost. The signal and permission tests start their
+own local Ray cluster, as a user's run does: a Ctrl-C to the process group reaches its Ray processes
+too, and the dropped capability reaches its workers only as the run's own children.
 """
 
 from __future__ import annotations
@@ -74,6 +76,7 @@ def status(run: Path) -> str:
     return json.loads((run / "status.json").read_text())["status"]
 
 
+@pytest.mark.shared_ray
 def test_killed_worker_is_named_and_the_run_resumes_from_its_last_checkpoint(tmp_path):
     run = tmp_path / "killed"
     proc = rlkit("train", "grpo-demo", *TINY, "trainer.total_steps=3", "trainer.save_freq=1",
@@ -92,6 +95,7 @@ def test_killed_worker_is_named_and_the_run_resumes_from_its_last_checkpoint(tmp
     assert steps_logged(run) == [1, 2, 3] and latest_checkpoint(run).step == 3 and status(run) == "finished"
 
 
+@pytest.mark.shared_ray
 def test_hung_phase_stops_at_its_deadline_naming_the_late_worker(tmp_path):
     proc = rlkit("train", "grpo-demo", *TINY, "trainer.total_steps=3", "trainer.phase_timeout_s=3",
                  f"trainer.runs_dir={tmp_path}", "--run-id", "hung", fault="sleep=600:worker0.generate:2")

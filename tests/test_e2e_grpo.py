@@ -20,7 +20,8 @@ def _rewards(run_dir):
 
 def test_grpo_demo_learns_through_the_cli(tmp_path):
     """`rlkit train grpo-demo` (Ray controller, FSDP2 worker, vLLM rollout) really learns `echo`, and its
-    validation on the task's test split (before training, every 20 steps, at the end) rises with it."""
+    validation on the task's test split (before training, every 20 steps, at the end) rises with it.
+    On the path a user's first run takes: its own local Ray cluster (no shared_ray mark)."""
     proc = subprocess.run(
         [sys.executable, "-m", "rlkit.cli.main", "train", "grpo-demo", "trainer.total_steps=70",
          f"trainer.runs_dir={tmp_path}", "trainer.logger=[jsonl]", "--run-id", "learn"],
@@ -47,6 +48,7 @@ def test_grpo_demo_learns_through_the_cli(tmp_path):
     assert plot.returncode == 0 and (tmp_path / "learn" / "plot.png").is_file(), plot.stderr[-2000:]
 
 
+@pytest.mark.shared_ray
 def test_hf_rollout_with_kl_loss_runs_through_the_cli(tmp_path):
     """The transformers fallback engine, the reference policy loaded for a KL loss, and TIS weights."""
     # A reward with spread in every group, so step 1 has a gradient whatever the samples (echo's
@@ -69,6 +71,7 @@ def test_hf_rollout_with_kl_loss_runs_through_the_cli(tmp_path):
     assert rows[1]["actor/rollout_is_weight"] == pytest.approx(1.0, abs=1e-4)
 
 
+@pytest.mark.shared_ray
 def test_sglang_rollout_runs_through_the_cli(tmp_path):
     """rollout.name=sglang in the worker: generation, a bucketed weight sync after each update, exact on CPU."""
     pytest.importorskip("sglang", reason="SGLang is not installed (docs/compatibility.md)")
@@ -84,6 +87,7 @@ def test_sglang_rollout_runs_through_the_cli(tmp_path):
     assert all(row["rollout/log_prob_diff"] < 1e-4 for row in rows), [row["rollout/log_prob_diff"] for row in rows]
 
 
+@pytest.mark.shared_ray
 def test_two_workers_hold_shards_generate_and_stay_in_sync(tmp_path):
     """n_gpus_per_node=2: sharded policy, one vLLM engine per worker, exact sync after an update."""
     from rlkit.core.batch import build_batch

@@ -13,7 +13,7 @@ from rlkit.core.rewards.reward_model import RewardModel
 from rlkit.core.train.tiny import build_tokenizer
 from rlkit.recipes.loader import load_config
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.shared_ray]
 
 
 def test_reward_model_scores_replace_the_rule_reward(tmp_path):

@@ -24,7 +24,7 @@ from test_resume_e2e import (
 from rlkit.core.data.builders import write_parquet
 from rlkit.core.data.synthetic import build_synthetic
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.shared_ray]
 
 STEPS, KILL_AFTER = 4, 2
 # Dropout on the adapters draws from the torch RNG in every update: resume must restore it too.

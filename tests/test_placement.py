@@ -24,6 +24,7 @@ def run_steps(overrides: list[str], tmp_path, steps: int = 2) -> tuple[list[dict
 
 
 @pytest.mark.slow
+@pytest.mark.shared_ray
 def test_split_placement_sends_the_updated_weights_to_the_rollout_worker(tmp_path):
     metrics, _ = run_steps(["trainer.n_gpus_per_node=2", "rollout.placement=split", "rollout.devices=1"], tmp_path)
     assert metrics[1]["actor/grad_norm"] > 0

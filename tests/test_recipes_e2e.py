@@ -123,6 +123,7 @@ def recorded_advantages(monkeypatch: pytest.MonkeyPatch) -> list[tuple[str, Adva
 
 
 @pytest.mark.slow
+@pytest.mark.shared_ray
 @pytest.mark.parametrize("recipe", list(RECIPES))
 def test_recipe_trains_two_steps(recipe: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
                                  recorded_advantages: list) -> None:

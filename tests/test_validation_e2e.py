@@ -17,7 +17,7 @@ from typing import Iterator
 
 import pytest
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.shared_ray]
 
 REPO = Path(__file__).resolve().parents[1]
 TIMEOUT_S = 600

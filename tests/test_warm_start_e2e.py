@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.shared_ray]
 
 REPO = Path(__file__).resolve().parents[1]
 TASK = ["-o", "min_steps=2", "-o", "max_steps=2", "-o", "max_number=9", "-o", "max_factor=3", "-o", "max_value=50",
