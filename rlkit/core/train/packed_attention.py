@@ -22,9 +22,17 @@ _kernel_ok: dict[torch.device, bool] = {}
 
 
 def register() -> str:
-    """Make `attn_implementation='rlkit_varlen'` available to transformers models; returns the name."""
+    """Make `attn_implementation='rlkit_varlen'` available to transformers models; returns the name.
+
+    Here, not at import, `_attend` is kept out of compiled graphs (data-dependent boundaries and a
+    one-time check): torch.compiler.disable imports torch._dynamo (~0.5 s), which the controller,
+    importing this module through the worker classes, never uses.
+    """
+    global _attend
     from transformers import AttentionInterface
 
+    if not getattr(_attend, "_torchdynamo_disable", False):
+        _attend = torch.compiler.disable(_attend)
     AttentionInterface.register(NAME, packed_attention_forward)
     return NAME
 
@@ -53,7 +61,6 @@ def packed_attention_forward(module: torch.nn.Module, query: torch.Tensor, key: 
     return out.unsqueeze(0), None
 
 
-@torch.compiler.disable  # data-dependent boundaries and a one-time check: leave them out of compiled graphs
 def _attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seq_lens: torch.Tensor, max_len: int,
             scale: float | None) -> torch.Tensor:
     if q.is_cuda and _kernel_usable(q):
