@@ -114,3 +114,20 @@ def test_an_entropy_left_out_of_the_loss_adds_nothing_to_the_gradient(monkeypatc
     want_grad, = torch.autograd.grad((want_lp * weights).sum(), logits)
     assert entropy.abs().sum() > 0
     assert torch.allclose(grad, want_grad, atol=1e-5)
+
+
+def test_registered_packed_attention_stays_out_of_compiled_graphs():
+    """After `register` (what a training worker calls), compiling a layer breaks the graph at the packed
+    attention (data-dependent boundaries) and still gives the eager result."""
+    torch.manual_seed(0)
+    q, k, v = (torch.randn(1, 2, 7, 8) for _ in range(3))
+    cu = torch.tensor([0, 3, 7], dtype=torch.int32)
+
+    def layer(q, k, v):
+        return packed_attention.packed_attention_forward(None, q * 2, k, v, None, cu_seq_lens_q=cu, max_length_q=4)[0]
+
+    packed_attention.register()
+    explained = torch._dynamo.explain(layer)(q, k, v)
+    reasons = [str(b.reason) for b in explained.break_reasons]
+    assert reasons and all("torch.compiler.disable()`d function" in r and "_attend" in r for r in reasons), reasons
+    assert torch.allclose(torch.compile(layer, backend="eager")(q, k, v), layer(q, k, v))
