@@ -8,12 +8,13 @@ from pathlib import Path
 from typing import Iterator
 
 import pytest
-from ray_head import RayHead
+from ray_head import RayHead, use_session_token
 
 os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")  # GiB; the default takes a share of all RAM
 os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", "nobind")
+use_session_token()  # before anything imports Ray
 
 REPO = Path(__file__).resolve().parents[1]
 SHARED = REPO.parent / "shared"

@@ -92,16 +92,23 @@ def _die_with_parent() -> None:
     ctypes.CDLL(None).prctl(1, int(signal.SIGTERM))  # PR_SET_PDEATHSIG
 
 
+def use_session_token() -> None:
+    """Token authentication (Ray's default for a new local cluster) with a token of this test session,
+    for the head and every cluster a test starts. Call before Ray is imported: a process reads these
+    settings once, and pytest's own process attaches to the head too (tests that run a controller)."""
+    os.environ.setdefault("RAY_AUTH_MODE", "token")
+    os.environ.setdefault("RAY_AUTH_TOKEN", secrets.token_hex(32))
+
+
 class RayHead:
-    """`ray start --head --block` in a temporary directory, stopped (and its directory removed) by `stop`."""
+    """`ray start --head --block` in a temporary directory, stopped (and its directory removed) by `stop`.
+    Its authentication settings are the environment's (`use_session_token`)."""
 
     def __init__(self) -> None:
         self.dir = Path(tempfile.mkdtemp(prefix="rlkit-ray-"))  # short: Ray's socket paths have a length limit
-        token = secrets.token_hex(32)
-        auth = {"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": token}
         # The workers are the head's children: they get its environment (this repo's code first),
         # plus each run's runtime_env (rlkit's worker env, RLKIT_*/VLLM_* of the run's caller).
-        env = {**os.environ, **auth, "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])),
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])),
                "HF_HUB_OFFLINE": "1"}
         env.pop("RAY_ADDRESS", None)
         self.log = self.dir / "head.log"
@@ -112,19 +119,21 @@ class RayHead:
             env=env, stdout=self.log.open("w"), stderr=subprocess.STDOUT, start_new_session=True,
             preexec_fn=_die_with_parent if sys.platform == "linux" else None)
         try:
-            self._wait_started()
+            self.env = {"RAY_ADDRESS": self._wait_for_address()}
         except BaseException:
             self.stop()
             raise
-        self.env = {"RAY_ADDRESS": (self.dir / "ray_current_cluster").read_text().strip(), **auth}
         _started.append(self)
 
-    def _wait_started(self) -> None:
+    def _wait_for_address(self) -> str:
+        """The head's GCS address, which `ray start` writes once the node is up."""
+        written = self.dir / "ray_current_cluster"
         deadline = time.monotonic() + START_TIMEOUT_S
-        while "Ray runtime started" not in self.log.read_text():
+        while ":" not in (address := written.read_text().strip() if written.exists() else ""):
             if self.proc.poll() is not None or time.monotonic() > deadline:
                 raise RuntimeError(f"the tests' Ray head did not start:\n{self.log.read_text()[-3000:]}")
             time.sleep(0.1)
+        return address
 
     def busy_workers(self) -> dict[int, str]:
         """Worker processes of the head that run an actor or a task (by Ray's process titles)."""
