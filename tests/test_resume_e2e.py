@@ -238,23 +238,3 @@ def test_validation_leaves_training_untouched(world) -> None:
                for r in world["reference"][1:]]
     assert_same_metrics(runs / "no-val", trained)
     assert not (runs / "no-val" / "validation").exists()
-
-
-def test_ppo_with_a_critic_resumes_exactly(world) -> None:
-    """The critic's shards, optimizer and RNG are part of the checkpoint too (a second worker group)."""
-    root, runs = world["root"], world["runs"]
-    overrides = [f"data.train_files=[{world['data']}]", "data.train_batch_size=4", "data.max_response_length=2",
-                 "data.max_prompt_length=16",
-                 "rollout.name=hf", "actor.mini_batch_size=2", "actor.lr=1e-3", "critic.lr=1e-3",
-                 "critic.warmup_steps=1", "trainer.total_steps=4", "trainer.save_freq=1", "trainer.keep_last=4",
-                 "trainer.logger=[jsonl]", f"trainer.runs_dir={runs}", "model.path=rlkit:tiny-qwen2"]
-    run_cli(["train", "ppo", *overrides, "--run-id", "ppo"], root / "ppo.log")
-    reference = metrics(runs / "ppo")
-    assert all(r["critic/vf_loss"] > 0 for r in reference) and "actor/pg_loss" in reference[-1]
-    shutil.copytree(runs / "ppo", runs / "ppo-resumed")
-    for step in (3, 4):  # as if the run had died right after step 2's checkpoint
-        shutil.rmtree(runs / "ppo-resumed" / "checkpoints" / step_dir_name(step))
-    assert (runs / "ppo-resumed" / "checkpoints" / step_dir_name(2) / "critic" / "shards" / ".metadata").is_file()
-
-    run_cli(["resume", "ppo-resumed", "--runs-dir", str(runs)], root / "ppo-resume.log")
-    assert_same_metrics(runs / "ppo-resumed", reference)

@@ -77,6 +77,7 @@ class DeviceMemory:
     parts: dict[str, float] = field(default_factory=dict)
     phases: dict[str, float] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
+    micro_batch_tokens: int = 0  # the update micro-batch's token budget (the time model counts micro-batches)
 
     @property
     def peak_phase(self) -> str:
@@ -181,6 +182,7 @@ def training_device(config: RLConfig, shape: ModelShape, device_bytes: float, *,
     batch = micro_batch(config, token_budget(config, shape, device_bytes, on_gpu=on_gpu, loaded_bytes=loaded,
                                              trainable_params=trainable / world,
                                              critic_params=critic.params / world if critic else 0))
+    mem.micro_batch_tokens = batch.tokens
     parts[f"actor compute copy ({dtype})"] = copy
     activations = activation_bytes(shape, batch, compute, config.model.gradient_checkpointing)
     parts[f"activations ({batch.tokens} tokens{', checkpointed' if config.model.gradient_checkpointing else ''})"] \

@@ -67,7 +67,9 @@ def build_plan(config: RLConfig, *, gpu_memory_gib: float | None = None) -> Plan
     mem = memory.training_device(config, shape, device.bytes, on_gpu=device.on_gpu, critic=critic, reward_model=reward)
     kv = (memory.kv_cache(config, shape, device.bytes, device.on_gpu)
           if config.rollout.name == "vllm" and not config.offline else None)
-    plan = Plan(config, shape, device, mem, kv, timing.step_time(config, shape, critic), fits=False)
+    time = timing.step_time(config, shape, critic, micro_batch_tokens=mem.micro_batch_tokens,
+                            kv_tokens=kv["tokens"] if kv and device.on_gpu else None)
+    plan = Plan(config, shape, device, mem, kv, time, fits=False)
     plan.fits = mem.peak <= plan.usable
     if not plan.fits:
         plan.knobs = knobs(plan, critic, reward)
