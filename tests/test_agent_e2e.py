@@ -37,6 +37,11 @@ def test_agent_demo_learns_to_call_the_tool(tmp_path):
     assert sum(rewards[:5]) / 5 < 0.1 and sum(rewards[-10:]) / 10 >= 0.8, rewards
     last = rows[-1]
     assert last["agent/turns_mean"] > 1.9 and last["agent/env_errors"] == 0
+    # Validation's greedy episodes on the held-out split: before training, at step 100, 200 and the last.
+    validated = [json.loads(line) for line in (tmp_path / "demo" / "metrics.jsonl").read_text().splitlines()]
+    validated = {row["step"]: row for row in validated if "val/reward/mean@1" in row}
+    assert sorted(validated) == [0, 100, 200, 220] and validated[0]["val/reward/mean@1"] < 0.1
+    assert validated[220]["val/reward/mean@1"] >= 0.8 and validated[220]["val/agent/turns_mean"] > 1.9
     # The engine's log-probs of the policy's tokens, over both turns, match the trainer's.
     assert max(row["rollout/log_prob_diff"] for row in rows) < 1e-4
 

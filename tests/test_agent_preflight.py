@@ -32,8 +32,6 @@ def test_bad_environment_code_exits_2_before_ray(tmp_path, source, overrides, me
     (["rollout.agent.loop=tool", "rollout.agent.tools=[calculater]"], "did you mean 'calculator'"),
     (["rollout.agent.loop=chat"], "rollout.agent.loop='chat': choose one of single_turn, tool, env, or your own"),
     (["rollout.agent.tools=[calculator]"], "rollout.agent.tools is set but rollout.agent.loop=single_turn never uses it"),
-    (["rollout.agent.loop=tool", "rollout.agent.tools=[calculator]", "trainer.val_freq=5"],
-     "validation generates single-turn completions and cannot run rollout.agent.loop=tool episodes yet"),
     (["rollout.agent.loop=tool", "rollout.agent.tools=[calculator]", "rollout.agent.max_tokens_per_turn=9",
       "data.max_response_length=8"], "rollout.agent.max_tokens_per_turn=9 is more than the whole response may hold"),
 ])

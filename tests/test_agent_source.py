@@ -85,6 +85,6 @@ def test_an_environments_reward_replaces_the_reward_function_and_failures_are_lo
 
     strict = _source(tok, overrides + ["rollout.agent.max_error_rate=0.2"], lambda ctx: ([a], False),
                      ["1", "2", "boom", "4"])
-    with pytest.raises(EnvironmentFailures, match=r"the environment failed on 2 of 8 episodes at step 1, more than "
+    with pytest.raises(EnvironmentFailures, match=r"the environment failed on 2 of 8 episodes of step 1, more than "
                        r"rollout.agent.max_error_rate=0.2 allows; first on row 2 .*: RuntimeError: cannot score a"):
         strict.next_batch(1, {})

@@ -10,21 +10,23 @@ from pathlib import Path
 import pytest
 import torch
 
-from rlkit.core.cluster.device_worker import DeviceWorker
+from rlkit.core.agents.worker import AgentEpisodes, run_episodes
 from rlkit.core.controller.validation import (
     Evaluator,
+    GenerateFn,
     ValSettings,
     discard_generations_after,
     generations_path,
     scorer_score,
     val_seed,
     validation_due,
-    workers_generate,
+    workers_episodes,
 )
 from rlkit.core.data.dataset import PromptRow
 from rlkit.core.rewards.scoring import RewardScorer
 from rlkit.core.rollout.base import RolloutSample, Sampling
 from rlkit.errors import ConfigError
+from rlkit.recipes.agent_schema import AgentConfig
 from rlkit.recipes.loader import load_config
 from rlkit.recipes.reward_schema import RewardConfig
 
@@ -55,6 +57,11 @@ class FakeEngine:
                 for i, p in enumerate(prompts) for j in range(sampling.n)]
 
 
+def one_turn(engine: FakeEngine) -> GenerateFn:
+    """Single-turn episodes on one engine, as `rlkit eval` runs them (rlkit.core.controller.validation.engine_episodes)."""
+    return lambda rows, sampling: run_episodes(engine, None, rows, list(range(len(rows))), sampling)
+
+
 def echo_rows(digits: list[int]) -> list[PromptRow]:
     return [PromptRow(i, [d], "synthetic/echo", str(d)) for i, d in enumerate(digits)]
 
@@ -73,8 +80,8 @@ def test_val_seeds_are_a_stream_of_their_own() -> None:
 def test_evaluator_scores_greedy_and_samples_and_writes_every_response(tmp_path: Path) -> None:
     engine = FakeEngine()
     with RewardScorer(RewardConfig(num_workers=1)) as scorer:
-        evaluator = Evaluator(echo_rows([6, 3]), DigitTokenizer(), settings(n=2), engine.generate,
-                              scorer_score(scorer), RewardConfig())
+        evaluator = Evaluator(echo_rows([6, 3]), DigitTokenizer(), settings(n=2), one_turn(engine),
+                              scorer_score(scorer), RewardConfig(), AgentConfig())
         metrics = evaluator.run(0, tmp_path / "step_0.jsonl")
     greedy, sampled = engine.calls
     assert greedy[1].greedy and greedy[1].n == 1 and not greedy[1].log_probs
@@ -100,8 +107,8 @@ def test_evaluator_scores_greedy_and_samples_and_writes_every_response(tmp_path:
 def test_greedy_only_validation_makes_one_generate_call(tmp_path: Path) -> None:
     engine = FakeEngine()
     with RewardScorer(RewardConfig(num_workers=1)) as scorer:
-        metrics = Evaluator(echo_rows([1, 2, 3]), DigitTokenizer(), settings(n=0), engine.generate,
-                            scorer_score(scorer), RewardConfig()).run(4)
+        metrics = Evaluator(echo_rows([1, 2, 3]), DigitTokenizer(), settings(n=0), one_turn(engine),
+                            scorer_score(scorer), RewardConfig(), AgentConfig()).run(4)
     assert len(engine.calls) == 1 and metrics["val/reward/mean@1"] == 1.0
     assert not any("@2" in key or "pass" in key for key in metrics)
 
@@ -111,35 +118,44 @@ class FakeGroup:
         self.actors = list(range(ranks))
 
     def call(self, method: str, *, per_rank: list[tuple], phase: str) -> list:
-        assert method == "generate_keeping_rng"
-        return [FakeEngine().generate(prompts, sampling) for prompts, sampling in per_rank]
+        assert method == "validation_episodes"
+        return [run_episodes(FakeEngine(), None, rows, groups, sampling) for rows, groups, sampling in per_rank]
 
 
 @pytest.mark.parametrize(("prompts", "ranks"), [(7, 3), (2, 3), (4, 1)])
 def test_spreading_over_ranks_draws_what_one_engine_draws(prompts: int, ranks: int) -> None:
     """Contiguous slices, each seeded so sample j of prompt p keeps seed + p * n + j: `rlkit eval`
     with one engine draws the same samples as a run with several."""
-    batch = [[p] for p in range(prompts)]
+    rows = echo_rows(list(range(prompts)))
     sampling = Sampling(n=3, seed=1234)
-    assert workers_generate(FakeGroup(ranks))(batch, sampling) == FakeEngine().generate(batch, sampling)
+    spread = workers_episodes(FakeGroup(ranks))(rows, sampling)
+    assert spread == one_turn(FakeEngine())(rows, sampling)
+    assert [(e.group, e.response_ids) for e in spread[:4]] == [(0, [(1234 + j) % 10]) for j in range(3)] + [(1, [7])]
 
 
-def test_generate_keeping_rng_puts_the_workers_rng_back() -> None:
-    class Worker:
-        generate_keeping_rng = DeviceWorker.generate_keeping_rng
-
+def test_validation_episodes_put_the_workers_rng_back() -> None:
+    class Engine:
         def generate(self, prompts, sampling):  # as the HF engine does: reseed the process
             torch.manual_seed(sampling.seed)
             random.seed(sampling.seed)
             return [RolloutSample(0, [int(torch.randint(10, ()))], [], True)]
+
+        def sleep(self) -> None:
+            pass
+
+    class Worker(AgentEpisodes):
+        config, engine = load_config("grpo-demo"), Engine()
+
+        def wake_engine(self) -> None:
+            pass
 
     torch.manual_seed(7)
     random.seed(7)
     expected = (torch.rand(3), random.random())
     torch.manual_seed(7)
     random.seed(7)
-    assert len(Worker().generate_keeping_rng([[1]], Sampling(seed=99))) == 1
-    assert Worker().generate_keeping_rng([], Sampling(seed=99)) == []
+    assert len(Worker().validation_episodes(echo_rows([1]), [0], Sampling(seed=99))) == 1
+    assert Worker().validation_episodes([], [], Sampling(seed=99)) == []
     got = (torch.rand(3), random.random())
     assert torch.equal(got[0], expected[0]) and got[1] == expected[1]
 

@@ -63,13 +63,4 @@ def check_agent(config: RLConfig, tokenizer: Any) -> None:
         raise UserError(f"rollout.agent.loop={agent.loop}: the chat template of model.path={config.model.path} cannot "
                         f"write a {role!r} message ({type(exc).__name__}: {exc}); use a chat model whose template "
                         "has that role") from None
-    check_no_validation(config)
 
-
-def check_no_validation(config: RLConfig) -> None:
-    """Validation (rlkit.core.controller.validation) samples single-turn completions, which say nothing
-    about an agent; refusing beats reporting numbers of the wrong thing."""
-    data = config.data
-    if data.val_files or (data.synthetic_task and config.trainer.val_freq):
-        raise UserError(f"validation generates single-turn completions and cannot run rollout.agent.loop="
-                        f"{config.rollout.agent.loop} episodes yet; set trainer.val_freq=0 and data.val_files=[]")

@@ -19,16 +19,17 @@ class EnvironmentFailures(UserError):
     """More of a step's episodes failed in the environment than rollout.agent.max_error_rate allows."""
 
 
-def episode_metrics(trajectories: list[Trajectory], config: AgentConfig, step: int) -> dict[str, float]:
-    """agent/* metrics; logs each failed episode; raises EnvironmentFailures above the allowed rate."""
+def episode_metrics(trajectories: list[Trajectory], config: AgentConfig, at: str) -> dict[str, float]:
+    """agent/* metrics of the episodes of `at` ("step 5", "step 5's validation"); logs each failed
+    episode; raises EnvironmentFailures above the allowed rate."""
     failed = [t for t in trajectories if t.info.get("env_error")]
     for t in failed:
-        logger.warning("step %d: the environment failed on %s (scored 0):\n%s", step, where(t), t.info["env_error"])
+        logger.warning("%s: the environment failed on %s (scored 0):\n%s", at, where(t), t.info["env_error"])
     if len(failed) > config.max_error_rate * len(trajectories):
         first = failed[0]
         last_line = first.info["env_error"].strip().splitlines()[-1]
         raise EnvironmentFailures(
-            f"the environment failed on {len(failed)} of {len(trajectories)} episodes at step {step}, more than "
+            f"the environment failed on {len(failed)} of {len(trajectories)} episodes of {at}, more than "
             f"rollout.agent.max_error_rate={config.max_error_rate:g} allows; first on {where(first)}: {last_line} "
             "(every traceback is in the run's console.log); fix the environment or raise rollout.agent.max_error_rate")
     count = max(len(trajectories), 1)

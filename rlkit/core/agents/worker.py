@@ -2,7 +2,9 @@
 
 Policy workers (colocated placement) and rollout workers (split placement) both hold an engine;
 `AgentEpisodes` gives either the `agent_episodes` call the rollout source makes instead of
-`generate` when rollout.agent.loop is not single_turn.
+`generate` when rollout.agent.loop is not single_turn, and `validation_episodes`, validation's
+call (rlkit.core.controller.validation): the same episodes, or one-turn completions without an
+agent loop, through `run_episodes`, which `rlkit eval` runs on its own engine too.
 """
 
 from __future__ import annotations
@@ -14,10 +16,11 @@ from rlkit.core.agents.envs import env_factory, load_env_class
 from rlkit.core.agents.guard import Guard
 from rlkit.core.agents.loop import AgentLoop, Limits
 from rlkit.core.agents.tool_env import ToolEnv, load_tools
+from rlkit.core.rollout.trajectory import Trajectory
+from rlkit.core.state.shards import rng_state, set_rng_state
 
 if TYPE_CHECKING:
-    from rlkit.core.rollout.base import Sampling
-    from rlkit.core.rollout.trajectory import Trajectory
+    from rlkit.core.rollout.base import RolloutEngine, Sampling
     from rlkit.recipes.schema import RLConfig
 
 # A tool turn's step waits for its tool calls, which run at once, each with call_timeout_s:
@@ -42,6 +45,16 @@ def build_agent_loop(config: RLConfig, tokenizer: Any) -> AgentLoop | ClientAgen
     return ClientAgentLoop(tokenizer, agent_function(agent.loop), limits, agent.call_timeout_s)
 
 
+def run_episodes(engine: RolloutEngine, loop: AgentLoop | ClientAgentLoop | None, rows: list[Any],
+                 groups: list[int], sampling: Sampling) -> list[Trajectory]:
+    """sampling.n episodes per row on `engine`, prompt-major (group: the row's entry in `groups`): the
+    agent loop's, or with no loop (rollout.agent.loop=single_turn) one-turn completions."""
+    if loop is not None:
+        return loop.run(engine, rows, groups, sampling)
+    samples = engine.generate([row.prompt_token_ids for row in rows], sampling)
+    return [Trajectory.single_turn(rows[s.prompt_index], groups[s.prompt_index], s) for s in samples]
+
+
 class AgentEpisodes:
     """Mixed into a worker that has `engine`, `config`, `model_path` and `phase`."""
 
@@ -50,12 +63,33 @@ class AgentEpisodes:
     def agent_episodes(self, rows: list[Any], groups: list[int], sampling: Sampling) -> list[Trajectory]:
         """sampling.n episodes per row, run turn by turn on this worker's engine."""
         self.phase = "generate/agent"
+        self.wake_engine()  # type: ignore[attr-defined]
+        trajectories = self.agent_loop().run(self.engine, rows, groups, sampling)
+        self.engine.sleep()
+        self.phase = "idle"
+        return trajectories
+
+    def validation_episodes(self, rows: list[Any], groups: list[int], sampling: Sampling) -> list[Trajectory]:
+        """Validation's episodes on this worker's engine: the agent loop's (rollout.agent), or one-turn
+        completions. This process's RNG states are put back afterwards (an engine may reseed them;
+        the HF engine does), so validating never shifts what training draws next."""
+        if not rows:  # fewer validation prompts than ranks
+            return []
+        state = rng_state()
+        self.phase = "validation"
+        self.wake_engine()  # type: ignore[attr-defined]
+        try:
+            loop = None if self.config.rollout.agent.loop == "single_turn" else self.agent_loop()
+            return run_episodes(self.engine, loop, rows, groups, sampling)
+        finally:
+            self.engine.sleep()
+            set_rng_state(state)
+            self.phase = "idle"
+
+    def agent_loop(self) -> AgentLoop | ClientAgentLoop:
+        """This worker's agent loop, built on first use."""
         if self._agent_loop is None:
             from transformers import AutoTokenizer
 
             self._agent_loop = build_agent_loop(self.config, AutoTokenizer.from_pretrained(self.model_path))
-        self.wake_engine()  # type: ignore[attr-defined]
-        trajectories = self._agent_loop.run(self.engine, rows, groups, sampling)
-        self.engine.sleep()
-        self.phase = "idle"
-        return trajectories
+        return self._agent_loop

@@ -9,8 +9,6 @@ import torch
 import torch.distributed as dist
 
 from rlkit.core.cluster.phases import PhaseReporter
-from rlkit.core.rollout.base import RolloutSample, Sampling
-from rlkit.core.state.shards import rng_state, set_rng_state
 from rlkit.recipes.schema import RLConfig
 
 
@@ -53,15 +51,3 @@ class DeviceWorker(PhaseReporter):
         if self.use_cuda:
             torch.cuda.empty_cache()
         self.engine.wake_up(weights_only=weights_only)  # type: ignore[attr-defined]
-
-    def generate_keeping_rng(self, prompts: list[list[int]], sampling: Sampling) -> list[RolloutSample]:
-        """`generate` (of the workers that hold an engine) for validation: this process's RNG states are
-        put back afterwards (an engine may reseed them; the HF engine does), so validating never
-        shifts what training draws next."""
-        if not prompts:  # fewer validation prompts than ranks
-            return []
-        state = rng_state()
-        try:
-            return self.generate(prompts, sampling)  # type: ignore[attr-defined]
-        finally:
-            set_rng_state(state)

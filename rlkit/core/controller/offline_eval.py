@@ -1,12 +1,13 @@
 """`rlkit eval`: the run's validation, offline, of a run's checkpoint or of a model directory.
 
 The same `Evaluator` as in training (rlkit.core.controller.validation), with one rollout engine
-in this process (no Ray, no process group). A checkpoint's float32 policy is streamed into an
-engine started from the run's base model through the engine's own `load_weights`, as the
-trainer's weight sync does, so the engine holds what the run's engines held after that step;
-settings and seeds come from the config the checkpoint was trained with. A run with one rollout
-engine gets the numbers its validation of that step logged; with several, each engine saw a
-slice of the prompts, and a different batch can move float rounding (rarely a token).
+in this process (no Ray, no process group); an agent run's episodes run its agent loop on it. A
+checkpoint's float32 policy is streamed into an engine started from the run's base model through
+the engine's own `load_weights`, as the trainer's weight sync does, so the engine holds what the
+run's engines held after that step; settings and seeds come from the config the checkpoint was
+trained with. A run with one rollout engine gets the numbers its validation of that step logged;
+with several, each engine saw a slice of the prompts, and a different batch can move float
+rounding (rarely a token).
 """
 
 from __future__ import annotations
@@ -25,9 +26,10 @@ from rlkit.core.controller.validation import (
     VALIDATION_DIR,
     Evaluator,
     ValSettings,
+    engine_episodes,
     scorer_score,
+    validation_rows,
 )
-from rlkit.core.data.dataset import load_prompt_dataset
 from rlkit.core.rewards.scoring import RewardScorer
 from rlkit.core.rollout.base import RolloutEngine
 from rlkit.core.state import checkpoint
@@ -100,14 +102,14 @@ def evaluate_offline(target: EvalTarget, *, data: list[str] | None = None,
         if not files:
             raise UserError("no validation prompts: pass --data FILE.parquet (the config has no data.val_files)")
         tokenizer = AutoTokenizer.from_pretrained(target.model_path)
-        rows = load_prompt_dataset(files, tokenizer, max_prompt_length=config.data.max_prompt_length,
-                                   overlong=config.data.overlong_prompts)
+        rows = validation_rows(files, config, tokenizer)
     if out is None and target.run is not None:
         out = target.run.path / VALIDATION_DIR / f"eval_step_{target.step:08d}.jsonl"
     settings = ValSettings.from_config(config)
     engine = start_engine(target)
     with RewardScorer(config.reward) as scorer:
-        evaluator = Evaluator(rows, tokenizer, settings, engine.generate, scorer_score(scorer), config.reward)
+        evaluator = Evaluator(rows, tokenizer, settings, engine_episodes(engine, config, tokenizer),
+                              scorer_score(scorer), config.reward, config.rollout.agent)
         metrics = evaluator.run(target.step, out)
     return EvalReport(target.label, target.model_path, target.step, files, len(rows), metrics,
                       str(out) if out else None,

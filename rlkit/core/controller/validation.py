@@ -1,15 +1,21 @@
 """Validation: the policy scored on held-out prompts before training, every trainer.val_freq steps
 and after the last step.
 
-One `Evaluator` serves the run loop (generation spread over the workers' engines,
-`workers_generate`) and `rlkit eval` (one engine in this process, rlkit.core.controller.offline_eval).
+One `Evaluator` serves the run loop (episodes spread over the workers' engines, `workers_episodes`)
+and `rlkit eval` (one engine in this process, `engine_episodes`; rlkit.core.controller.offline_eval).
 It needs two callables, so where generation and scoring live can change without touching it:
-  generate(prompt token ids, Sampling) -> samples, prompt-major (the engine contract)
+  generate(prompt rows, Sampling) -> episodes (Trajectory), prompt-major, group = the row's position
   score(decoded responses, their prompt rows) -> one score each (the run's rule/function reward)
-Every prompt gets one greedy response (mean@1) and, with trainer.val_n >= 2, that many samples
+An episode is what training samples (rlkit.core.agents.worker.run_episodes): one completion, or
+with rollout.agent.loop a whole multi-turn episode (same loop, environment or tools, turn and
+token limits). It is scored as training scores it: the environment's own reward where it gave
+one (0 when it failed), else the reward function on the policy's tokens.
+Every prompt gets one greedy episode (mean@1) and, with trainer.val_n >= 2, that many samples
 (mean@n, pass@k, maj@n: rlkit.core.rewards.metrics). Sample j of validation prompt p at step s
 has the seed `val_seed(trainer.seed, s) + p * val_n + j` however the prompts are spread over
-engines, so `rlkit eval` of step s's checkpoint draws the same samples as the run did.
+engines, so `rlkit eval` of step s's checkpoint draws the same samples as the run did. (An agent
+episode's later turns draw by their place among its engine's running episodes: the same split
+over engines, as in a re-run, a resumed run or `rlkit eval` of a one-engine run, draws them again.)
 """
 
 from __future__ import annotations
@@ -24,21 +30,27 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable
 
+from rlkit.core.agents.report import episode_metrics
+from rlkit.core.agents.tool_env import prompt_tools
+from rlkit.core.agents.worker import build_agent_loop, run_episodes
 from rlkit.core.controller.run_dir import prepare_val_files
 from rlkit.core.data.dataset import PromptRow, load_prompt_dataset
 from rlkit.core.rewards.metrics import RowOutcome, validation_metrics
 from rlkit.core.rewards.registry import answer_fn_for
 from rlkit.core.rewards.scoring import RULE_OPTIONS, RewardScorer
-from rlkit.core.rollout.base import RolloutSample, Sampling
+from rlkit.core.rollout.base import Sampling
+from rlkit.core.rollout.trajectory import Trajectory
+from rlkit.recipes.agent_schema import AgentConfig
 from rlkit.recipes.reward_schema import RewardConfig
 from rlkit.recipes.schema import RLConfig, TrainerConfig
 
-if TYPE_CHECKING:  # only the run loop generates on worker groups
+if TYPE_CHECKING:  # only the run loop generates on worker groups, only `rlkit eval` on an engine here
     from rlkit.core.cluster.worker_group import WorkerGroup
+    from rlkit.core.rollout.base import RolloutEngine
 
-GenerateFn = Callable[[list[list[int]], Sampling], list[RolloutSample]]
+GenerateFn = Callable[[list[PromptRow], Sampling], list[Trajectory]]
 ScoreFn = Callable[[list[str], list[PromptRow]], list[float]]
-VALIDATION_DIR = "validation"  # RUN/validation/step_<N>.jsonl: every response of step N's validation
+VALIDATION_DIR = "validation"  # RUN/validation/step_<N>.jsonl: every episode of step N's validation
 # Validation seeds live far above the training streams (seed * 1_000_003 + step, times 1009), and
 # leave 2**24 seeds per step for prompts x samples.
 _VAL_SEED_BASE = 1 << 60
@@ -91,46 +103,76 @@ class ValSettings:
 
 
 class Evaluator:
-    """Generates, scores and summarises the validation prompts at one step; see the module docstring."""
+    """Runs, scores and summarises the validation prompts' episodes at one step; see the module docstring."""
 
     def __init__(self, rows: list[PromptRow], tokenizer: Any, settings: ValSettings, generate: GenerateFn,
-                 score: ScoreFn, reward: RewardConfig) -> None:
+                 score: ScoreFn, reward: RewardConfig, agent: AgentConfig) -> None:
         self.rows, self.tokenizer, self.settings = rows, tokenizer, settings
-        self.generate, self.score = generate, score
+        self.generate, self.score, self.agent = generate, score, agent
         self.answer_fns = {source: answer_extractor(source, reward) for source in {r.data_source for r in rows}}
 
     def run(self, step: int, generations: Path | None = None) -> dict[str, float]:
-        """`val/...` metrics of the policy the engines hold; every response is written to `generations`."""
-        settings, prompts = self.settings, [row.prompt_token_ids for row in self.rows]
-        greedy = self.generate(prompts, settings.sampling(step, greedy=True))
-        sampled = self.generate(prompts, settings.sampling(step, greedy=False)) if settings.n else []
-        samples = greedy + sampled
-        texts = self.tokenizer.batch_decode([s.token_ids for s in samples], skip_special_tokens=True)
-        scores = self.score(texts, [self.rows[s.prompt_index] for s in samples])
+        """`val/...` metrics of the policy the engines hold; every episode is written to `generations`."""
+        settings = self.settings
+        greedy = self.generate(self.rows, settings.sampling(step, greedy=True))
+        sampled = self.generate(self.rows, settings.sampling(step, greedy=False)) if settings.n else []
+        episodes = greedy + sampled
+        texts = self.tokenizer.batch_decode([e.policy_ids for e in episodes], skip_special_tokens=True)
+        scores = self.scores(episodes, texts)
         outcomes = []
         for p, row in enumerate(self.rows):
             mine = range(len(greedy) + p * settings.n, len(greedy) + (p + 1) * settings.n)
             extract = self.answer_fns[row.data_source]
             outcomes.append(RowOutcome(
-                row.data_source, scores[p], len(greedy[p].token_ids), greedy[p].finished,
+                row.data_source, scores[p], len(greedy[p].response_ids), greedy[p].finished,
                 sample_scores=[scores[i] for i in mine],
                 sample_answers=[extract(texts[i]) for i in mine] if extract else None))
+        metrics = validation_metrics(outcomes, settings.n)
+        if self.agent.loop != "single_turn":  # as training reports its episodes (and stops above the error rate)
+            agent = episode_metrics(episodes, self.agent, f"step {step}'s validation")
+            metrics.update({f"val/{key}": value for key, value in agent.items()})
         if generations is not None:
-            write_generations(generations, [self._record(step, k, s, texts[k], scores[k], len(greedy))
-                                            for k, s in enumerate(samples)])
-        return validation_metrics(outcomes, settings.n)
+            write_generations(generations, [self._record(step, k, e, texts[k], scores[k], len(greedy))
+                                            for k, e in enumerate(episodes)])
+        return metrics
 
-    def _record(self, step: int, k: int, sample: RolloutSample, text: str, score: float,
+    def scores(self, episodes: list[Trajectory], texts: list[str]) -> list[float]:
+        """As training scores episodes: the environment's reward where it gave one (0 for a failed
+        episode), else the reward function on the policy's own tokens (`texts`)."""
+        unscored = [k for k, e in enumerate(episodes) if e.reward is None]
+        by_function = self.score([texts[k] for k in unscored], [episodes[k].row for k in unscored]) if unscored else []
+        scores = [e.reward for e in episodes]
+        for k, score in zip(unscored, by_function):
+            scores[k] = score
+        return scores  # type: ignore[return-value]  (every None is filled above)
+
+    def _record(self, step: int, k: int, episode: Trajectory, text: str, score: float,
                 num_greedy: int) -> dict[str, Any]:
-        row = self.rows[sample.prompt_index]
+        row = self.rows[episode.group]
         extract = self.answer_fns[row.data_source]
-        return {"step": step, "row": sample.prompt_index, "data_source": row.data_source,
-                "kind": "greedy" if k < num_greedy else "sample",
-                "sample": 0 if k < num_greedy else (k - num_greedy) % self.settings.n,
-                "prompt": self.tokenizer.decode(row.prompt_token_ids), "response": text,
-                "ground_truth": row.ground_truth, "score": score,
-                "answer": extract(text) if extract else None,
-                "length": len(sample.token_ids), "finished": sample.finished}
+        record = {"step": step, "row": episode.group, "data_source": row.data_source,
+                  "kind": "greedy" if k < num_greedy else "sample",
+                  "sample": 0 if k < num_greedy else (k - num_greedy) % self.settings.n,
+                  "prompt": self.tokenizer.decode(episode.prompt_ids), "response": text,
+                  "ground_truth": row.ground_truth, "score": score,
+                  "answer": extract(text) if extract else None,
+                  "length": len(episode.response_ids), "finished": episode.finished}
+        if self.agent.loop != "single_turn":
+            record.update(turns=episode.info.get("turns"), finish_reason=episode.finish_reason,
+                          env_error=episode.info.get("env_error"), conversation=self.conversation(episode))
+        return record
+
+    def conversation(self, episode: Trajectory) -> list[dict[str, str]]:
+        """The episode after its prompt, as written: runs of the policy's tokens and of the environment's
+        (tool answers, chat-template markers), each decoded whole."""
+        runs: list[tuple[int, list[int]]] = []
+        for token, mask in zip(episode.response_ids, episode.loss_mask):
+            if runs and runs[-1][0] == mask:
+                runs[-1][1].append(token)
+            else:
+                runs.append((mask, [token]))
+        return [{"from": "policy" if mask else "environment", "text": self.tokenizer.decode(ids)}
+                for mask, ids in runs]
 
 
 def validate(evaluator: Evaluator, run_path: Path, step: int) -> dict[str, float]:
@@ -158,19 +200,37 @@ def write_generations(path: Path, records: list[dict[str, Any]]) -> None:
     os.replace(tmp, path)
 
 
-def workers_generate(group: WorkerGroup) -> GenerateFn:
-    """Generation over a worker group's engines: contiguous slices of the prompts, one per rank,
-    each with the seed that keeps sample j of prompt p on seed + p * n + j; the workers' RNG
-    states are left as they were."""
+def workers_episodes(group: WorkerGroup) -> GenerateFn:
+    """Episodes over a worker group's engines (`validation_episodes`: the workers' RNG states are left
+    as they were): contiguous slices of the rows, one per rank, each with the seed that keeps sample j
+    of row p on seed + p * n + j."""
 
-    def generate(prompts: list[list[int]], sampling: Sampling) -> list[RolloutSample]:
+    def generate(rows: list[PromptRow], sampling: Sampling) -> list[Trajectory]:
         world = len(group.actors)
-        bounds = [(len(prompts) * r // world, len(prompts) * (r + 1) // world) for r in range(world)]
-        per_rank = [(prompts[a:b], replace(sampling, seed=sampling.seed + a * sampling.n)) for a, b in bounds]
-        results = group.call("generate_keeping_rng", per_rank=per_rank, phase="validation generate")
-        return [replace(s, prompt_index=a + s.prompt_index) for (a, _), part in zip(bounds, results) for s in part]
+        bounds = [(len(rows) * r // world, len(rows) * (r + 1) // world) for r in range(world)]
+        per_rank = [(rows[a:b], list(range(a, b)), replace(sampling, seed=sampling.seed + a * sampling.n))
+                    for a, b in bounds]
+        results = group.call("validation_episodes", per_rank=per_rank, phase="validation")
+        return [episode for part in results for episode in part]
 
     return generate
+
+
+def engine_episodes(engine: RolloutEngine, config: RLConfig, tokenizer: Any) -> GenerateFn:
+    """Episodes on one engine in this process (`rlkit eval`), with the run's agent loop (rollout.agent)."""
+    loop = None if config.rollout.agent.loop == "single_turn" else build_agent_loop(config, tokenizer)
+
+    def generate(rows: list[PromptRow], sampling: Sampling) -> list[Trajectory]:
+        return run_episodes(engine, loop, rows, list(range(len(rows))), sampling)
+
+    return generate
+
+
+def validation_rows(files: list[str], config: RLConfig, tokenizer: Any) -> list[PromptRow]:
+    """The validation prompts, tokenized as the training prompts are (with the tools of rollout.agent)."""
+    data = config.data
+    return load_prompt_dataset(files, tokenizer, max_prompt_length=data.max_prompt_length,
+                               overlong=data.overlong_prompts, tools=prompt_tools(config.rollout.agent))
 
 
 def scorer_score(scorer: RewardScorer) -> ScoreFn:
@@ -192,7 +252,5 @@ def training_evaluator(config: RLConfig, run_path: Path, tokenizer: Any, scorer:
             logger.warning("trainer.val_freq=%d, but there is no data.val_files: no validation",
                            config.trainer.val_freq)
         return None
-    rows = load_prompt_dataset(files, tokenizer, max_prompt_length=config.data.max_prompt_length,
-                               overlong=config.data.overlong_prompts)
-    return Evaluator(rows, tokenizer, ValSettings.from_config(config), workers_generate(rollout),
-                     scorer_score(scorer), config.reward)
+    return Evaluator(validation_rows(files, config, tokenizer), tokenizer, ValSettings.from_config(config),
+                     workers_episodes(rollout), scorer_score(scorer), config.reward, config.rollout.agent)

@@ -122,7 +122,7 @@ class SyncRolloutSource:
         with timed(timing, "reward"):
             scores, metrics = self.score(batch)
         if self.config.rollout.agent.loop != "single_turn":
-            metrics.update(episode_metrics(trajectories, self.config.rollout.agent, step))
+            metrics.update(episode_metrics(trajectories, self.config.rollout.agent, f"step {step}"))
         return trajectories, batch.update(scores), metrics
 
     # -- generation ---------------------------------------------------------------------

@@ -45,6 +45,11 @@ class Trajectory:
         return self.row.prompt_token_ids
 
     @property
+    def policy_ids(self) -> list[int]:
+        """The policy's own tokens of every turn (what a reward function scores), without the environment's."""
+        return [token for token, mask in zip(self.response_ids, self.loss_mask) if mask]
+
+    @property
     def finished(self) -> bool:
         """Ended on its own (not cut at a length limit)."""
         return self.finish_reason == "stop"
