@@ -1,7 +1,7 @@
 """Learning, side by side: SFT a model built from scratch, then GRPO / PPO / DAPO with rlkit and GRPO with TRL.
 
   python bench/learning.py --out OUT_DIR [--tiny] [--gpus 2] [--budget 540] [--sft-budget 200] [--workdir DIR]
-      [--sft-steps N] [--rl-steps N] [--runs NAME,...] [--reuse-sft]
+      [--sft-steps N] [--rl-steps N] [--runs NAME,...|none] [--reuse-sft]
 
 1. Task: `rlkit prep-data arithmetic` (GSM8K-format word problems, worked solutions ending in
    '#### N'), as SFT rows and as RL rows, with a held-out test split.
@@ -20,7 +20,7 @@
    started, per run), learning.png (both curves, rlkit plot style), results.md (a table), bench.log.
    A copy of results.json stays in the workdir: --reuse-sft (a later call with the same --workdir)
    skips steps 1-3, starts its --runs from the same SFT export and adds them to those results, so
-   the work fits several device calls.
+   the work fits several device calls (`--runs none`: steps 1-3 only).
 
 Every phase has a deadline inside --budget: an rlkit run past it gets SIGTERM (it finishes the
 step, checkpoints and stops), TRL stops itself; whatever validation points exist are reported. The
@@ -321,10 +321,14 @@ class Bench:
 
 
 def run_names(text: str) -> list[str]:
+    """`--runs`: distinct names from RUNS, or `none` (task, model and SFT only: on one GPU the first of three
+    calls, so that the runs compared in the next call get equal shares of a whole call)."""
+    if text.strip() == "none":
+        return []
     names = [name.strip() for name in text.split(",") if name.strip()]
     unknown = [name for name in names if name not in RUNS]
     if unknown or not names or len(set(names)) != len(names):
-        raise argparse.ArgumentTypeError(f"{text!r}: give distinct names from {','.join(RUNS)}")
+        raise argparse.ArgumentTypeError(f"{text!r}: give distinct names from {','.join(RUNS)}, or none")
     return names
 
 
@@ -348,7 +352,7 @@ def main() -> None:
                              "rlkit runs, docs/learning.md); 2: two lanes at once, run i of --runs on GPU i %% 2, "
                              "each run an equal share of its lane's time")
     parser.add_argument("--runs", type=run_names, default=list(RUNS),
-                        help=f"the RL runs of this call, in this order (default: {','.join(RUNS)})")
+                        help=f"the RL runs of this call, in this order (default: {','.join(RUNS)}); none: SFT only")
     parser.add_argument("--reuse-sft", action="store_true",
                         help="skip task, model and SFT: start --runs from the SFT export an earlier call made in "
                              "--workdir and add them to its results (results.json there), so that this call's "

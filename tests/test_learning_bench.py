@@ -5,6 +5,7 @@ PYTHONPATH with a scratch install of trl, datasets, multiprocess) and is reporte
 
 from __future__ import annotations
 
+import argparse
 import importlib.util
 import io
 import json
@@ -18,7 +19,7 @@ import pytest
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))  # bench/ is not part of the package
 
-from bench.learning import SETTINGS, Bench  # noqa: E402
+from bench.learning import SETTINGS, Bench, run_names  # noqa: E402
 from bench.learning_results import earlier_results  # noqa: E402
 
 
@@ -46,6 +47,17 @@ def test_one_gpu_runs_one_after_another_each_an_equal_share_of_what_is_left(tmp_
     bench, calls = fake_bench(tmp_path, 330, lambda name, deadline: deadline + (20 if name == "rlkit-ppo" else 0))
     bench.rl_runs(["rlkit-ppo", "rlkit-grpo", "trl-grpo"], Path("export"), gpus=1)
     assert calls == [("rlkit-ppo", "0", 100.0), ("rlkit-grpo", "0", 90.0), ("trl-grpo", "0", 90.0)]
+
+
+def test_runs_none_is_sft_only_and_names_are_checked(tmp_path: Path) -> None:
+    assert run_names("none") == []
+    assert run_names("trl-grpo, rlkit-grpo") == ["trl-grpo", "rlkit-grpo"]
+    for bad in ("rlkit-grpo,rlkit-grpo", "sft", ""):
+        with pytest.raises(argparse.ArgumentTypeError, match="or none"):
+            run_names(bad)
+    bench, calls = fake_bench(tmp_path, 330, lambda name, deadline: deadline)
+    bench.rl_runs([], Path("export"), gpus=1)
+    assert calls == []
 
 
 def test_two_gpus_deal_the_runs_to_two_lanes(tmp_path: Path) -> None:
