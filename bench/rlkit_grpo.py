@@ -200,6 +200,10 @@ def main() -> None:
             steps.append(controller.step(step))
             check_weight_sync(steps[-1], config.rollout, step)  # as a training run does
             result["steps"] = steps
+            # The engine-vs-trainer log-prob gap comes only from check steps (step 1, then every
+            # rollout.log_prob_check_freq), rarely among the averaged ones: each is kept by its step.
+            result["log_prob_diff_by_step"] = {i + 1: s["rollout/log_prob_diff"] for i, s in enumerate(steps)
+                                               if "rollout/log_prob_diff" in s}
             measured = steps[args.warmup:] or steps
             result.update(status=f"{step}/{args.steps} steps", summary=summarize(measured, workload, train_gpus,
                                                                                   args.peak_flops))

@@ -106,6 +106,10 @@ def test_engine_kwargs_pass_through_but_cannot_override_rlkit_keys():
     assert verl.rollout.sglang.engine_kwargs == {"chunked_prefill_size": 512}
     with pytest.raises(ConfigError, match="rollout.sglang.engine_kwargs.*mem_fraction_static is set by rlkit"):
         load_config("grpo-demo", ["rollout.sglang.engine_kwargs={mem_fraction_static: 0.3}"])
+    # A key set from one rlkit key names it; others get the list of rlkit's keys.
+    with pytest.raises(ConfigError, match=r"enforce_eager, seed is set by rlkit; use its own key instead "
+                                          r"\(model.path, .*rollout.<engine>.\*; rollout.vllm.enforce_eager\)$"):
+        load_config("grpo-demo", ["rollout.vllm.engine_kwargs={enforce_eager: true, seed: 3}"])
 
 
 def test_moved_engine_keys_still_read_from_old_configs_and_command_lines():

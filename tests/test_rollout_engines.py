@@ -140,5 +140,31 @@ def test_sglang_log_level_and_cuda_graphs_are_defaults_a_user_can_change(monkeyp
     assert [(s["log_level"], s["disable_cuda_graph"]) for s in started] == [("error", True), ("info", False)]
     assert load_config("grpo-demo", ["rollout.sglang.engine_kwargs={log_level: info}"]).rollout.sglang.engine_kwargs \
         == {"log_level": "info"}
-    with pytest.raises(ConfigError, match="enable_deterministic_inference is set by rlkit"):
+    with pytest.raises(ConfigError, match=r"enable_deterministic_inference is set by rlkit; use its own key "
+                                          r"instead \(rollout.sglang.deterministic\)"):
         load_config("grpo-demo", ["rollout.sglang.engine_kwargs={enable_deterministic_inference: false}"])
+
+
+def test_sglang_seeds_count_only_with_deterministic_inference_on_a_gpu(monkeypatch, caplog):
+    """`rollout.sglang.deterministic` (default true) turns SGLang's deterministic inference on, on GPUs
+    only: it alone decides `honors_seeds`, changes nothing else the engine is started with, and an engine
+    whose seeds do not count warns once, naming why."""
+    import sys
+    import types
+
+    from rlkit.recipes.loader import load_config
+
+    started: list[dict] = []
+    monkeypatch.setitem(sys.modules, "sglang", types.SimpleNamespace(Engine=lambda **kwargs: started.append(kwargs)))
+    assert load_config("grpo-demo", ["rollout.name=sglang"]).rollout.sglang.deterministic is True
+    honors, warnings = [], []
+    for device, option in (("cuda", "true"), ("cuda", "false"), ("cpu", "true")):
+        config = load_config("grpo-demo", ["rollout.name=sglang", f"rollout.sglang.deterministic={option}"])
+        caplog.clear()
+        engine = make_engine(config, "model", device=torch.device(device), dtype="bfloat16", seed=0, sleep_mode=False)
+        honors.append(engine.honors_seeds)
+        warnings.append([r.getMessage().split(" ignores")[0] for r in caplog.records if r.levelname == "WARNING"])
+    assert honors == [s["enable_deterministic_inference"] for s in started] == [True, False, False]
+    assert warnings == [[], ["SGLang rollout.sglang.deterministic=false"], ["SGLang on a CPU"]]
+    on, off = ({k: v for k, v in s.items() if k != "enable_deterministic_inference"} for s in started[:2])
+    assert on == off

@@ -18,6 +18,9 @@ SGLANG_KEYS_SET_BY_RLKIT = {"model_path", "dtype", "random_seed", "context_lengt
                             "skip_tokenizer_init", "disable_radix_cache"}
 _OWN_KEYS = ("model.path, model.dtype, trainer.seed, data.max_*_length, rollout.gpu_memory_utilization, "
              "rollout.max_num_seqs, rollout.<engine>.*")
+# Engine arguments set from exactly one rlkit key: the refusal names that key instead of the list above.
+OWN_KEY = {"enforce_eager": "rollout.vllm.enforce_eager", "attention_backend": "rollout.sglang.attention_backend",
+           "enable_deterministic_inference": "rollout.sglang.deterministic"}
 
 
 def check_config(config: RLConfig, origins: dict[str, str] | None = None, *, require_inputs: bool = True) -> None:
@@ -99,8 +102,9 @@ def check_config(config: RLConfig, origins: dict[str, str] | None = None, *, req
                                          ("sglang", rollout.sglang.engine_kwargs, SGLANG_KEYS_SET_BY_RLKIT)):
         reserved = sorted(set(kwargs) & set_by_rlkit)
         if reserved:
+            own = "; ".join(sorted({OWN_KEY.get(key, _OWN_KEYS) for key in reserved}))
             fail(f"rollout.{engine}.engine_kwargs", f"{', '.join(reserved)} is set by rlkit; use its own key "
-                 f"instead ({_OWN_KEYS})")
+                 f"instead ({own})")
     check_algorithm(config, origins, fail)
 
 

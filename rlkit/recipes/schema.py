@@ -58,6 +58,7 @@ class SGLangOptions(Section):
     """`rollout.sglang.*`: options only the SGLang engine reads."""
 
     attention_backend: str | None = Field(None, description="SGLang attention backend (its --attention-backend, e.g. fa3, flashinfer, triton); None = SGLang's choice on GPU, torch_native on CPU. Per-request seeds need one SGLang runs deterministically (fa3, fa4, flashinfer, triton).")
+    deterministic: bool = Field(True, description="SGLang's deterministic inference on GPUs (its --enable-deterministic-inference). true: per-request seeds count, so rollouts repeat and a resumed run can be exact; SGLang then runs batch-invariant kernels (slower; Triton compiles them on first use, docs/benchmarks.md). false: SGLang's ordinary kernels, but the seeds are ignored, so rollouts are not reproducible and a resumed run is not bit-exact (the engine warns). On a CPU seeds are always ignored.")
     engine_kwargs: dict[str, Any] = Field(default_factory=dict, description="Further `sglang.Engine` arguments (its server arguments), e.g. {chunked_prefill_size: 4096}; arguments rlkit derives from its own keys are refused. Two defaults can be changed here: log_level (error) and disable_cuda_graph (false on GPUs), e.g. {log_level: info} to watch a slow engine start.")
 
 

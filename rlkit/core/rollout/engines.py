@@ -54,7 +54,7 @@ def _sglang(config: RLConfig, model_path: str, *, device: torch.device, dtype: s
                         max_model_len=config.data.max_prompt_length + config.data.max_response_length,
                         gpu_memory_utilization=rollout.gpu_memory_utilization, max_num_seqs=rollout.max_num_seqs,
                         sleep_mode=sleep_mode, attention_backend=options.attention_backend,
-                        engine_kwargs=options.engine_kwargs)
+                        deterministic=options.deterministic, engine_kwargs=options.engine_kwargs)
 
 
 @ENGINES.register("hf")

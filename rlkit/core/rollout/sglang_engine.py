@@ -5,10 +5,10 @@ sampled (SGLang's default: after temperature), in-place weight updates from name
 (`update_weights_from_tensor`) and, colocated on a GPU, the memory saver that releases
 weights and KV cache during training. The engine runs its scheduler in a child process.
 
-Per-request seeds need SGLang's deterministic inference, which only its GPU attention
-backends support: on a CPU the seeds are ignored (`honors_seeds` is False), so rollouts
-there are not reproducible. Versions: docs/compatibility.md (0.5.17 is the newest for
-torch 2.11 on CUDA, 0.5.21 for torch 2.13).
+Per-request seeds need SGLang's deterministic inference (its batch-invariant kernels), which
+only its GPU attention backends support and `rollout.sglang.deterministic=false` turns off: then,
+and on a CPU, the seeds are ignored (`honors_seeds` is False), so rollouts are not reproducible.
+Versions: docs/compatibility.md (0.5.17 is the newest for torch 2.11 on CUDA, 0.5.21 for torch 2.13).
 """
 
 from __future__ import annotations
@@ -32,14 +32,16 @@ logger = logging.getLogger(__name__)
 class SGLangEngine(RolloutEngine):
     def __init__(self, model_path: str, *, dtype: str, seed: int, max_model_len: int, device: torch.device,
                  gpu_memory_utilization: float, max_num_seqs: int, sleep_mode: bool,
-                 attention_backend: str | None, engine_kwargs: dict[str, Any] | None = None) -> None:
+                 attention_backend: str | None, deterministic: bool = True,
+                 engine_kwargs: dict[str, Any] | None = None) -> None:
         import sglang
 
         on_gpu = device.type == "cuda"
         self.sleep_mode = sleep_mode and on_gpu
-        self.honors_seeds = on_gpu
-        if not on_gpu:
-            logger.warning("SGLang on a CPU ignores per-request seeds: rollouts are not reproducible and a "
+        self.honors_seeds = on_gpu and deterministic
+        if not self.honors_seeds:
+            why = "rollout.sglang.deterministic=false" if on_gpu else "on a CPU"
+            logger.warning(f"SGLang {why} ignores per-request seeds: rollouts are not reproducible and a "
                            "resumed run is not bit-exact (docs/compatibility.md)")
         self.engine = sglang.Engine(
             model_path=model_path, dtype=dtype, random_seed=seed, context_length=max_model_len,
@@ -49,7 +51,7 @@ class SGLangEngine(RolloutEngine):
             max_total_tokens=None if on_gpu else max_num_seqs * max_model_len,
             # CPU: SGLang's native attention (its Xeon kernels need AMX and a source build).
             attention_backend=attention_backend or (None if on_gpu else "torch_native"),
-            enable_deterministic_inference=on_gpu,  # makes `sampling_seed` count
+            enable_deterministic_inference=self.honors_seeds,  # makes `sampling_seed` count
             enable_memory_saver=self.sleep_mode, enable_weights_cpu_backup=self.sleep_mode,
             skip_tokenizer_init=True, disable_radix_cache=True,
             # Defaults a user may change through rollout.sglang.engine_kwargs: quiet logs, and CUDA graphs
