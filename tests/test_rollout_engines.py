@@ -91,13 +91,12 @@ SGLANG_DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
 
 @pytest.mark.slow
 @pytest.mark.parametrize("device", SGLANG_DEVICES)
-def test_sglang_engine_including_tied_lm_head(tiny_model_dir, device, monkeypatch):
+def test_sglang_engine_including_tied_lm_head(tiny_model_dir, device, monkeypatch, sglang_env):
     """SGLang (docs/compatibility.md: which release, how to install it); its seeds count on GPUs only.
 
     On a GPU (float32 needs the triton attention backend) the engine also sleeps and wakes as
     around a training step, and a weight sync in between still lands.
     """
-    pytest.importorskip("sglang", reason="SGLang is not installed (docs/compatibility.md)")
     from rlkit.core.rollout import sglang_engine
 
     monkeypatch.setattr(sglang_engine, "BUCKET_BYTES", 1)  # every tensor its own bucket, then an empty last one

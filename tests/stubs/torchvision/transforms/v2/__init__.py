@@ -1,0 +1,3 @@
+from torchvision import placeholders
+
+__getattr__ = placeholders(__name__)
