@@ -4,6 +4,9 @@ transformers)."""
 
 from __future__ import annotations
 
+import logging
+import multiprocessing
+
 import pytest
 import torch
 from transformers import AutoModelForCausalLM
@@ -86,30 +89,26 @@ def test_vllm_on_a_cpu_samples_long_prompts_with_seeds(tiny_model_dir):
     assert len(samples) == 128 and all(len(s.log_probs) == len(s.token_ids) >= 1 for s in samples)
 
 
+# ~20 s on 2 cores; the rest is room for a loaded CI machine.
+SGLANG_CHECK_TIMEOUT_S = 300
 SGLANG_DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
 
 
-@pytest.mark.slow
-@pytest.mark.parametrize("device", SGLANG_DEVICES)
-def test_sglang_engine_including_tied_lm_head(tiny_model_dir, device, monkeypatch, sglang_env):
-    """SGLang (docs/compatibility.md: which release, how to install it); its seeds count on GPUs only.
-
-    On a GPU (float32 needs the triton attention backend) the engine also sleeps and wakes as
-    around a training step, and a weight sync in between still lands.
-    """
+def _sglang_engine_check(model_dir: str, device: str) -> None:
+    """The test below, in the process that hosts the engine."""
     from rlkit.core.rollout import sglang_engine
 
-    monkeypatch.setattr(sglang_engine, "BUCKET_BYTES", 1)  # every tensor its own bucket, then an empty last one
+    sglang_engine.BUCKET_BYTES = 1  # every tensor its own bucket, then an empty last one
     config = _config("sglang", attention_backend="triton" if device == "cuda" else None)
-    engine = make_engine(config, str(tiny_model_dir), dtype="float32", seed=0, device=torch.device(device),
+    engine = make_engine(config, model_dir, dtype="float32", seed=0, device=torch.device(device),
                          sleep_mode=device == "cuda")
     try:
         assert engine.honors_seeds == (device == "cuda")
-        _check_engine(engine, tiny_model_dir)
+        _check_engine(engine, model_dir)
         if device == "cuda":
             engine.sleep()
             engine.wake_up(weights_only=True)
-            model = AutoModelForCausalLM.from_pretrained(tiny_model_dir)  # the original weights again
+            model = AutoModelForCausalLM.from_pretrained(model_dir)  # the original weights again
             engine.load_weights((name, p.detach().clone()) for name, p in model.named_parameters())
             engine.wake_up()
             sequence = [1, 26, 24, 29, 36, 21, 10, 2, 1, 10, 11, 2]
@@ -117,6 +116,29 @@ def test_sglang_engine_including_tied_lm_head(tiny_model_dir, device, monkeypatc
             assert torch.allclose(torch.tensor(engine.score([sequence], 9)[0]), reference, atol=1e-4)
     finally:
         engine.shutdown()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("device", SGLANG_DEVICES)
+def test_sglang_engine_including_tied_lm_head(tiny_model_dir, device, sglang_env):
+    """SGLang (docs/compatibility.md: which release, how to install it); its seeds count on GPUs only.
+
+    On a GPU (float32 needs the triton attention backend) the engine also sleeps and wakes as
+    around a training step, and a weight sync in between still lands.
+
+    The engine runs in a process of its own, as in rlkit's worker: SGLang changes the process that
+    hosts it (environment variables, signal handlers, the multiprocessing start method) and its shutdown
+    kills every child of that process, which in pytest's would be the tests' shared Ray head.
+    """
+    child = multiprocessing.get_context("spawn").Process(target=_sglang_engine_check,
+                                                          args=(str(tiny_model_dir), device))
+    child.start()
+    child.join(timeout=SGLANG_CHECK_TIMEOUT_S)
+    if child.is_alive():
+        child.kill()
+        child.join()
+        pytest.fail(f"the SGLang engine check did not end in {SGLANG_CHECK_TIMEOUT_S} s")
+    assert child.exitcode == 0, "the SGLang engine check failed in its process: its traceback is in the stderr above"
 
 
 def test_sglang_log_level_and_cuda_graphs_are_defaults_a_user_can_change(monkeypatch):
@@ -147,14 +169,21 @@ def test_sglang_log_level_and_cuda_graphs_are_defaults_a_user_can_change(monkeyp
 def test_sglang_seeds_count_only_with_deterministic_inference_on_a_gpu(monkeypatch, caplog):
     """`rollout.sglang.deterministic` (default true) turns SGLang's deterministic inference on, on GPUs
     only: it alone decides `honors_seeds`, changes nothing else the engine is started with, and an engine
-    whose seeds do not count warns once, naming why."""
+    whose seeds do not count warns once, naming why. SGLang's start reconfigures the root logger, which the
+    engine puts back: rlkit's later warnings in that process still show (the stand-in does the same)."""
     import sys
     import types
 
     from rlkit.recipes.loader import load_config
 
     started: list[dict] = []
-    monkeypatch.setitem(sys.modules, "sglang", types.SimpleNamespace(Engine=lambda **kwargs: started.append(kwargs)))
+
+    def start(**kwargs) -> None:  # as SGLang's start does: its own handler on the root logger, at its level
+        started.append(kwargs)
+        logging.basicConfig(level=kwargs["log_level"].upper(), force=True)
+
+    monkeypatch.setitem(sys.modules, "sglang", types.SimpleNamespace(Engine=start))
+    root_level = logging.getLogger().level
     assert load_config("grpo-demo", ["rollout.name=sglang"]).rollout.sglang.deterministic is True
     honors, warnings = [], []
     for device, option in (("cuda", "true"), ("cuda", "false"), ("cpu", "true")):
@@ -164,6 +193,11 @@ def test_sglang_seeds_count_only_with_deterministic_inference_on_a_gpu(monkeypat
         honors.append(engine.honors_seeds)
         warnings.append([r.getMessage().split(" ignores")[0] for r in caplog.records if r.levelname == "WARNING"])
     assert honors == [s["enable_deterministic_inference"] for s in started] == [True, False, False]
+    # Each start put the root logger back (the warnings above were logged after a start), SGLang's own
+    # loggers at their level.
     assert warnings == [[], ["SGLang rollout.sglang.deterministic=false"], ["SGLang on a CPU"]]
+    sglang_level = logging.getLogger("sglang").level
+    logging.getLogger("sglang").setLevel(logging.NOTSET)
+    assert logging.getLogger().level == root_level and sglang_level == logging.ERROR
     on, off = ({k: v for k, v in s.items() if k != "enable_deterministic_inference"} for s in started[:2])
     assert on == off

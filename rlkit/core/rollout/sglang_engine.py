@@ -14,7 +14,8 @@ Versions: docs/compatibility.md (0.5.17 is the newest for torch 2.11 on CUDA, 0.
 from __future__ import annotations
 
 import logging
-from typing import Any, Iterable
+from contextlib import contextmanager
+from typing import Any, Iterable, Iterator
 
 import torch
 
@@ -43,21 +44,22 @@ class SGLangEngine(RolloutEngine):
             why = "rollout.sglang.deterministic=false" if on_gpu else "on a CPU"
             logger.warning(f"SGLang {why} ignores per-request seeds: rollouts are not reproducible and a "
                            "resumed run is not bit-exact (docs/compatibility.md)")
-        self.engine = sglang.Engine(
-            model_path=model_path, dtype=dtype, random_seed=seed, context_length=max_model_len,
-            device="cuda" if on_gpu else "cpu", base_gpu_id=device.index or 0,
-            mem_fraction_static=gpu_memory_utilization, max_running_requests=max_num_seqs,
-            # On a CPU SGLang sizes its KV cache from free host memory; cap it at what a full batch needs.
-            max_total_tokens=None if on_gpu else max_num_seqs * max_model_len,
-            # CPU: SGLang's native attention (its Xeon kernels need AMX and a source build).
-            attention_backend=attention_backend or (None if on_gpu else "torch_native"),
-            enable_deterministic_inference=self.honors_seeds,  # makes `sampling_seed` count
-            enable_memory_saver=self.sleep_mode, enable_weights_cpu_backup=self.sleep_mode,
-            skip_tokenizer_init=True, disable_radix_cache=True,
-            # Defaults a user may change through rollout.sglang.engine_kwargs: quiet logs, and CUDA graphs
-            # wherever they exist ({log_level: info, disable_cuda_graph: true} shows and shortens a slow start).
-            **{"disable_cuda_graph": not on_gpu, "log_level": "error", **(engine_kwargs or {})},
-        )
+        # Defaults a user may change through rollout.sglang.engine_kwargs: quiet logs, and CUDA graphs
+        # wherever they exist ({log_level: info, disable_cuda_graph: true} shows and shortens a slow start).
+        options = {"disable_cuda_graph": not on_gpu, "log_level": "error", **(engine_kwargs or {})}
+        with _host_logging_kept(sglang_level=options["log_level"]):
+            self.engine = sglang.Engine(
+                model_path=model_path, dtype=dtype, random_seed=seed, context_length=max_model_len,
+                device="cuda" if on_gpu else "cpu", base_gpu_id=device.index or 0,
+                mem_fraction_static=gpu_memory_utilization, max_running_requests=max_num_seqs,
+                # On a CPU SGLang sizes its KV cache from free host memory; cap it at what a full batch needs.
+                max_total_tokens=None if on_gpu else max_num_seqs * max_model_len,
+                # CPU: SGLang's native attention (its Xeon kernels need AMX and a source build).
+                attention_backend=attention_backend or (None if on_gpu else "torch_native"),
+                enable_deterministic_inference=self.honors_seeds,  # makes `sampling_seed` count
+                enable_memory_saver=self.sleep_mode, enable_weights_cpu_backup=self.sleep_mode,
+                skip_tokenizer_init=True, disable_radix_cache=True, **options,
+            )
         self.asleep: set[str] = set()  # memory-saver tags released by sleep()
 
     def generate(self, prompts: list[list[int]], sampling: Sampling) -> list[RolloutSample]:
@@ -118,8 +120,27 @@ class SGLangEngine(RolloutEngine):
             self.asleep -= missing
 
     def shutdown(self) -> None:
-        """Stop the scheduler process (it would otherwise outlive a test that made the engine)."""
+        """Stop the scheduler process (it would otherwise outlive a test that made the engine).
+
+        SGLang's shutdown kills every child process of the process that hosts the engine, not only
+        its own (also at exit): the engine belongs in a process of its own, as rlkit's rollout worker is.
+        """
         self.engine.shutdown()
+
+
+@contextmanager
+def _host_logging_kept(sglang_level: str) -> Iterator[None]:
+    """SGLang's start reconfigures the root logger of the process that hosts it (its handler, at its
+    log level: `error` by default here), which would silence rlkit's own warnings in the worker from
+    then on. The root logger is put back as it was; SGLang's loggers keep the level it was given."""
+    root = logging.getLogger()
+    level, handlers = root.level, root.handlers[:]
+    try:
+        yield
+    finally:
+        root.setLevel(level)
+        root.handlers[:] = handlers
+        logging.getLogger("sglang").setLevel(sglang_level.upper())
 
 
 def _check(call: str, result: tuple[bool, str]) -> None:
