@@ -60,6 +60,7 @@ def _shared_ray_for_module(request) -> Iterator[None]:
         yield
         return
     head = request.getfixturevalue("ray_head")
+    head.check_alive()
     with pytest.MonkeyPatch.context() as patch:
         for key, value in head.env.items():
             patch.setenv(key, value)
@@ -74,6 +75,7 @@ def _shared_ray_for_test(request, monkeypatch) -> Iterator[None]:
         yield
         return
     head = request.getfixturevalue("ray_head")
+    head.check_alive()
     for key, value in head.env.items():
         monkeypatch.setenv(key, value)
     yield

@@ -135,6 +135,13 @@ class RayHead:
             time.sleep(0.1)
         return address
 
+    def check_alive(self) -> None:
+        """Fail at once if the head is gone (something killed pytest's child processes): a run attaching
+        to a dead head would wait for it until its timeout, and every later shared test with it."""
+        if self.proc.poll() is not None:
+            raise RuntimeError(f"the tests' Ray head exited (code {self.proc.returncode}) before this test; "
+                               f"its log ends:\n{self.log.read_text()[-2000:]}")
+
     def busy_workers(self) -> dict[int, str]:
         """Worker processes of the head that run an actor or a task (by Ray's process titles)."""
         titles = {pid: _title(pid) for pid in descendants(self.proc.pid) if not is_zombie(pid)}
