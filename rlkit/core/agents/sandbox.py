@@ -16,8 +16,10 @@ reading files outside its directory); run rollouts on machines you can afford to
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import os
+import select
 import signal
 import subprocess
 import sys
@@ -95,9 +97,19 @@ class Result:
         return f"exit code {self.exit_code}"
 
 
-def run_python(code: str, limits: Limits = Limits(), files: dict[str, str] | None = None) -> Result:
-    """Run `code` as a script in a fresh temporary directory (with `files` written next to it)."""
-    with tempfile.TemporaryDirectory(prefix="rlkit-sandbox-") as home:
+class SandboxedProcess:
+    """A sandboxed program that is still running: its stdin and stdout are pipes to the caller.
+
+    The program's stderr goes to a file of at most `output_bytes`. `kill()` ends the whole
+    process tree; `finish()` waits (up to the wall-clock limit from the start) and returns
+    the Result. Use it as a context manager: leaving the block kills what is left and removes
+    the program's directory.
+    """
+
+    def __init__(self, code: str, limits: Limits, files: dict[str, str] | None) -> None:
+        self.limits = limits
+        self._directory = tempfile.TemporaryDirectory(prefix="rlkit-sandbox-")
+        home = self._directory.name
         program = Path(home) / "program.py"
         program.write_text(code)
         for name, text in (files or {}).items():
@@ -105,18 +117,75 @@ def run_python(code: str, limits: Limits = Limits(), files: dict[str, str] | Non
         command = [*_network_isolation(), sys.executable, "-I", "-B", "-c", _BOOTSTRAP, str(limits.cpu_s),
                    str(limits.memory_mb << 20), str(limits.output_bytes), home, str(program)]
         env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": home, "TMPDIR": home, "LANG": "C.UTF-8"}
-        start = time.perf_counter()
-        with open(Path(home) / ".stdout", "wb+") as out, open(Path(home) / ".stderr", "wb+") as err:
-            process = subprocess.Popen(command, cwd=home, env=env, stdin=subprocess.DEVNULL, stdout=out, stderr=err,
-                                       start_new_session=True)
-            try:
-                exit_code, timed_out = process.wait(timeout=limits.wall_s), False
-            except subprocess.TimeoutExpired:
-                os.killpg(process.pid, signal.SIGKILL)
-                process.wait()
-                exit_code, timed_out = None, True
-            seconds = time.perf_counter() - start
-            return Result(exit_code, _head(out, limits.output_bytes), _head(err, limits.output_bytes), timed_out, seconds)
+        self._stderr = open(Path(home) / ".stderr", "wb+")
+        self._start = time.perf_counter()
+        self.process = subprocess.Popen(command, cwd=home, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                        stderr=self._stderr, start_new_session=True)
+        self.stdin, self.stdout = self.process.stdin, self.process.stdout
+        self.timed_out = False
+
+    def remaining_s(self) -> float:
+        """Seconds left of the wall-clock limit."""
+        return max(0.0, self.limits.wall_s - (time.perf_counter() - self._start))
+
+    def kill(self) -> None:
+        """End the program and everything it started."""
+        if self.process.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self.process.pid, signal.SIGKILL)
+        self.process.wait()
+
+    def finish(self, stdout: str = "") -> Result:
+        """Wait for the end (killing it at the wall-clock limit); `stdout` is what the caller read of it."""
+        try:
+            exit_code = self.process.wait(timeout=self.remaining_s())
+        except subprocess.TimeoutExpired:
+            self.kill()
+            exit_code, self.timed_out = None, True
+        seconds = time.perf_counter() - self._start
+        return Result(exit_code, stdout, _head(self._stderr, self.limits.output_bytes), self.timed_out, seconds)
+
+    def close(self) -> None:
+        self.kill()
+        for stream in (self.stdin, self.stdout, self._stderr):
+            with contextlib.suppress(OSError):
+                stream.close()
+        self._directory.cleanup()
+
+    def __enter__(self) -> SandboxedProcess:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def start_python(code: str, limits: Limits = Limits(), files: dict[str, str] | None = None) -> SandboxedProcess:
+    """Start `code` as a script in a fresh directory (with `files` next to it); talk to it over its stdin/stdout."""
+    return SandboxedProcess(code, limits, files)
+
+
+def run_python(code: str, limits: Limits = Limits(), files: dict[str, str] | None = None) -> Result:
+    """Run `code` as a script in a fresh directory (with `files` written next to it) and wait for its end."""
+    with start_python(code, limits, files) as program:
+        program.stdin.close()
+        stdout = _read_head(program, limits.output_bytes)
+        return program.finish(stdout)
+
+
+def _read_head(program: SandboxedProcess, limit: int) -> str:
+    """At most `limit` bytes of the program's stdout, read until it closes it or the wall clock runs out."""
+    chunks, size = [], 0
+    descriptor = program.stdout.fileno()
+    while size < limit:
+        ready, _, _ = select.select([descriptor], [], [], program.remaining_s())
+        if not ready:
+            break
+        chunk = os.read(descriptor, min(65536, limit - size))
+        if not chunk:
+            break
+        chunks.append(chunk)
+        size += len(chunk)
+    return b"".join(chunks).decode("utf-8", errors="replace")
 
 
 def _head(file, limit: int) -> str:
