@@ -62,7 +62,8 @@ VERL_ANSWERS: dict[str, str] = {
     f"{_ARR}.actor.ppo_micro_batch_size": "micro-batches are sized in tokens: actor.micro_batch_tokens",
     f"{_ARR}.rollout.log_prob_micro_batch_size_per_gpu": "log-prob passes use actor.micro_batch_tokens",
     f"{_ARR}.ref.log_prob_micro_batch_size_per_gpu": "log-prob passes use actor.micro_batch_tokens",
-    f"{_ARR}.rollout.tensor_model_parallel_size": "rollout tensor parallelism is not supported yet; each worker runs its own engine",
+    f"{_ARR}.rollout.tensor_model_parallel_size": "rollout tensor parallelism is not supported yet; "
+                                                  "each worker runs its own engine",
     f"{_ARR}.actor.fsdp_config.param_offload": "CPU offload is not supported yet",
     f"{_ARR}.actor.fsdp_config.optimizer_offload": "CPU offload is not supported yet",
     "custom_reward_function.path": "use reward.function=PATH.py:FUNCTION",

@@ -32,7 +32,8 @@ def load_env_class(spec: str, key: str = "rollout.agent.env") -> type:
     elif ":" in spec:
         cls = load_function(spec, key)
     else:
-        raise UserError(f"{key}={spec!r}: {ENVIRONMENTS.unknown_message(spec)}; name your own as 'path/file.py:ClassName'")
+        raise UserError(f"{key}={spec!r}: {ENVIRONMENTS.unknown_message(spec)}; "
+                        "name your own as 'path/file.py:ClassName'")
     check_env_class(cls, f"{key}={spec!r}")
     return cls
 

@@ -124,7 +124,9 @@ def json_type(hint: Any, where: str) -> dict[str, Any]:
         return {"anyOf": [json_type(a, where) for a in kept]}
     if origin is Literal:
         kinds = {_SIMPLE_TYPES.get(type(a)) for a in args}
-        return {"type": kinds.pop(), "enum": list(args)} if len(kinds) == 1 and None not in kinds else {"enum": list(args)}
+        if len(kinds) == 1 and None not in kinds:
+            return {"type": kinds.pop(), "enum": list(args)}
+        return {"enum": list(args)}
     if hint is list or origin is list:
         return {"type": "array", **({"items": json_type(args[0], where)} if args else {})}
     if hint is dict or origin is dict:

@@ -23,7 +23,8 @@ class DeviceWorker(PhaseReporter):
 
     def __init__(self, config: RLConfig, model_path: str, rank: int, world_size: int) -> None:
         self.config, self.model_path, self.rank, self.world_size = config, model_path, rank, world_size
-        self.use_cuda = config.trainer.device == "cuda" or (config.trainer.device == "auto" and torch.cuda.is_available())
+        device = config.trainer.device
+        self.use_cuda = device == "cuda" or (device == "auto" and torch.cuda.is_available())
         self.device = torch.device("cuda", 0) if self.use_cuda else torch.device("cpu")
         if not self.use_cuda:
             torch.set_num_threads(config.trainer.cpu_threads_per_worker)

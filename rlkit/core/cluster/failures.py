@@ -82,7 +82,8 @@ def with_portable_exceptions(worker_cls: type) -> type:
     plain = {}  # instance methods by name, the most derived class's last (static and class methods stay as they are)
     for klass in reversed(worker_cls.__mro__):
         plain.update({name: member for name, member in vars(klass).items() if isinstance(member, FunctionType)})
-    methods = {name: guarded(member) for name, member in plain.items() if not name.startswith("_") or name == "__init__"}
+    methods = {name: guarded(member) for name, member in plain.items()
+               if not name.startswith("_") or name == "__init__"}
     return type(worker_cls.__name__, (worker_cls,),
                 {**methods, "__module__": worker_cls.__module__, "__qualname__": worker_cls.__qualname__})
 

@@ -80,7 +80,8 @@ class Placement:
         self.rollout.collect(rollout, "weight transfer group (rollout workers)", startup=True)
 
     def sync_weights(self) -> dict[str, float]:
-        """Load the trained weights into every engine; checked by each engine's SyncProbe (rlkit.core.rollout.sync_check)."""
+        """Load the trained weights into every engine; checked by each engine's SyncProbe
+        (rlkit.core.rollout.sync_check)."""
         pending = self.start_sync()
         return {**pending.metrics, **self.finish_sync(pending)}
 

@@ -14,8 +14,8 @@ one bucket in memory), and no request ever mixes two policy versions.
 
 Every wait has a deadline. A transfer starts with a handshake through the store (transfer n
 begins when the sender has posted it and every receiver has answered): a receiver may still
-be generating, so each side gives the other trainer.phase_timeout_s to arrive. From then on the buckets must arrive within
-rollout.weight_sync_timeout_s; past it the side that waits raises WeightTransferStalled,
+be generating, so each side gives the other trainer.phase_timeout_s to arrive. From then on the buckets must
+arrive within rollout.weight_sync_timeout_s; past it the side that waits raises WeightTransferStalled,
 which names the transfer, the bucket and the key to raise.
 """
 

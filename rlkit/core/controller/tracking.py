@@ -29,7 +29,8 @@ step_logger = logging.getLogger("rlkit.metrics")
 
 # The columns a person watches; everything else goes to the files.
 CONSOLE_KEYS = [
-    ("reward/mean", "reward"), ("val/reward/mean@1", "val"), ("response/length_mean", "resp len"), ("actor/pg_loss", "pg loss"),
+    ("reward/mean", "reward"), ("val/reward/mean@1", "val"), ("response/length_mean", "resp len"),
+    ("actor/pg_loss", "pg loss"),
     ("actor/entropy", "entropy"), ("actor/grad_norm", "grad norm"), ("rollout/log_prob_diff", "|Δlogp|"),
     ("perf/tokens_per_s", "tok/s"), ("timing/step", "step s"),
 ]
@@ -46,7 +47,8 @@ DPO_CONSOLE_KEYS = [
     ("rewards/rejected", "rejected"), ("actor/grad_norm", "grad norm"), ("perf/tokens_per_s", "tok/s"),
     ("timing/step", "step s"),
 ]
-CONSOLE_KEYS_BY_OBJECTIVE = {"rl": CONSOLE_KEYS, "sft": OFFLINE_CONSOLE_KEYS, "dpo": DPO_CONSOLE_KEYS}  # config.objective -> columns
+# config.objective -> columns
+CONSOLE_KEYS_BY_OBJECTIVE = {"rl": CONSOLE_KEYS, "sft": OFFLINE_CONSOLE_KEYS, "dpo": DPO_CONSOLE_KEYS}
 
 
 class Tracker:

@@ -86,7 +86,8 @@ def make_problem(rng: random.Random, *, steps: int, max_number: int, max_factor:
             result = {"+": value + step.operand, "-": value - step.operand, "*": value * step.operand,
                       "/": value // step.operand if step.operand else 0}[step.op]
             expression = f"{value}{step.op}{step.operand}"
-            shown = f"{expression}=<<{expression}={result}>>{result}" if calc == "annotated" else f"{expression}={result}"
+            annotated = f"{expression}=<<{expression}={result}>>{result}"
+            shown = annotated if calc == "annotated" else f"{expression}={result}"
             sentences.append(step.sentence)
             lines.append(f"{step.words} {shown}.")
             value = result

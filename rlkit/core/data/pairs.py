@@ -77,7 +77,8 @@ def tokenize_pairs(sources: list[tuple[str, list[dict[str, Any]]]], tokenizer: A
                 problems.append(f"{name}, row {i}: {problem}")
                 continue
             prompt = tokenize_prompt(tokenizer, raw["prompt"])
-            chosen, rejected = response_token_ids(tokenizer, raw["chosen"]), response_token_ids(tokenizer, raw["rejected"])
+            chosen = response_token_ids(tokenizer, raw["chosen"])
+            rejected = response_token_ids(tokenizer, raw["rejected"])
             longest = len(prompt) + max(len(chosen), len(rejected))
             if longest > budget:
                 if overlong == "filter":

@@ -52,7 +52,8 @@ def target_device(config: RLConfig, gpu_memory_gib: float | None) -> Device:
     if gpus and config.trainer.device != "cpu":
         return Device(gpus[0].name, gpus[0].memory_mib * 2**20, True, True)
     if config.trainer.device == "cuda":
-        return Device(f"{timing.CALIBRATION['device']} (assumed: no GPU here)", CALIBRATION_GPU_MIB * 2**20, True, False)
+        name = f"{timing.CALIBRATION['device']} (assumed: no GPU here)"
+        return Device(name, CALIBRATION_GPU_MIB * 2**20, True, False)
     workers = config.trainer.nnodes * config.trainer.n_gpus_per_node
     return Device(f"CPU worker (1/{workers} of this host's available memory)",
                   environment.available_memory_bytes() / max(workers, 1), False, True)
@@ -95,7 +96,8 @@ def knobs(plan: Plan, critic: ModelShape | None, reward: ModelShape | None) -> l
                                                                  plan.device.on_gpu)
         share = (usable - state) / plan.device.bytes
         if share > 0.05:
-            found.append(f"rollout.gpu_memory_utilization={share - 0.01:.2f} (now {config.rollout.gpu_memory_utilization:g})")
+            now = config.rollout.gpu_memory_utilization
+            found.append(f"rollout.gpu_memory_utilization={share - 0.01:.2f} (now {now:g})")
     if mem.peak_phase == "update":
         if not config.model.gradient_checkpointing and fits_with(model={"gradient_checkpointing": True}):
             found.append("model.gradient_checkpointing=true")

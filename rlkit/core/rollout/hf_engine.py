@@ -21,7 +21,8 @@ class HFEngine(RolloutEngine):
         gen_config = GenerationConfig.from_model_config(self.model.config)
         eos = gen_config.eos_token_id
         self.eos_ids = set(eos if isinstance(eos, list) else [eos])
-        self.pad_id = self.model.config.pad_token_id if self.model.config.pad_token_id is not None else next(iter(self.eos_ids))
+        pad = self.model.config.pad_token_id
+        self.pad_id = pad if pad is not None else next(iter(self.eos_ids))
 
     @torch.no_grad()
     def generate(self, prompts: list[list[int]], sampling: Sampling) -> list[RolloutSample]:

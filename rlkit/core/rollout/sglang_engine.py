@@ -64,7 +64,8 @@ class SGLangEngine(RolloutEngine):
 
     def generate(self, prompts: list[list[int]], sampling: Sampling) -> list[RolloutSample]:
         # One request per sample with its own seed, prompt-major: sample j of prompt i is request i * n + j.
-        params = [{"max_new_tokens": sampling.max_tokens, "temperature": 0.0 if sampling.greedy else sampling.temperature,
+        temperature = 0.0 if sampling.greedy else sampling.temperature
+        params = [{"max_new_tokens": sampling.max_tokens, "temperature": temperature,
                    "top_p": sampling.top_p, "top_k": sampling.top_k, "ignore_eos": sampling.ignore_eos,
                    "sampling_seed": sampling.seed + k}
                   for k in range(len(prompts) * sampling.n)]

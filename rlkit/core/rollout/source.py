@@ -154,7 +154,8 @@ class SyncRolloutSource:
         """Multi-turn episodes, run on the rollout workers (rlkit.core.agents), in prompt-major order."""
         world = self.placement.rollout_size
         parts = [list(range(len(prompts)))[r::world] for r in range(world)]
-        per_rank = [([prompts[i] for i in part], part, _rank_sampling(sampling, rank)) for rank, part in enumerate(parts)]
+        per_rank = [([prompts[i] for i in part], part, _rank_sampling(sampling, rank))
+                    for rank, part in enumerate(parts)]
         results = self.placement.rollout.call("agent_episodes", per_rank=per_rank, phase="generate")
         trajectories = [replace(t, policy_version=self.policy_version) for rank_part in results for t in rank_part]
         trajectories.sort(key=lambda t: t.group)
@@ -192,15 +193,16 @@ class SyncRolloutSource:
         overlong = self.config.reward.overlong_buffer
         if not overlong.enable:
             return {"scores": verifier, "verifier_scores": verifier}, metrics
-        penalty = overlong_penalty(batch["response_mask"].sum(-1), max_response_length=self.config.data.max_response_length,
+        penalty = overlong_penalty(batch["response_mask"].sum(-1),
+                                   max_response_length=self.config.data.max_response_length,
                                    buffer_length=overlong.length, penalty_factor=overlong.penalty_factor)
         metrics["reward/overlong_penalty"] = float(penalty.mean())
         return {"scores": verifier + penalty, "verifier_scores": verifier}, metrics
 
     def reward_model_scores(self, batch: Batch) -> torch.Tensor:
         parts = torch.arange(len(batch)).tensor_split(self.config.world_size)
-        results = self.placement.train.call("reward_model_scores", per_rank=[(batch.select(p.tolist()),) for p in parts],
-                                            phase="reward model")
+        per_rank = [(batch.select(p.tolist()),) for p in parts]
+        results = self.placement.train.call("reward_model_scores", per_rank=per_rank, phase="reward model")
         return torch.cat(results)
 
     def rule_scores(self, batch: Batch) -> tuple[torch.Tensor, dict[str, float]]:
@@ -210,7 +212,8 @@ class SyncRolloutSource:
         return torch.tensor(scored.scores, dtype=torch.float32), dict(scored.metrics)
 
     def decode_responses(self, batch: Batch) -> list[str]:
-        """The policy's own tokens of each response (a multi-turn episode's tool/environment tokens are not its answer)."""
+        """The policy's own tokens of each response (a multi-turn episode's tool/environment tokens are not its
+        answer)."""
         policy = batch["response_mask"] > 0
         return self.tokenizer.batch_decode([ids[mask].tolist() for ids, mask in zip(batch["responses"], policy)],
                                            skip_special_tokens=True)

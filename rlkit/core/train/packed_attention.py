@@ -111,7 +111,8 @@ def _kernel_usable(q: torch.Tensor) -> bool:
                     for a, b in zip([got, *grads], [want, *(t.grad for t in leaves)]))
         ok = error < 2e-2
         if not ok:
-            logger.warning("varlen attention kernel disagrees with SDPA (rel. error %.3g); using per-sequence SDPA", error)
+            logger.warning("varlen attention kernel disagrees with SDPA (rel. error %.3g); using per-sequence SDPA",
+                           error)
     except Exception as exc:  # missing op, unsupported dtype/arch: the reference path still works
         logger.warning("varlen attention kernel unavailable (%s); using per-sequence SDPA", exc)
         ok = False

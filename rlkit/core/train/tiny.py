@@ -110,5 +110,6 @@ def build_tiny_qwen2(
     model = Qwen2ForCausalLM(config)
     model.save_pretrained(out, safe_serialization=True)
     model.generation_config.save_pretrained(out)
-    (out / "rlkit_tiny.json").write_text(json.dumps({"seed": seed, "params": model.num_parameters(), "version": VERSION}))
+    provenance = {"seed": seed, "params": model.num_parameters(), "version": VERSION}
+    (out / "rlkit_tiny.json").write_text(json.dumps(provenance))
     return out
