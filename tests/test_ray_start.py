@@ -30,7 +30,7 @@ def fake_init(monkeypatch):
     monkeypatch.setattr(preflight, "check_cluster", lambda config, nodes: None)
     monkeypatch.setattr(ray, "nodes", lambda: [])
     monkeypatch.setattr(ray_constants, "ENABLE_RAY_CLUSTER", True)
-    monkeypatch.setenv(ray_constants.ENABLE_RAY_CLUSTERS_ENV_VAR, "1")
+    monkeypatch.setenv(ray_access.CLUSTER_OF_ONE_ENV, "1")
     monkeypatch.setattr(ray_access, "_warned", set())
     yield seen
     monkeypatch.undo()
@@ -47,7 +47,8 @@ def test_a_local_cluster_listens_on_loopback_with_token_auth_and_a_token_of_its_
     assert seen["env"]["RAY_AUTH_MODE"] == "token" and len(seen["env"]["RAY_AUTH_TOKEN"]) == 64
     assert seen["auth_mode"] == AuthenticationMode.TOKEN  # read again by Ray in this process, too
     # Ray keeps 127.0.0.1 (it would swap in the outward address otherwise), here and in the processes it starts.
-    assert seen["cluster_of_one"] and os.environ[ray_constants.ENABLE_RAY_CLUSTERS_ENV_VAR] == "0"
+    assert seen["cluster_of_one"] and os.environ[ray_access.CLUSTER_OF_ONE_ENV] == "0"
+    assert ray_access.CLUSTER_OF_ONE_ENV == ray_constants.ENABLE_RAY_CLUSTERS_ENV_VAR  # the name this Ray reads
 
 
 def test_a_local_cluster_keeps_the_callers_token(fake_init, monkeypatch):
@@ -66,7 +67,7 @@ def test_attaching_to_another_machine_without_token_auth_warns_once(fake_init, m
         init_ray(load_config("grpo-demo"))
     assert [r.getMessage() for r in caplog.records] == [
         f"RAY_ADDRESS={REMOTE} is a Ray cluster on another machine and RAY_AUTH_MODE is not 'token' here: if the "
-        "cluster runs without token authentication, whoever reaches its ports can run code on it. Start it with "
+        "cluster runs without token authentication, whoever reaches its ports can run code on it; start it with "
         "RAY_AUTH_MODE=token (a token: `ray get-auth-token --generate`) and set RAY_AUTH_MODE=token and "
         "RAY_AUTH_TOKEN (or RAY_AUTH_TOKEN_PATH) to the same token here"]
     assert [seen["address"] for seen in fake_init] == [REMOTE, REMOTE] and "_node_ip_address" not in fake_init[0]

@@ -16,6 +16,7 @@ import secrets
 from typing import Any
 
 LOOPBACK = "127.0.0.1"
+CLUSTER_OF_ONE_ENV = "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"  # "0": Ray keeps loopback addresses (see keep_loopback)
 logger = logging.getLogger("rlkit")
 _warned: set[str] = set()  # addresses warned about in this process
 
@@ -40,7 +41,7 @@ def keep_loopback() -> None:
     once, at import: it is set for the processes this one starts, and in this one's copy."""
     from ray._private import ray_constants
 
-    os.environ[ray_constants.ENABLE_RAY_CLUSTERS_ENV_VAR] = "0"
+    os.environ[CLUSTER_OF_ONE_ENV] = "0"
     ray_constants.ENABLE_RAY_CLUSTER = False
 
 
@@ -61,14 +62,14 @@ def local_cluster_options() -> dict[str, Any]:
     return {"_node_ip_address": LOOPBACK}
 
 
-def unauthenticated_warning(address: str) -> str | None:
-    """What to say about attaching to `address` without token authentication (None: nothing)."""
+def unauthenticated_warning(address: str) -> tuple[str, str] | None:
+    """(what is wrong, what to do) about attaching to `address` without token authentication; None: nothing."""
     if address == "auto" or is_loopback(address) or os.environ.get("RAY_AUTH_MODE", "").lower() == "token":
         return None
-    return (f"RAY_ADDRESS={address} is a Ray cluster on another machine and RAY_AUTH_MODE is not 'token' here: "
-            "if the cluster runs without token authentication, whoever reaches its ports can run code on it. "
-            "Start it with RAY_AUTH_MODE=token (a token: `ray get-auth-token --generate`) and set "
-            "RAY_AUTH_MODE=token and RAY_AUTH_TOKEN (or RAY_AUTH_TOKEN_PATH) to the same token here")
+    return (f"RAY_ADDRESS={address} is a Ray cluster on another machine and RAY_AUTH_MODE is not 'token' here: if "
+            "the cluster runs without token authentication, whoever reaches its ports can run code on it",
+            "start it with RAY_AUTH_MODE=token (a token: `ray get-auth-token --generate`) and set RAY_AUTH_MODE=token "
+            "and RAY_AUTH_TOKEN (or RAY_AUTH_TOKEN_PATH) to the same token here")
 
 
 def prepare_attach(address: str) -> None:
@@ -79,4 +80,4 @@ def prepare_attach(address: str) -> None:
     warning = unauthenticated_warning(address)
     if warning and address not in _warned:
         _warned.add(address)
-        logger.warning(warning)
+        logger.warning("%s; %s", *warning)
