@@ -39,7 +39,10 @@ from rlkit.core.agents.tools import ToolCall, parse_tool_calls
 
 _PATH = re.compile(r"^/episodes/(\d+)/v1/(chat/completions|models)$")
 MODEL_NAME = "rlkit-policy"
-READ_TIMEOUT_S = 10.0        # for a request's line, headers and body: a loopback client sends them in milliseconds
+# For a request's line, headers and body (a loopback client sends them in milliseconds), and for an idle
+# keep-alive connection: longer than httpx's 5 s keep-alive expiry, so the openai client drops an idle
+# connection before the server does (and never sends into one being closed).
+READ_TIMEOUT_S = 10.0
 MAX_BODY_BYTES = 32 << 20    # a conversation of 100k tokens is ~1 MiB of JSON
 
 
