@@ -108,14 +108,16 @@ class RayHead:
         self.dir = Path(tempfile.mkdtemp(prefix="rlkit-ray-"))  # short: Ray's socket paths have a length limit
         # The workers are the head's children: they get its environment (this repo's code first),
         # plus each run's runtime_env (rlkit's worker env, RLKIT_*/VLLM_* of the run's caller).
+        # It listens on 127.0.0.1 only: Ray keeps that address (not the machine's outward one) when it takes
+        # the machine for a cluster of one; the runs attaching to it do so too (rlkit.core.cluster.ray_access).
         env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])),
-               "HF_HUB_OFFLINE": "1"}
+               "HF_HUB_OFFLINE": "1", "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0"}
         env.pop("RAY_ADDRESS", None)
         self.log = self.dir / "head.log"
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "ray.scripts.scripts", "start", "--head", "--block", "--port=0",
-             f"--num-cpus={HEAD_CPUS}", "--include-dashboard=false", "--dashboard-agent-listen-port=0",
-             "--disable-usage-stats", f"--temp-dir={self.dir}"],
+             "--node-ip-address=127.0.0.1", f"--num-cpus={HEAD_CPUS}", "--include-dashboard=false",
+             "--dashboard-agent-listen-port=0", "--disable-usage-stats", f"--temp-dir={self.dir}"],
             env=env, stdout=self.log.open("w"), stderr=subprocess.STDOUT, start_new_session=True,
             preexec_fn=_die_with_parent if sys.platform == "linux" else None)
         try:

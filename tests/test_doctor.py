@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import re
 import socket
+import subprocess
 import tomllib
 
 import pytest
@@ -161,6 +162,34 @@ def test_an_unreachable_ray_cluster_fails(versions, monkeypatch) -> None:
     assert [f.level for f in found] == ["fail"]
     assert f"RAY_ADDRESS=127.0.0.1:{port} cannot be reached: 127.0.0.1:{port} does not accept connections" \
         in found[0].found
+
+
+def test_a_remote_ray_cluster_without_token_auth_warns(versions, monkeypatch) -> None:
+    monkeypatch.setenv("RAY_ADDRESS", "10.1.2.3:6379")
+    monkeypatch.delenv("RAY_AUTH_MODE", raising=False)
+    monkeypatch.setattr(doctor, "ray_nodes", lambda address: [{"Alive": True, "Resources": {"CPU": 8.0}}])
+    found = doctor.check_ray(load_config("grpo", [], require_inputs=False))
+    assert [(f.level, f.check) for f in found] == [("ok", "Ray"), ("warn", "Ray authentication")]
+    assert found[1].found.startswith("RAY_ADDRESS=10.1.2.3:6379 is a Ray cluster on another machine and "
+                                     "RAY_AUTH_MODE is not 'token' here")
+    assert found[1].fix.startswith("start it with RAY_AUTH_MODE=token")
+    monkeypatch.setenv("RAY_AUTH_MODE", "token")
+    assert [f.level for f in doctor.check_ray(load_config("grpo", [], require_inputs=False))] == ["ok"]
+
+
+@pytest.mark.parametrize("address, cluster_of_one", [("127.0.0.1:6379", "0"), ("10.1.2.3:6379", None)])
+def test_doctor_reads_a_loopback_cluster_at_its_loopback_address(monkeypatch, address, cluster_of_one) -> None:
+    """Ray would swap 127.0.0.1 for the machine's outward address, where a loopback-only cluster is not."""
+    seen = {}
+    monkeypatch.setattr(doctor, "probe_port", lambda address: None)
+    monkeypatch.delenv("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", raising=False)
+
+    def run(*args, env=None, **kwargs):
+        seen["cluster_of_one"] = (env or {}).get("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER")
+        return subprocess.CompletedProcess(args, 0, stdout='RLKIT-NODES []\n', stderr="")
+
+    monkeypatch.setattr(doctor.subprocess, "run", run)
+    assert doctor.ray_nodes(address) == [] and seen["cluster_of_one"] == cluster_of_one
 
 
 def test_too_little_disk_for_the_checkpoints_fails(no_cluster) -> None:

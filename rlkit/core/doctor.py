@@ -23,6 +23,7 @@ from packaging.requirements import InvalidRequirement, Requirement
 from packaging.utils import canonicalize_name
 
 from rlkit.core import compat, environment
+from rlkit.core.cluster.ray_access import CLUSTER_OF_ONE_ENV, is_loopback, unauthenticated_warning
 from rlkit.errors import UserError
 from rlkit.recipes.schema import RLConfig
 
@@ -282,9 +283,11 @@ def ray_nodes(address: str) -> list[dict]:
     probe_port(address)
     script = ("import json, sys, ray\nray.init(address=sys.argv[1], logging_level='ERROR', log_to_driver=False)\n"
               "print('RLKIT-NODES ' + json.dumps(ray.nodes(), default=str))\nray.shutdown()\n")
+    # A loopback address stays loopback in the fresh process, as in a run's (rlkit.core.cluster.ray_access).
+    env = {**os.environ, CLUSTER_OF_ONE_ENV: "0"} if is_loopback(address) else None
     try:
         done = subprocess.run([sys.executable, "-c", script, address], capture_output=True, text=True,
-                              timeout=RAY_TIMEOUT_S)
+                              timeout=RAY_TIMEOUT_S, env=env)
     except subprocess.TimeoutExpired:
         raise ConnectionError(f"no answer within {RAY_TIMEOUT_S:.0f} s") from None
     for line in done.stdout.splitlines():
@@ -311,6 +314,8 @@ def check_ray(config: RLConfig) -> list[Finding]:
     alive = [n for n in nodes if n.get("Alive")]
     gpus = sum(n.get("Resources", {}).get("GPU", 0) for n in alive)
     findings = [Finding("ok", "Ray", f"RAY_ADDRESS={address}: {len(alive)} alive node(s), {gpus:g} GPU(s)")]
+    if warning := unauthenticated_warning(address):
+        findings.append(Finding("warn", "Ray authentication", *warning))
     try:
         check_cluster(config, nodes)
     except UserError as exc:

@@ -1,7 +1,7 @@
 """Agents in your own code: `async def rollout(client, row) -> float`, with the official `openai` client.
 
 rollout.agent.loop=path/file.py:fn. Each episode calls the function with an `openai.AsyncOpenAI`
-client pointed at the worker's loopback endpoint (rlkit.core.agents.openai_server) and the row
+client pointed at the worker's loopback endpoint (rlkit.core.agents.openai_server), carrying its token, and the row
 as a dict; it may call `client.chat.completions.create(...)` any number of times (`model` may
 be anything) and returns the episode's reward. Every episode of the worker runs at once; the
 endpoint generates their waiting requests together. The trajectory is the episode's
@@ -29,8 +29,8 @@ from rlkit.core.rollout.trajectory import Trajectory
 class ClientAgentLoop:
     def __init__(self, tokenizer: Any, agent_fn: Callable[..., Any], limits: Limits, call_timeout_s: float) -> None:
         self.agent_fn, self.limits = agent_fn, limits
-        self.server = EpisodeServer(tokenizer, limits)
         self.guard = Guard(call_timeout_s * limits.max_turns, what="rollout.agent.max_turns x call_timeout_s")
+        self.server = EpisodeServer(tokenizer, limits, wait_s=self.guard.timeout_s)  # no request outlives its episode
         self._http: Any = None  # the clients' shared connection pool, made on the guard's event loop
 
     def run(self, engine: RolloutEngine, rows: list[Any], groups: list[int], sampling: Sampling) -> list[Trajectory]:
@@ -49,7 +49,7 @@ class ClientAgentLoop:
 
         if self._http is None:  # one connection pool for every episode (a client of its own costs ~20 ms)
             self._http = openai.DefaultAsyncHttpxClient()
-        client = openai.AsyncOpenAI(base_url=self.server.base_url(index), api_key="rlkit", max_retries=0,
+        client = openai.AsyncOpenAI(base_url=self.server.base_url(index), api_key=self.server.token, max_retries=0,
                                     timeout=self.guard.timeout_s, http_client=self._http)
         value = await self.agent_fn(client, row_dict(row))
         if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):

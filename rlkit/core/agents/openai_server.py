@@ -1,6 +1,10 @@
 """An OpenAI-compatible endpoint on the rollout worker, for agents written against the `openai` client.
 
-Each episode's client talks to `http://127.0.0.1:PORT/episodes/<id>/v1` (loopback only). A
+Each episode's client talks to `http://127.0.0.1:PORT/episodes/<id>/v1` (loopback only), with
+the server's bearer token as its api_key: a request without it gets 401 and is never read further
+(another process of the machine could otherwise write into an episode's prompt). A connection has
+READ_TIMEOUT_S for each request's line, headers and body, however slowly it trickles them; a body
+past MAX_BODY_BYTES gets 413 unread; a request waits for the engine at most `wait_s`. A
 request's messages become token ids without re-encoding what the policy wrote: when they
 continue the episode's conversation (the earlier messages plus the reply this server gave,
 then new messages), the prompt is the earlier ids + the reply's ids as sampled + the new
@@ -19,19 +23,27 @@ An episode sends one request at a time (its conversation is one sequence).
 
 from __future__ import annotations
 
+import hmac
 import json
 import re
+import secrets
 import threading
 import time
 from dataclasses import dataclass, field
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from typing import Any
 
 from rlkit.core.agents.chat import TurnBoundary
+from rlkit.core.agents.endpoint_http import EndpointServer, ReadDeadlines
 from rlkit.core.agents.tools import ToolCall, parse_tool_calls
 
 _PATH = re.compile(r"^/episodes/(\d+)/v1/(chat/completions|models)$")
 MODEL_NAME = "rlkit-policy"
+# For a request's line, headers and body (a loopback client sends them in milliseconds), and for an idle
+# keep-alive connection: longer than httpx's 5 s keep-alive expiry, so the openai client drops an idle
+# connection before the server does (and never sends into one being closed).
+READ_TIMEOUT_S = 10.0
+MAX_BODY_BYTES = 32 << 20    # a conversation of 100k tokens is ~1 MiB of JSON
 
 
 @dataclass
@@ -71,13 +83,16 @@ def normalize(message: dict[str, Any]) -> dict[str, Any]:
 class EpisodeServer:
     """Serves chat completions for a worker's episodes from its engine, turn-batched."""
 
-    def __init__(self, tokenizer: Any, limits: Any, batch_wait_s: float = 0.2) -> None:
-        self.tokenizer, self.limits, self.batch_wait_s = tokenizer, limits, batch_wait_s
+    def __init__(self, tokenizer: Any, limits: Any, *, wait_s: float, batch_wait_s: float = 0.2,
+                 read_timeout_s: float = READ_TIMEOUT_S, max_body_bytes: int = MAX_BODY_BYTES) -> None:
+        """wait_s: how long a request waits for its reply (an episode's whole time is the natural bound)."""
+        self.tokenizer, self.limits, self.batch_wait_s, self.wait_s = tokenizer, limits, batch_wait_s, wait_s
+        self.token = secrets.token_urlsafe(32)  # the episodes' clients send it as their api_key
         self.conversations: dict[int, Conversation] = {}
         self.running: set[int] = set()
         self.queue: list[Request] = []
         self.lock = threading.Condition()
-        self.http = _Server(("127.0.0.1", 0), _handler(self))
+        self.http = EndpointServer(("127.0.0.1", 0), _handler(self, max_body_bytes), ReadDeadlines(read_timeout_s))
         threading.Thread(target=self.http.serve_forever, name="rlkit-openai-endpoint", daemon=True).start()
 
     def base_url(self, episode: int) -> str:
@@ -97,6 +112,7 @@ class EpisodeServer:
     def close(self) -> None:
         self.http.shutdown()
         self.http.server_close()
+        self.http.deadlines.close()
 
     # -- the engine's side (the worker's thread) ------------------------------------
     def serve(self, engine: Any, sampling: Any, seed_stride: int = 1_000_003) -> None:
@@ -169,7 +185,10 @@ class EpisodeServer:
                 return self._refuse(episode, len(context))
             self.queue.append(request)
             self.lock.notify_all()
-        request.done.wait()
+        if not request.done.wait(self.wait_s):
+            with self.lock:  # not generated: it leaves the queue (one already generating is answered unseen)
+                self.queue = [r for r in self.queue if r is not request]
+            raise TimeoutError(f"no reply within {self.wait_s:g} s (rollout.agent.max_turns x call_timeout_s)")
         return request.reply  # type: ignore[return-value]  (set by _answer)
 
     def _refuse(self, episode: int, prompt_tokens: int) -> dict[str, Any]:
@@ -221,39 +240,90 @@ def _completion(episode: int, turn: int, message: dict[str, Any], prompt_tokens:
                       "total_tokens": prompt_tokens + completion_tokens}}
 
 
-class _Server(ThreadingHTTPServer):
-    daemon_threads = True
-    request_queue_size = 4096  # every episode of a worker connects at once (the default 5 refuses them)
+def _error(message: str, kind: str) -> dict[str, Any]:
+    return {"error": {"message": message, "type": kind}}
 
 
-def _handler(server: EpisodeServer) -> type[BaseHTTPRequestHandler]:
+def _handler(episodes: EpisodeServer, max_body_bytes: int) -> type[BaseHTTPRequestHandler]:
+    expected = f"Bearer {episodes.token}".encode()
+
     class Handler(BaseHTTPRequestHandler):
         protocol_version = "HTTP/1.1"  # keep-alive: an episode's requests reuse its connection
 
+        def setup(self) -> None:
+            super().setup()
+            self.server.deadlines.start(self.connection)
+
+        def finish(self) -> None:
+            self.server.deadlines.stop(self.connection)
+            super().finish()
+
         def do_GET(self) -> None:  # noqa: N802 - the http.server interface
+            if not self._authorized():
+                return
+            self.server.deadlines.stop(self.connection)  # nothing more to read
             match = _PATH.match(self.path)
             if not match or match.group(2) != "models":
-                return self._send(404, {"error": {"message": f"no such path {self.path}"}})
+                return self._send(404, _error(f"no such path {self.path}", "not_found"))
             self._send(200, {"object": "list", "data": [{"id": MODEL_NAME, "object": "model", "owned_by": "rlkit"}]})
 
         def do_POST(self) -> None:  # noqa: N802
+            if not self._authorized() or (data := self._body()) is None:
+                return
             match = _PATH.match(self.path)
-            if not match or match.group(2) != "chat/completions" or int(match.group(1)) not in server.conversations:
-                return self._send(404, {"error": {"message": f"no such path {self.path}"}})
+            if not match or match.group(2) != "chat/completions" or int(match.group(1)) not in episodes.conversations:
+                return self._send(404, _error(f"no such path {self.path}", "not_found"))
             try:
-                body = json.loads(self.rfile.read(int(self.headers.get("Content-Length", 0))))
-                reply = server.complete(int(match.group(1)), body)
+                reply = episodes.complete(int(match.group(1)), json.loads(data))
+            except TimeoutError as exc:
+                return self._send(504, _error(str(exc), "timeout"))
             except Exception as exc:  # noqa: BLE001 - a bad request is the client's error, never the worker's
-                return self._send(400, {"error": {"message": f"{type(exc).__name__}: {exc}", "type": "invalid_request"}})
+                return self._send(400, _error(f"{type(exc).__name__}: {exc}", "invalid_request"))
             self._send(200, reply)
+
+        def _authorized(self) -> bool:
+            """The server's token, compared in constant time; without it nothing more is read."""
+            if hmac.compare_digest(self.headers.get("Authorization", "").encode("latin-1"), expected):
+                return True
+            self._refuse(401, _error("missing or wrong bearer token: the episode's client carries it as api_key",
+                                     "invalid_api_key"))
+            return False
+
+        def _body(self) -> bytes | None:
+            """The request's body; None once a refusal went out, or when the client stopped sending."""
+            length = self.headers.get("Content-Length", "")
+            if not length.isdigit():
+                self._refuse(411, _error("a chat completion request needs a Content-Length", "invalid_request"))
+                return None
+            if int(length) > max_body_bytes:
+                self._refuse(413, _error(f"a request body of {length} bytes is over the endpoint's cap of "
+                                         f"{max_body_bytes}", "invalid_request"))
+                return None
+            data = self.rfile.read(int(length))
+            self.server.deadlines.stop(self.connection)
+            if len(data) < int(length):  # cut at its read deadline, or the client went away
+                self.close_connection = True
+                return None
+            return data
+
+        def _refuse(self, status: int, payload: dict[str, Any]) -> None:
+            """Answer without reading the body, then close (the unread bytes must not become a request)."""
+            self.close_connection = True
+            self._send(status, payload)
 
         def _send(self, status: int, payload: dict[str, Any]) -> None:
             data = json.dumps(payload).encode()
             self.send_response(status)
             self.send_header("Content-Type", "application/json")
             self.send_header("Content-Length", str(len(data)))
+            if status == 401:
+                self.send_header("WWW-Authenticate", "Bearer")
+            if self.close_connection:
+                self.send_header("Connection", "close")
             self.end_headers()
             self.wfile.write(data)
+            if not self.close_connection:
+                self.server.deadlines.start(self.connection)  # the next request's time starts now
 
         def log_message(self, *args: Any) -> None:  # requests are not worth a log line each
             pass

@@ -25,6 +25,7 @@ from rlkit.core.cluster.failures import (
     workers_late,
 )
 from rlkit.core.cluster.phases import PhaseBoard, PhaseReporter, WorkerPlace
+from rlkit.core.cluster.ray_access import local_cluster_options, prepare_attach
 from rlkit.errors import UserError
 from rlkit.recipes.schema import RLConfig
 
@@ -55,13 +56,6 @@ def worker_env(config: RLConfig) -> dict[str, str]:
     return {**env, **{k: v for k, v in os.environ.items() if k.startswith(("VLLM_", "RLKIT_"))}}
 
 
-RAY_AUTH_LOGGER = "ray._private.authentication.authentication_token_setup"
-
-
-def _drop_token_auth_notice(record: logging.LogRecord) -> bool:
-    return not record.getMessage().startswith("Token authentication is enabled for this Ray cluster")
-
-
 def init_ray(config: RLConfig) -> None:
     if ray.is_initialized():
         return
@@ -78,9 +72,9 @@ def init_ray(config: RLConfig) -> None:
         address = "local"
         devices = config.trainer.nnodes * config.trainer.n_gpus_per_node
         kwargs["num_cpus"] = max(os.cpu_count() or 1, devices + 1)
-        # Ray turns token authentication on for a new local cluster and warns about it on every
-        # run; the setting stays Ray's, the notice goes (its other warnings stay).
-        logging.getLogger(RAY_AUTH_LOGGER).addFilter(_drop_token_auth_notice)
+        kwargs.update(local_cluster_options())  # loopback only, token authentication
+    else:
+        prepare_attach(address)
     ray.init(address=address, **kwargs)
     if address != "local":  # a cluster: its nodes must fit the run before any worker is placed
         from rlkit.core.controller.preflight import check_cluster
