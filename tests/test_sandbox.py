@@ -20,7 +20,8 @@ def isolated(monkeypatch):
 
 
 def test_a_normal_program_runs_in_its_own_folder():
-    result = run_python("import os\nopen('note.txt', 'w').write('hi')\nprint(open('note.txt').read(), os.getcwd())", FAST)
+    code = "import os\nopen('note.txt', 'w').write('hi')\nprint(open('note.txt').read(), os.getcwd())"
+    result = run_python(code, FAST)
     assert result.ok and result.stdout == "hi /sandbox\n"
 
 
@@ -43,7 +44,8 @@ def test_a_program_that_never_ends_is_killed(code, ending):
     ("x = bytearray(10 * 1024 ** 3)", "MemoryError"),
     ("import socket\nsocket.create_connection(('93.184.216.34', 80), timeout=2)",
      "OSError: [Errno 101] Network is unreachable"),
-    ("import socket\nsocket.getaddrinfo('example.com', 80)", "socket.gaierror: [Errno -3] Temporary failure in name resolution"),
+    ("import socket\nsocket.getaddrinfo('example.com', 80)",
+     "socket.gaierror: [Errno -3] Temporary failure in name resolution"),
     ("open('/tmp/rlkit-sandbox-escape.txt', 'w')",
      "FileNotFoundError: [Errno 2] No such file or directory: '/tmp/rlkit-sandbox-escape.txt'"),
     ("import os\nos.remove('/etc/hostname')", "PermissionError: [Errno 13] Permission denied: '/etc/hostname'"),

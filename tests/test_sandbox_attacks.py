@@ -53,13 +53,14 @@ def _nothing_written(host: dict) -> None:
 # -- writes outside its folder: the host's disk is not mounted, so each lands nowhere -----------
 @pytest.mark.parametrize("code", [
     "open('{dir}/pwned', 'w').write('x')",
-    "import os\nfolder = os.open('{dir}', os.O_RDONLY)\nos.write(os.open('pwned', os.O_WRONLY | os.O_CREAT, dir_fd=folder), b'x')",
+    ("import os\nfolder = os.open('{dir}', os.O_RDONLY)\n"
+     "os.write(os.open('pwned', os.O_WRONLY | os.O_CREAT, dir_fd=folder), b'x')"),
     "import os\nopen('a', 'w').write('x')\nos.link('a', '{dir}/pwned')",
     "import os\nopen('a', 'w').write('x')\nos.rename('a', '{dir}/pwned')",
     "import os\nos.symlink('{dir}', 'link')\nopen('link/pwned', 'w').write('x')",
     "open('/proc/1/root{dir}/pwned', 'w').write('x')",
-    LIBC + "fd = libc.open(b'{dir}/pwned', os.O_WRONLY | os.O_CREAT, 0o644)\nassert fd >= 0, ctypes.get_errno()\n"
-           "libc.write(fd, b'x', 1)",
+    LIBC + ("fd = libc.open(b'{dir}/pwned', os.O_WRONLY | os.O_CREAT, 0o644)\nassert fd >= 0, ctypes.get_errno()\n"
+            "libc.write(fd, b'x', 1)"),
     # the old audit hook read its settings from __main__; there is no hook to switch off now
     "import __main__\n__main__.DENIED, __main__.home = (), '/'\nopen('{dir}/pwned', 'w').write('x')",
 ], ids=["open", "dir_fd", "link", "rename", "symlink", "proc-root", "ctypes-open", "audit-hook-off"])
@@ -72,8 +73,8 @@ def test_writes_outside_its_folder_reach_nothing_on_the_host(code, host):
 
 # -- reads of the host ---------------------------------------------------------------------
 def test_it_sees_a_filesystem_of_its_own():
-    result = run_python("import os\nprint(sorted(os.listdir('/')))\nprint(os.getcwd())\nprint(sorted(os.listdir('/dev')))",
-                        LIMITS)
+    code = "import os\nprint(sorted(os.listdir('/')))\nprint(os.getcwd())\nprint(sorted(os.listdir('/dev')))"
+    result = run_python(code, LIMITS)
     top, cwd, dev = result.stdout.splitlines()
     assert result.ok and cwd == "/sandbox"
     assert set(literal_eval(top)) <= {"bin", "dev", "etc", "lib", "lib32", "lib64", "proc", "root", "sandbox", "sbin",
@@ -109,10 +110,10 @@ def test_its_environment_holds_no_host_variable():
 
 # -- signals to the caller and other processes -------------------------------------------------
 @pytest.mark.parametrize("code", [
-    "import os\nfor pid in (os.getppid(), {me}, {sentinel}, 1):\n    try:\n        os.kill(pid, 9)\n"
-    "    except OSError as e:\n        print(type(e).__name__)",
-    "import os, signal\nfor group in ({sentinel}, {me}, 0):\n    try:\n        os.killpg(group, 9)\n"
-    "    except OSError as e:\n        print(type(e).__name__)\nos.kill(-1, 9)",
+    ("import os\nfor pid in (os.getppid(), {me}, {sentinel}, 1):\n    try:\n        os.kill(pid, 9)\n"
+     "    except OSError as e:\n        print(type(e).__name__)"),
+    ("import os, signal\nfor group in ({sentinel}, {me}, 0):\n    try:\n        os.killpg(group, 9)\n"
+     "    except OSError as e:\n        print(type(e).__name__)\nos.kill(-1, 9)"),
     "import os, signal\nsignal.pidfd_send_signal(os.pidfd_open({sentinel}), 9)",
     LIBC + "print(libc.kill({sentinel}, 9), libc.kill({me}, 9), libc.kill(-1, 9))",
 ], ids=["kill", "killpg", "pidfd", "ctypes-kill"])

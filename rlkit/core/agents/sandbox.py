@@ -41,7 +41,12 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from rlkit.core.agents.isolation import bwrap_command, interpreter, isolation_mode, require_isolation
+from rlkit.core.agents.isolation import (
+    bwrap_command,
+    interpreter,
+    isolation_mode,
+    require_isolation,
+)
 
 # The interpreter's first code: the limits (hard too, so they stay), then the program as __main__.
 _BOOTSTRAP = r"""

@@ -41,7 +41,6 @@ from rlkit.errors import UserError
 from rlkit.recipes.loader import config_to_yaml
 from rlkit.recipes.schema import RLConfig
 
-
 logger = logging.getLogger("rlkit")
 
 
