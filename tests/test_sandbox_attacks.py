@@ -205,3 +205,10 @@ def test_it_is_not_root_and_cannot_become_root():
             "    try:\n        call()\n    except PermissionError:\n        print('refused')")
     result = run_python(code, LIMITS)
     assert result.stdout == "True True\n0000000000000000\nrefused\nrefused\nrefused\n"
+
+
+def test_it_cannot_make_a_user_namespace_to_gain_capabilities_in():
+    code = (LIBC + "print(libc.unshare(0x10000000), ctypes.get_errno())\n"  # CLONE_NEWUSER
+            "import threading\nthreading.Thread(target=print, args=('threads still start',)).start()")
+    result = run_python(code, LIMITS)
+    assert result.stdout == "-1 1\nthreads still start\n"  # EPERM

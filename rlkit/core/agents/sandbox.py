@@ -45,7 +45,9 @@ from rlkit.core.agents.isolation import (
     bwrap_command,
     interpreter,
     isolation_mode,
+    memory_file,
     require_isolation,
+    seccomp_program,
 )
 
 # The interpreter's first code: the limits (hard too, so they stay), then the program as __main__.
@@ -127,8 +129,10 @@ class SandboxedProcess:
         self._directory: tempfile.TemporaryDirectory[str] | None = None
         descriptors: list[int] = []
         if self.isolated:
-            descriptors = [_memory_file(name, text) for name, text in sources.items()]
-            command = bwrap_command(limits.disk_mb << 20, list(zip(descriptors, sources)), python)
+            descriptors = [memory_file(text.encode()) for text in sources.values()]
+            seccomp = memory_file(seccomp_program())
+            command = bwrap_command(limits.disk_mb << 20, list(zip(descriptors, sources)), seccomp, python)
+            descriptors.append(seccomp)
             cwd, env = None, {}
         else:
             self._directory = tempfile.TemporaryDirectory(prefix="rlkit-sandbox-")
@@ -224,14 +228,6 @@ def _read_head(program: SandboxedProcess, limit: int) -> str:
 
 def _head(descriptor: int, limit: int) -> str:
     return os.pread(descriptor, limit, 0).decode("utf-8", errors="replace")
-
-
-def _memory_file(name: str, text: str) -> int:
-    """A descriptor of `text` in memory, read from its start (bwrap copies it into the sandbox)."""
-    descriptor = os.memfd_create(f"rlkit-sandbox-{name}")
-    os.write(descriptor, text.encode())
-    os.lseek(descriptor, 0, os.SEEK_SET)
-    return descriptor
 
 
 def _kill_namespace_init(monitor: int) -> None:
