@@ -8,6 +8,8 @@ Two ways in, by who calls:
   does not enforce RLIMIT_NPROC for kuid 0, so a fork bomb would be unbounded.
 - anyone else: unprivileged bwrap in a user namespace of its own (uid 65534 inside, no
   capabilities, no nested user namespaces); RLIMIT_NPROC is then counted in that namespace.
+Both: a seccomp filter refuses new user namespaces (in the root case the program could otherwise
+make one and hold every capability inside it: no way out, but much more kernel to attack).
 
 The uid root hands out is drawn at random from [2**30, 2**31): far above any real account
 (Debian allocates below 60000, systemd's dynamic users below 2**19, container id ranges start at

@@ -2,23 +2,24 @@
 
 The boundary (isolation "namespaces", the default; rlkit.core.agents.isolation builds it): each
 program runs under bubblewrap in new pid, network, ipc, uts, mount (and cgroup) namespaces, as an
-unprivileged uid with no capabilities and no_new_privs, in its own session (no TIOCSTI), and dies
-with its caller. Its filesystem is a fresh root holding only read-only /usr (with /bin, /lib
-links), the dynamic linker's cache and the base interpreter's folder (sys.base_prefix; run with
--I -S -B, so no site-packages), a /proc of its own pid namespace, a minimal /dev, and its working
-folder /sandbox: a private tmpfs of `disk_mb` into which the program and `files` are copied. So it
+unprivileged uid with no capabilities and no_new_privs, under a seccomp filter that refuses new
+user namespaces (and foreign syscall ABIs), in its own session (no TIOCSTI), and dies with its
+caller. Its filesystem is a fresh root holding only read-only /usr (with /bin, /lib links), the
+dynamic linker's cache and the base interpreter's folder (sys.base_prefix; run with -I -S -B, so
+no site-packages), a /proc of its own pid namespace, a minimal /dev, and its working folder
+/sandbox: a private tmpfs of `disk_mb` into which the program and `files` are copied. So it
 cannot read $HOME, /work, the runs directory, /tmp/ray or another process's /proc entries, cannot
-write anything on the host's disk, signal any process outside its namespace (nor bubblewrap's
-init inside it, which is root's), reach any network (loopback only) or host unix socket. Its
-environment is PATH, HOME, TMPDIR and LANG only.
+write anything on the host's disk, signal any process outside its namespace (nor kill
+bubblewrap's init inside it: the kernel ignores that from within), reach any network (loopback
+only) or a host unix socket. Its environment is PATH, HOME, TMPDIR and LANG only.
 
 Limits, per process (rlimits set before the program runs; it cannot raise them): CPU seconds,
 address space, file size (stderr and each file), open files, no core dumps; for the whole tree:
 `processes` (RLIMIT_NPROC: threads count too; its uid is its own, see isolation), the tmpfs's
-size, and the wall clock: at `wall_s`, or when the program's first process ends, the namespace's
-init is killed and the kernel kills every process in it (setsid or double-forked children too).
+size, and the wall clock: at `wall_s` the namespace's init is killed (and when the program's first
+process ends the init exits); then the kernel kills every process in it, setsid or double-forked.
 Memory of the whole tree is bounded only by processes x memory_mb + disk_mb: no cgroup is used
-(cgroup v1 machines cannot delegate one to an unprivileged tree; docs/security.md).
+(not built yet: a cgroup v2 memory/pids/cpu group per sandbox would bound the tree; docs/security.md).
 
 Isolation "weak" (rollout.agent.sandbox.isolation=weak, for machines without bubblewrap or user
 namespaces) is only a child process in a temporary folder with the same rlimits (no process count)
