@@ -2,19 +2,29 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
 
 class SandboxConfig(BaseModel):
-    """Limits of one sandboxed Python program (the `python` tool; code rewards use their own)."""
+    """A sandboxed Python program: the `python` tool's limits (code rewards use their own), and for both the isolation."""
 
     model_config = ConfigDict(extra="forbid")
 
     wall_s: float = Field(10.0, gt=0, description="Wall-clock seconds before the program is killed.")
     cpu_s: int = Field(5, ge=1, description="CPU seconds (RLIMIT_CPU) before the kernel stops the program.")
     memory_mb: int = Field(1024, ge=64, description="Address-space limit (RLIMIT_AS) in MiB; a larger allocation fails inside the program.")
+    processes: int = Field(16, ge=1, description="Processes and threads the program may run at once (RLIMIT_NPROC "
+                                                 "of its own uid); a fork past it fails inside the program.")
+    disk_mb: int = Field(64, ge=1, description="Size in MiB of the program's working folder (a private tmpfs).")
+    isolation: Literal["namespaces", "weak"] = Field(
+        "namespaces",
+        description="How every sandbox of the run (the python tool and code rewards) is isolated. namespaces: "
+                    "bubblewrap namespaces, an unprivileged uid, only /usr and the interpreter mounted read-only "
+                    "(docs/security.md); a run that needs the sandbox refuses to start where the machine cannot "
+                    "build it. weak: a plain child process with resource limits, no security boundary (warned "
+                    "about at start and on every step).")
 
 
 class AgentConfig(BaseModel):

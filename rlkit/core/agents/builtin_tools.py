@@ -52,7 +52,8 @@ def _calculator(config: AgentConfig) -> Callable[..., Any]:
 @BUILTIN_TOOLS.register("python")
 def _python(config: AgentConfig) -> Callable[..., Any]:
     sandbox = config.sandbox
-    limits = Limits(wall_s=sandbox.wall_s, cpu_s=sandbox.cpu_s, memory_mb=sandbox.memory_mb)
+    limits = Limits(wall_s=sandbox.wall_s, cpu_s=sandbox.cpu_s, memory_mb=sandbox.memory_mb,
+                    processes=sandbox.processes, disk_mb=sandbox.disk_mb)
 
     def python(code: str) -> str:
         """Run a Python program in a sandbox (no network, limited time and memory) and return what it prints.

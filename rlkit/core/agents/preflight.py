@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Any
 from rlkit.core.agents.chat import TurnBoundary
 from rlkit.core.agents.client_loop import agent_function
 from rlkit.core.agents.envs import load_env_class
+from rlkit.core.agents.isolation import SETTING, require_isolation
 from rlkit.core.agents.tool_env import load_tools
 from rlkit.errors import UserError
 
@@ -16,6 +17,9 @@ if TYPE_CHECKING:
     from rlkit.recipes.schema import RLConfig
 
 LOOPS = ("single_turn", "tool", "env")
+WEAK_SANDBOX_WARNING = (f"{SETTING}=weak: model-written code runs as a plain child process with resource limits "
+                        "only, without a security boundary (it can read and write what this user can and reach "
+                        "the network)")
 
 
 def check_agent(config: RLConfig, tokenizer: Any) -> None:
@@ -63,4 +67,25 @@ def check_agent(config: RLConfig, tokenizer: Any) -> None:
         raise UserError(f"rollout.agent.loop={agent.loop}: the chat template of model.path={config.model.path} cannot "
                         f"write a {role!r} message ({type(exc).__name__}: {exc}); use a chat model whose template "
                         "has that role") from None
+
+
+
+def uses_sandbox(config: RLConfig, data_sources: set[str]) -> bool:
+    """Whether the run starts sandboxes: the python tool, or HumanEval's tests scored by their rule."""
+    from rlkit.core.rewards.code import HUMANEVAL
+
+    agent = config.rollout.agent
+    scored_by_rule = not config.reward_model.path and not config.reward.function
+    return (agent.loop == "tool" and "python" in agent.tools) or (scored_by_rule and HUMANEVAL in data_sources)
+
+
+def check_sandbox(config: RLConfig, data_sources: set[str]) -> str | None:
+    """How the run's sandbox isolates (None: it uses none); SandboxUnavailable, one line naming
+    rollout.agent.sandbox.isolation, where isolation is asked for and this machine cannot build it."""
+    if not uses_sandbox(config, data_sources):
+        return None
+    if config.rollout.agent.sandbox.isolation == "weak":
+        return WEAK_SANDBOX_WARNING
+    require_isolation()
+    return "sandbox: model code runs isolated (bubblewrap namespaces, an unprivileged uid, no network)"
 

@@ -1,77 +1,91 @@
-"""Run untrusted Python (a model's code) in a child process with limits.
+"""Run untrusted Python (a model's code) behind an operating-system boundary, with limits.
 
-Each program gets a fresh temporary directory (its cwd and HOME, removed afterwards) and:
-- CPU time (RLIMIT_CPU), address space (RLIMIT_AS) and file size (RLIMIT_FSIZE) limits,
-  set by the child on itself before the program runs;
-- a wall-clock limit: past it the whole process group is killed;
-- no network: a network namespace of its own (`unshare -rn`) where the host allows one, and
-  always an audit hook that refuses sockets, new processes, signals to other processes, and
-  writes or deletions outside its directory;
-- stdout and stderr in files of at most RLIMIT_FSIZE bytes, of which only the head is read.
+The boundary (isolation "namespaces", the default; rlkit.core.agents.isolation builds it): each
+program runs under bubblewrap in new pid, network, ipc, uts, mount (and cgroup) namespaces, as an
+unprivileged uid with no capabilities and no_new_privs, under a seccomp filter that refuses new
+user namespaces (and foreign syscall ABIs), in its own session (no TIOCSTI), and dies with its
+caller. Its filesystem is a fresh root holding only read-only /usr (with /bin, /lib links), the
+dynamic linker's cache and the base interpreter's folder (sys.base_prefix; run with -I -S -B, so
+no site-packages), a /proc of its own pid namespace, a minimal /dev, and its working folder
+/sandbox: a private tmpfs of `disk_mb` into which the program and `files` are copied. So it
+cannot read $HOME, /work, the runs directory, /tmp/ray or another process's /proc entries, cannot
+write anything on the host's disk, signal any process outside its namespace (nor kill
+bubblewrap's init inside it: the kernel ignores that from within), reach any network (loopback
+only) or a host unix socket. Its environment is PATH, HOME, TMPDIR and LANG only.
 
-This stops a program that loops, allocates without bound, floods its output, or opens a
-connection by mistake. It is not a boundary against code that sets out to escape (ctypes,
-reading files outside its directory); run rollouts on machines you can afford to lose.
+Limits, per process (rlimits set before the program runs; it cannot raise them): CPU seconds,
+address space, file size (stderr and each file), open files, no core dumps; for the whole tree:
+`processes` (RLIMIT_NPROC: threads count too; its uid is its own, see isolation), the tmpfs's
+size, and the wall clock: at `wall_s` the namespace's init is killed (and when the program's first
+process ends the init exits); then the kernel kills every process in it, setsid or double-forked.
+Memory of the whole tree is bounded only by processes x memory_mb + disk_mb: no cgroup is used
+(not built yet: a cgroup v2 memory/pids/cpu group per sandbox would bound the tree; docs/security.md).
+
+Isolation "weak" (rollout.agent.sandbox.isolation=weak, for machines without bubblewrap or user
+namespaces) is only a child process in a temporary folder with the same rlimits (no process count)
+and its process group killed at the wall clock: no boundary at all. Where the default cannot be
+built, starting a sandbox raises SandboxUnavailable instead of falling back.
+
+stdout is a pipe to the caller; stderr a memory file of at most `output_bytes`, of which only the
+head is read.
 """
 
 from __future__ import annotations
 
 import contextlib
-import functools
 import os
 import select
 import signal
 import subprocess
-import sys
 import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
-# The child's first code: limits, then the audit hook (it cannot be removed), then the program.
+from rlkit.core.agents.isolation import (
+    bwrap_command,
+    interpreter,
+    isolation_mode,
+    memory_file,
+    require_isolation,
+    seccomp_program,
+)
+
+# The interpreter's first code: the limits (hard too, so they stay), then the program as __main__.
 _BOOTSTRAP = r"""
-import os, resource, sys
-cpu_s, memory, file_bytes, home, program = int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3]), sys.argv[4], sys.argv[5]
-resource.setrlimit(resource.RLIMIT_CPU, (cpu_s, cpu_s))
-resource.setrlimit(resource.RLIMIT_AS, (memory, memory))
-resource.setrlimit(resource.RLIMIT_FSIZE, (file_bytes, file_bytes))
-resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
-home = os.path.realpath(home)
-DENIED = ("subprocess.Popen", "os.system", "os.exec", "os.posix_spawn", "os.spawn", "os.fork", "os.forkpty",
-          "os.kill", "os.killpg", "signal.pthread_kill", "pty.spawn")
-PATHS = {"os.remove": 0, "os.rename": 0, "os.rmdir": 0, "os.mkdir": 0, "shutil.rmtree": 0, "os.chmod": 0,
-         "os.chown": 0, "os.truncate": 0, "os.symlink": 1, "os.link": 1, "os.utime": 0}
-def inside(path):
-    try:
-        return os.path.realpath(os.fsdecode(path)).startswith(home + os.sep)
-    except (TypeError, ValueError):
-        return isinstance(path, int)  # a file descriptor it already holds
-def writes(mode, flags):
-    if mode is not None:
-        return any(c in str(mode) for c in "wax+")
-    return bool(flags & (os.O_WRONLY | os.O_RDWR | os.O_CREAT | os.O_APPEND | os.O_TRUNC))
-def hook(event, args):
-    if event.startswith("socket.") or event.startswith(DENIED):
-        raise PermissionError(f"{event}: not allowed in the rlkit sandbox (no network, no new processes)")
-    if event == "open" and writes(args[1], args[2]) and not inside(args[0]):
-        raise PermissionError(f"writing {args[0]!r}: the rlkit sandbox writes only inside its directory")
-    if event in PATHS and not inside(args[PATHS[event]]):
-        raise PermissionError(f"{event} {args[PATHS[event]]!r}: outside the rlkit sandbox's directory")
-sys.addaudithook(hook)
+import os, resource, sys, types
+*limits, program = sys.argv[1:]
+for limit in limits:
+    name, value = limit.split("=")
+    resource.setrlimit(getattr(resource, name), (int(value), int(value)))
+main = types.ModuleType("__main__")
+main.__file__ = program
+sys.modules["__main__"] = main
 sys.argv = [program]
-sys.path.insert(0, home)
+sys.path.insert(0, os.path.dirname(os.path.abspath(program)))
 with open(program) as f:
     source = f.read()
-exec(compile(source, program, "exec"), {"__name__": "__main__", "__file__": program, "__builtins__": __builtins__})
+exec(compile(source, program, "exec"), main.__dict__)
 """
+_OPEN_FILES = 256
+_KILL_GRACE_S = 5.0  # how long the namespace's teardown may take before its monitor is killed too
 
 
 @dataclass(frozen=True)
 class Limits:
     wall_s: float = 10.0
-    cpu_s: int = 5
-    memory_mb: int = 1024
-    output_bytes: int = 1 << 20  # the most stdout (or stderr) a program may write
+    cpu_s: int = 5  # CPU seconds, per process
+    memory_mb: int = 1024  # address space, per process
+    output_bytes: int = 1 << 20  # the most stdout (or stderr) a program may write; also any one file's size
+    processes: int = 16  # processes and threads of the whole tree at once (isolation=namespaces)
+    disk_mb: int = 64  # the working folder's size (isolation=namespaces)
+
+    def rlimits(self, isolated: bool) -> list[str]:
+        limits = {"RLIMIT_CPU": self.cpu_s, "RLIMIT_AS": self.memory_mb << 20, "RLIMIT_FSIZE": self.output_bytes,
+                  "RLIMIT_NOFILE": _OPEN_FILES, "RLIMIT_CORE": 0}
+        if isolated:  # outside the sandbox's own uid the count would be every process of the caller's user
+            limits["RLIMIT_NPROC"] = self.processes
+        return [f"{name}={value}" for name, value in limits.items()]
 
 
 @dataclass
@@ -100,27 +114,41 @@ class Result:
 class SandboxedProcess:
     """A sandboxed program that is still running: its stdin and stdout are pipes to the caller.
 
-    The program's stderr goes to a file of at most `output_bytes`. `kill()` ends the whole
+    The program's stderr goes to a memory file of at most `output_bytes`. `kill()` ends the whole
     process tree; `finish()` waits (up to the wall-clock limit from the start) and returns
-    the Result. Use it as a context manager: leaving the block kills what is left and removes
-    the program's directory.
+    the Result. Use it as a context manager: leaving the block kills what is left and frees the
+    program's folder.
     """
 
     def __init__(self, code: str, limits: Limits, files: dict[str, str] | None) -> None:
         self.limits = limits
-        self._directory = tempfile.TemporaryDirectory(prefix="rlkit-sandbox-")
-        home = self._directory.name
-        program = Path(home) / "program.py"
-        program.write_text(code)
-        for name, text in (files or {}).items():
-            (Path(home) / name).write_text(text)
-        command = [*_network_isolation(), sys.executable, "-I", "-B", "-c", _BOOTSTRAP, str(limits.cpu_s),
-                   str(limits.memory_mb << 20), str(limits.output_bytes), home, str(program)]
-        env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": home, "TMPDIR": home, "LANG": "C.UTF-8"}
-        self._stderr = open(Path(home) / ".stderr", "wb+")
+        self.isolated = isolation_mode() == "namespaces"
+        if self.isolated:
+            require_isolation()
+        sources = {"program.py": code, **(files or {})}
+        python = [interpreter()[0], "-I", "-S", "-B", "-c", _BOOTSTRAP, *limits.rlimits(self.isolated), "program.py"]
+        self._directory: tempfile.TemporaryDirectory[str] | None = None
+        descriptors: list[int] = []
+        if self.isolated:
+            descriptors = [memory_file(text.encode()) for text in sources.values()]
+            seccomp = memory_file(seccomp_program())
+            command = bwrap_command(limits.disk_mb << 20, list(zip(descriptors, sources)), seccomp, python)
+            descriptors.append(seccomp)
+            cwd, env = None, {}
+        else:
+            self._directory = tempfile.TemporaryDirectory(prefix="rlkit-sandbox-")
+            cwd = self._directory.name
+            for name, text in sources.items():
+                (Path(cwd) / name).write_text(text)
+            command, env = python, {"PATH": "/usr/bin:/bin", "HOME": cwd, "TMPDIR": cwd, "LANG": "C.UTF-8"}
+        self._stderr = os.memfd_create("rlkit-sandbox-stderr")
         self._start = time.perf_counter()
-        self.process = subprocess.Popen(command, cwd=home, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                        stderr=self._stderr, start_new_session=True)
+        try:
+            self.process = subprocess.Popen(command, cwd=cwd, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                            stderr=self._stderr, pass_fds=descriptors, start_new_session=True)
+        finally:
+            for descriptor in descriptors:  # bwrap has its own copies
+                os.close(descriptor)
         self.stdin, self.stdout = self.process.stdin, self.process.stdout
         self.timed_out = False
 
@@ -129,7 +157,11 @@ class SandboxedProcess:
         return max(0.0, self.limits.wall_s - (time.perf_counter() - self._start))
 
     def kill(self) -> None:
-        """End the program and everything it started."""
+        """End the program and everything it started; when it returns, no process of it is left."""
+        if self.process.poll() is None and self.isolated:
+            _kill_namespace_init(self.process.pid)
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                self.process.wait(timeout=_KILL_GRACE_S)
         if self.process.poll() is None:
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(self.process.pid, signal.SIGKILL)
@@ -142,15 +174,20 @@ class SandboxedProcess:
         except subprocess.TimeoutExpired:
             self.kill()
             exit_code, self.timed_out = None, True
+        if self.isolated and exit_code is not None and exit_code > 128:  # bwrap reports signal N as 128 + N
+            exit_code = 128 - exit_code
         seconds = time.perf_counter() - self._start
         return Result(exit_code, stdout, _head(self._stderr, self.limits.output_bytes), self.timed_out, seconds)
 
     def close(self) -> None:
         self.kill()
-        for stream in (self.stdin, self.stdout, self._stderr):
+        for stream in (self.stdin, self.stdout):
             with contextlib.suppress(OSError):
                 stream.close()
-        self._directory.cleanup()
+        with contextlib.suppress(OSError):
+            os.close(self._stderr)
+        if self._directory is not None:
+            self._directory.cleanup()
 
     def __enter__(self) -> SandboxedProcess:
         return self
@@ -160,12 +197,14 @@ class SandboxedProcess:
 
 
 def start_python(code: str, limits: Limits = Limits(), files: dict[str, str] | None = None) -> SandboxedProcess:
-    """Start `code` as a script in a fresh directory (with `files` next to it); talk to it over its stdin/stdout."""
+    """Start `code` as a script in a fresh folder (with `files` next to it); talk to it over its stdin/stdout.
+
+    Raises SandboxUnavailable when isolation is asked for and this machine cannot provide it."""
     return SandboxedProcess(code, limits, files)
 
 
 def run_python(code: str, limits: Limits = Limits(), files: dict[str, str] | None = None) -> Result:
-    """Run `code` as a script in a fresh directory (with `files` written next to it) and wait for its end."""
+    """Run `code` as a script in a fresh folder (with `files` written next to it) and wait for its end."""
     with start_python(code, limits, files) as program:
         program.stdin.close()
         stdout = _read_head(program, limits.output_bytes)
@@ -188,16 +227,19 @@ def _read_head(program: SandboxedProcess, limit: int) -> str:
     return b"".join(chunks).decode("utf-8", errors="replace")
 
 
-def _head(file, limit: int) -> str:
-    file.seek(0)
-    return file.read(limit).decode("utf-8", errors="replace")
+def _head(descriptor: int, limit: int) -> str:
+    return os.pread(descriptor, limit, 0).decode("utf-8", errors="replace")
 
 
-@functools.cache
-def _network_isolation() -> tuple[str, ...]:
-    """`unshare -rn` (a network namespace with only a loopback that is down) where this host allows it."""
-    try:
-        probe = subprocess.run(["unshare", "-rn", "true"], capture_output=True, timeout=10)
-    except (OSError, subprocess.TimeoutExpired):
-        return ()
-    return ("unshare", "-rn") if probe.returncode == 0 else ()
+def _kill_namespace_init(monitor: int) -> None:
+    """SIGKILL bwrap's init in the program's pid namespace (the monitor's only child): the kernel then
+    kills every process in the namespace, and the monitor exits only once they are all gone."""
+    children = Path(f"/proc/{monitor}/task/{monitor}/children")
+    with contextlib.suppress(OSError):
+        for pid in map(int, children.read_text().split()):
+            descriptor = os.pidfd_open(pid)
+            try:
+                if str(pid) in children.read_text().split():  # still the monitor's child: not a reused pid
+                    signal.pidfd_send_signal(descriptor, signal.SIGKILL)
+            finally:
+                os.close(descriptor)

@@ -6,12 +6,15 @@ passes, the controller does the cheap, visible math (rewards -> advantages).
 
 from __future__ import annotations
 
+import logging
 import shutil
 from pathlib import Path
 from typing import Any
 
 import torch
 
+from rlkit.core.agents.isolation import set_isolation
+from rlkit.core.agents.preflight import WEAK_SANDBOX_WARNING, uses_sandbox
 from rlkit.core.algos.advantages import AdvantageInputs, compute_advantages
 from rlkit.core.algos.kl import (
     AdaptiveKLController,
@@ -38,6 +41,8 @@ from rlkit.errors import UserError
 from rlkit.recipes.loader import config_to_yaml
 from rlkit.recipes.schema import RLConfig
 
+logger = logging.getLogger("rlkit")
+
 
 def masked_mean(values: torch.Tensor, mask: torch.Tensor) -> float:
     return float((values * mask).sum() / mask.sum().clamp(min=1))
@@ -59,6 +64,12 @@ class Controller:
                                              config.algorithm.kl_ctrl.horizon)
                         if config.algorithm.kl_ctrl.type == "adaptive"
                         else FixedKLController(config.algorithm.kl_ctrl.kl_coef))
+        # Every sandbox of the run (reward workers, Ray workers) inherits the mode from this process's environment.
+        set_isolation(config.rollout.agent.sandbox.isolation)
+        self.weak_sandbox = (config.rollout.agent.sandbox.isolation == "weak"
+                             and uses_sandbox(config, {row.data_source for row in self.rows}))
+        if self.weak_sandbox:
+            logger.warning(WEAK_SANDBOX_WARNING)
         self.scorer = RewardScorer(config.reward)
         self.recorder = RolloutRecorder.for_run(config, run.path)  # trainer.record_rollouts
         try:
@@ -105,6 +116,9 @@ class Controller:
                     metrics.update(self.update_actor(batch))
                 with timed(timing, "sync"):  # the source's policy version becomes `step`
                     metrics.update(self.source.sync_weights(step))
+        if self.weak_sandbox:  # said on every step, so that no one reads a run's results without knowing
+            logger.warning(WEAK_SANDBOX_WARNING)
+            metrics["sandbox/weak"] = 1.0
         metrics = {**self.batch_metrics(batch), **metrics,
                    **{f"timing/{k}": v for k, v in timing.items()}, **self.throughput(batch, timing["step"])}
         self.recorder.record(step, batch, metrics)  # the batch the update got, for `rlkit replay` / `inspect`

@@ -14,7 +14,7 @@ import os
 from dataclasses import dataclass, field
 from typing import Any
 
-from rlkit.core.agents.preflight import check_agent
+from rlkit.core.agents.preflight import check_agent, check_sandbox
 from rlkit.core.agents.tool_env import prompt_tools
 from rlkit.core.controller import model_checks
 from rlkit.core.data.dataset import (
@@ -115,6 +115,9 @@ class Preflight:
                             f"data.max_prompt_length={data.max_prompt_length}")
         if not self.config.reward_model.path:
             self.checked.append(check_reward_functions(self.config.reward, [r.data_source for r in rows], where))
+        sandbox = check_sandbox(self.config, {row.data_source for row in rows})
+        if sandbox:
+            self.checked.append(sandbox)
         for file in data.val_files:
             check_data_file(file, "data.val_files", tokenizer, self.config.model.path)
         return RunInputs(model_path, tokenizer, rows, generated)
