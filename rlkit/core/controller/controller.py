@@ -20,7 +20,7 @@ from rlkit.core.algos.kl import (
     kl_estimate,
 )
 from rlkit.core.batch import Batch, shard_minibatches
-from rlkit.core.cluster.failures import WorkerFailure, checkpoint_write_failure
+from rlkit.core.cluster.failures import WorkerFailure, checkpoint_write_failure, os_error_behind
 from rlkit.core.cluster.placement import Placement
 from rlkit.core.cluster.worker_group import WorkerGroup, init_ray
 from rlkit.core.controller import invariants
@@ -245,12 +245,11 @@ def save_run_checkpoint(config: RLConfig, run: RunDir, step: int, reason: str, g
             run.path, step, reason=reason, write_shards=write_shards, trainer_state=trainer_state,
             controller_rng=rng_state(), config_yaml=config_to_yaml(config), keep_last=config.trainer.keep_last)
     except (OSError, WorkerFailure) as exc:  # disk full, unwritable run dir: name the path, give the space back
+        if os_error_behind(exc) is None:
+            raise  # a worker that died or hung stays a WorkerFailure
         tmp = checkpoint.tmp_dir(run.path, step)
-        failure = checkpoint_write_failure(tmp, step, exc)
-        if failure is None:
-            raise
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise failure from None
+        shutil.rmtree(tmp, ignore_errors=True)  # first: the free space the message reports is what is left
+        raise checkpoint_write_failure(tmp, step, exc, checkpoint.last_checkpoint_bytes(run.path)) from None
 
 
 def worker_log_probs(workers: WorkerGroup, batch: Batch, which: str, world: int) -> dict[str, torch.Tensor]:
