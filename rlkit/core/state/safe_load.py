@@ -26,6 +26,8 @@ from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner
 from torch.distributed.checkpoint.metadata import Metadata, StorageMeta
 from torch.distributed.checkpoint.planner import ReadItem
 
+from rlkit.errors import UserError
+
 # Modules whose own classes (dataclasses and enums of DCP's index) may be rebuilt from `.metadata`.
 _CLASS_MODULES = ("torch.distributed.checkpoint.metadata", "torch.distributed.checkpoint.filesystem")
 _ALLOWED = {
@@ -37,8 +39,8 @@ _ALLOWED = {
 }
 
 
-class UnsafeCheckpointError(pickle.UnpicklingError):
-    """A checkpoint's pickle names something its format never holds."""
+class UnsafeCheckpointError(UserError, pickle.UnpicklingError):
+    """A checkpoint's pickle names something its format never holds (refused like any unusable checkpoint)."""
 
 
 class _MetadataUnpickler(pickle.Unpickler):
