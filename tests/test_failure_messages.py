@@ -113,8 +113,8 @@ def test_a_full_disk_behind_a_workers_checkpoint_exception_is_a_checkpoint_write
     failure = checkpoint_write_failure(tmp_path / ".tmp-step_00000008", 8, raised, needed_bytes=3_240_000_000)
     assert isinstance(failure, CheckpointWriteError)
     assert str(failure).startswith(f"could not write the checkpoint of step 8 to {tmp_path}/.tmp-step_00000008: "
-                                   f"[Errno 28] No space left on device: '{tmp_path}/shards/__0_0.distcp' (no space "
-                                   "left on device, ENOSPC: 1.5 MB free there; the last checkpoint took 3.2 GB). "
+                                   f"[Errno 28] No space left on device: '{tmp_path}/shards/__0_0.distcp' (ENOSPC: "
+                                   "1.5 MB free there now; the last checkpoint took 3.2 GB). "
                                    "Earlier checkpoints are untouched; free space or fix the permissions there")
     assert checkpoint_write_failure(tmp_path, 8, PermissionError(13, "Permission denied", "x")) is not None
 

@@ -20,6 +20,7 @@ from typing import Any, Callable
 from rlkit.core.cluster.phases import WorkerPlace
 
 TROUBLESHOOTING = "docs/troubleshooting.md"
+NEARLY_FULL_BYTES = 16 << 20  # a failed write with less free than this is taken for a full disk
 
 
 class RunFailure(RuntimeError):
@@ -136,10 +137,23 @@ def checkpoint_write_failure(tmp: Path, step: int, exc: BaseException,
     if error.errno == errno.ENOSPC:
         free = _free_bytes(Path(tmp))
         needed = f"; the last checkpoint took {_size(needed_bytes)}" if needed_bytes else ""
-        space = f" (no space left on device, ENOSPC: {_size(free)} free there{needed})" if free is not None else ""
+        space = f" (ENOSPC: {_size(free)} free there now{needed})" if free is not None else ""
     return CheckpointWriteError(
         f"could not write the checkpoint of step {step} to {tmp}: {error}{space}. Earlier checkpoints are untouched; "
         f"free space or fix the permissions there (see {TROUBLESHOOTING}, 'A checkpoint could not be written').")
+
+
+def disk_full_error(folder: Path, exc: BaseException) -> OSError | None:
+    """The OSError behind `exc` from writing into `folder`; or, when there is none but the disk there is
+    (nearly) full, an ENOSPC naming `folder`: torch's zip writer (torch.save, so every DCP shard) turns
+    a failed write into "RuntimeError: [enforce fail at inline_container.cc] unexpected pos", losing it."""
+    error = os_error_behind(exc)
+    if error is not None:
+        return error
+    free = _free_bytes(folder)
+    if free is not None and free < NEARLY_FULL_BYTES:
+        return OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(folder))
+    return None
 
 
 def _free_bytes(path: Path) -> int | None:

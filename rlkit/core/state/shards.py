@@ -21,7 +21,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from rlkit.core.cluster.failures import os_error_behind
+from rlkit.core.cluster.failures import disk_full_error
 
 # torch.distributed.checkpoint is imported where shards are written and read: the controller imports
 # this module (RNG states) through the worker classes, and has no use for DCP (~0.7 s to import).
@@ -65,14 +65,15 @@ def save_shards(folder: str | Path, rank: int, *, model: torch.nn.Module, optimi
                 scheduler: Any = None) -> None:
     """Collective: every rank of the group at once. `scheduler` is None for a constant learning rate."""
     import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.api import CheckpointException  # a BaseException, not an Exception
 
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
     model_state, optim_state = _trainable_state(model, optimizer)
     try:
         dcp.save({MODEL_KEY: model_state, OPTIM_KEY: optim_state}, checkpoint_id=str(folder / SHARDS_DIR))
-    except Exception as exc:  # DCP wraps a full disk in its CheckpointException, which loses it crossing Ray
-        error = os_error_behind(exc)
+    except (Exception, CheckpointException) as exc:  # a full disk hidden in DCP's: an OSError crosses Ray intact
+        error = disk_full_error(folder / SHARDS_DIR, exc)
         if error is None:
             raise
         raise OSError(error.errno, error.strerror, str(folder / SHARDS_DIR)) from exc
