@@ -12,13 +12,13 @@ from pathlib import Path
 import pytest
 import torch
 import torch.distributed.checkpoint as dcp
+from test_export_files import checkpointed_run
 
 from rlkit.core.state import checkpoint, safe_load
 from rlkit.core.state.checkpoint import MARKER, checkpoint_at, write_checkpoint
 from rlkit.core.state.export import export_hf
 from rlkit.core.state.shards import MODEL_KEY, SHARDS_DIR
 from rlkit.errors import UserError
-from test_export_files import checkpointed_run
 
 METADATA = Path("policy") / SHARDS_DIR / ".metadata"
 

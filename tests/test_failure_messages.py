@@ -6,7 +6,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from rlkit.core.cluster import failures, faults
+from rlkit.core.cluster import faults
 from rlkit.core.cluster.failures import (
     CheckpointWriteError,
     WorkerException,
@@ -24,6 +24,7 @@ from rlkit.core.cluster.failures import (
     workers_late,
 )
 from rlkit.core.cluster.phases import WorkerPlace
+from rlkit.core.state import disk_errors
 
 # What Ray 2.x reports for an actor whose process got SIGKILL (copied from a real run).
 KILLED = """The actor died unexpectedly before finishing this task.
@@ -106,7 +107,7 @@ def test_late_message_names_each_late_rank_and_the_key_to_raise():
 def test_a_full_disk_behind_a_workers_checkpoint_exception_is_a_checkpoint_write_error(tmp_path, monkeypatch):
     from torch.distributed.checkpoint.api import CheckpointException
 
-    monkeypatch.setattr(failures.shutil, "disk_usage", lambda path: SimpleNamespace(free=1_500_000))
+    monkeypatch.setattr(disk_errors.shutil, "disk_usage", lambda path: SimpleNamespace(free=1_500_000))
     full = OSError(28, "No space left on device", str(tmp_path / "shards" / "__0_0.distcp"))
     raised = WorkerFailure("worker rank 0 raised CheckpointException",
                            cause=CheckpointException("save", {0: (full, None)}))

@@ -12,15 +12,14 @@ import functools
 import os
 import pickle
 import re
-import shutil
 from pathlib import Path
 from types import FunctionType
 from typing import Any, Callable
 
 from rlkit.core.cluster.phases import WorkerPlace
+from rlkit.core.state.disk_errors import free_bytes, os_error_behind
 
 TROUBLESHOOTING = "docs/troubleshooting.md"
-NEARLY_FULL_BYTES = 16 << 20  # a failed write with less free than this is taken for a full disk
 
 
 class RunFailure(RuntimeError):
@@ -135,7 +134,7 @@ def checkpoint_write_failure(tmp: Path, step: int, exc: BaseException,
         return None
     space = ""
     if error.errno == errno.ENOSPC:
-        free = _free_bytes(Path(tmp))
+        free = free_bytes(Path(tmp))
         needed = f"; the last checkpoint took {_size(needed_bytes)}" if needed_bytes else ""
         space = f" (ENOSPC: {_size(free)} free there now{needed})" if free is not None else ""
     return CheckpointWriteError(
@@ -143,48 +142,11 @@ def checkpoint_write_failure(tmp: Path, step: int, exc: BaseException,
         f"free space or fix the permissions there (see {TROUBLESHOOTING}, 'A checkpoint could not be written').")
 
 
-def disk_full_error(folder: Path, exc: BaseException) -> OSError | None:
-    """The OSError behind `exc` from writing into `folder`; or, when there is none but the disk there is
-    (nearly) full, an ENOSPC naming `folder`: torch's zip writer (torch.save, so every DCP shard) turns
-    a failed write into "RuntimeError: [enforce fail at inline_container.cc] unexpected pos", losing it."""
-    error = os_error_behind(exc)
-    if error is not None:
-        return error
-    free = _free_bytes(folder)
-    if free is not None and free < NEARLY_FULL_BYTES:
-        return OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(folder))
-    return None
-
-
-def _free_bytes(path: Path) -> int | None:
-    """Free bytes on the filesystem of `path` (or of its nearest existing parent)."""
-    for candidate in (path, *path.parents):
-        if candidate.exists():
-            return shutil.disk_usage(candidate).free
-    return None
-
-
 def _size(n_bytes: int) -> str:
     for unit, scale in (("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
         if n_bytes >= scale:
             return f"{n_bytes / scale:.1f} {unit}"
     return f"{n_bytes} bytes"
-
-
-def os_error_behind(exc: BaseException | None, depth: int = 0) -> OSError | None:
-    """The OSError behind `exc`: itself, a worker's cause, or one rank's failure inside torch's
-    CheckpointException (whose `failures` maps rank -> (exception, traceback))."""
-    if exc is None or depth > 5:
-        return None
-    if isinstance(exc, OSError):
-        return exc
-    if isinstance(exc, WorkerFailure):  # died or late: no cause; raised: the worker's own exception
-        return os_error_behind(exc.cause, depth + 1)
-    for failure in (getattr(exc, "failures", None) or {}).values():
-        found = os_error_behind(failure[0] if isinstance(failure, tuple) else failure, depth + 1)
-        if found is not None:
-            return found
-    return os_error_behind(exc.__cause__ or exc.__context__, depth + 1)
 
 
 def describe_worker(rank: int, node: int, place: WorkerPlace | None) -> str:

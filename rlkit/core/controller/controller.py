@@ -20,7 +20,7 @@ from rlkit.core.algos.kl import (
     kl_estimate,
 )
 from rlkit.core.batch import Batch, shard_minibatches
-from rlkit.core.cluster.failures import WorkerFailure, checkpoint_write_failure, os_error_behind
+from rlkit.core.cluster.failures import WorkerFailure, checkpoint_write_failure
 from rlkit.core.cluster.placement import Placement
 from rlkit.core.cluster.worker_group import WorkerGroup, init_ray
 from rlkit.core.controller import invariants
@@ -31,6 +31,7 @@ from rlkit.core.rewards.scoring import RewardScorer
 from rlkit.core.rollout.async_source import AsyncRolloutSource
 from rlkit.core.rollout.source import SyncRolloutSource, timed
 from rlkit.core.state import checkpoint
+from rlkit.core.state.disk_errors import os_error_behind
 from rlkit.core.state.records import RolloutRecorder
 from rlkit.core.state.shards import rng_state, set_rng_state
 from rlkit.core.train.critic_worker import VALUE_INPUT_KEYS, start_critic_group

@@ -21,7 +21,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from rlkit.core.cluster.failures import disk_full_error
+from rlkit.core.state.disk_errors import disk_full_error
 
 # torch.distributed.checkpoint is imported where shards are written and read: the controller imports
 # this module (RNG states) through the worker classes, and has no use for DCP (~0.7 s to import).
