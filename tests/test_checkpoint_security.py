@@ -14,6 +14,8 @@ import torch
 import torch.distributed.checkpoint as dcp
 from test_export_files import checkpointed_run
 
+from rlkit.core.controller.offline_eval import resolve_target
+from rlkit.core.controller.resume import resume_run
 from rlkit.core.state import checkpoint, safe_load
 from rlkit.core.state.checkpoint import MARKER, checkpoint_at, write_checkpoint
 from rlkit.core.state.export import export_hf
@@ -112,8 +114,13 @@ def test_a_crafted_metadata_pickle_never_runs(tiny_model_dir, tmp_path) -> None:
 
     crafted = pickle.dumps(CreatesFile(marker))  # padded to the real index's size: only the hash tells them apart
     (folder / METADATA).write_bytes(crafted + b"\0" * ((folder / METADATA).stat().st_size - len(crafted)))
-    with pytest.raises(UserError, match=r"policy/shards/\.metadata does not match the sha256"):
+    mismatch = r"policy/shards/\.metadata does not match the sha256"
+    with pytest.raises(UserError, match=mismatch):
         export_hf(run, tmp_path / "hf")
+    with pytest.raises(UserError, match=mismatch):  # the checkpoint resume would load: refused before any worker
+        resume_run(str(run.path), [])
+    with pytest.raises(UserError, match=mismatch):
+        resolve_target(str(run.path), step=None, overrides=[], runs_dir=tmp_path / "runs")
     assert not marker.exists() and not (tmp_path / "hf").exists()
 
     rehash(folder)  # the manifest now vouches for the payload: the restricted unpickler still refuses it
@@ -121,6 +128,8 @@ def test_a_crafted_metadata_pickle_never_runs(tiny_model_dir, tmp_path) -> None:
         export_hf(run, tmp_path / "hf")
     assert str(refused.value) == (f"{folder / METADATA} is not a plain DCP index (io.open is not part of a DCP "
                                   "index); it was not loaded")
+    with pytest.raises(UserError, match="is not a plain DCP index"):  # what a resumed worker reads it with
+        safe_load.load({MODEL_KEY: {}}, folder / "policy" / SHARDS_DIR)
     assert not marker.exists()
 
 

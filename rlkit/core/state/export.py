@@ -140,7 +140,7 @@ def load_policy(ckpt: checkpoint.Checkpoint, base: str) -> tuple[torch.nn.Module
 
 def _check_keys(target: dict[str, torch.Tensor], shards: Path) -> None:
     """Every parameter of the base model must be in the checkpoint, with the same shape."""
-    metadata = safe_load.read_metadata(shards / ".metadata").state_dict_metadata
+    metadata = safe_load.read_metadata(shards / safe_load.METADATA_FILE).state_dict_metadata
     prefix = f"{MODEL_KEY}."
     saved = {k[len(prefix):]: v for k, v in metadata.items() if k.startswith(prefix)}
     missing = [k for k in target if k not in saved]

@@ -28,6 +28,7 @@ from torch.distributed.checkpoint.planner import ReadItem
 
 from rlkit.errors import UserError
 
+METADATA_FILE = ".metadata"  # DCP's index, in the checkpoint folder
 # Modules whose own classes (dataclasses and enums of DCP's index) may be rebuilt from `.metadata`.
 _CLASS_MODULES = ("torch.distributed.checkpoint.metadata", "torch.distributed.checkpoint.filesystem")
 _ALLOWED = {
@@ -92,6 +93,8 @@ class SafeLoadPlanner(DefaultLoadPlanner):
 
 def load(state: dict[str, Any], folder: Path, *, no_dist: bool = False) -> None:
     """`dcp.load(state, checkpoint_id=folder)` through the reader and planner above."""
+    # Refused here, as a plain UserError: inside dcp.load it would arrive wrapped in a CheckpointException.
+    read_metadata(folder / METADATA_FILE)
     with warnings.catch_warnings():
         if no_dist:  # "torch.distributed is not initialized": intended, one process reads all
             warnings.simplefilter("ignore", UserWarning)
