@@ -78,6 +78,21 @@ def test_eval_reads_no_run_that_an_id_walks_out_to(tmp_path, monkeypatch) -> Non
         in " ".join(result.output.split())
 
 
+def test_a_symlinked_run_directory_is_not_emptied(tmp_path) -> None:
+    victim = tmp_path / "victimdir"
+    victim.mkdir()
+    (victim / "config.yaml").write_text("mine\n")
+    (victim / "notes.txt").write_text("keep me\n")
+    (tmp_path / "runs").mkdir()
+    (tmp_path / "runs" / "r").symlink_to(victim)
+    config = load_config("grpo-demo", [f"trainer.runs_dir={tmp_path / 'runs'}"])
+    with pytest.raises(UserError) as refused:
+        RunDir.create(config, "r")
+    assert str(refused.value) == (f"run directory {tmp_path / 'runs' / 'r'} already exists and is a symbolic link "
+                                  f"(to {victim}); pick another --run-id")
+    assert sorted(p.name for p in victim.iterdir()) == ["config.yaml", "notes.txt"]
+
+
 def test_a_run_directorys_own_path_still_opens(tmp_path, monkeypatch) -> None:
     config = load_config("grpo-demo", [f"trainer.runs_dir={tmp_path / 'runs'}"])
     made = RunDir.create(config, "r1")

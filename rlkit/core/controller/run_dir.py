@@ -73,6 +73,8 @@ class RunDir:
         from rlkit.core.cluster.failures import resume_command
         from rlkit.core.state.checkpoint import list_checkpoints
 
+        if self.path.is_symlink():  # starting afresh empties the folder: never one that may lie outside runs_dir
+            return f"is a symbolic link (to {os.readlink(self.path)}); pick another --run-id"
         if not (self.path / "config.yaml").is_file():
             return "is not a run directory (no config.yaml); pick another --run-id"
         status = self.read_status()
