@@ -206,8 +206,8 @@ def verify(ckpt: Checkpoint) -> Checkpoint:
     if unhashed:
         raise UserError(f"checkpoint {ckpt.path}: its manifest has no sha256 for {ckpt.path / unhashed[0]}; "
                         "it was not loaded")
-    actual = sha256_files(ckpt.path, list(expected))
-    changed = [name for name in expected if actual[name] != expected[name]]
+    actual = sha256_files(ckpt.path, list(manifest["files"]))  # names all found inside the folder above
+    changed = [name for name in actual if actual[name] != expected[name]]
     if changed:
         raise UserError(f"checkpoint {ckpt.path}: {ckpt.path / changed[0]} does not match the sha256 its manifest "
                         "recorded (changed or corrupted since it was written); it was not loaded. Delete the "

@@ -12,6 +12,8 @@ cannot run code.
 from __future__ import annotations
 
 import collections
+import dataclasses
+import enum
 import io
 import pathlib
 import pickle
@@ -21,23 +23,26 @@ from typing import Any
 
 import torch
 import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint import metadata as dcp_metadata
 from torch.distributed.checkpoint._traverse import set_element
 from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner
+from torch.distributed.checkpoint.filesystem import _StorageInfo
 from torch.distributed.checkpoint.metadata import Metadata, StorageMeta
 from torch.distributed.checkpoint.planner import ReadItem
 
 from rlkit.errors import UserError
 
 METADATA_FILE = ".metadata"  # DCP's index, in the checkpoint folder
-# Modules whose own classes (dataclasses and enums of DCP's index) may be rebuilt from `.metadata`.
-_CLASS_MODULES = ("torch.distributed.checkpoint.metadata", "torch.distributed.checkpoint.filesystem")
 _ALLOWED = {
     ("torch", "Size"): torch.Size,
     ("torch.serialization", "_get_layout"): torch.serialization._get_layout,  # layout by name, as weights_only allows
+    ("torch.distributed.checkpoint.filesystem", "_StorageInfo"): _StorageInfo,  # where each item lies in a file
     ("collections", "OrderedDict"): collections.OrderedDict,
     **{("pathlib", name): getattr(pathlib, name) for name in ("PosixPath", "WindowsPath", "PurePosixPath",
                                                                "PureWindowsPath", "Path")},
 }
+# The index itself: the dataclasses and enums of DCP's metadata module (plain data, no behaviour on build).
+_METADATA_MODULE = dcp_metadata.__name__
 
 
 class UnsafeCheckpointError(UserError, pickle.UnpicklingError):
@@ -50,10 +55,10 @@ class _MetadataUnpickler(pickle.Unpickler):
             return _ALLOWED[(module, name)]
         if module == "torch" and isinstance(getattr(torch, name, None), torch.dtype):
             return getattr(torch, name)
-        if module in _CLASS_MODULES:
-            found = getattr(__import__(module, fromlist=[name]), name, None)
-            if isinstance(found, type) and found.__module__ == module:
-                return found
+        found = getattr(dcp_metadata, name, None) if module == _METADATA_MODULE else None
+        if isinstance(found, type) and found.__module__ == module and (
+                dataclasses.is_dataclass(found) or issubclass(found, enum.Enum)):
+            return found
         raise UnsafeCheckpointError(f"{module}.{name} is not part of a DCP index")
 
 
