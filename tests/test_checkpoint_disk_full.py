@@ -94,7 +94,8 @@ def small_disk(tmp_path) -> Iterator[Path]:
     """A 4 MB tmpfs (root only; skipped elsewhere)."""
     disk = tmp_path / "disk"
     disk.mkdir()
-    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=4m", "tmpfs", str(disk)], capture_output=True, check=False).returncode:
+    mount = ["mount", "-t", "tmpfs", "-o", "size=4m", "tmpfs", str(disk)]
+    if subprocess.run(mount, capture_output=True, check=False).returncode:
         pytest.skip("cannot mount a tmpfs here (needs root)")
     try:
         yield disk
