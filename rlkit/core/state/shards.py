@@ -6,6 +6,8 @@ same time (torch.distributed.checkpoint is collective):
                        only trainable weights (with LoRA: the adapters), frozen ones are the base model's
   <folder>/rank_<r>.pt what is local to a rank: RNG states and the LR scheduler
 
+They are read back through rlkit.core.state.safe_load (DCP's pickled index and non-tensor
+values without running code), after the controller verified the checkpoint's sha256 manifest.
 DCP re-shards on load, but rlkit refuses a resume on another world size anyway (per-rank
 RNG streams and rollout seeds would differ), so shards are read back by the rank that wrote them.
 """
@@ -126,4 +128,3 @@ def write_durably(path: Path, obj: Any) -> None:
         handle.write(buffer.getbuffer())
         handle.flush()
         os.fsync(handle.fileno())
-
