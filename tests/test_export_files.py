@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+import pytest
 import torch
 import torch.distributed.checkpoint as dcp
 
@@ -12,6 +13,7 @@ from rlkit.core.controller.run_dir import RunDir
 from rlkit.core.state.checkpoint import write_checkpoint
 from rlkit.core.state.export import export_hf
 from rlkit.core.state.shards import MODEL_KEY, SHARDS_DIR
+from rlkit.errors import UserError
 from rlkit.recipes.loader import config_to_yaml, load_config
 
 
@@ -49,3 +51,12 @@ def test_export_files_follow_the_umask_and_no_progress_bars_print(tiny_model_dir
     base = AutoModelForCausalLM.from_pretrained(tiny_model_dir).state_dict()
     exported = AutoModelForCausalLM.from_pretrained(out).state_dict()
     assert all(torch.equal(exported[k], 2 * base[k]) for k in base)  # the checkpoint's weights, not the base's
+
+
+def test_export_refuses_an_existing_file_as_out(tmp_path) -> None:
+    (tmp_path / "model.bin").write_text("mine\n")
+    with pytest.raises(UserError) as refused:
+        export_hf(RunDir("r", tmp_path / "runs" / "r"), tmp_path / "model.bin")
+    assert str(refused.value) == (f"--out {tmp_path / 'model.bin'} is an existing file, not a directory; pick a new "
+                                  "directory (the export writes several files into it)")
+    assert (tmp_path / "model.bin").read_text() == "mine\n"

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import pytest
 
 from rlkit.core.cluster import faults
@@ -22,6 +24,7 @@ from rlkit.core.cluster.failures import (
     workers_late,
 )
 from rlkit.core.cluster.phases import WorkerPlace
+from rlkit.core.state import disk_errors
 
 # What Ray 2.x reports for an actor whose process got SIGKILL (copied from a real run).
 KILLED = """The actor died unexpectedly before finishing this task.
@@ -101,17 +104,19 @@ def test_late_message_names_each_late_rank_and_the_key_to_raise():
     assert "raise trainer.phase_timeout_s" in message
 
 
-def test_a_full_disk_behind_a_workers_checkpoint_exception_is_a_checkpoint_write_error(tmp_path):
+def test_a_full_disk_behind_a_workers_checkpoint_exception_is_a_checkpoint_write_error(tmp_path, monkeypatch):
     from torch.distributed.checkpoint.api import CheckpointException
 
+    monkeypatch.setattr(disk_errors.shutil, "disk_usage", lambda path: SimpleNamespace(free=1_500_000))
     full = OSError(28, "No space left on device", str(tmp_path / "shards" / "__0_0.distcp"))
     raised = WorkerFailure("worker rank 0 raised CheckpointException",
                            cause=CheckpointException("save", {0: (full, None)}))
-    failure = checkpoint_write_failure(tmp_path, 8, raised)
+    failure = checkpoint_write_failure(tmp_path / ".tmp-step_00000008", 8, raised, needed_bytes=3_240_000_000)
     assert isinstance(failure, CheckpointWriteError)
-    assert str(failure).startswith(f"could not write the checkpoint of step 8 to {tmp_path}: [Errno 28] No space "
-                                   f"left on device: '{tmp_path}/shards/__0_0.distcp'. Earlier checkpoints are "
-                                   "untouched; free space or fix the permissions there")
+    assert str(failure).startswith(f"could not write the checkpoint of step 8 to {tmp_path}/.tmp-step_00000008: "
+                                   f"[Errno 28] No space left on device: '{tmp_path}/shards/__0_0.distcp' (ENOSPC: "
+                                   "1.5 MB free there now; the last checkpoint took 3.2 GB). "
+                                   "Earlier checkpoints are untouched; free space or fix the permissions there")
     assert checkpoint_write_failure(tmp_path, 8, PermissionError(13, "Permission denied", "x")) is not None
 
 

@@ -7,6 +7,7 @@ raised, or a checkpoint could not be written. The CLI prints the message, then `
 
 from __future__ import annotations
 
+import errno
 import functools
 import os
 import pickle
@@ -16,6 +17,7 @@ from types import FunctionType
 from typing import Any, Callable
 
 from rlkit.core.cluster.phases import WorkerPlace
+from rlkit.core.state.disk_errors import free_bytes, os_error_behind
 
 TROUBLESHOOTING = "docs/troubleshooting.md"
 
@@ -123,31 +125,29 @@ def _runs_dir_if_not_default(run_path: Path) -> Path | None:
     return None if parent == default else parent
 
 
-def checkpoint_write_failure(tmp: Path, step: int, exc: BaseException) -> CheckpointWriteError | None:
+def checkpoint_write_failure(tmp: Path, step: int, exc: BaseException,
+                             needed_bytes: int | None = None) -> CheckpointWriteError | None:
     """A CheckpointWriteError when `exc` (from writing step `step` into `tmp`) is a filesystem error
-    (raised here or by a worker), else None: a dead or hung worker stays a WorkerFailure."""
-    error = _os_error(exc)
+    (raised here or by a worker), else None: a dead or hung worker stays a WorkerFailure. A full disk
+    is said in words, with the space free there now and `needed_bytes` (the last checkpoint's size)."""
+    error = os_error_behind(exc)
     if error is None:
         return None
+    space = ""
+    if error.errno == errno.ENOSPC:
+        free = free_bytes(Path(tmp))
+        needed = f"; the last checkpoint took {_size(needed_bytes)}" if needed_bytes else ""
+        space = f" (ENOSPC: {_size(free)} free there now{needed})" if free is not None else ""
     return CheckpointWriteError(
-        f"could not write the checkpoint of step {step} to {tmp}: {error}. Earlier checkpoints are untouched; "
+        f"could not write the checkpoint of step {step} to {tmp}: {error}{space}. Earlier checkpoints are untouched; "
         f"free space or fix the permissions there (see {TROUBLESHOOTING}, 'A checkpoint could not be written').")
 
 
-def _os_error(exc: BaseException | None, depth: int = 0) -> OSError | None:
-    """The OSError behind `exc`: itself, a worker's cause, or one rank's failure inside torch's
-    CheckpointException (whose `failures` maps rank -> (exception, traceback))."""
-    if exc is None or depth > 5:
-        return None
-    if isinstance(exc, OSError):
-        return exc
-    if isinstance(exc, WorkerFailure):  # died or late: no cause; raised: the worker's own exception
-        return _os_error(exc.cause, depth + 1)
-    for failure in getattr(exc, "failures", {}).values():
-        found = _os_error(failure[0] if isinstance(failure, tuple) else failure, depth + 1)
-        if found is not None:
-            return found
-    return _os_error(exc.__cause__ or exc.__context__, depth + 1)
+def _size(n_bytes: int) -> str:
+    for unit, scale in (("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
+        if n_bytes >= scale:
+            return f"{n_bytes / scale:.1f} {unit}"
+    return f"{n_bytes} bytes"
 
 
 def describe_worker(rank: int, node: int, place: WorkerPlace | None) -> str:

@@ -34,6 +34,7 @@ from rlkit.core.rewards.scoring import RewardScorer
 from rlkit.core.rollout.async_source import AsyncRolloutSource
 from rlkit.core.rollout.source import SyncRolloutSource, timed
 from rlkit.core.state import checkpoint
+from rlkit.core.state.disk_errors import os_error_behind
 from rlkit.core.state.records import RolloutRecorder
 from rlkit.core.state.shards import rng_state, set_rng_state
 from rlkit.core.train.critic_worker import VALUE_INPUT_KEYS, start_critic_group
@@ -259,12 +260,11 @@ def save_run_checkpoint(config: RLConfig, run: RunDir, step: int, reason: str, g
             run.path, step, reason=reason, write_shards=write_shards, trainer_state=trainer_state,
             controller_rng=rng_state(), config_yaml=config_to_yaml(config), keep_last=config.trainer.keep_last)
     except (OSError, WorkerFailure) as exc:  # disk full, unwritable run dir: name the path, give the space back
+        if os_error_behind(exc) is None:
+            raise  # a worker that died or hung stays a WorkerFailure
         tmp = checkpoint.tmp_dir(run.path, step)
-        failure = checkpoint_write_failure(tmp, step, exc)
-        if failure is None:
-            raise
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise failure from None
+        shutil.rmtree(tmp, ignore_errors=True)  # first: the free space the message reports is what is left
+        raise checkpoint_write_failure(tmp, step, exc, checkpoint.last_checkpoint_bytes(run.path)) from None
 
 
 def worker_log_probs(workers: WorkerGroup, batch: Batch, which: str, world: int) -> dict[str, torch.Tensor]:

@@ -23,7 +23,7 @@ from rlkit.core.controller.interrupt import (
 )
 from rlkit.core.controller.offline import OfflineController
 from rlkit.core.controller.preflight import RunInputs, check_inputs
-from rlkit.core.controller.run_dir import RunDir
+from rlkit.core.controller.run_dir import RunDir, check_run_id
 from rlkit.core.controller.tracking import (
     CONSOLE_KEYS_BY_OBJECTIVE,
     Tracker,
@@ -205,6 +205,8 @@ def _screen_handler() -> logging.Handler:
 def train_run(config: RLConfig, run_id: str | None = None) -> Path:
     """Check every input, then create the run directory and train config.trainer.total_steps steps;
     returns the run dir."""
+    if run_id is not None:
+        check_run_id(run_id)  # before the inputs' checks load the model: RunDir.create checks it again
     inputs = check_inputs(config)
     run = RunDir.create(config, run_id)
     if inputs.generated is not None:  # data.synthetic_task: the run dir keeps the prompts it trained on

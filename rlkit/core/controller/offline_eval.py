@@ -21,7 +21,7 @@ from typing import Iterator
 
 import torch
 
-from rlkit.core.controller.run_dir import RunDir, prepare_val_files, resolve_model_path
+from rlkit.core.controller.run_dir import RunDir, find_run, prepare_val_files, resolve_model_path
 from rlkit.core.controller.validation import (
     VALIDATION_DIR,
     Evaluator,
@@ -70,7 +70,7 @@ def resolve_target(target: str, *, step: int | None, overrides: list[str], runs_
     or a model directory (an `rlkit export` carries its run's config and step; any other takes the
     grpo recipe's settings)."""
     path = Path(target).expanduser()
-    if (path / "config.yaml").is_file() or (Path(runs_dir).expanduser() / target / "config.yaml").is_file():
+    if find_run(target, runs_dir) is not None:
         run = RunDir.open(target, runs_dir)
         if step == 0:  # before training: the base model, with the run's settings
             config = load_config(str(run.path / "config.yaml"), overrides, require_inputs=False)

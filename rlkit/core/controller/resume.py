@@ -95,7 +95,7 @@ def resume_run(run_id: str, overrides: list[str], runs_dir: str | Path = "runs")
                         "again")
     with run_log(run.path / CONSOLE_LOG):
         try:
-            ckpt = checkpoint.latest_checkpoint(run.path)
+            ckpt = checkpoint.verify(checkpoint.latest_checkpoint(run.path))
         except checkpoint.NoCheckpointError as exc:
             raise UserError(f"{exc}: it stopped before its first one, so there is nothing to resume. Start it "
                             f"again under the same id with: {restart_command(run.path, run.run_id)}") from None

@@ -5,6 +5,7 @@ from __future__ import annotations
 import datetime as dt
 import json
 import os
+import re
 import shutil
 import socket
 from dataclasses import dataclass
@@ -20,6 +21,25 @@ STATUS_FILE = "status.json"
 # status.json "status": running -> finished | failed | interrupted; "running" with a dead pid
 # means the process was killed (SIGKILL, OOM, power): `read_status` reports that as "dead".
 STATUSES = ("running", "finished", "failed", "interrupted")
+# A run id is one folder name under runs_dir: never a path, never `.` or `..` (nor anything holding `..`),
+# so neither a typo nor a crafted id can create, clean or read a folder outside runs_dir.
+_RUN_ID = re.compile(r"[A-Za-z0-9._-]+")
+RUN_ID_RULE = "a run id is letters, digits, '.', '_' and '-' only, without '..' (and not '.')"
+
+
+def check_run_id(run_id: str) -> str:
+    """`run_id` if it names one folder directly under runs_dir; a UserError naming it and the rule otherwise."""
+    if not _RUN_ID.fullmatch(run_id) or ".." in run_id or run_id == ".":
+        raise UserError(f"run id {run_id!r} is not allowed: {RUN_ID_RULE}")
+    return run_id
+
+
+def is_run_id(run_id: str) -> bool:
+    try:
+        check_run_id(run_id)
+    except UserError:
+        return False
+    return True
 
 
 @dataclass
@@ -32,7 +52,7 @@ class RunDir:
     def create(cls, config: RLConfig, run_id: str | None = None) -> RunDir:
         """A new run directory; an existing one is reused only if its run never wrote a checkpoint
         (nothing there to resume), and refused otherwise."""
-        run_id = run_id or f"{config.recipe}-{dt.datetime.now():%Y%m%d-%H%M%S}"
+        run_id = check_run_id(run_id if run_id is not None else f"{config.recipe}-{dt.datetime.now():%Y%m%d-%H%M%S}")
         path = Path(config.trainer.runs_dir).expanduser() / run_id
         restarted = path.exists() and any(path.iterdir())
         if restarted:
@@ -53,6 +73,8 @@ class RunDir:
         from rlkit.core.cluster.failures import resume_command
         from rlkit.core.state.checkpoint import list_checkpoints
 
+        if self.path.is_symlink():  # starting afresh empties the folder: never one that may lie outside runs_dir
+            return f"is a symbolic link (to {os.readlink(self.path)}); pick another --run-id"
         if not (self.path / "config.yaml").is_file():
             return "is not a run directory (no config.yaml); pick another --run-id"
         status = self.read_status()
@@ -67,10 +89,11 @@ class RunDir:
 
     @classmethod
     def open(cls, run: str, runs_dir: str | Path = "runs") -> RunDir:
-        """An existing run: a run id under `runs_dir`, or a path to the run directory."""
-        as_path = Path(run).expanduser()
-        path = as_path if (as_path / "config.yaml").is_file() else Path(runs_dir).expanduser() / run
-        if not (path / "config.yaml").is_file():
+        """An existing run: a run id under `runs_dir`, or a path to the run directory (the caller's own path,
+        taken as given; only an id is joined to runs_dir, and it must pass `check_run_id`)."""
+        path = find_run(run, runs_dir)
+        if path is None:
+            check_run_id(run)
             known = [r.run_id for r in list_runs(runs_dir)]
             hint = f" (runs there: {', '.join(known[-5:])})" if known else ""
             raise UserError(f"no run {run!r} in {Path(runs_dir).expanduser()}{hint}; pass --runs-dir "
@@ -99,6 +122,15 @@ class RunDir:
             return json.loads((self.path / STATUS_FILE).read_text())
         except (OSError, ValueError):
             return {}
+
+
+def find_run(run: str, runs_dir: str | Path) -> Path | None:
+    """The directory of run `run` (a path to a run directory, or a valid run id under runs_dir), or None."""
+    as_path = Path(run).expanduser()
+    if run and (as_path / "config.yaml").is_file():
+        return as_path
+    under = Path(runs_dir).expanduser() / run
+    return under if is_run_id(run) and (under / "config.yaml").is_file() else None
 
 
 def list_runs(runs_dir: str | Path) -> list[RunDir]:

@@ -14,16 +14,14 @@ from __future__ import annotations
 
 import json
 import os
-import warnings
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Iterator
 
 import torch
-import torch.distributed.checkpoint as dcp
 
 from rlkit.core.controller.run_dir import RunDir, resolve_model_path
-from rlkit.core.state import checkpoint
+from rlkit.core.state import checkpoint, safe_load
 from rlkit.core.state.shards import MODEL_KEY, SHARDS_DIR, frozen_names
 from rlkit.core.train import adapters
 from rlkit.core.train.fsdp import DTYPES
@@ -47,6 +45,9 @@ def export_hf(run: RunDir, out: str | Path, *, step: int | None = None, dtype: s
     in `out` (adapter), or the merged model in `out` and the adapter in `out/adapter` (both).
     """
     out = Path(out).expanduser()
+    if out.exists() and not out.is_dir():
+        raise UserError(f"--out {out} is an existing file, not a directory; pick a new directory "
+                        "(the export writes several files into it)")
     if out.exists() and any(out.iterdir()):
         raise UserError(f"--out {out} is not empty; pick a new directory")
     if dtype not in ("auto", *DTYPES):
@@ -133,15 +134,13 @@ def load_policy(ckpt: checkpoint.Checkpoint, base: str) -> tuple[torch.nn.Module
     target = {k: v for k, v in model.state_dict().items() if k not in frozen}
     shards = ckpt.path / "policy" / SHARDS_DIR
     _check_keys(target, shards)
-    with warnings.catch_warnings():  # "torch.distributed is not initialized": intended, one process reads all
-        warnings.simplefilter("ignore", UserWarning)
-        dcp.load({MODEL_KEY: target}, checkpoint_id=str(shards), no_dist=True)
+    safe_load.load({MODEL_KEY: target}, shards, no_dist=True)
     return model, lora
 
 
 def _check_keys(target: dict[str, torch.Tensor], shards: Path) -> None:
     """Every parameter of the base model must be in the checkpoint, with the same shape."""
-    metadata = dcp.FileSystemReader(str(shards)).read_metadata().state_dict_metadata
+    metadata = safe_load.read_metadata(shards / safe_load.METADATA_FILE).state_dict_metadata
     prefix = f"{MODEL_KEY}."
     saved = {k[len(prefix):]: v for k, v in metadata.items() if k.startswith(prefix)}
     missing = [k for k in target if k not in saved]

@@ -6,12 +6,15 @@ same time (torch.distributed.checkpoint is collective):
                        only trainable weights (with LoRA: the adapters), frozen ones are the base model's
   <folder>/rank_<r>.pt what is local to a rank: RNG states and the LR scheduler
 
+They are read back through rlkit.core.state.safe_load (DCP's pickled index and non-tensor
+values without running code), after the controller verified the checkpoint's sha256 manifest.
 DCP re-shards on load, but rlkit refuses a resume on another world size anyway (per-rank
 RNG streams and rollout seeds would differ), so shards are read back by the rank that wrote them.
 """
 
 from __future__ import annotations
 
+import io
 import os
 import random
 from pathlib import Path
@@ -19,6 +22,8 @@ from typing import Any
 
 import numpy as np
 import torch
+
+from rlkit.core.state.disk_errors import disk_full_error
 
 # torch.distributed.checkpoint is imported where shards are written and read: the controller imports
 # this module (RNG states) through the worker classes, and has no use for DCP (~0.7 s to import).
@@ -62,24 +67,32 @@ def save_shards(folder: str | Path, rank: int, *, model: torch.nn.Module, optimi
                 scheduler: Any = None) -> None:
     """Collective: every rank of the group at once. `scheduler` is None for a constant learning rate."""
     import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.api import CheckpointException  # a BaseException, not an Exception
 
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
     model_state, optim_state = _trainable_state(model, optimizer)
-    dcp.save({MODEL_KEY: model_state, OPTIM_KEY: optim_state}, checkpoint_id=str(folder / SHARDS_DIR))
+    try:
+        dcp.save({MODEL_KEY: model_state, OPTIM_KEY: optim_state}, checkpoint_id=str(folder / SHARDS_DIR))
+    except (Exception, CheckpointException) as exc:  # a full disk hidden in DCP's: an OSError crosses Ray intact
+        error = disk_full_error(folder / SHARDS_DIR, exc)
+        if error is None:
+            raise
+        raise OSError(error.errno, error.strerror, str(folder / SHARDS_DIR)) from exc
     local = {"rng": rng_state(), "scheduler": scheduler.state_dict() if scheduler is not None else None}
     write_durably(folder / f"rank_{rank}.pt", local)
 
 
 def load_shards(folder: str | Path, rank: int, *, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
                 scheduler: Any = None) -> None:
-    import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.state_dict import StateDictOptions, set_state_dict
+
+    from rlkit.core.state import safe_load
 
     folder = Path(folder)
     model_state, optim_state = _trainable_state(model, optimizer)
     state = {MODEL_KEY: model_state, OPTIM_KEY: optim_state}
-    dcp.load(state, checkpoint_id=str(folder / SHARDS_DIR))
+    safe_load.load(state, folder / SHARDS_DIR)
     # Frozen weights are not in a checkpoint: they stay what the model was built with.
     strict = not frozen_names(model)
     set_state_dict(model, optimizer, model_state_dict=state[MODEL_KEY], optim_state_dict=state[OPTIM_KEY],
@@ -105,8 +118,13 @@ def _trainable_state(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -
 
 
 def write_durably(path: Path, obj: Any) -> None:
-    """torch.save + fsync: the bytes are on disk before the checkpoint's marker says so."""
+    """torch.save + fsync: the bytes are on disk before the checkpoint's marker says so.
+
+    Serialized in memory first (these are small: RNG states, a scheduler): torch's own file writer
+    turns a full disk into "PytorchStreamWriter failed writing file", where Python's says ENOSPC."""
+    buffer = io.BytesIO()
+    torch.save(obj, buffer)
     with open(path, "wb") as handle:
-        torch.save(obj, handle)
+        handle.write(buffer.getbuffer())
         handle.flush()
         os.fsync(handle.fileno())
