@@ -32,6 +32,7 @@ demo: venv
 	$(BIN)/rlkit train grpo-demo
 
 test: venv
+	$(BIN)/ruff check rlkit
 	$(BIN)/python -m pytest -q -ra --durations=15 tests
 
 test-fast: venv

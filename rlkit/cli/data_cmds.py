@@ -89,7 +89,8 @@ def _clean_split(split: str, rows: Any, progress: Progress, dropped: Counter) ->
 
 
 def prep_data(
-    name: Optional[str] = typer.Argument(None, help="Builder to run: gsm8k, gsm8k-pairs, math, humaneval, synthetic, arithmetic (see --list)."),
+    name: Optional[str] = typer.Argument(None, help="Builder to run: gsm8k, gsm8k-pairs, math, humaneval, synthetic, "
+                                                    "arithmetic (see --list)."),
     out: Optional[Path] = typer.Option(
         None, "--out", help="Output directory for {split}.parquet (default: ~/data/NAME)."),
     source: Optional[str] = typer.Option(
@@ -196,7 +197,8 @@ def eval_reward(
     save: Optional[Path] = typer.Option(
         None, "--save", help="Write the sampled responses here as jsonl (re-score with --responses)."),
     examples: int = typer.Option(3, "--examples", min=0, help="How many extraction failures and errors to show."),
-    as_json: bool = typer.Option(False, "--json", help="Print the report as one JSON object, each row's scores included (for scripts)."),
+    as_json: bool = typer.Option(False, "--json", help="Print the report as one JSON object, each row's "
+                                                               "scores included (for scripts)."),
     overrides: Optional[list[str]] = typer.Argument(
         None, help="reward.KEY=VALUE settings, e.g. reward.gsm8k_method=flexible reward.function=my_reward.py:score"),
 ) -> None:

@@ -58,7 +58,8 @@ def doctor(
 @user_errors
 def plan(
     recipe: str = typer.Argument(..., help="Recipe name (`rlkit recipes list`) or path to a .yaml file."),
-    overrides: Optional[list[str]] = typer.Argument(None, help="KEY=VALUE overrides, e.g. actor.micro_batch_tokens=8192."),
+    overrides: Optional[list[str]] = typer.Argument(
+        None, help="KEY=VALUE overrides, e.g. actor.micro_batch_tokens=8192."),
     model: Optional[str] = typer.Option(None, "--model", help="Hub id (in the local cache) or path of the policy."),
     usd_per_gpu_hour: Optional[float] = typer.Option(None, "--usd-per-gpu-hour", help="Price of one GPU-hour."),
     gpu_memory_gib: Optional[float] = typer.Option(None, "--gpu-memory-gib", help="Plan for GPUs of this size "

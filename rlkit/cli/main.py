@@ -28,13 +28,15 @@ def train(
     recipe: str = typer.Argument(..., help="Recipe name (`rlkit recipes list`) or path to a .yaml file."),
     overrides: Optional[list[str]] = typer.Argument(None, help="KEY=VALUE overrides, e.g. rollout.n=8 actor.lr=1e-6."),
     model: Optional[str] = typer.Option(None, "--model", help="Hub id or local path of the policy (sets model.path)."),
-    run_id: Optional[str] = typer.Option(None, "--run-id", help="Name of the run directory (default: recipe-date-time)."),
+    run_id: Optional[str] = typer.Option(
+        None, "--run-id", help="Name of the run directory (default: recipe-date-time)."),
     dry_run: bool = typer.Option(False, "--dry-run", help="Print the resolved config and batch arithmetic, run "
                                                            "every check that needs no GPU, then stop."),
 ) -> None:
     """Train with a recipe.
 
-    Example: rlkit train grpo --model Qwen/Qwen2.5-0.5B-Instruct data.train_files=[~/data/gsm8k/train.parquet] rollout.n=8
+    Example:
+    rlkit train grpo --model Qwen/Qwen2.5-0.5B-Instruct data.train_files=[~/data/gsm8k/train.parquet] rollout.n=8
     """
     from rlkit.recipes.checks import batch_arithmetic
     from rlkit.recipes.loader import config_to_yaml, load_config

@@ -90,8 +90,9 @@ def inspect(
                      "step; rollout.log_prob_check_freq sets the steps that have them)"), highlight=False)
     table = Table("#", "group", "reward", "adv", "len", "gap", "prompt", "response",
                   caption="gap: mean |rollout - trainer| log-prob per token; response tokens coloured by theirs: "
-                          "plain < 1e-3, [yellow]yellow[/] < 0.05, [bold red]red[/] above; [dim italic]environment/tool "
-                          "tokens[/] (not trained); len+: cut at data.max_response_length", caption_justify="left")
+                          "plain < 1e-3, [yellow]yellow[/] < 0.05, [bold red]red[/] above; "
+                          "[dim italic]environment/tool tokens[/] (not trained); len+: cut at data.max_response_length",
+                  caption_justify="left")
     for view in rollout_view.sort_views(views, sort, descending=not ascending)[:top]:
         gap = f"{view.mean_gap:.2g}" if view.mean_gap is not None else "-"
         table.add_row(str(view.index), str(view.group), f"{view.reward:.3g}", f"{view.advantage:+.3g}",

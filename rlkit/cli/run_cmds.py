@@ -109,8 +109,8 @@ def runs_show(run_id: str = RUN_ARGUMENT, runs_dir: str = RUNS_DIR_OPTION) -> No
         shown = validated[:1] + validated[-1:] if len(validated) > 1 else validated
         generated = any(k.startswith("val/reward/") for k in validated[-1])  # an offline objective's generates nothing
         where = f"; responses in {run.path / 'validation'}" if generated else ""
-        table = Table("metric", *[f"step {r['step']}" for r in shown], title=f"validation ({len(validated)} times{where})",
-                      title_justify="left")
+        table = Table("metric", *[f"step {r['step']}" for r in shown],
+                      title=f"validation ({len(validated)} times{where})", title_justify="left")
         for key in sorted(k for k in validated[-1] if k.startswith("val/")):
             table.add_row(key, *[_fmt(r.get(key)) for r in shown])
         console.print(table)

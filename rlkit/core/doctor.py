@@ -244,7 +244,8 @@ def check_nccl(config: RLConfig, gpus: list[environment.GPU]) -> list[Finding]:
     env = worker_env(config)
     if not config.trainer.nvlink_multicast:
         settings = ", ".join(f"{k}={env[k]}" for k in MULTICAST_OFF_ENV)
-        findings.append(Finding("ok", "NCCL multicast", f"off (trainer.nvlink_multicast=false): workers get {settings}"))
+        findings.append(Finding("ok", "NCCL multicast",
+                                f"off (trainer.nvlink_multicast=false): workers get {settings}"))
         for key, value in MULTICAST_OFF_ENV.items():
             if key in os.environ and os.environ[key] != value:
                 findings.append(Finding("info", key, f"{os.environ[key]} in this shell; rlkit's workers get {value}",
@@ -262,7 +263,8 @@ def check_nccl(config: RLConfig, gpus: list[environment.GPU]) -> list[Finding]:
             findings.append(Finding("ok", "NCCL multicast", f"on; fabric ready on {len(states)} GPU(s)"))
     for key, why in SLOW_NCCL.items():
         if os.environ.get(key, "0") not in ("0", ""):
-            findings.append(Finding("warn", key, f"={os.environ[key]} {why}", f"unset {key} unless this machine needs it"))
+            findings.append(Finding("warn", key, f"={os.environ[key]} {why}",
+                                    f"unset {key} unless this machine needs it"))
     return findings
 
 

@@ -8,13 +8,15 @@ from pydantic import BaseModel, ConfigDict, Field
 
 
 class SandboxConfig(BaseModel):
-    """A sandboxed Python program: the `python` tool's limits (code rewards use their own), and for both the isolation."""
+    """A sandboxed Python program: the `python` tool's limits (code rewards use their own), and for both the
+    isolation."""
 
     model_config = ConfigDict(extra="forbid")
 
     wall_s: float = Field(10.0, gt=0, description="Wall-clock seconds before the program is killed.")
     cpu_s: int = Field(5, ge=1, description="CPU seconds (RLIMIT_CPU) before the kernel stops the program.")
-    memory_mb: int = Field(1024, ge=64, description="Address-space limit (RLIMIT_AS) in MiB; a larger allocation fails inside the program.")
+    memory_mb: int = Field(1024, ge=64, description="Address-space limit (RLIMIT_AS) in MiB; a larger "
+                                                               "allocation fails inside the program.")
     processes: int = Field(16, ge=1, description="Processes and threads the program may run at once (RLIMIT_NPROC "
                                                  "of its own uid); a fork past it fails inside the program.")
     disk_mb: int = Field(64, ge=1, description="Size in MiB of the program's working folder (a private tmpfs).")
@@ -57,10 +59,12 @@ class AgentConfig(BaseModel):
         description="loop=tool: built-in tools (calculator, python) and your own as 'path/file.py:function' "
                     "(JSON schema from its type hints and docstring; a parameter named `row` receives the "
                     "episode's data row and is not shown to the model).")
-    max_turns: int = Field(4, ge=1, description="Policy turns per episode; an episode still running after them is marked truncated.")
+    max_turns: int = Field(4, ge=1, description="Policy turns per episode; an episode still running "
+                                                      "after them is marked truncated.")
     max_tokens_per_turn: int | None = Field(
         None, ge=1, description="Most tokens the policy generates in one turn; None = data.max_response_length. A turn "
-                                "cut here is still handed to the environment (closed by the template's end-of-turn tokens).")
+                                "cut here is still handed to the environment (closed by the "
+                                "template's end-of-turn tokens).")
     call_timeout_s: float = Field(
         30.0, gt=0, description="Seconds one environment reset/step or tool call may take (an agent function: "
                                 "max_turns x this in all); past it the episode ends with reward 0 (a tool call: an "
@@ -69,5 +73,6 @@ class AgentConfig(BaseModel):
         0.25, ge=0, le=1, description="Share of a step's episodes whose environment failed (exception, timeout, "
                                       "bad return value) above which the run stops with the first error; below it "
                                       "each failed episode scores 0 and is logged with its row and traceback.")
-    tool_output_chars: int = Field(2000, ge=1, description="Characters of a tool's result shown to the model; the rest is cut and marked.")
+    tool_output_chars: int = Field(2000, ge=1, description="Characters of a tool's result shown to the "
+                                                                 "model; the rest is cut and marked.")
     sandbox: SandboxConfig = Field(default_factory=SandboxConfig)

@@ -200,7 +200,8 @@ def check_algorithm(config: RLConfig, origins: dict[str, str], fail: Callable[[s
         "algorithm.lam": (algo.adv_estimator != "gae", "only adv_estimator=gae uses it"),
         "algorithm.gamma": (algo.adv_estimator not in ("gae", "reinforce_plus_plus"),
                             "only adv_estimator=gae and reinforce_plus_plus use it"),
-        "rollout.max_staleness": (rollout.mode != "async", f"only rollout.mode=async reads it (mode is {rollout.mode})"),
+        "rollout.max_staleness": (rollout.mode != "async",
+                                  f"only rollout.mode=async reads it (mode is {rollout.mode})"),
         "rollout.weight_sync": (rollout.placement != "split", "only split placement sends weights to other devices"),
         "sft.": (config.objective != "sft", f"only objective sft reads it (objective is {config.objective})"),
         "dpo.": (config.objective != "dpo", f"only objective dpo reads it (objective is {config.objective})"),
@@ -236,7 +237,8 @@ def batch_arithmetic(config: RLConfig) -> list[str]:
     return [
         first,
         f"the {sequences} sequences are split over {w} worker(s): {sequences // w} each",
-        f"{updates} optimizer step(s) per {'step' if config.offline else 'RL step'}: {d.train_batch_size // a.mini_batch_size} mini-batch(es) "
+        f"{updates} optimizer step(s) per {'step' if config.offline else 'RL step'}: "
+        f"{d.train_batch_size // a.mini_batch_size} mini-batch(es) "
         f"of {a.mini_batch_size} {unit} ({a.mini_batch_size * n} sequences) x {a.ppo_epochs} epoch(s)",
         f"each worker takes {per_worker} sequences per optimizer step, {micro}",
         f"{config.trainer.total_steps} steps in all = {config.trainer.total_steps * sequences} "

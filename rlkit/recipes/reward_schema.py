@@ -13,7 +13,8 @@ class OverlongBufferConfig(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     enable: bool = Field(False, description="Penalise responses that end inside the last `length` tokens before "
-                                            "data.max_response_length, rising linearly to -penalty_factor at the limit.")
+                                            "data.max_response_length, rising linearly to -penalty_factor at "
+                                            "the limit.")
     length: int = Field(4096, ge=1, description="Tokens before data.max_response_length where the penalty ramps up "
                                                 "(must not exceed data.max_response_length).")
     penalty_factor: float = Field(1.0, ge=0, description="Penalty at (and beyond) data.max_response_length.")

@@ -6,8 +6,8 @@ from typing import Any, Literal
 
 from pydantic import Field
 
-from rlkit.recipes.section import Section
 from rlkit.recipes.agent_schema import AgentConfig
+from rlkit.recipes.section import Section
 
 
 class VLLMOptions(Section):

@@ -14,10 +14,11 @@ counted in `restarts`).
 
 Requests wait in a queue; the worker's thread (the one that owns the engine) generates every
 waiting request in one engine call once every running episode is waiting, or once no request
-has come for `batch_wait_s` (the other episodes are busy with their own work). Sampling is the run's (rollout.temperature, ...), whatever the
-request asks; `max_tokens` is honoured up to rollout.agent.max_tokens_per_turn. Samples are
-seeded by their place in the call (in episode order), so a run repeats exactly when the agent
-code is deterministic and each turn's requests come without a `batch_wait_s` pause.
+has come for `batch_wait_s` (the other episodes are busy with their own work). Sampling is the
+run's (rollout.temperature, ...), whatever the request asks; `max_tokens` is honoured up to
+rollout.agent.max_tokens_per_turn. Samples are seeded by their place in the call (in episode
+order), so a run repeats exactly when the agent code is deterministic and each turn's requests
+come without a `batch_wait_s` pause.
 An episode sends one request at a time (its conversation is one sequence).
 """
 
@@ -195,14 +196,16 @@ class EpisodeServer:
         """The episode reached rollout.agent.max_turns or data.max_response_length: it is truncated there."""
         conversation = self.conversations[episode]
         conversation.truncated = True
-        return _completion(episode, conversation.turns, {"role": "assistant", "content": ""}, prompt_tokens, 0, "length")
+        empty = {"role": "assistant", "content": ""}
+        return _completion(episode, conversation.turns, empty, prompt_tokens, 0, "length")
 
     def _context(self, episode: int, body: dict[str, Any]) -> list[int]:
         """Prompt ids for the request; continues the conversation token by token where it can."""
         conversation, messages = self.conversations[episode], list(body["messages"])
         known = len(conversation.messages)
         if conversation.messages and [normalize(m) for m in messages[:known]] == conversation.messages:
-            delta = TurnBoundary(self.tokenizer, conversation.tools).after_turn(conversation.last_turn, messages[known:])
+            boundary = TurnBoundary(self.tokenizer, conversation.tools)
+            delta = boundary.after_turn(conversation.last_turn, messages[known:])
             delta = delta[:self.limits.max_response_tokens - len(conversation.response_ids)]
             conversation.response_ids += delta
             conversation.loss_mask += [0] * len(delta)

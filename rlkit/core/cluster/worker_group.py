@@ -138,7 +138,8 @@ class WorkerGroup:
             with_portable_exceptions(worker_cls))
         self.actors = []
         for rank, (node, local) in enumerate(self.slots):
-            strategy = PlacementGroupSchedulingStrategy(self.reservation.groups[node], placement_group_bundle_index=local)
+            strategy = PlacementGroupSchedulingStrategy(self.reservation.groups[node],
+                                                        placement_group_bundle_index=local)
             self.actors.append(remote_cls.options(scheduling_strategy=strategy, name=None).remote(
                 config, *args, rank, len(self.slots)))
         self.board: Any = None  # the PhaseBoard, for worker classes that report phases

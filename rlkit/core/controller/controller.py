@@ -194,12 +194,14 @@ class Controller:
         if "entropy" in batch:  # the trainer recomputed the old log-probs; else update_actor measures these
             metrics["actor/entropy"] = masked_mean(batch["entropy"], mask)
         if "entropy" in batch and "rollout_log_probs" in batch:
-            metrics["rollout/log_prob_diff"] = masked_mean((batch["rollout_log_probs"] - batch["old_log_probs"]).abs(), mask)
+            gap = (batch["rollout_log_probs"] - batch["old_log_probs"]).abs()
+            metrics["rollout/log_prob_diff"] = masked_mean(gap, mask)
         if "values" in batch:
             values, returns = batch["values"], batch["returns"]
             residual_var = masked_mean((returns - values) ** 2, mask) - masked_mean(returns - values, mask) ** 2
             returns_var = masked_mean(returns ** 2, mask) - masked_mean(returns, mask) ** 2
-            metrics.update({"critic/values_mean": masked_mean(values, mask), "critic/returns_mean": masked_mean(returns, mask)})
+            metrics.update({"critic/values_mean": masked_mean(values, mask),
+                            "critic/returns_mean": masked_mean(returns, mask)})
             if returns_var > 1e-8:  # undefined when every return is the same
                 metrics["critic/explained_var"] = 1.0 - residual_var / returns_var
         if "ref_log_probs" in batch:
@@ -211,7 +213,8 @@ class Controller:
 
     def throughput(self, batch: Batch, seconds: float) -> dict[str, float]:
         tokens = float(batch["attention_mask"].sum())
-        return {"perf/tokens_per_s": tokens / seconds, "perf/tokens_per_s_per_device": tokens / seconds / self.config.world_size,
+        return {"perf/tokens_per_s": tokens / seconds,
+                "perf/tokens_per_s_per_device": tokens / seconds / self.config.world_size,
                 "perf/response_tokens": float(batch["response_mask"].sum())}
 
     # -- checkpoints (layout and atomic writes: rlkit.core.state.checkpoint) -------------------
@@ -221,7 +224,8 @@ class Controller:
 
     def save_checkpoint(self, reason: str) -> Path:
         """Checkpoint the last completed step atomically; `reason` (periodic, final, ...) is recorded."""
-        state = {**self.source.state_dict(), "policy_version": self.source.policy_version, "dataset_rows": len(self.rows),
+        state = {**self.source.state_dict(), "policy_version": self.source.policy_version,
+                 "dataset_rows": len(self.rows),
                  "kl_coef": self.kl_ctrl.value, "rollout_seed": self.config.trainer.seed,
                  "world_size": self.config.world_size, "total_steps": self.config.trainer.total_steps}
         return save_run_checkpoint(self.config, self.run, self.completed_steps, reason, self.checkpoint_groups(), state)

@@ -59,7 +59,8 @@ def run_training(config: RLConfig, run: RunDir, inputs: RunInputs, resume_from: 
             StopOnSignal(logger.warning, save_on_interrupt=trainer.save_on_interrupt) as stop:
         if run.restarted:
             logger.warning("run directory %s held no checkpoint (its run stopped before the first one): "
-                           "starting run %s there again, replacing that attempt's logs and metrics", run.path, run.run_id)
+                           "starting run %s there again, replacing that attempt's logs and metrics",
+                           run.path, run.run_id)
         logger.info("%s run %s at step %d of %d", "resuming" if resume_from else "starting", run.run_id, start,
                     trainer.total_steps)
         run.write_status("running", step=start, total_steps=trainer.total_steps, error=None)
@@ -136,7 +137,8 @@ def make_controller(config: RLConfig, run: RunDir, inputs: RunInputs) -> Control
     return OfflineController(config, run, inputs) if config.offline else Controller(config, run, inputs)
 
 
-def validation_fn(controller: Controller | OfflineController, run_path: Path) -> Callable[[int], dict[str, float]] | None:
+def validation_fn(controller: Controller | OfflineController,
+                  run_path: Path) -> Callable[[int], dict[str, float]] | None:
     """What validates the policy after a step (its `val/...` metrics); None without validation data."""
     if isinstance(controller, OfflineController):
         return controller.validate if controller.val_rows else None
@@ -167,7 +169,8 @@ def run_log(path: Path) -> Iterator[None]:
     """rlkit's log records into the run's console.log, and on screen.
 
     The per-step lines stay off the screen (the live table shows them); rich's Live prints the
-    other messages above the table. Re-entrant: `rlkit resume` opens it before choosing a checkpoint, so its warnings land in the file too.
+    other messages above the table. Re-entrant: `rlkit resume` opens it before choosing a checkpoint,
+    so its warnings land in the file too.
     """
     if any(isinstance(h, logging.FileHandler) and Path(h.baseFilename) == path.absolute()
            for h in logger.handlers):

@@ -99,7 +99,8 @@ def load_model_config(model_path: str, spec: str, key: str, *, head: str = "caus
         raise UserError(f"{key}={spec}: its config.json does not load ({_first_line(exc)})") from None
     auto = AutoModelForSequenceClassification if head == "sequence_classification" else AutoModelForCausalLM
     if type(config) not in auto._model_mapping:
-        raise UserError(f"{key}={spec}: model_type {config.model_type!r} has no {auto.__name__.removeprefix('AutoModelFor')} "
+        kind = auto.__name__.removeprefix('AutoModelFor')
+        raise UserError(f"{key}={spec}: model_type {config.model_type!r} has no {kind} "
                         f"model in transformers, so {auto.__name__} cannot load it")
     return config
 
