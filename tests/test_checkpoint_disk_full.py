@@ -18,7 +18,7 @@ from rlkit.core.cluster.failures import CheckpointWriteError, WorkerFailure
 from rlkit.core.controller import loop
 from rlkit.core.controller.controller import Controller, save_run_checkpoint
 from rlkit.core.controller.preflight import RunInputs
-from rlkit.core.controller.run_dir import RunDir
+from rlkit.core.state.run_dir import RunDir
 from rlkit.core.state.checkpoint import MARKER, list_checkpoints
 from rlkit.core.state.shards import save_shards, write_durably
 from rlkit.recipes.loader import load_config

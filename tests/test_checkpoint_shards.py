@@ -10,7 +10,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from rlkit.core.controller.run_dir import resolve_model_path
+from rlkit.core.state.run_dir import resolve_model_path
 from rlkit.core.state.shards import load_shards, rng_state, save_shards, set_rng_state
 from rlkit.core.train import fsdp
 

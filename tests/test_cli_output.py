@@ -10,7 +10,7 @@ from pathlib import Path
 import yaml
 
 from rlkit.core.controller.loop import logger, run_log
-from rlkit.core.controller.run_dir import RunDir
+from rlkit.core.state.run_dir import RunDir
 from rlkit.core.controller.tracking import CONSOLE_KEYS, Tracker
 from rlkit.core.data.builders import write_parquet
 from rlkit.core.data.synthetic import build_synthetic

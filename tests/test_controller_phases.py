@@ -16,7 +16,7 @@ from transformers import AutoTokenizer
 
 from rlkit.core.algos.kl import FixedKLController
 from rlkit.core.controller.controller import Controller
-from rlkit.core.controller.run_dir import resolve_model_path
+from rlkit.core.state.run_dir import resolve_model_path
 from rlkit.core.data.dataset import PromptRow, PromptSampler
 from rlkit.core.rewards.scoring import RewardScorer
 from rlkit.core.rollout.base import RolloutSample, Sampling

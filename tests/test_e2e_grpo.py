@@ -93,7 +93,7 @@ def test_two_workers_hold_shards_generate_and_stay_in_sync(tmp_path):
     """n_gpus_per_node=2: sharded policy, one vLLM engine per worker, exact sync after an update."""
     from rlkit.core.batch import build_batch
     from rlkit.core.controller.controller import Controller
-    from rlkit.core.controller.run_dir import RunDir
+    from rlkit.core.state.run_dir import RunDir
     from rlkit.core.rollout.base import RolloutSample
     from rlkit.core.rollout.trajectory import Trajectory
     from rlkit.recipes.loader import load_config

@@ -8,7 +8,7 @@ from transformers import Qwen2Config, Qwen2ForSequenceClassification
 
 from rlkit.core.batch import build_batch
 from rlkit.core.controller.controller import Controller
-from rlkit.core.controller.run_dir import RunDir
+from rlkit.core.state.run_dir import RunDir
 from rlkit.core.rewards.reward_model import RewardModel
 from rlkit.core.train.tiny import build_tokenizer
 from rlkit.recipes.loader import load_config

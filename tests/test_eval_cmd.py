@@ -11,7 +11,7 @@ from conftest import invoke
 
 from rlkit.cli import eval_cmds, run_cmds
 from rlkit.core.controller.offline_eval import resolve_target
-from rlkit.core.controller.run_dir import RunDir
+from rlkit.core.state.run_dir import RunDir
 from rlkit.core.data.builders import write_parquet
 from rlkit.core.data.synthetic import build_synthetic
 from rlkit.core.rewards.metrics import pass_at_k

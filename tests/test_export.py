@@ -14,7 +14,7 @@ from typing import Iterator
 import pytest
 import torch
 
-from rlkit.core.controller.run_dir import RunDir, resolve_model_path
+from rlkit.core.state.run_dir import RunDir, resolve_model_path
 from rlkit.core.state.export import ADAPTER_DIR, EXPORT_INFO, export_hf
 from rlkit.errors import UserError
 from rlkit.recipes.loader import load_config

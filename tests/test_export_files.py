@@ -9,7 +9,7 @@ import pytest
 import torch
 import torch.distributed.checkpoint as dcp
 
-from rlkit.core.controller.run_dir import RunDir
+from rlkit.core.state.run_dir import RunDir
 from rlkit.core.state.checkpoint import write_checkpoint
 from rlkit.core.state.export import export_hf
 from rlkit.core.state.shards import MODEL_KEY, SHARDS_DIR

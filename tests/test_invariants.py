@@ -18,7 +18,7 @@ from rlkit.core.batch import Batch
 from rlkit.core.cluster.device_worker import free_port
 from rlkit.core.controller import invariants
 from rlkit.core.controller.invariants import InvariantViolation
-from rlkit.core.controller.run_dir import resolve_model_path
+from rlkit.core.state.run_dir import resolve_model_path
 from rlkit.core.data.dataset import PromptRow, PromptSampler
 from rlkit.core.train.policy_worker import PolicyWorker
 from rlkit.recipes.loader import load_config

@@ -19,7 +19,7 @@ from test_old_log_probs import UPDATE_KEYS, _batch, _update
 
 from rlkit.core.batch import Batch
 from rlkit.core.cluster.device_worker import free_port
-from rlkit.core.controller.run_dir import resolve_model_path
+from rlkit.core.state.run_dir import resolve_model_path
 from rlkit.core.rollout.base import Sampling
 from rlkit.core.rollout.sync_check import (
     FIRST_CHANGE_KEY,

@@ -16,7 +16,7 @@ import torch.distributed as dist
 from rlkit.core.batch import Batch, build_batch
 from rlkit.core.cluster.device_worker import free_port
 from rlkit.core.controller.controller import masked_mean
-from rlkit.core.controller.run_dir import resolve_model_path
+from rlkit.core.state.run_dir import resolve_model_path
 from rlkit.core.data.dataset import PromptRow
 from rlkit.core.rollout.base import RolloutSample
 from rlkit.core.rollout.trajectory import Trajectory

@@ -7,7 +7,7 @@ import os
 import pytest
 
 from rlkit.core.controller.controller import Controller
-from rlkit.core.controller.run_dir import RunDir
+from rlkit.core.state.run_dir import RunDir
 from rlkit.recipes.loader import load_config
 
 TINY_RUN = ["trainer.total_steps=2", "trainer.logger=[jsonl]", "rollout.name=hf", "reward.num_workers=1"]

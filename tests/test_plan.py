@@ -21,7 +21,7 @@ import torch.distributed as dist
 from conftest import invoke
 
 from rlkit.cli.doctor_cmds import register
-from rlkit.core.controller.run_dir import resolve_model_path
+from rlkit.core.state.run_dir import resolve_model_path
 from rlkit.core.planning import memory, timing
 from rlkit.core.planning.plan import build_plan, checkpoint_bytes
 from rlkit.core.planning.shape import model_shape

@@ -9,6 +9,7 @@ import pytest
 from typer.testing import CliRunner
 
 from rlkit.cli.main import app
+from rlkit.core.cluster import ray_access
 from rlkit.core.controller import model_checks, preflight
 from rlkit.errors import UserError
 from rlkit.recipes.loader import load_config
@@ -104,10 +105,10 @@ def test_gpu_count_is_checked(monkeypatch):
 def test_cluster_nodes_are_checked():
     config = load_config("grpo-demo", ["trainer.n_gpus_per_node=8", "trainer.nnodes=2"])
     node = lambda gpus, alive=True: {"Alive": alive, "Resources": {"CPU": 64, "GPU": gpus}}  # noqa: E731
-    preflight.check_cluster(config, [node(8), node(8), node(4)])
+    ray_access.check_cluster(config, [node(8), node(8), node(4)])
     with pytest.raises(UserError, match=r"needs 2 node\(s\) with 8 GPU\(s\) each, but the Ray cluster at "
                                         r"RAY_ADDRESS has 2 alive node\(s\) with \[8, 4\] GPU\(s\)"):
-        preflight.check_cluster(config, [node(8), node(4), node(8, alive=False)])
+        ray_access.check_cluster(config, [node(8), node(4), node(8, alive=False)])
 
 
 def test_hub_answers_become_sentences(monkeypatch):

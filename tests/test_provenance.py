@@ -13,7 +13,7 @@ from conftest import REPO, invoke
 
 from rlkit.cli.run_cmds import register
 from rlkit.core import environment
-from rlkit.core.controller.run_dir import RunDir
+from rlkit.core.state.run_dir import RunDir
 from rlkit.core.state import provenance
 from rlkit.core.state.checkpoint import MARKER, write_checkpoint
 from rlkit.recipes.loader import load_config

@@ -11,6 +11,7 @@ from ray._private import ray_constants
 from ray._raylet import AuthenticationMode, get_authentication_mode
 
 from rlkit.core.cluster import ray_access
+from rlkit.core.cluster import worker_group
 from rlkit.core.cluster.worker_group import init_ray
 from rlkit.core.controller import preflight
 from rlkit.recipes.loader import load_config
@@ -27,7 +28,7 @@ def fake_init(monkeypatch):
     monkeypatch.setattr(ray, "init", lambda **kwargs: seen.append(
         {**kwargs, "env": {k: os.environ.get(k) for k in ("RAY_AUTH_MODE", "RAY_AUTH_TOKEN")},
          "auth_mode": get_authentication_mode(), "cluster_of_one": not ray_constants.ENABLE_RAY_CLUSTER}))
-    monkeypatch.setattr(preflight, "check_cluster", lambda config, nodes: None)
+    monkeypatch.setattr(worker_group, "check_cluster", lambda config, nodes: None)
     monkeypatch.setattr(ray, "nodes", lambda: [])
     monkeypatch.setattr(ray_constants, "ENABLE_RAY_CLUSTER", True)
     monkeypatch.setenv(ray_access.CLUSTER_OF_ONE_ENV, "1")

@@ -12,7 +12,7 @@ from transformers import AutoTokenizer
 
 from rlkit.core.batch import Batch, build_batch
 from rlkit.core.controller.replay import Replay, replay_config
-from rlkit.core.controller.run_dir import RunDir, resolve_model_path
+from rlkit.core.state.run_dir import RunDir, resolve_model_path
 from rlkit.core.data.dataset import PromptRow
 from rlkit.core.rollout.base import RolloutSample
 from rlkit.core.rollout.trajectory import Trajectory

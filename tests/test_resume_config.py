@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from rlkit.core.controller.resume import resume_config, resume_run
-from rlkit.core.controller.run_dir import RunDir
+from rlkit.core.state.run_dir import RunDir
 from rlkit.core.state.checkpoint import latest_checkpoint, write_checkpoint
 from rlkit.errors import UserError
 from rlkit.recipes.loader import config_to_yaml, load_config

@@ -8,7 +8,7 @@ from pathlib import Path
 from conftest import invoke
 
 from rlkit.cli.run_cmds import register
-from rlkit.core.controller.run_dir import RunDir
+from rlkit.core.state.run_dir import RunDir
 from rlkit.core.controller.tracking import (
     Tracker,
     is_timing_key,

@@ -8,7 +8,7 @@ import pytest
 from typer.testing import CliRunner
 
 from rlkit.cli.main import app
-from rlkit.core.controller.run_dir import RunDir, check_run_id
+from rlkit.core.state.run_dir import RunDir, check_run_id
 from rlkit.errors import UserError
 from rlkit.recipes.loader import load_config
 

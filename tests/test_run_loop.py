@@ -12,7 +12,7 @@ import torch
 from rlkit.core.controller import loop
 from rlkit.core.controller.controller import Controller
 from rlkit.core.controller.preflight import RunInputs
-from rlkit.core.controller.run_dir import RunDir
+from rlkit.core.state.run_dir import RunDir
 from rlkit.core.controller.tracking import METRICS_FILE, read_metrics
 from rlkit.core.state.checkpoint import RNG_FILE, write_checkpoint
 from rlkit.core.state.shards import rng_state

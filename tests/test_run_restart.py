@@ -10,7 +10,7 @@ import pytest
 from typer.testing import CliRunner
 
 from rlkit.cli.main import app
-from rlkit.core.controller.run_dir import RunDir
+from rlkit.core.state.run_dir import RunDir
 from rlkit.core.state.checkpoint import write_checkpoint
 from rlkit.errors import UserError
 from rlkit.recipes.loader import config_to_yaml, load_config

@@ -14,7 +14,7 @@ from typer.testing import CliRunner
 
 from rlkit.cli.data_cmds import register
 from rlkit.cli.main import app
-from rlkit.core.controller.run_dir import resolve_model_path
+from rlkit.core.state.run_dir import resolve_model_path
 from rlkit.core.data.builders import write_parquet
 from rlkit.core.data.sft import sft_batch, tokenize_sft_row, tokenize_sft_rows
 from rlkit.errors import UserError

@@ -15,7 +15,7 @@ import torch.distributed as dist
 from rlkit.core.algos.sft import sft_loss
 from rlkit.core.batch import Batch
 from rlkit.core.cluster.device_worker import free_port
-from rlkit.core.controller.run_dir import resolve_model_path
+from rlkit.core.state.run_dir import resolve_model_path
 from rlkit.core.data.sft import SFTExample, sft_batch
 from rlkit.core.train.policy_worker import PolicyWorker
 from rlkit.recipes.loader import load_config

@@ -12,7 +12,7 @@ from rich.console import Console
 
 from rlkit.cli import run_cmds
 from rlkit.core.controller.plot import OFFLINE_PANELS, panels_for, plot_run
-from rlkit.core.controller.run_dir import RunDir
+from rlkit.core.state.run_dir import RunDir
 from rlkit.core.controller.tracking import OFFLINE_CONSOLE_KEYS, Tracker, read_metrics, step_logger
 from rlkit.recipes.loader import load_config
 

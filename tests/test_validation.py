@@ -195,7 +195,7 @@ def test_config_keys_and_verl_aliases() -> None:
 
 
 def test_synthetic_runs_validate_on_their_test_split_only_when_asked(tmp_path: Path) -> None:
-    from rlkit.core.controller.run_dir import prepare_val_files
+    from rlkit.core.state.run_dir import prepare_val_files
 
     demo = load_config("grpo-demo")
     assert demo.trainer.val_freq == 20

@@ -71,9 +71,9 @@ def inspect(
     """
     from transformers import AutoTokenizer
 
-    from rlkit.core.controller.run_dir import RunDir, resolve_model_path
     from rlkit.core.state import rollout_view
     from rlkit.core.state.records import read_record
+    from rlkit.core.state.run_dir import RunDir, resolve_model_path
     from rlkit.errors import UserError
     from rlkit.recipes.loader import load_config
 

@@ -54,9 +54,9 @@ def resume(
 @user_errors
 def runs_list(runs_dir: str = RUNS_DIR_OPTION) -> None:
     """List runs, oldest first. Example: rlkit runs list --runs-dir /data/runs"""
-    from rlkit.core.controller.run_dir import list_runs
     from rlkit.core.controller.tracking import METRICS_FILE, read_metrics
     from rlkit.core.state.checkpoint import list_checkpoints
+    from rlkit.core.state.run_dir import list_runs
 
     runs = list_runs(runs_dir)
     if not runs:
@@ -83,9 +83,9 @@ def _last_score(record: dict[str, Any]) -> str:
 @user_errors
 def runs_show(run_id: str = RUN_ARGUMENT, runs_dir: str = RUNS_DIR_OPTION) -> None:
     """A run's status, last metrics and checkpoints. Example: rlkit runs show grpo-demo-20261130-101500"""
-    from rlkit.core.controller.run_dir import RunDir
     from rlkit.core.controller.tracking import METRICS_FILE, read_metrics
     from rlkit.core.state.checkpoint import interrupted_writes, list_checkpoints
+    from rlkit.core.state.run_dir import RunDir
 
     run = RunDir.open(run_id, runs_dir)
     status = run.read_status()
@@ -141,8 +141,8 @@ def export(
 
     Example: rlkit export grpo-demo-20261130-101500 --out ./my-policy   (then: --model ./my-policy, or vllm serve)
     """
-    from rlkit.core.controller.run_dir import RunDir
     from rlkit.core.state.export import export_hf
+    from rlkit.core.state.run_dir import RunDir
 
     path = export_hf(RunDir.open(run_id, runs_dir), out, step=step, dtype=dtype, lora_format=lora_format)
     console.print(f"[green]exported[/] to {path}")
@@ -159,7 +159,7 @@ def plot(
     Example: rlkit plot grpo-demo-20261130-101500 --out reward.png
     """
     from rlkit.core.controller.plot import plot_run
-    from rlkit.core.controller.run_dir import RunDir
+    from rlkit.core.state.run_dir import RunDir
 
     run = RunDir.open(run_id, runs_dir)
     console.print(f"[green]wrote[/] {plot_run(run.path, out or run.path / 'plot.png')}")

@@ -23,7 +23,7 @@ from packaging.requirements import InvalidRequirement, Requirement
 from packaging.utils import canonicalize_name
 
 from rlkit.core import compat, environment
-from rlkit.core.cluster.ray_access import CLUSTER_OF_ONE_ENV, is_loopback, unauthenticated_warning
+from rlkit.core.cluster.ray_access import CLUSTER_OF_ONE_ENV, check_cluster, is_loopback, unauthenticated_warning
 from rlkit.errors import UserError
 from rlkit.recipes.schema import RLConfig
 
@@ -300,8 +300,6 @@ def ray_nodes(address: str) -> list[dict]:
 
 
 def check_ray(config: RLConfig) -> list[Finding]:
-    from rlkit.core.controller.preflight import check_cluster
-
     address = os.environ.get("RAY_ADDRESS")
     if not address:
         return [Finding("ok", "Ray", "RAY_ADDRESS unset: each run starts its own local Ray cluster")]

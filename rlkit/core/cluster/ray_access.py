@@ -13,7 +13,12 @@ import ipaddress
 import logging
 import os
 import secrets
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+from rlkit.errors import UserError
+
+if TYPE_CHECKING:
+    from rlkit.recipes.schema import RLConfig
 
 LOOPBACK = "127.0.0.1"
 CLUSTER_OF_ONE_ENV = "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"  # "0": Ray keeps loopback addresses (see keep_loopback)
@@ -81,3 +86,16 @@ def prepare_attach(address: str) -> None:
     if warning and address not in _warned:
         _warned.add(address)
         logger.warning("%s; %s", *warning)
+
+
+def check_cluster(config: RLConfig, nodes: list[dict[str, Any]]) -> None:
+    """`nodes` (ray.nodes()) has trainer.nnodes alive nodes with n_gpus_per_node devices each."""
+    trainer = config.trainer
+    total_gpus = sum(node["Resources"].get("GPU", 0) for node in nodes if node["Alive"])
+    kind = "GPU" if trainer.device == "cuda" or (trainer.device == "auto" and total_gpus > 0) else "CPU"
+    sizes = sorted((int(node["Resources"].get(kind, 0)) for node in nodes if node["Alive"]), reverse=True)
+    if sum(size >= trainer.n_gpus_per_node for size in sizes) < trainer.nnodes:
+        raise UserError(f"trainer.nnodes={trainer.nnodes} x trainer.n_gpus_per_node={trainer.n_gpus_per_node} "
+                        f"needs {trainer.nnodes} node(s) with {trainer.n_gpus_per_node} {kind}(s) each, but the Ray "
+                        f"cluster at RAY_ADDRESS has {len(sizes)} alive node(s) with {sizes} {kind}(s); lower "
+                        "them or add nodes")

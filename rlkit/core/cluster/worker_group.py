@@ -25,7 +25,7 @@ from rlkit.core.cluster.failures import (
     workers_late,
 )
 from rlkit.core.cluster.phases import PhaseBoard, PhaseReporter, WorkerPlace
-from rlkit.core.cluster.ray_access import local_cluster_options, prepare_attach
+from rlkit.core.cluster.ray_access import check_cluster, local_cluster_options, prepare_attach
 from rlkit.errors import UserError
 from rlkit.recipes.schema import RLConfig
 
@@ -77,8 +77,6 @@ def init_ray(config: RLConfig) -> None:
         prepare_attach(address)
     ray.init(address=address, **kwargs)
     if address != "local":  # a cluster: its nodes must fit the run before any worker is placed
-        from rlkit.core.controller.preflight import check_cluster
-
         check_cluster(config, ray.nodes())
 
 

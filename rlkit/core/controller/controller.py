@@ -28,7 +28,6 @@ from rlkit.core.cluster.placement import Placement
 from rlkit.core.cluster.worker_group import WorkerGroup, init_ray
 from rlkit.core.controller import invariants
 from rlkit.core.controller.preflight import RunInputs, check_inputs
-from rlkit.core.controller.run_dir import RunDir
 from rlkit.core.data.dataset import PromptSampler
 from rlkit.core.rewards.scoring import RewardScorer
 from rlkit.core.rollout.async_source import AsyncRolloutSource
@@ -36,6 +35,7 @@ from rlkit.core.rollout.source import SyncRolloutSource, timed
 from rlkit.core.state import checkpoint
 from rlkit.core.state.disk_errors import os_error_behind
 from rlkit.core.state.records import RolloutRecorder
+from rlkit.core.state.run_dir import RunDir
 from rlkit.core.state.shards import rng_state, set_rng_state
 from rlkit.core.train.critic_worker import VALUE_INPUT_KEYS, start_critic_group
 from rlkit.errors import UserError

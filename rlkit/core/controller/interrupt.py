@@ -29,7 +29,7 @@ from rlkit.core.cluster.failures import continue_hint
 
 if TYPE_CHECKING:
     from rlkit.core.controller.controller import Controller
-    from rlkit.core.controller.run_dir import RunDir
+    from rlkit.core.state.run_dir import RunDir
 
 SIGNALS = (signal.SIGINT, signal.SIGTERM)
 

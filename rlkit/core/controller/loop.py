@@ -23,7 +23,6 @@ from rlkit.core.controller.interrupt import (
 )
 from rlkit.core.controller.offline import OfflineController
 from rlkit.core.controller.preflight import RunInputs, check_inputs
-from rlkit.core.controller.run_dir import RunDir, check_run_id
 from rlkit.core.controller.tracking import (
     CONSOLE_KEYS_BY_OBJECTIVE,
     Tracker,
@@ -40,6 +39,7 @@ from rlkit.core.data.synthetic import SYNTHETIC_TRAIN_FILE
 from rlkit.core.rollout.sync_check import check_weight_sync
 from rlkit.core.state import provenance
 from rlkit.core.state.checkpoint import Checkpoint, discard_after
+from rlkit.core.state.run_dir import RunDir, check_run_id
 from rlkit.core.state.shards import seed_rng
 from rlkit.errors import UserError
 from rlkit.recipes.schema import RLConfig, TrainerConfig

@@ -15,7 +15,7 @@ import zipfile
 from pathlib import Path
 from typing import Any
 
-from rlkit.core.controller.run_dir import TINY_PREFIX, resolve_model_path
+from rlkit.core.state.run_dir import TINY_PREFIX, resolve_model_path
 from rlkit.errors import UserError
 
 HUB_TIMEOUT_S = 10.0

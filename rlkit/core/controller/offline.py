@@ -25,11 +25,11 @@ from rlkit.core.controller.controller import (
     worker_log_probs,
 )
 from rlkit.core.controller.preflight import RunInputs
-from rlkit.core.controller.run_dir import RunDir
 from rlkit.core.data.dataset import PromptSampler
 from rlkit.core.data.offline import row_kind
 from rlkit.core.rollout.source import timed
 from rlkit.core.state import checkpoint
+from rlkit.core.state.run_dir import RunDir
 from rlkit.core.state.shards import set_rng_state
 from rlkit.core.train.policy_worker import PolicyWorker
 from rlkit.recipes.schema import RLConfig

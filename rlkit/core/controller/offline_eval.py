@@ -21,7 +21,6 @@ from typing import Iterator
 
 import torch
 
-from rlkit.core.controller.run_dir import RunDir, find_run, prepare_val_files, resolve_model_path
 from rlkit.core.controller.validation import (
     VALIDATION_DIR,
     Evaluator,
@@ -34,6 +33,7 @@ from rlkit.core.rewards.scoring import RewardScorer
 from rlkit.core.rollout.base import RolloutEngine
 from rlkit.core.state import checkpoint
 from rlkit.core.state.export import EXPORT_CONFIG, EXPORT_INFO, load_policy
+from rlkit.core.state.run_dir import RunDir, find_run, prepare_val_files, resolve_model_path
 from rlkit.errors import UserError
 from rlkit.recipes.loader import load_config
 from rlkit.recipes.schema import RLConfig

@@ -185,8 +185,8 @@ def check_devices(config: RLConfig) -> None:
     """Enough devices on this machine for trainer.n_gpus_per_node x trainer.nnodes (training and,
     with split placement, rollout workers: one device each).
 
-    With RAY_ADDRESS the workers run on a cluster's nodes, which `check_cluster` checks once
-    the controller has connected.
+    With RAY_ADDRESS the workers run on a cluster's nodes, which `check_cluster` (cluster.ray_access)
+    checks once the controller has connected.
     """
     if os.environ.get("RAY_ADDRESS"):
         return
@@ -209,16 +209,3 @@ def check_devices(config: RLConfig) -> None:
     if devices > cores:
         raise UserError(f"{wanted} asks for {devices} CPU worker processes (no GPU in use), but this machine has "
                         f"{cores} CPU core(s); lower trainer.n_gpus_per_node to at most {cores}")
-
-
-def check_cluster(config: RLConfig, nodes: list[dict[str, Any]]) -> None:
-    """`nodes` (ray.nodes()) has trainer.nnodes alive nodes with n_gpus_per_node devices each."""
-    trainer = config.trainer
-    total_gpus = sum(node["Resources"].get("GPU", 0) for node in nodes if node["Alive"])
-    kind = "GPU" if trainer.device == "cuda" or (trainer.device == "auto" and total_gpus > 0) else "CPU"
-    sizes = sorted((int(node["Resources"].get(kind, 0)) for node in nodes if node["Alive"]), reverse=True)
-    if sum(size >= trainer.n_gpus_per_node for size in sizes) < trainer.nnodes:
-        raise UserError(f"trainer.nnodes={trainer.nnodes} x trainer.n_gpus_per_node={trainer.n_gpus_per_node} "
-                        f"needs {trainer.nnodes} node(s) with {trainer.n_gpus_per_node} {kind}(s) each, but the Ray "
-                        f"cluster at RAY_ADDRESS has {len(sizes)} alive node(s) with {sizes} {kind}(s); lower "
-                        "them or add nodes")

@@ -16,8 +16,8 @@ from pathlib import Path
 
 from rlkit.core.controller.controller import Controller
 from rlkit.core.controller.resume import config_diff
-from rlkit.core.controller.run_dir import RunDir, resolve_model_path
 from rlkit.core.state import checkpoint, records
+from rlkit.core.state.run_dir import RunDir, resolve_model_path
 from rlkit.errors import UserError
 from rlkit.recipes.loader import load_config
 from rlkit.recipes.schema import RLConfig

@@ -14,8 +14,8 @@ from typing import Any
 import yaml
 
 from rlkit.core.cluster.failures import restart_command, resume_command
-from rlkit.core.controller.run_dir import RunDir
 from rlkit.core.state import checkpoint, provenance
+from rlkit.core.state.run_dir import RunDir
 from rlkit.errors import UserError
 from rlkit.recipes.loader import config_to_yaml, load_config
 from rlkit.recipes.schema import RLConfig

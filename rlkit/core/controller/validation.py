@@ -33,13 +33,13 @@ from typing import TYPE_CHECKING, Any, Callable
 from rlkit.core.agents.report import episode_metrics
 from rlkit.core.agents.tool_env import prompt_tools
 from rlkit.core.agents.worker import build_agent_loop, run_episodes
-from rlkit.core.controller.run_dir import prepare_val_files
 from rlkit.core.data.dataset import PromptRow, load_prompt_dataset
 from rlkit.core.rewards.metrics import RowOutcome, validation_metrics
 from rlkit.core.rewards.registry import answer_fn_for
 from rlkit.core.rewards.scoring import RULE_OPTIONS, RewardScorer
 from rlkit.core.rollout.base import Sampling
 from rlkit.core.rollout.trajectory import Trajectory
+from rlkit.core.state.run_dir import prepare_val_files
 from rlkit.recipes.agent_schema import AgentConfig
 from rlkit.recipes.reward_schema import RewardConfig
 from rlkit.recipes.schema import RLConfig, TrainerConfig

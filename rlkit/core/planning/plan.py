@@ -10,9 +10,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from rlkit.core import environment
-from rlkit.core.controller.run_dir import resolve_model_path
 from rlkit.core.planning import memory, timing
 from rlkit.core.planning.shape import ModelShape, model_shape
+from rlkit.core.state.run_dir import resolve_model_path
 from rlkit.recipes.schema import RLConfig
 
 GIB = memory.GIB

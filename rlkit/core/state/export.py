@@ -20,8 +20,8 @@ from typing import Iterator
 
 import torch
 
-from rlkit.core.controller.run_dir import RunDir, resolve_model_path
 from rlkit.core.state import checkpoint, safe_load
+from rlkit.core.state.run_dir import RunDir, resolve_model_path
 from rlkit.core.state.shards import MODEL_KEY, SHARDS_DIR, frozen_names
 from rlkit.core.train import adapters
 from rlkit.core.train.fsdp import DTYPES

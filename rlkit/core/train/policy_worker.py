@@ -24,12 +24,12 @@ from rlkit.core.algos.losses import (
 from rlkit.core.batch import Batch
 from rlkit.core.cluster.device_worker import DeviceWorker
 from rlkit.core.cluster.weight_transfer import TensorSpec, TransferGroup, WeightSender
-from rlkit.core.controller.run_dir import resolve_model_path
 from rlkit.core.rewards.reward_model import RewardModel
 from rlkit.core.rollout.base import RolloutSample, Sampling
 from rlkit.core.rollout.engines import make_engine
 from rlkit.core.rollout.sync_check import SyncProbe
 from rlkit.core.state import shards as checkpoint_shards
+from rlkit.core.state.run_dir import resolve_model_path
 from rlkit.core.train import fast_paths, fsdp, packing
 from rlkit.core.train.learner import micro_batches, optimize
 from rlkit.core.train.logprobs import selected_log_probs

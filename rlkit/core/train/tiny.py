@@ -23,7 +23,7 @@ CHAT_TEMPLATE = (
 # finds one token by sampling (1/64 a try), never a 45-character JSON string. Decoded, it is the
 # Hermes/Qwen2.5 call text, parsed like any model's (rlkit.core.agents.tools).
 TOOL_CALL_TOKEN = '<tool_call>{"name": "lookup", "arguments": {}}</tool_call>'
-# Bumped when the tiny world changes, so a cached copy (rlkit.core.controller.run_dir) is rebuilt.
+# Bumped when the tiny world changes, so a cached copy (rlkit.core.state.run_dir) is rebuilt.
 VERSION = 2
 
 
