@@ -83,7 +83,7 @@ def main() -> None:
 
     os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
     from rlkit.core.controller.controller import Controller
-    from rlkit.core.controller.run_dir import RunDir
+    from rlkit.core.state.run_dir import RunDir
     from rlkit.recipes.loader import load_config
 
     workload, workdir = prepared(args.workdir, args.tiny)

@@ -96,7 +96,7 @@ def main() -> None:
     args = with_defaults(parser.parse_args())  # the rest as bench/rlkit_grpo.py's defaults: full fine-tuning, sync
 
     from rlkit.core.controller.controller import Controller
-    from rlkit.core.controller.run_dir import RunDir
+    from rlkit.core.state.run_dir import RunDir
     from rlkit.core.planning.plan import build_plan
     from rlkit.recipes.loader import load_config
 

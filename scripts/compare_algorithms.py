@@ -55,7 +55,7 @@ class Curve:
 def train_until(name: str, seed: int, budget: int, runs_dir: Path, progress: Progress) -> Curve:
     """Train `name` until `budget` samples were generated; the reward of each step's samples."""
     from rlkit.core.controller.controller import Controller
-    from rlkit.core.controller.run_dir import RunDir
+    from rlkit.core.state.run_dir import RunDir
     from rlkit.recipes.loader import load_config
 
     recipe, extra = ALGORITHMS[name]

@@ -36,7 +36,7 @@ VARIANTS = {
 
 def train(name: str, seed: int, steps: int, runs_dir: Path, console: Console) -> Curve:
     from rlkit.core.controller.controller import Controller
-    from rlkit.core.controller.run_dir import RunDir
+    from rlkit.core.state.run_dir import RunDir
     from rlkit.recipes.loader import load_config
 
     config = load_config("grpo", [*TINY_WORLD, *SPLIT, *VARIANTS[name], f"trainer.seed={seed}",
