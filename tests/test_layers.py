@@ -26,7 +26,7 @@ KNOWN_UPWARD = {
     ("rlkit.core.cluster.placement", "rlkit.core.rollout.worker"),
     ("rlkit.core.cluster.placement", "rlkit.core.rollout.sync_check"),
     ("rlkit.core.cluster.placement", "rlkit.core.train.policy_worker"),
-    # recipes' checks ask the engine registry and the fast-path defaults (the Algorithm/component configs would own them)
+    # recipes' checks ask the engine registry and the fast-path defaults (component configs would own them)
     ("rlkit.recipes.checks", "rlkit.core.rollout.engines"),
     ("rlkit.recipes.checks", "rlkit.core.train.fast_paths"),
     # code rewards run in the agents' sandbox (the sandbox belongs a layer lower, beside rewards)
