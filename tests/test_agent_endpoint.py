@@ -122,7 +122,9 @@ def test_slow_clients_are_dropped_at_the_read_deadline_while_a_real_request_comp
     for thread in threads:
         thread.join(timeout=15)
     assert set(took) == set(slow)
-    assert all(1.0 <= seconds < 3.5 for seconds in took.values()), took
+    # The deadline counts from the server's accept, a moment before each client thread starts its clock
+    # (measured 0.9994 s for the silent one on a busy machine): 0.9 s, not 1.0, is the lower bound.
+    assert all(0.9 <= seconds < 3.5 for seconds in took.values()), took
     assert server.conversations[0].turns == 1  # the real request only
     for sock in sockets.values():
         sock.close()
