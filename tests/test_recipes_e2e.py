@@ -102,6 +102,7 @@ RECIPES: dict[str, tuple[list[str], Check, list[str]]] = {
     "reinforce_pp": ([], reinforce_pp_expected, ["actor/kl_coef"]),
     "drgrpo": ([], drgrpo_expected, []),
     "gspo": (["rollout.n=4"], grpo_expected, ["actor/seq_ratio_mean"]),
+    "cispo": ([], grpo_expected, ["actor/is_weight_mean"]),
 }
 
 
@@ -152,5 +153,7 @@ def test_recipe_trains_two_steps(recipe: str, tmp_path: Path, monkeypatch: pytes
         assert 1 <= rows[-1]["dapo/gen_rounds"] <= 2
     if recipe == "remax":
         assert rows[-1]["rollout/greedy_samples"] == 4
+    if recipe == "cispo":  # the second mini-batch's weights moved off 1, within the clip
+        assert 0.5 < rows[-1]["actor/is_weight_mean"] <= 1.28 and rows[-1]["actor/is_weight_mean"] != 1.0
     if recipe == "gspo":  # the sequence ratio of the update's second mini-batch moved, within reason
         assert 0.9 < rows[-1]["actor/seq_ratio_mean"] < 1.1

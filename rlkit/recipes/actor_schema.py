@@ -34,7 +34,13 @@ class ActorConfig(Section):
                     "one full-length sequence; printed at start-up); 16384 on CPU.",
     )
     grad_clip: float = Field(1.0, gt=0, description="Global gradient-norm clip.")
-    policy_loss: str = Field("vanilla", description="Registered policy loss: vanilla (PPO clip), gspo.")
+    policy_loss: str = Field("vanilla", description="Registered policy loss: vanilla (PPO clip), gspo (sequence "
+                                                    "ratio), cispo (clipped importance weight; docs/algorithms.md).")
+    policy_loss_options: dict[str, float] = Field(
+        default_factory=dict,
+        description="The chosen loss's own hyper-parameters, e.g. {is_clip_high: 0.28} for cispo (each loss's "
+                    "docstring and docs/algorithms.md list them; a name the loss does not have is refused). PPO's "
+                    "clip keys stay actor.clip_ratio_low/high/c, read by every loss that declares them.")
     clip_ratio_low: float = Field(0.2, ge=0, description="PPO clip: ratio lower bound is 1 - clip_ratio_low.")
     clip_ratio_high: float = Field(
         0.2, ge=0,

@@ -25,9 +25,11 @@ OWN_KEY = {"enforce_eager": "rollout.vllm.enforce_eager", "attention_backend": "
 
 def check_config(config: RLConfig, origins: dict[str, str] | None = None, *, require_inputs: bool = True) -> None:
     """Raise ConfigError for inconsistent settings; `require_inputs` also demands a model and data."""
+    import torch
+
     from rlkit.core.algos.advantages import ADV_ESTIMATORS
     from rlkit.core.algos.kl import KL_ESTIMATORS
-    from rlkit.core.algos.losses import POLICY_LOSSES
+    from rlkit.core.algos.losses import POLICY_LOSSES, configured_loss_options, policy_loss
     from rlkit.core.rollout.engines import ENGINES
 
     origins = origins or {}
@@ -44,6 +46,12 @@ def check_config(config: RLConfig, origins: dict[str, str] | None = None, *, req
                                 ("rollout.name", rollout.name, ENGINES)):
         if name not in registry:
             fail(key, registry.unknown_message(name))
+    try:  # the loss itself judges its options' values: one token through it
+        token = torch.zeros(1, 1)
+        policy_loss(actor.policy_loss, token, token, token, torch.ones(1, 1),
+                    **configured_loss_options(actor.policy_loss, actor))
+    except ValueError as exc:
+        fail("actor.policy_loss_options", str(exc))
     if require_inputs and not config.model.path:
         fail("model.path", "no model given; pass --model PATH_OR_HUB_ID or model.path=... "
              "('rlkit:tiny-qwen2' builds a tiny offline model)")

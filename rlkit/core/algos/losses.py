@@ -8,7 +8,9 @@ job, which is where micro-batching and data parallelism are made harmless (see i
 from __future__ import annotations
 
 import difflib
+import inspect
 import math
+from typing import Any
 
 import torch
 from torch import Tensor
@@ -30,30 +32,47 @@ def policy_loss(
     old_log_probs: Tensor,
     advantages: Tensor,
     response_mask: Tensor,
-    *,
-    clip_ratio_low: float = 0.2,
-    clip_ratio_high: float = 0.2,
-    clip_ratio_c: float | None = None,
+    **options: Any,
 ) -> tuple[Tensor, dict[str, Tensor]]:
     """Per-token policy loss ``[B,R]`` (0 on padding) and metrics for this batch.
 
-    Metrics (masked token means, detached): ``pg_clipfrac`` (share of tokens where the ratio
-    clip is active), ``ppo_kl`` (mean of old_logp - logp), ``pg_clipfrac_lower`` (share of tokens
-    where the dual-clip cap is active; 0 without ``clip_ratio_c``); ``gspo`` adds
-    ``seq_ratio_mean`` (its sequence ratio s_i, averaged over tokens).
+    ``options`` are the loss's own hyper-parameters, the keyword-only parameters it declares
+    (:func:`loss_options`); each loss documents its metrics. PPO's clip losses report
+    ``pg_clipfrac`` (share of tokens where the ratio clip is active), ``ppo_kl`` (mean of
+    old_logp - logp), ``pg_clipfrac_lower`` (share of tokens where the dual-clip cap is active;
+    0 without ``clip_ratio_c``); ``gspo`` adds ``seq_ratio_mean`` (its sequence ratio s_i,
+    averaged over tokens).
     """
-    if clip_ratio_c is not None and clip_ratio_c <= 1.0:
-        raise ValueError(f"clip_ratio_c must be > 1 for dual-clip PPO, got {clip_ratio_c}")
     loss_fn = POLICY_LOSSES.get(name)
-    return loss_fn(
-        log_probs,
-        old_log_probs,
-        advantages,
-        response_mask,
-        clip_ratio_low=clip_ratio_low,
-        clip_ratio_high=clip_ratio_high,
-        clip_ratio_c=clip_ratio_c,
-    )
+    unknown = sorted(set(options) - set(loss_options(name)))
+    if unknown:
+        raise TypeError(f"policy loss {name!r} has no option {', '.join(unknown)} "
+                        f"(its options: {', '.join(loss_options(name)) or 'none'})")
+    return loss_fn(log_probs, old_log_probs, advantages, response_mask, **options)
+
+
+def loss_options(name: str) -> dict[str, Any]:
+    """A registered policy loss's hyper-parameters: its keyword-only parameters, with their defaults."""
+    parameters = inspect.signature(POLICY_LOSSES.get(name)).parameters.values()
+    return {p.name: p.default for p in parameters if p.kind is inspect.Parameter.KEYWORD_ONLY}
+
+
+def configured_loss_options(name: str, actor: Any) -> dict[str, Any]:
+    """The options `name` runs with: PPO's clip keys from the actor config (actor.clip_ratio_low, ...) for
+    a loss that declares them, and `actor.policy_loss_options` for the loss's own. ValueError names a key
+    the loss does not have, with the closest it does."""
+    declared = loss_options(name)
+    own = dict(actor.policy_loss_options)
+    for key in own:
+        if key not in declared:
+            close = difflib.get_close_matches(key, declared, n=1)
+            hint = f"; did you mean {close[0]!r}?" if close else ""
+            raise ValueError(f"policy loss {name!r} has no option {key!r} (its options: "
+                             f"{', '.join(declared) or 'none'}){hint}")
+        if hasattr(actor, key):
+            raise ValueError(f"{key!r} is an actor key: set actor.{key}, not actor.policy_loss_options.{key}")
+    from_actor = {key: getattr(actor, key) for key in declared if hasattr(actor, key)}
+    return {**from_actor, **own}
 
 
 def rollout_importance_weights(old_log_probs: Tensor, rollout_log_probs: Tensor, cap: float, *,
@@ -103,6 +122,8 @@ def _clipped_surrogate(
     loss = max(-A*r, -A*clip(r, 1-low, 1+high)); with dual clip, for A < 0 the loss is further
     capped at -A*c so a huge ratio on a bad token cannot blow up the update (Ye et al. 2020).
     """
+    if clip_ratio_c is not None and clip_ratio_c <= 1.0:
+        raise ValueError(f"clip_ratio_c must be > 1 for dual-clip PPO, got {clip_ratio_c}")
     unclipped = -advantages * ratio
     clipped = -advantages * ratio.clamp(1.0 - clip_ratio_low, 1.0 + clip_ratio_high)
     loss = torch.maximum(unclipped, clipped)
@@ -129,7 +150,10 @@ def vanilla(
     old_log_probs: Tensor,
     advantages: Tensor,
     response_mask: Tensor,
-    **clip: float | None,
+    *,
+    clip_ratio_low: float = 0.2,
+    clip_ratio_high: float = 0.2,
+    clip_ratio_c: float | None = None,
 ) -> tuple[Tensor, dict[str, Tensor]]:
     """PPO-clip with a token-level ratio r_t = pi(y_t) / pi_old(y_t) (Schulman et al. 2017).
 
@@ -139,7 +163,8 @@ def vanilla(
     mask = response_mask.bool()
     log_ratio = torch.where(mask, log_probs - old_log_probs, torch.zeros_like(log_probs))
     log_ratio = log_ratio.clamp(-TOKEN_LOG_RATIO_BOUND, TOKEN_LOG_RATIO_BOUND)
-    return _clipped_surrogate(log_ratio.exp(), log_ratio, advantages, mask, **clip)
+    return _clipped_surrogate(log_ratio.exp(), log_ratio, advantages, mask, clip_ratio_low=clip_ratio_low,
+                              clip_ratio_high=clip_ratio_high, clip_ratio_c=clip_ratio_c)
 
 
 @POLICY_LOSSES.register("gspo")
@@ -148,7 +173,10 @@ def gspo(
     old_log_probs: Tensor,
     advantages: Tensor,
     response_mask: Tensor,
-    **clip: float | None,
+    *,
+    clip_ratio_low: float = 0.2,
+    clip_ratio_high: float = 0.2,
+    clip_ratio_c: float | None = None,
 ) -> tuple[Tensor, dict[str, Tensor]]:
     """GSPO (Zheng et al. 2025): clip a length-normalised *sequence* ratio instead of token ratios.
 
@@ -165,7 +193,8 @@ def gspo(
     seq_log_ratio = token_log_ratio.sum(-1) / lengths
     log_ratio = log_probs - log_probs.detach() + seq_log_ratio.detach().unsqueeze(-1)
     ratio = log_ratio.clamp(max=SEQ_LOG_RATIO_MAX).exp()
-    loss, metrics = _clipped_surrogate(ratio, token_log_ratio, advantages, mask, **clip)
+    loss, metrics = _clipped_surrogate(ratio, token_log_ratio, advantages, mask, clip_ratio_low=clip_ratio_low,
+                                       clip_ratio_high=clip_ratio_high, clip_ratio_c=clip_ratio_c)
     # The sequence ratio, to read against the paper's tiny clip range (token mean: each token
     # carries its sequence's s_i, so micro-batches and ranks aggregate it like the other metrics).
     metrics["seq_ratio_mean"] = masked_mean(ratio, mask).detach()

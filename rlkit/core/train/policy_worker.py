@@ -18,6 +18,7 @@ from rlkit.core.agents.worker import AgentEpisodes
 from rlkit.core.algos.kl import kl_estimate
 from rlkit.core.algos.losses import (
     aggregate_loss,
+    configured_loss_options,
     policy_loss,
     rollout_importance_weights,
 )
@@ -228,9 +229,8 @@ class PolicyWorker(DeviceWorker, AgentEpisodes, OfflineUpdates):
         log_probs = packed.scatter(flat_log_probs)
         old_log_probs = log_probs.detach() if old_from_here else mb["old_log_probs"]
         mask = mb["response_mask"].float()
-        per_token, pg_metrics = policy_loss(
-            cfg.policy_loss, log_probs, old_log_probs, mb["advantages"], mask,
-            clip_ratio_low=cfg.clip_ratio_low, clip_ratio_high=cfg.clip_ratio_high, clip_ratio_c=cfg.clip_ratio_c)
+        per_token, pg_metrics = policy_loss(cfg.policy_loss, log_probs, old_log_probs, mb["advantages"], mask,
+                                            **configured_loss_options(cfg.policy_loss, cfg))
         correction = self.config.rollout_correction  # (level, cap), or None
         if correction is not None:
             weights = rollout_importance_weights(old_log_probs, mb["rollout_log_probs"], correction[1],
