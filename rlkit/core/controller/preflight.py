@@ -175,7 +175,7 @@ def check_data_file(path: str, key: str, tokenizer: Any, model_spec: str) -> Non
     if file.metadata.num_rows == 0:
         raise UserError(f"data file {path} ({key}) has no rows")
     first = file.read_row_group(0, columns=["prompt"]).slice(0, 1).to_pylist()[0]["prompt"]
-    if not isinstance(first, str) and not tokenizer.chat_template:
+    if isinstance(first, list) and not tokenizer.chat_template:  # other types: tokenize_rows names them
         raise UserError(f"data file {path} ({key}) holds chat prompts (lists of messages), but the tokenizer of "
                         f"model.path={model_spec} has no chat template; use a chat/instruct model or a data file "
                         "whose 'prompt' column holds plain strings")
