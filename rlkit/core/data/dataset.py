@@ -25,6 +25,7 @@ class PromptRow:
     data_source: str
     ground_truth: str
     extra_info: dict[str, Any] = field(default_factory=dict)
+    prompt_text: str | None = None  # the text the ids were encoded from (the rendered chat); None: built from ids
 
 
 def open_parquet(path: str | Path, required: tuple[str, ...] = REQUIRED_COLUMNS) -> pq.ParquetFile:
@@ -103,15 +104,25 @@ def row_problem(raw: dict[str, Any]) -> str | None:
     return None
 
 
-def tokenize_prompt(tokenizer, messages: Any, tools: list[dict[str, Any]] | None = None) -> list[int]:
-    """A prompt's token ids; chat messages through the chat template, with `tools` (function schemas) where given."""
+def render_prompt(tokenizer, messages: Any, tools: list[dict[str, Any]] | None = None) -> str:
+    """The text a prompt is tokenized from: a string as it is, chat messages through the chat template (with
+    `tools`, function schemas, where given) and the generation prompt."""
     if isinstance(messages, str):
-        return tokenizer(messages, add_special_tokens=False)["input_ids"]
+        return messages
     if not tokenizer.chat_template:
         raise UserError("the tokenizer has no chat template, but the prompts are chat messages; "
                         "use a model with a chat template or store prompts as plain strings")
-    return list(tokenizer.apply_chat_template(list(messages), tools=tools, add_generation_prompt=True,
-                                              tokenize=True, return_dict=False))
+    return tokenizer.apply_chat_template(list(messages), tools=tools, add_generation_prompt=True, tokenize=False)
+
+
+def encode_rendered(tokenizer, text: str) -> list[int]:
+    """A rendered prompt's token ids, no special tokens added (what apply_chat_template(tokenize=True) does)."""
+    return list(tokenizer(text, add_special_tokens=False)["input_ids"])
+
+
+def tokenize_prompt(tokenizer, messages: Any, tools: list[dict[str, Any]] | None = None) -> list[int]:
+    """A prompt's token ids (see render_prompt)."""
+    return encode_rendered(tokenizer, render_prompt(tokenizer, messages, tools))
 
 
 def response_token_ids(tokenizer, text: str) -> list[int]:
@@ -140,7 +151,8 @@ def tokenize_rows(sources: list[tuple[str, list[dict[str, Any]]]], tokenizer, *,
             problem = row_problem(raw)
             if problem:
                 raise UserError(f"{where}: {problem}")
-            ids = tokenize_prompt(tokenizer, raw["prompt"], tools)
+            text = render_prompt(tokenizer, raw["prompt"], tools)
+            ids = encode_rendered(tokenizer, text)
             if len(ids) > max_prompt_length:
                 if overlong == "filter":
                     dropped += 1
@@ -154,6 +166,7 @@ def tokenize_rows(sources: list[tuple[str, list[dict[str, Any]]]], tokenizer, *,
                 data_source=raw["data_source"],
                 ground_truth="" if truth is None else str(truth),
                 extra_info=dict(raw.get("extra_info") or {}),
+                prompt_text=text,
             ))
     if not rows:
         raise UserError(f"no usable rows in {[name for name, _ in sources]} ({dropped} dropped as too long)")
