@@ -96,6 +96,7 @@ class Preflight:
     def training_data(self, model_path: str, tokenizer: Any) -> RunInputs:
         """Every training prompt tokenized and within data.max_prompt_length, enough of them for one
         batch, a reward for each; the validation files readable."""
+        from rlkit.core.rewards.probe import probe_reward
         from rlkit.core.rewards.scoring import check_reward_functions
 
         data = self.config.data
@@ -115,6 +116,8 @@ class Preflight:
                             f"data.max_prompt_length={data.max_prompt_length}")
         if not self.config.reward_model.path:
             self.checked.append(check_reward_functions(self.config.reward, [r.data_source for r in rows], where))
+            if self.dry_run:  # a real run scores rows at step 1 anyway; a dry run has no other chance
+                self.checked.append(probe_reward(self.config.reward, rows))
         sandbox = check_sandbox(self.config, {row.data_source for row in rows})
         if sandbox:
             self.checked.append(sandbox)

@@ -10,7 +10,7 @@ from typing import Any
 import pyarrow.parquet as pq
 import torch
 
-from rlkit.errors import UserError
+from rlkit.errors import UserError, shown
 
 REQUIRED_COLUMNS = ("data_source", "prompt", "reward_model")
 logger = logging.getLogger(__name__)
@@ -51,12 +51,6 @@ def read_rows(path: str | Path) -> list[dict[str, Any]]:
 
 MESSAGES_EXPECTED = 'a list of {"role", "content"} messages whose role and content are strings'
 PROMPT_EXPECTED = f"a string or {MESSAGES_EXPECTED}"
-
-
-def shown(value: Any) -> str:
-    """A value's type and the start of its repr, for messages about a row."""
-    text = repr(value)
-    return f"{type(value).__name__} {text if len(text) <= 40 else text[:37] + '...'}"
 
 
 def messages_problem(messages: Any, column: str) -> str | None:
