@@ -9,3 +9,9 @@ class UserError(Exception):
 
 class ConfigError(UserError):
     """A recipe or override that does not validate."""
+
+
+def shown(value: object) -> str:
+    """A value's type and the start of its repr, for messages about bad input."""
+    text = repr(value)
+    return f"{type(value).__name__} {text if len(text) <= 40 else text[:37] + '...'}"

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from rlkit.core.data.builders import make_row, write_parquet
-from rlkit.core.data.dataset import load_prompt_dataset
+from rlkit.core.data.dataset import load_prompt_dataset, tokenize_rows
 from rlkit.core.train.tiny import build_tokenizer
 from rlkit.errors import UserError
 
@@ -68,3 +68,60 @@ def test_overlong_prompts_are_filtered_with_a_logged_count(tokenizer, tmp_path: 
     assert "dropped 2 of 3 prompts longer than data.max_prompt_length=32" in caplog.text
     with pytest.raises(UserError, match=r"no usable rows .* \(1 dropped as too long\)"):
         load(tokenizer, write_parquet(rows("c" * 40), tmp_path / "long.parquet"), overlong="filter")
+
+
+# -- a column of the wrong type: one line naming file, row, column, what was found and what is expected ---
+def good_row(**changes) -> dict:
+    return {**make_row("synthetic/echo", "echo 1", "1", split="train", index=0), **changes}
+
+
+@pytest.mark.parametrize("changes, message", [
+    ({"prompt": 7}, "column 'prompt' holds int 7; expected a string or a list of {\"role\", \"content\"} messages"),
+    ({"prompt": ["echo 1"]}, "column 'prompt', message 0 is str 'echo 1'; expected a {'role', 'content'} dict"),
+    ({"prompt": [{"role": "user", "content": 3}]},
+     "column 'prompt', message 0 has content int 3; expected a string"),
+    ({"prompt": [{"content": "echo 1"}]}, "column 'prompt', message 0 has role NoneType None; expected a string"),
+    ({"prompt": [{"role": "user", "content": ""}]}, "column 'prompt' is empty"),
+    ({"data_source": 5}, "column 'data_source' holds int 5; expected a string"),
+    ({"reward_model": "1"}, "column 'reward_model' holds str '1'; expected a struct with a 'ground_truth' string"),
+    ({"reward_model": {"ground_truth": ["1", "2"]}},
+     "column 'reward_model.ground_truth' holds list ['1', '2']; expected a string"),
+    # a long value is cut: its repr's first 37 characters (the quote and 36 x), then "..."
+    ({"extra_info": "x" * 60}, "column 'extra_info' holds str '" + "x" * 36 + "...; expected a struct (a dict)"),
+])
+def test_a_column_of_the_wrong_type_names_the_row_what_it_holds_and_what_is_expected(tokenizer, changes,
+                                                                                     message) -> None:
+    with pytest.raises(UserError) as caught:
+        tokenize_rows([("train.parquet", [good_row(), good_row(**changes)])], tokenizer, max_prompt_length=32)
+    assert str(caught.value).startswith(f"train.parquet, row 1: {message}")
+
+
+def test_a_number_as_ground_truth_is_its_text(tokenizer) -> None:
+    (row,) = tokenize_rows([("t", [good_row(reward_model={"ground_truth": 42})])], tokenizer, max_prompt_length=32)
+    assert row.ground_truth == "42"
+
+
+def _one_line_error(result) -> str:
+    assert result.exit_code == 2, result.output
+    assert "Traceback" not in result.output
+    errors = [line for line in result.output.splitlines() if line.startswith("error: ")]
+    assert len(errors) == 1 and result.output.rstrip().endswith(errors[0]), result.output  # the last line
+    return errors[0]
+
+
+@pytest.mark.parametrize("dry_run", [[], ["--dry-run"]])
+def test_rlkit_train_names_a_prompt_column_of_integers_in_one_line(tmp_path: Path, dry_run) -> None:
+    from typer.testing import CliRunner
+
+    from rlkit.cli.main import app
+
+    integers = write_parquet([good_row(prompt=i) for i in (11, 12)], tmp_path / "ints.parquet")
+    no_content = write_parquet([good_row(), good_row(prompt=[{"role": "user", "content": None}])],
+                               tmp_path / "null.parquet")
+    for data, message in [(integers, "row 0: column 'prompt' holds int 11; expected a string or a list of "
+                                     "{\"role\", \"content\"} messages"),
+                          (no_content, "row 1: column 'prompt', message 0 has content NoneType None; expected a "
+                                       "string")]:
+        result = CliRunner().invoke(app, ["train", "grpo-demo", f"trainer.runs_dir={tmp_path / 'runs'}",
+                                          f"data.train_files=[{data}]", *dry_run])
+        assert f"{data}, {message}" in " ".join(_one_line_error(result).split())

@@ -18,8 +18,9 @@ from rlkit.core.batch import Batch
 from rlkit.core.cluster.device_worker import free_port
 from rlkit.core.controller import invariants
 from rlkit.core.controller.invariants import InvariantViolation
+from rlkit.core.data.builders import make_row
+from rlkit.core.data.dataset import PromptRow, PromptSampler, tokenize_rows
 from rlkit.core.state.run_dir import resolve_model_path
-from rlkit.core.data.dataset import PromptRow, PromptSampler
 from rlkit.core.train.policy_worker import PolicyWorker
 from rlkit.recipes.loader import load_config
 
@@ -88,6 +89,69 @@ def test_a_prompt_that_does_not_round_trip_fires_naming_its_row() -> None:
     assert sampler.state_dict() == {"epoch": 0, "position": 0}  # peeking at the first batch consumed nothing
     invariants.check_prompts(config(), tokenizer, rows[:1] + rows[2:], PromptSampler(2, 2, seed=0, shuffle=False))
     invariants.check_prompts(config("trainer.invariants=off"), tokenizer, rows, sampler)
+
+
+def lossy_tokenizer():
+    """Lower-case letters, space and '?' one token each, anything else the unknown token '[UNK]' (a
+    special token, so its text encodes back to it): 'café 😀' and 'cafe' survive the ids round trip."""
+    from tokenizers import Tokenizer, decoders, models
+    from transformers import PreTrainedTokenizerFast
+
+    vocab = {"[UNK]": 0, **{c: i + 1 for i, c in enumerate("abcdefghijklmnopqrstuvwxyz ?")}}
+    backend = Tokenizer(models.BPE(vocab=vocab, merges=[], unk_token="[UNK]"))
+    backend.decoder = decoders.Fuse()
+    return PreTrainedTokenizerFast(tokenizer_object=backend, unk_token="[UNK]")
+
+
+def byte_level_tokenizer():
+    """Every byte one token (GPT-2's byte-level symbols): any text encodes without loss."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    alphabet = sorted(pre_tokenizers.ByteLevel.alphabet())
+    backend = Tokenizer(models.BPE(vocab={s: i for i, s in enumerate(alphabet)}, merges=[]))
+    backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    backend.decoder = decoders.ByteLevel()
+    return PreTrainedTokenizerFast(tokenizer_object=backend)
+
+
+PROMPTS = ["what is a cafe", "un café au lait ? 😀", "naïve"]
+
+
+def loaded(tokenizer):
+    rows = [make_row("synthetic/echo", "", "1", split="train", index=i) | {"prompt": p} for i, p in enumerate(PROMPTS)]
+    return tokenize_rows([("train.parquet", rows)], tokenizer, max_prompt_length=64)
+
+
+def test_characters_the_tokenizer_loses_stop_the_run_naming_the_row_and_the_characters(caplog) -> None:
+    tokenizer = lossy_tokenizer()
+    rows = loaded(tokenizer)
+    assert rows[1].prompt_text == PROMPTS[1]
+    assert tokenizer.decode(rows[1].prompt_token_ids) == "un caf[UNK] au lait ? [UNK]"
+    assert invariants.round_trip_problem(tokenizer, rows[1].prompt_token_ids) is None  # the ids lost them already
+    assert invariants.lost_text_problem(tokenizer, PROMPTS[0], rows[0].prompt_token_ids) is None
+    assert invariants.lost_text_problem(tokenizer, PROMPTS[1], rows[1].prompt_token_ids) == (
+        "has characters that its token ids lost: 'é😀' (the first at character 6 of its rendered text "
+        "'un café au lait ', where the ids decode as '[UNK]'), so the policy never sees them")
+    with pytest.raises(InvariantViolation, match=r"'prompts survive a tokenizer round trip' broken: the prompt of row "
+                                                 r"1 has characters that its token ids lost: 'é😀' .*clean those "
+                                                 r"characters out .*trainer\.invariants=warn"):
+        invariants.check_prompts(config(), tokenizer, rows, PromptSampler(3, 2, seed=0, shuffle=False))
+    invariants.check_prompts(config(), tokenizer, rows[:1], PromptSampler(1, 1, seed=0, shuffle=False))
+    with caplog.at_level(logging.WARNING, logger="rlkit"):
+        invariants.check_prompts(config("trainer.invariants=warn"), tokenizer, rows[2:],
+                                 PromptSampler(1, 1, seed=0, shuffle=False))
+    assert "the prompt of row 2 has characters that its token ids lost: 'ï'" in caplog.text
+
+
+def test_a_tokenizer_that_keeps_every_character_passes() -> None:
+    tokenizer = byte_level_tokenizer()
+    rows = loaded(tokenizer)
+    assert [tokenizer.decode(r.prompt_token_ids) for r in rows] == PROMPTS
+    invariants.check_prompts(config(), tokenizer, rows, PromptSampler(3, 3, seed=0, shuffle=False))
+    # what a tokenizer may legitimately change is forgiven: a space added by the decoder, NFKC ('ﬁ' is 'fi')
+    ids = tokenizer("fine", add_special_tokens=False)["input_ids"]
+    assert invariants.lost_text_problem(tokenizer, "ﬁne ", ids) is None
 
 
 def _measure(folder: str) -> None:

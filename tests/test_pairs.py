@@ -103,6 +103,10 @@ def test_pairs_tokenize_prompt_and_responses_apart(tokenizer) -> None:
     ({"chosen": "2", "rejected": "  "}, "row 1: 'rejected' is empty"),
     ({"chosen": "2", "rejected": None}, "row 1: 'rejected' is NoneType, not text"),
     ({"chosen": "2", "rejected": "2"}, "row 1: 'chosen' and 'rejected' are the same text"),
+    ({"prompt": 4, "chosen": "2", "rejected": "3"},
+     "row 1: column 'prompt' holds int 4; expected a string or a list of"),
+    ({"prompt": [{"role": "user"}], "chosen": "2", "rejected": "3"},
+     "row 1: column 'prompt', message 0 has content NoneType None; expected a string"),
     ({"chosen": "2", "rejected": "3 3 3"}, "row 1: prompt (7 tokens) + the longer response (6 tokens with EOS) "
                                              "is 13 tokens > data.max_prompt_length + data.max_response_length = 11"),
 ])

@@ -259,4 +259,60 @@ def test_dry_run_says_what_it_checked_and_what_it_skipped(tmp_path):
            "tokenizer" in output
     assert "ok data: 1024 training prompts of data.synthetic_task=echo, each within data.max_prompt_length=16" in output
     assert "ok reward rules: synthetic/echo -> rlkit.core.data.synthetic.exact_match_reward" in output
+    assert ("ok reward rlkit.core.data.synthetic.exact_match_reward called on training row(s) 0, 1 within "
+            "reward.timeout_s=10: response the row's ground truth scores 1, 1; response an empty string scores 0, 0"
+            ) in output
     assert "skipped loading the weights onto the devices and starting the rollout engine" in output
+
+
+# -- a dry run calls the reward on the first training rows, as the run will -----------------
+REWARDS = '''
+import time
+
+
+def good(data_source, response, ground_truth, extra_info):
+    return float(response == ground_truth)
+
+
+def nan(data_source, response, ground_truth, extra_info):
+    return float("nan")
+
+
+def three(data_source, response, ground_truth):
+    return 1.0
+
+
+def hang(data_source, response, ground_truth, extra_info):
+    time.sleep(600)
+'''
+
+
+def _reward(tmp_path, name: str) -> str:
+    (tmp_path / "rewards.py").write_text(REWARDS)
+    return f"reward.function={tmp_path / 'rewards.py'}:{name}"
+
+
+def test_dry_run_lists_the_scores_a_good_reward_gave(tmp_path):
+    result = _dry_run(tmp_path, _reward(tmp_path, "good"))
+    assert result.exit_code == 0, result.output
+    output = " ".join(result.output.split())
+    # grpo-demo's echo rows: the ground truth equals itself (1), the empty string does not (0)
+    assert (f"ok reward {tmp_path / 'rewards.py'}:good called on training row(s) 0, 1 within reward.timeout_s=10: "
+            "response the row's ground truth scores 1, 1; response an empty string scores 0, 0") in output
+
+
+@pytest.mark.parametrize("name, overrides, problem", [
+    ("nan", [], "returned float nan, not a finite number"),
+    ("hang", ["reward.timeout_s=0.5"], "timed out after 0.5 s (reward.timeout_s); its worker was killed"),
+])
+def test_dry_run_fails_on_a_reward_that_returns_nan_or_hangs(tmp_path, name, overrides, problem):
+    line = " ".join(_one_line_error(_dry_run(tmp_path, _reward(tmp_path, name), *overrides)).split())
+    assert (f"error: reward function {tmp_path / 'rewards.py'}:{name} failed on training row 0 (data_source "
+            f"'synthetic/echo', response: the row's ground truth): {problem}") in line
+
+
+def test_dry_run_fails_on_a_reward_with_three_parameters(tmp_path):
+    line = " ".join(_one_line_error(_dry_run(tmp_path, _reward(tmp_path, "three"))).split())
+    assert (f"error: reward.function={tmp_path / 'rewards.py'}:three cannot be called on training row 0: it takes "
+            "(data_source, response, ground_truth), but rewards are called as fn(data_source, response, "
+            "ground_truth, extra_info)") in line

@@ -191,3 +191,15 @@ def test_an_sft_run_needs_data_files() -> None:
     result = CliRunner().invoke(app, ["train", "sft", "--model", "rlkit:tiny-qwen2"])
     assert result.exit_code == 2
     assert "objective sft trains on rows of data files" in " ".join(result.output.split())
+
+
+@pytest.mark.parametrize("row, message", [
+    ({"prompt": 5, "response": "2"}, "column 'prompt' holds int 5; expected a string or a list of"),
+    ({"messages": ["hi", "there"]}, "column 'messages', message 0 is str 'hi'; expected a {'role', 'content'} dict"),
+    ({"messages": [{"role": "user", "content": "1"}, {"role": "assistant", "content": 2}]},
+     "column 'messages', message 1 has content int 2; expected a string"),
+])
+def test_a_column_of_the_wrong_type_is_named_not_a_crash(tokenizer, row, message) -> None:
+    with pytest.raises(UserError) as caught:
+        tokenize_sft_rows([("train.parquet", [row])], tokenizer, max_length=64)
+    assert f"train.parquet, row 0: {message}" in str(caught.value)

@@ -31,7 +31,8 @@ def train(
     run_id: Optional[str] = typer.Option(
         None, "--run-id", help="Name of the run directory (default: recipe-date-time)."),
     dry_run: bool = typer.Option(False, "--dry-run", help="Print the resolved config and batch arithmetic, run "
-                                                           "every check that needs no GPU, then stop."),
+                                                           "every check that needs no GPU, call the reward on the "
+                                                           "first two training rows, then stop."),
 ) -> None:
     """Train with a recipe.
 

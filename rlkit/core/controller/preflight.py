@@ -96,6 +96,7 @@ class Preflight:
     def training_data(self, model_path: str, tokenizer: Any) -> RunInputs:
         """Every training prompt tokenized and within data.max_prompt_length, enough of them for one
         batch, a reward for each; the validation files readable."""
+        from rlkit.core.rewards.probe import probe_reward
         from rlkit.core.rewards.scoring import check_reward_functions
 
         data = self.config.data
@@ -115,6 +116,8 @@ class Preflight:
                             f"data.max_prompt_length={data.max_prompt_length}")
         if not self.config.reward_model.path:
             self.checked.append(check_reward_functions(self.config.reward, [r.data_source for r in rows], where))
+            if self.dry_run:  # a real run scores rows at step 1 anyway; a dry run has no other chance
+                self.checked.append(probe_reward(self.config.reward, rows))
         sandbox = check_sandbox(self.config, {row.data_source for row in rows})
         if sandbox:
             self.checked.append(sandbox)
@@ -175,7 +178,7 @@ def check_data_file(path: str, key: str, tokenizer: Any, model_spec: str) -> Non
     if file.metadata.num_rows == 0:
         raise UserError(f"data file {path} ({key}) has no rows")
     first = file.read_row_group(0, columns=["prompt"]).slice(0, 1).to_pylist()[0]["prompt"]
-    if not isinstance(first, str) and not tokenizer.chat_template:
+    if isinstance(first, list) and not tokenizer.chat_template:  # other types: tokenize_rows names them
         raise UserError(f"data file {path} ({key}) holds chat prompts (lists of messages), but the tokenizer of "
                         f"model.path={model_spec} has no chat template; use a chat/instruct model or a data file "
                         "whose 'prompt' column holds plain strings")

@@ -10,7 +10,7 @@ from typing import Any
 import pyarrow.parquet as pq
 import torch
 
-from rlkit.errors import UserError
+from rlkit.errors import UserError, shown
 
 REQUIRED_COLUMNS = ("data_source", "prompt", "reward_model")
 logger = logging.getLogger(__name__)
@@ -25,6 +25,7 @@ class PromptRow:
     data_source: str
     ground_truth: str
     extra_info: dict[str, Any] = field(default_factory=dict)
+    prompt_text: str | None = None  # the text the ids were encoded from (the rendered chat); None: built from ids
 
 
 def open_parquet(path: str | Path, required: tuple[str, ...] = REQUIRED_COLUMNS) -> pq.ParquetFile:
@@ -48,15 +49,74 @@ def read_rows(path: str | Path) -> list[dict[str, Any]]:
     return open_parquet(path).read().to_pylist()
 
 
-def tokenize_prompt(tokenizer, messages: Any, tools: list[dict[str, Any]] | None = None) -> list[int]:
-    """A prompt's token ids; chat messages through the chat template, with `tools` (function schemas) where given."""
+MESSAGES_EXPECTED = 'a list of {"role", "content"} messages whose role and content are strings'
+PROMPT_EXPECTED = f"a string or {MESSAGES_EXPECTED}"
+
+
+def messages_problem(messages: Any, column: str) -> str | None:
+    """What keeps `messages` (a row's `column`) from being chat messages, or None."""
+    if not isinstance(messages, list):
+        return f"column {column!r} holds {shown(messages)}; expected {MESSAGES_EXPECTED}"
+    for i, message in enumerate(messages):
+        if not isinstance(message, dict):
+            return f"column {column!r}, message {i} is {shown(message)}; expected a {{'role', 'content'}} dict"
+        for key in ("role", "content"):
+            if not isinstance(message.get(key), str):
+                return f"column {column!r}, message {i} has {key} {shown(message.get(key))}; expected a string"
+    return None
+
+
+def prompt_problem(prompt: Any) -> str | None:
+    """What keeps a row's `prompt` from being tokenized (not text or chat messages, or empty), or None."""
+    if isinstance(prompt, str):
+        return None if prompt else "column 'prompt' is empty"
+    if not isinstance(prompt, list):
+        return f"column 'prompt' holds {shown(prompt)}; expected {PROMPT_EXPECTED}"
+    problem = messages_problem(prompt, "prompt")
+    if problem is None and not any(m["content"] for m in prompt):
+        return "column 'prompt' is empty"
+    return problem
+
+
+def row_problem(raw: dict[str, Any]) -> str | None:
+    """What keeps an RL prompt row from loading (its prompt, data_source, reward_model, extra_info), or None."""
+    problem = prompt_problem(raw["prompt"])
+    if problem:
+        return problem
+    if not isinstance(raw["data_source"], str):
+        return f"column 'data_source' holds {shown(raw['data_source'])}; expected a string (it picks the reward rule)"
+    reward_info = raw.get("reward_model")
+    if reward_info is not None and not isinstance(reward_info, dict):
+        return f"column 'reward_model' holds {shown(reward_info)}; expected a struct with a 'ground_truth' string"
+    truth = (reward_info or {}).get("ground_truth")
+    if truth is not None and (isinstance(truth, bool) or not isinstance(truth, (str, int, float))):
+        return (f"column 'reward_model.ground_truth' holds {shown(truth)}; expected a string (encode structured "
+                "answers as JSON text, or put them in 'extra_info')")
+    extra = raw.get("extra_info")
+    if extra is not None and not isinstance(extra, dict):
+        return f"column 'extra_info' holds {shown(extra)}; expected a struct (a dict) or nothing"
+    return None
+
+
+def render_prompt(tokenizer, messages: Any, tools: list[dict[str, Any]] | None = None) -> str:
+    """The text a prompt is tokenized from: a string as it is, chat messages through the chat template (with
+    `tools`, function schemas, where given) and the generation prompt."""
     if isinstance(messages, str):
-        return tokenizer(messages, add_special_tokens=False)["input_ids"]
+        return messages
     if not tokenizer.chat_template:
         raise UserError("the tokenizer has no chat template, but the prompts are chat messages; "
                         "use a model with a chat template or store prompts as plain strings")
-    return list(tokenizer.apply_chat_template(list(messages), tools=tools, add_generation_prompt=True,
-                                              tokenize=True, return_dict=False))
+    return tokenizer.apply_chat_template(list(messages), tools=tools, add_generation_prompt=True, tokenize=False)
+
+
+def encode_rendered(tokenizer, text: str) -> list[int]:
+    """A rendered prompt's token ids, no special tokens added (what apply_chat_template(tokenize=True) does)."""
+    return list(tokenizer(text, add_special_tokens=False)["input_ids"])
+
+
+def tokenize_prompt(tokenizer, messages: Any, tools: list[dict[str, Any]] | None = None) -> list[int]:
+    """A prompt's token ids (see render_prompt)."""
+    return encode_rendered(tokenizer, render_prompt(tokenizer, messages, tools))
 
 
 def response_token_ids(tokenizer, text: str) -> list[int]:
@@ -82,23 +142,25 @@ def tokenize_rows(sources: list[tuple[str, list[dict[str, Any]]]], tokenizer, *,
     for name, raw_rows in sources:
         for i, raw in enumerate(raw_rows):
             where = f"{name}, row {i}"
-            messages = raw["prompt"]
-            if not messages or (not isinstance(messages, str) and not any(m.get("content") for m in messages)):
-                raise UserError(f"{where}: column 'prompt' is empty")
-            ids = tokenize_prompt(tokenizer, messages, tools)
+            problem = row_problem(raw)
+            if problem:
+                raise UserError(f"{where}: {problem}")
+            text = render_prompt(tokenizer, raw["prompt"], tools)
+            ids = encode_rendered(tokenizer, text)
             if len(ids) > max_prompt_length:
                 if overlong == "filter":
                     dropped += 1
                     continue
                 raise UserError(f"{where}: prompt has {len(ids)} tokens > data.max_prompt_length="
                                 f"{max_prompt_length}; raise it or set data.overlong_prompts=filter")
-            reward_info = raw.get("reward_model") or {}
+            truth = (raw.get("reward_model") or {}).get("ground_truth")
             rows.append(PromptRow(
                 index=len(rows),
                 prompt_token_ids=ids,
-                data_source=str(raw["data_source"]),
-                ground_truth=str(reward_info.get("ground_truth", "")),
+                data_source=raw["data_source"],
+                ground_truth="" if truth is None else str(truth),
                 extra_info=dict(raw.get("extra_info") or {}),
+                prompt_text=text,
             ))
     if not rows:
         raise UserError(f"no usable rows in {[name for name, _ in sources]} ({dropped} dropped as too long)")

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from rlkit.core.batch import Batch, padded_tensors
-from rlkit.core.data.dataset import open_parquet, response_token_ids, tokenize_prompt
+from rlkit.core.data.dataset import open_parquet, prompt_problem, response_token_ids, tokenize_prompt
 from rlkit.errors import UserError
 
 PAIR_COLUMNS = ("prompt", "chosen", "rejected")
@@ -54,10 +54,7 @@ def pair_problem(raw: dict[str, Any]) -> str | None:
             return f"'{column}' is empty"
     if raw["chosen"] == raw["rejected"]:
         return "'chosen' and 'rejected' are the same text: the pair teaches nothing"
-    prompt = raw["prompt"]
-    if not prompt or (not isinstance(prompt, str) and not any(m.get("content") for m in prompt)):
-        return "'prompt' is empty"
-    return None
+    return prompt_problem(raw["prompt"])
 
 
 def tokenize_pairs(sources: list[tuple[str, list[dict[str, Any]]]], tokenizer: Any, *, max_prompt_length: int,

@@ -18,7 +18,13 @@ from dataclasses import dataclass
 from typing import Any
 
 from rlkit.core.batch import Batch, padded_tensors
-from rlkit.core.data.dataset import open_parquet, response_token_ids, tokenize_prompt
+from rlkit.core.data.dataset import (
+    messages_problem,
+    open_parquet,
+    prompt_problem,
+    response_token_ids,
+    tokenize_prompt,
+)
 from rlkit.errors import UserError
 
 FORMATS = (("prompt", "response"), ("messages",))  # the columns of each row format
@@ -89,10 +95,14 @@ def tokenize_sft_rows(sources: list[tuple[str, list[dict[str, Any]]]], tokenizer
 def tokenize_sft_row(row: dict[str, Any], tokenizer: Any) -> tuple[list[int], list[int], list[int]]:
     """(prompt ids, response ids, loss mask) of one row; ValueError says what is wrong with it."""
     if row.get("messages") is not None and row.get("response") is None:
-        return _tokenize_messages(list(row["messages"]), tokenizer)
+        problem = messages_problem(row["messages"], "messages")
+        if problem:
+            raise ValueError(problem)
+        return _tokenize_messages(row["messages"], tokenizer)
     prompt, response = row.get("prompt"), row.get("response")
-    if not prompt or (not isinstance(prompt, str) and not any(m.get("content") for m in prompt)):
-        raise ValueError("column 'prompt' is empty")
+    problem = prompt_problem(prompt)
+    if problem:
+        raise ValueError(problem)
     if not isinstance(response, str) or not response.strip():
         raise ValueError("column 'response' is missing or empty")
     if tokenizer.eos_token_id is None:
