@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from rlkit.core.algos import ADV_ESTIMATORS, AdvantageInputs, compute_advantages
+from rlkit.core.algos.advantages import ADV_ESTIMATORS, AdvantageInputs, compute_advantages
 
 EPS = 1e-6
 

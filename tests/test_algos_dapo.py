@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from rlkit.core.algos import groups_with_signal, overlong_penalty
+from rlkit.core.algos.dapo import groups_with_signal, overlong_penalty
 
 
 def test_overlong_penalty_is_linear_in_the_buffer() -> None:

@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from rlkit.core.algos import (
+from rlkit.core.algos.kl import (
     KL_ESTIMATORS,
     AdaptiveKLController,
     FixedKLController,

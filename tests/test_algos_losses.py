@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from rlkit.core.algos import (
+from rlkit.core.algos.losses import (
     AGG_MODES,
     POLICY_LOSSES,
     aggregate_loss,

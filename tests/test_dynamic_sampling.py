@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from rlkit.core.algos import groups_with_signal
+from rlkit.core.algos.dapo import groups_with_signal
 from rlkit.core.rollout.dynamic_sampling import GroupCollector, group_rows
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Callable
 
+from rlkit.core.algos.needs import estimator_needs, estimators_that
 from rlkit.core.train.fast_paths import CPU_MICRO_BATCH_TOKENS
 from rlkit.errors import ConfigError
 from rlkit.recipes.schema import RLConfig
@@ -39,6 +40,7 @@ def check_config(config: RLConfig, origins: dict[str, str] | None = None, *, req
         raise ConfigError(f"{key}" + (f" ({where})" if where else "") + f": {message}")
 
     algo, actor, data, rollout = config.algorithm, config.actor, config.data, config.rollout
+    needs = estimator_needs(algo.adv_estimator)
     for key, name, registry in (("algorithm.adv_estimator", algo.adv_estimator, ADV_ESTIMATORS),
                                 ("actor.policy_loss", actor.policy_loss, POLICY_LOSSES),
                                 ("actor.kl_loss_type", actor.kl_loss_type, KL_ESTIMATORS),
@@ -60,14 +62,15 @@ def check_config(config: RLConfig, origins: dict[str, str] | None = None, *, req
              "(see `rlkit prep-data`) or data.synthetic_task=echo")
     if config.offline:
         check_offline(config, origins, fail, require_inputs=require_inputs)
-    elif algo.adv_estimator in ("grpo", "rloo", "reinforce_plus_plus_baseline") and rollout.n < 2:
+    elif needs.groups and rollout.n < 2:
         fail("rollout.n", f"{algo.adv_estimator} compares samples of one prompt, so it needs rollout.n >= 2 "
              f"(got {rollout.n})")
-    if algo.adv_estimator == "gae" and config.critic.enable is False:
-        fail("critic.enable", "algorithm.adv_estimator=gae needs a critic; set critic.enable=true or pick "
-             "a critic-free estimator (grpo, rloo, ...)")
-    if config.critic_enabled and algo.adv_estimator != "gae":
-        fail("critic.enable", f"a critic is only used by adv_estimator=gae (got {algo.adv_estimator})")
+    if needs.critic and config.critic.enable is False:
+        fail("critic.enable", f"algorithm.adv_estimator={algo.adv_estimator} needs a critic; set critic.enable=true "
+             "or pick a critic-free estimator (grpo, rloo, ...)")
+    if config.critic_enabled and not needs.critic:
+        fail("critic.enable", f"a critic is only used by adv_estimator={'/'.join(estimators_that('critic'))} "
+             f"(got {algo.adv_estimator})")
     if data.train_batch_size % actor.mini_batch_size:
         fail("actor.mini_batch_size", f"must divide data.train_batch_size={data.train_batch_size} "
              f"(got {actor.mini_batch_size})")
@@ -168,9 +171,9 @@ def check_rollout_mode(config: RLConfig, fail: Callable[[str, str], None]) -> No
     if algo.dynamic_sampling.enable:
         fail("algorithm.dynamic_sampling.enable", f"dynamic sampling's extra rounds are not supported with "
              f"rollout.mode={rollout.mode} yet; use rollout.mode=sync")
-    if algo.adv_estimator == "remax":
-        fail("algorithm.adv_estimator", f"remax's greedy baseline is not generated ahead with rollout.mode="
-             f"{rollout.mode} yet; use rollout.mode=sync")
+    if estimator_needs(algo.adv_estimator).greedy_baseline:
+        fail("algorithm.adv_estimator", f"{algo.adv_estimator}'s greedy baseline is not generated ahead with "
+             f"rollout.mode={rollout.mode} yet; use rollout.mode=sync")
 
 
 def check_algorithm(config: RLConfig, origins: dict[str, str], fail: Callable[[str, str], None]) -> None:
@@ -204,10 +207,9 @@ def check_algorithm(config: RLConfig, origins: dict[str, str], fail: Callable[[s
         "algorithm.dynamic_sampling.max_gen_rounds": (not algo.dynamic_sampling.enable,
                                                       "algorithm.dynamic_sampling.enable is false"),
         "reward.overlong_buffer.": (not overlong.enable, "reward.overlong_buffer.enable is false"),
-        "algorithm.norm_adv_by_std": (algo.adv_estimator != "grpo", "only adv_estimator=grpo uses it"),
-        "algorithm.lam": (algo.adv_estimator != "gae", "only adv_estimator=gae uses it"),
-        "algorithm.gamma": (algo.adv_estimator not in ("gae", "reinforce_plus_plus"),
-                            "only adv_estimator=gae and reinforce_plus_plus use it"),
+        **{f"algorithm.{option}": (option not in estimator_needs(algo.adv_estimator).options,
+                                   f"only adv_estimator={' and '.join(estimators_that(option))} read it")
+           for option in ("norm_adv_by_std", "lam", "gamma")},
         "rollout.max_staleness": (rollout.mode != "async",
                                   f"only rollout.mode=async reads it (mode is {rollout.mode})"),
         "rollout.weight_sync": (rollout.placement != "split", "only split placement sends weights to other devices"),
@@ -261,8 +263,9 @@ def _algorithm_arithmetic(config: RLConfig) -> list[str]:
     if dynamic.enable:
         lines.append(f"dynamic sampling: up to {dynamic.max_gen_rounds} rounds of {d.train_batch_size} prompts per "
                      f"step, until {d.train_batch_size} groups with differing scores are found")
-    if config.algorithm.adv_estimator == "remax":
-        lines.append(f"remax: {d.train_batch_size} more greedy samples per step (one per prompt) as baselines")
+    if estimator_needs(config.algorithm.adv_estimator).greedy_baseline:
+        lines.append(f"{config.algorithm.adv_estimator}: {d.train_batch_size} more greedy samples per step (one per "
+                     "prompt) as baselines")
     if config.critic_enabled:
         warmup = config.critic.warmup_steps
         lines.append("a critic (value model) beside each worker: one values pass and the same mini-batches per step"

@@ -10,6 +10,7 @@ from typing import Literal
 
 from pydantic import Field
 
+from rlkit.core.algos.needs import estimator_needs
 from rlkit.recipes.actor_schema import DEFAULT_ROLLOUT_IS_CAP, ActorConfig, AlgorithmConfig, CriticConfig
 from rlkit.recipes.model_schema import DataConfig, LoraSettings, ModelConfig
 from rlkit.recipes.reward_schema import RewardConfig, RewardModelConfig
@@ -73,7 +74,9 @@ class RLConfig(Section):
     def critic_enabled(self) -> bool:
         if self.offline:
             return False
-        return self.critic.enable if self.critic.enable is not None else self.algorithm.adv_estimator == "gae"
+        if self.critic.enable is not None:
+            return self.critic.enable
+        return estimator_needs(self.algorithm.adv_estimator).critic
 
     @property
     def old_log_probs_from_update(self) -> bool:

@@ -19,7 +19,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from rlkit.core.algos.losses import TOKEN_LOG_RATIO_BOUND, masked_mean
+from rlkit.core.algos.tensor_math import TOKEN_LOG_RATIO_BOUND, masked_mean
 
 
 def cispo(log_probs: Tensor, old_log_probs: Tensor, advantages: Tensor, response_mask: Tensor, *,

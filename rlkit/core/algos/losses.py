@@ -15,15 +15,14 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from rlkit.core.algos.cispo import cispo
+from rlkit.core.algos.tensor_math import SEQ_LOG_RATIO_MAX, TOKEN_LOG_RATIO_BOUND, masked_mean
 from rlkit.core.registry import Registry
 
 POLICY_LOSSES = Registry("policy loss")
 
 AGG_MODES = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm")
 
-# exp() of a log-ratio beyond these would overflow or dominate the batch; verl uses the same bounds.
-TOKEN_LOG_RATIO_BOUND = 20.0
-SEQ_LOG_RATIO_MAX = 10.0
 
 
 def policy_loss(
@@ -99,12 +98,6 @@ def rollout_importance_weights(old_log_probs: Tensor, rollout_log_probs: Tensor,
     # min(exp(s), cap) = exp(min(s, log cap)): the product of many ratios never overflows.
     weight = token_log_ratio.sum(-1).clamp(max=math.log(cap)).exp()
     return weight.unsqueeze(-1).expand_as(old_log_probs).detach()
-
-
-def masked_mean(values: Tensor, mask: Tensor) -> Tensor:
-    """Mean over positions where ``mask`` is set; 0 (not NaN) when nothing is set."""
-    mask = mask.to(values.dtype)
-    return (values * mask).sum() / mask.sum().clamp(min=1)
 
 
 def _clipped_surrogate(
@@ -199,6 +192,9 @@ def gspo(
     # carries its sequence's s_i, so micro-batches and ranks aggregate it like the other metrics).
     metrics["seq_ratio_mean"] = masked_mean(ratio, mask).detach()
     return loss, metrics
+
+
+POLICY_LOSSES.register("cispo")(cispo)  # a loss in a module of its own: its one registration line
 
 
 def aggregate_loss(

@@ -17,6 +17,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from rlkit.core.algos.needs import estimator_needs
 from rlkit.core.planning.shape import ModelShape
 from rlkit.recipes.schema import RLConfig
 
@@ -121,7 +122,7 @@ def step_time(config: RLConfig, shape: ModelShape, critic: ModelShape | None = N
     weight_bytes = 4 if config.model.dtype == "float32" else 2
     phases["gen"] = slowdown * generate_seconds(shape, per_engine, concurrent, data.max_prompt_length,
                                                 data.max_response_length, weight_bytes, cal)
-    if config.algorithm.adv_estimator == "remax":  # one greedy baseline per prompt
+    if estimator_needs(config.algorithm.adv_estimator).greedy_baseline:  # one greedy baseline per prompt (ReMax)
         baseline = math.ceil(data.train_batch_size / engines)
         phases["gen_baseline"] = generate_seconds(shape, baseline, min(baseline, config.rollout.max_num_seqs),
                                                   data.max_prompt_length, data.max_response_length, weight_bytes, cal)

@@ -19,6 +19,7 @@ import torch
 
 from rlkit.core.agents.report import episode_metrics
 from rlkit.core.algos.dapo import groups_with_signal, overlong_penalty
+from rlkit.core.algos.needs import estimator_needs
 from rlkit.core.batch import Batch, build_batch
 from rlkit.core.rollout.base import RolloutSample, Sampling
 from rlkit.core.rollout.dynamic_sampling import GroupCollector, group_rows
@@ -79,7 +80,7 @@ class SyncRolloutSource:
     # -- the step's batch ---------------------------------------------------------------
     def next_batch(self, step: int, timing: dict[str, float]) -> tuple[Batch, dict[str, float]]:
         batch, metrics = self.sample(step, timing)  # gen + reward, over several rounds with dynamic sampling
-        if self.config.algorithm.adv_estimator == "remax":
+        if estimator_needs(self.config.algorithm.adv_estimator).greedy_baseline:  # ReMax
             with timed(timing, "gen_baseline"):
                 metrics.update(self.greedy_baseline(batch, step))
         return batch, metrics
