@@ -13,6 +13,7 @@ import multiprocessing
 import torch
 import torch.distributed as dist
 
+from rlkit.core.algos.update_inputs import UpdateInputs
 from rlkit.core.batch import Batch, build_batch
 from rlkit.core.cluster.device_worker import free_port
 from rlkit.core.controller.controller import masked_mean
@@ -23,8 +24,14 @@ from rlkit.core.rollout.trajectory import Trajectory
 from rlkit.core.train.policy_worker import PolicyWorker
 from rlkit.recipes.loader import load_config
 
-UPDATE_KEYS = ["input_ids", "attention_mask", "position_ids", "responses", "response_mask", "advantages",
-               "ref_log_probs"]
+# What each update reads (rlkit.core.algos.update_inputs): with the pass's old log-probs; with its own (and
+# the engine's, to measure the gap); its own with importance weights against an engine (cap 3).
+WITH_PASS = UpdateInputs(old_log_probs_from_update=False, rollout_log_probs=False, rollout_correction=None,
+                         reference=True)
+FROM_UPDATE = UpdateInputs(old_log_probs_from_update=True, rollout_log_probs=True, rollout_correction=None,
+                           reference=True)
+WEIGHTED = UpdateInputs(old_log_probs_from_update=True, rollout_log_probs=True, rollout_correction=("token", 3.0),
+                        reference=True)
 
 
 def _batch() -> Batch:
@@ -46,10 +53,10 @@ def _parameters(worker: PolicyWorker) -> dict[str, torch.Tensor]:
             for name, p in worker.model.module.named_parameters()}
 
 
-def _update(worker: PolicyWorker, batch: Batch, keys: list[str]) -> dict[str, float]:
+def _update(worker: PolicyWorker, batch: Batch, inputs: UpdateInputs) -> dict[str, float]:
     mask = batch["response_mask"]
     norms = {"num_tokens": float(mask.sum()), "num_seqs": float((mask.sum(-1) > 0).sum())}
-    return worker.update_actor([Batch({k: batch[k] for k in keys})], [norms])
+    return worker.update_actor([Batch({k: batch[k] for k in inputs.keys()})], [norms], inputs)
 
 
 def _update_both_ways(folder: str) -> None:
@@ -68,19 +75,18 @@ def _update_both_ways(folder: str) -> None:
 
         recomputed = worker.compute_log_probs(batch, "actor")
         batch["old_log_probs"] = recomputed["log_probs"]
-        with_pass = _update(worker, batch, UPDATE_KEYS + ["old_log_probs"])
+        with_pass = _update(worker, batch, WITH_PASS)
         after_pass = _parameters(worker)
 
         worker.load_checkpoint(f"{folder}/start")
-        from_update = _update(worker, batch, UPDATE_KEYS + ["rollout_log_probs"])
+        from_update = _update(worker, batch, FROM_UPDATE)
         after_update = _parameters(worker)
 
         # TIS with an engine at half the trainer's probability on every token: weights of 2 (cap 3).
         worker.load_checkpoint(f"{folder}/start")
-        worker.config.actor.rollout_is_cap = 3.0
         halved = Batch({**batch.tensors, "rollout_log_probs": (recomputed["log_probs"] - math.log(2))
                         * batch["response_mask"]})
-        weighted = _update(worker, halved, UPDATE_KEYS + ["rollout_log_probs"])
+        weighted = _update(worker, halved, WEIGHTED)
     finally:
         dist.destroy_process_group()
     torch.save(dict(batch=batch.tensors, recomputed=recomputed, before=before, after_pass=after_pass,

@@ -20,6 +20,7 @@ import torch
 import torch.distributed as dist
 from conftest import invoke
 
+from rlkit.core.algos.update_inputs import UpdateInputs
 from rlkit.cli.doctor_cmds import register
 from rlkit.core.state.run_dir import resolve_model_path
 from rlkit.core.planning import memory, timing
@@ -253,7 +254,9 @@ def _measure(overrides: list[str]) -> dict[str, int]:
         mask = batch["response_mask"]
         with torch.autograd.graph.saved_tensors_hooks(keep, lambda t: t):
             worker.update_actor([Batch({k: batch[k] for k in keys})],
-                                [{"num_tokens": float(mask.sum()), "num_seqs": float(len(batch))}])
+                                [{"num_tokens": float(mask.sum()), "num_seqs": float(len(batch))}],
+                                UpdateInputs(old_log_probs_from_update=True, rollout_log_probs=False,
+                                             rollout_correction=None, reference=True))
         actor, reference = worker.model.module, worker.model.base
         moments = [v for state in worker.model.optimizer.state.values() for v in state.values() if v.dim() > 0]
         state = {"weights": sum(sharded[actor].values()),

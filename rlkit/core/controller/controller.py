@@ -22,6 +22,7 @@ from rlkit.core.algos.kl import (
     apply_kl_penalty,
     kl_estimate,
 )
+from rlkit.core.algos.update_inputs import UpdateInputs
 from rlkit.core.batch import Batch, shard_minibatches
 from rlkit.core.cluster.failures import WorkerFailure, checkpoint_write_failure
 from rlkit.core.cluster.placement import Placement
@@ -114,7 +115,7 @@ class Controller:
             if self.critic is None or step > cfg.critic.warmup_steps:  # critic warm-up leaves the actor as is
                 self.recorder.add_trainer_log_probs(batch, self.log_probs)
                 with timed(timing, "update_actor"):
-                    metrics.update(self.update_actor(batch))
+                    metrics.update(self.update_actor(batch, UpdateInputs.for_step(cfg, step)))
                 with timed(timing, "sync"):  # the source's policy version becomes `step`
                     metrics.update(self.source.sync_weights(step))
         if self.weak_sandbox:  # said on every step, so that no one reads a run's results without knowing
@@ -152,13 +153,9 @@ class Controller:
         out.update(token_rewards=token_rewards, advantages=adv, returns=returns)
         return out
 
-    def update_actor(self, batch: Batch) -> dict[str, float]:
-        # Without old log-probs the update takes its own, and measures the rollout's gap to them;
-        # rollout log-probs also weight the loss (actor.rollout_is).
-        keys = ["input_ids", "attention_mask", "position_ids", "responses", "response_mask", "advantages"]
-        keys += [k for k in ("old_log_probs", "rollout_log_probs") if k in batch]
-        keys += ["ref_log_probs"] if self.config.actor.use_kl_loss else []
-        return self.workers.call("update_actor", per_rank=self.minibatches(batch, keys), phase="update_actor")[0]
+    def update_actor(self, batch: Batch, inputs: UpdateInputs) -> dict[str, float]:
+        per_rank = [(shards, norms, inputs) for shards, norms in self.minibatches(batch, inputs.keys())]
+        return self.workers.call("update_actor", per_rank=per_rank, phase="update_actor")[0]
 
     def values(self, batch: Batch) -> torch.Tensor:
         shards = Batch({k: batch[k] for k in VALUE_INPUT_KEYS}).chunk(self.config.world_size)

@@ -14,6 +14,7 @@ import logging
 from dataclasses import dataclass
 from pathlib import Path
 
+from rlkit.core.algos.update_inputs import UpdateInputs
 from rlkit.core.controller.controller import Controller
 from rlkit.core.controller.resume import config_diff
 from rlkit.core.state import checkpoint, records
@@ -102,7 +103,7 @@ def replay_step(run_id: str, step: int, overrides: list[str], runs_dir: str | Pa
             group.call("load_checkpoint", str(ckpt.path / "policy"), phase="load checkpoint (policy)")
         updater = Controller.__new__(Controller)  # the controller's own update path, without rollout or data
         updater.config, updater.workers = config, group
-        replayed = updater.update_actor(record.batch)
+        replayed = updater.update_actor(record.batch, UpdateInputs.for_step(config, step))
     finally:
         ray.shutdown()  # with it the workers and their reservation
     start = f"checkpoint {ckpt.path.name}" if ckpt else "the base model (step 1)"

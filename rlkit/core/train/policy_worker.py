@@ -3,6 +3,7 @@ reference), and a rollout engine in the same process that is synced after every 
 
 from __future__ import annotations
 
+import functools
 import os
 import random
 import socket
@@ -22,6 +23,7 @@ from rlkit.core.algos.losses import (
     policy_loss,
     rollout_importance_weights,
 )
+from rlkit.core.algos.update_inputs import UpdateInputs
 from rlkit.core.batch import Batch
 from rlkit.core.cluster.device_worker import DeviceWorker
 from rlkit.core.cluster.weight_transfer import TensorSpec, TransferGroup, WeightSender
@@ -203,26 +205,28 @@ class PolicyWorker(DeviceWorker, AgentEpisodes, OfflineUpdates):
         self.phase = "idle"
         return {"log_probs": log_probs * mask, "entropy": entropy * mask}
 
-    def update_actor(self, minibatches: list[Batch], norms: list[dict[str, float]]) -> dict[str, float]:
-        """One optimizer step per mini-batch; `norms` are the whole mini-batch's token/sequence counts.
+    def update_actor(self, minibatches: list[Batch], norms: list[dict[str, float]],
+                     inputs: UpdateInputs) -> dict[str, float]:
+        """One optimizer step per mini-batch; `norms` are the whole mini-batch's token/sequence counts;
+        `inputs` what the loss reads (rlkit.core.algos.update_inputs).
 
         Metrics are global (rlkit.core.train.learner): every worker returns the same numbers.
         """
         self.phase = "update_actor"
         cfg = self.config.actor
-        totals = optimize(self.model, minibatches, norms, self._micro_step, grad_clip=cfg.grad_clip,
+        micro_step = functools.partial(self._micro_step, inputs=inputs)
+        totals = optimize(self.model, minibatches, norms, micro_step, grad_clip=cfg.grad_clip,
                           micro_batch_tokens=self.fast_paths.micro_batch_tokens, per_update=("pg_loss", "kl_loss"))
         self.phase = "idle"
         return {k if "/" in k else f"actor/{k}": v for k, v in totals.items()}
 
-    def _micro_step(self, mb: Batch, norm: dict[str, float]) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    def _micro_step(self, mb: Batch, norm: dict[str, float], *,
+                    inputs: UpdateInputs) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         """The loss of one micro-batch, and metric sums to aggregate across micro-batches and ranks."""
         cfg = self.config.actor
         packed = packing.pack(mb).to(self.device)
         mb = mb.to(self.device)
-        # No old log-probs: this update is the batch's only one, so the policy that sampled it (after
-        # the weight sync) is the one being updated, and its log-probs are these, detached.
-        old_from_here = "old_log_probs" not in mb
+        old_from_here = inputs.old_log_probs_from_update
         logits = fsdp.packed_outputs(self.model.module, packed)
         flat_log_probs, flat_entropy = selected_log_probs(logits, packed.targets, self.config.rollout.temperature,
                                                           with_entropy=cfg.entropy_coeff > 0 or old_from_here)
@@ -231,7 +235,7 @@ class PolicyWorker(DeviceWorker, AgentEpisodes, OfflineUpdates):
         mask = mb["response_mask"].float()
         per_token, pg_metrics = policy_loss(cfg.policy_loss, log_probs, old_log_probs, mb["advantages"], mask,
                                             **configured_loss_options(cfg.policy_loss, cfg))
-        correction = self.config.rollout_correction  # (level, cap), or None
+        correction = inputs.rollout_correction  # (level, cap), or None
         if correction is not None:
             weights = rollout_importance_weights(old_log_probs, mb["rollout_log_probs"], correction[1],
                                                  level=correction[0], response_mask=mask)
@@ -246,13 +250,13 @@ class PolicyWorker(DeviceWorker, AgentEpisodes, OfflineUpdates):
         entropy = packed.scatter(flat_entropy)
         if old_from_here:  # what the old-log-prob pass would have reported, token sums
             sums["entropy"] = (entropy.detach() * mask).sum().cpu()
-            if "rollout_log_probs" in mb:  # the engine returned them this step (rollout.log_prob_check_freq)
+            if inputs.rollout_log_probs:  # the engine returned them this step (rollout.log_prob_check_freq)
                 sums["rollout/log_prob_diff"] = ((mb["rollout_log_probs"] - old_log_probs).abs() * mask).sum().cpu()
-            if "ref_log_probs" in mb:
+            if inputs.reference:
                 sums["kl_ref"] = (kl_estimate(old_log_probs, mb["ref_log_probs"], "k1") * mask).sum().cpu()
         if cfg.entropy_coeff > 0:
             loss = loss - cfg.entropy_coeff * aggregate_loss(entropy, mask, cfg.loss_agg_mode, **agg)
-        if cfg.use_kl_loss:
+        if inputs.reference:
             kl_loss = aggregate_loss(kl_estimate(log_probs, mb["ref_log_probs"], cfg.kl_loss_type), mask,
                                      cfg.loss_agg_mode, **agg)
             loss = loss + cfg.kl_loss_coef * kl_loss
