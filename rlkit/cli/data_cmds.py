@@ -263,8 +263,8 @@ def _print_report(report: dict[str, Any]) -> None:
         console.print(failures)
     for error in report["error_examples"]:
         console.print(f"[red]error:[/] {error}", highlight=False)
-    for invalid in report["invalid_examples"]:
-        console.print(f"[yellow]invalid:[/] {invalid}", highlight=False)
+    for invalid in report["invalid_examples"]:  # "invalid score on row N (...): why; scored 0"
+        console.print(f"[yellow]{invalid}[/]", highlight=False)
 
 
 def register(app: typer.Typer) -> None:
