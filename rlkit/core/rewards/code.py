@@ -48,7 +48,7 @@ from rlkit.core.rewards.registry import REWARD_FNS, score_range
 HUMANEVAL = "openai/humaneval"
 PER_TEST_S = 3.0  # each statement of `check`, the candidate's calls included
 LIMITS = Limits(wall_s=8.0, cpu_s=8, memory_mb=1024)  # wall_s: the whole row, below reward.timeout_s (10 s)
-_JUDGE_GRACE_S = 1.0  # how long the judge may take to report a test after the candidate's deadline
+_JUDGE_GRACE_S = 0.5  # how long the judge may take to report a test after the candidate's deadline
 _FENCE = re.compile(r"```(?:python|py)?[ \t]*\n(.*?)```", re.DOTALL)
 _HERE = Path(__file__).parent
 _SOURCES = {name: (_HERE / name).read_text() for name in ("candidate_server.py", "judge_server.py", "plain_data.py")}
