@@ -5,6 +5,7 @@ sandbox itself, is tests/test_sandbox_attacks.py."""
 
 from __future__ import annotations
 
+import functools
 import math
 import time
 
@@ -179,3 +180,41 @@ def test_forged_scores_through_the_scorer_never_stop_the_run() -> None:
                                for task, _, _ in rows])
     assert scored.scores == [0.0] * len(rows) and scored.errors == [] and scored.invalid == []
     assert scored.metrics["reward/invalid"] == 0.0 and scored.metrics["reward/runs"] == 1.0
+
+
+# -- the encoding: what decodes is a builtin plain value, and nothing else decodes ----------------------
+NESTED_150 = functools.reduce(lambda inner, _: [inner], range(150), [])  # deeper than plain_data.MAX_DEPTH
+
+
+def test_plain_values_round_trip_as_their_own_types() -> None:
+    from rlkit.core.rewards.plain_data import decode, dumps, encode, loads
+
+    value = [None, True, 3, -2.5, "é", b"\x00\xff", (1, (2,)), {1, "a"}, frozenset({2}), {"k": [1], (1, 2): None}]
+    back = decode(loads(dumps({"v": encode(value)}))["v"])
+    assert back == value and [type(v) for v in back] == [type(v) for v in value]
+    nan, inf = decode(loads(dumps({"v": encode([float("nan"), float("-inf")])}))["v"])
+    assert math.isnan(nan) and inf == float("-inf")
+
+    class Int(int):
+        def __eq__(self, other):
+            return True
+
+    assert type(decode(encode(Int(7)))) is int and decode(encode(Int(7))) != 8
+
+
+@pytest.mark.parametrize("data", [{"tuple": "ab"}, {"tuple": [1], "set": [2]}, {"set": [[1]]}, {"dict": [[[1], 2]]},
+                                  {"bytes": "zz"}, {"object": []}, {"dict": [[1, 2, 3]]}, NESTED_150])
+def test_anything_else_does_not_decode(data) -> None:
+    from rlkit.core.rewards.plain_data import NotPlain, decode
+
+    with pytest.raises(NotPlain):
+        decode(data)
+
+
+@pytest.mark.parametrize("line", [b"[" * 200_000, b'"' + b"x" * (1 << 20) + b'"', b'{"v": ' + b"1" * 5000 + b"}",
+                                  b"[1]", b"{nope"])
+def test_lines_that_are_too_long_too_deep_or_not_objects_do_not_load(line) -> None:
+    from rlkit.core.rewards.plain_data import NotPlain, loads
+
+    with pytest.raises(NotPlain):
+        loads(line)
