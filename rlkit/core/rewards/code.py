@@ -29,7 +29,9 @@ judge gets a sandbox of its own rather than running here because it computes on 
 values (a test may build a string or loop on what the candidate returned): in a sandbox that is
 bounded by its limits, and a judge that hangs or dies fails its test and is restarted, where here it
 would take the reward worker (and with reward.on_error=raise, the run) with it. It also keeps the
-data set's code off the host as before. Every wait is bounded by the row's budget, `limits.wall_s`.
+data set's code off the host as before. Every wait ends by the row's budget, `limits.wall_s` (the
+judge's by _JUDGE_GRACE_S more), and both sandboxes are killed when the row is scored. The reward
+declares its range, [0, 1], so the scorer clamps it (rlkit.core.rewards.scoring).
 """
 
 from __future__ import annotations
