@@ -169,3 +169,25 @@ def test_a_data_file_without_rows_exits_2(gsm8k_test, tmp_path: Path) -> None:
     (tmp_path / "r.jsonl").write_text("")
     result = cli("--data", str(empty), "--responses", str(tmp_path / "r.jsonl"))
     assert result.exit_code == 2 and f"--data {empty} has no rows: nothing to score" in flat(result.output)
+
+
+NAN_REWARD = '''
+def as_number(data_source, response, ground_truth, extra_info):
+    return float(response)
+'''
+
+
+def test_invalid_scores_are_counted_and_shown_with_their_reasons(tmp_path: Path) -> None:
+    data = write_parquet(build_synthetic(task="echo", n_test=3)["test"], tmp_path / "echo.parquet")
+    (tmp_path / "mine.py").write_text(NAN_REWARD)
+    function = f"reward.function={tmp_path}/mine.py:as_number"
+    answers = write_lines(tmp_path / "r.jsonl", ["0.5", "nan", "1e300"])
+    result = report("--data", str(data), "--responses", str(answers), function)  # on_error=raise: not stopped
+    assert result["invalid"] == 2 and result["errors"] == 0 and result["mean_score"] == pytest.approx(0.5 / 3)
+    assert [row["scores"] for row in result["per_row"]] == [[0.5], [0.0], [0.0]]
+    assert result["invalid_examples"][0].startswith("invalid score on row 1 (data_source 'synthetic/echo'")
+    assert result["invalid_examples"][0].endswith("mine.py:as_number): the return value is nan, not a finite "
+                                                  "number; scored 0")
+    text = flat(cli("--data", str(data), "--responses", str(answers), function).output)
+    assert "invalid │ 2" in text and "invalid score on row 2 (" in text
+    assert "the return value is 1e+300, beyond +-1e+06; scored 0" in text

@@ -37,7 +37,25 @@ def behave(data_source, response, ground_truth, extra_info):
         re.match(r"(a+)+$", "a" * 40 + "b")
     if response == "exit":
         os._exit(3)
+    if response.startswith("value:"):  # a score the response controls: "value:nan", "value:1e300", ...
+        return eval(response[len("value:"):])
+    if response == "detail-nan":
+        return {"score": 1.0, "ratio": float("nan")}
     return {"score": float(response == ground_truth), "pid": os.getpid(), "length": len(response)}
+
+
+def ranged(data_source, response, ground_truth, extra_info):
+    return float(response)
+
+
+ranged.score_range = (0.0, 1.0)
+
+
+def badly_ranged(data_source, response, ground_truth, extra_info):
+    return 0.0
+
+
+badly_ranged.score_range = (1.0, 0.0)
 
 not_a_function = 3
 '''
@@ -96,9 +114,7 @@ def test_the_pool_persists_across_calls(pooled: RewardScorer) -> None:
 @pytest.mark.parametrize("num_workers", [1, 2])
 @pytest.mark.parametrize("response, error", [
     ("raise", r"RuntimeError: kaboom \(at .*my_reward.py:\d+ in behave\)"),
-    ("nan", "is nan, not a finite number"),
-    ("text", r"'1.0' \(str\), not a number"),
-    ("no-score", "without a 'score' key"),
+    ("no-score", "without a 'score' key"),  # the function's own shape: a bug, not a value the policy chose
 ])
 def test_a_failing_call_stops_with_row_data_source_function_and_error(
         custom_file: Path, num_workers: int, response: str, error: str) -> None:
@@ -112,10 +128,55 @@ def test_a_failing_call_stops_with_row_data_source_function_and_error(
 
 
 def test_on_error_zero_scores_zero_and_counts(pooled: RewardScorer) -> None:
-    scored = run(pooled, ["ok", "raise", "nan", "ok"])
+    scored = run(pooled, ["ok", "raise", "no-score", "ok"])
     assert scored.scores == [1.0, 0.0, 0.0, 1.0]
-    assert scored.metrics["reward/errors"] == 2.0
+    assert scored.metrics["reward/errors"] == 2.0 and scored.metrics["reward/invalid"] == 0.0
     assert "row 1" in scored.errors[0] and "kaboom" in scored.errors[0] and "row 2" in scored.errors[1]
+
+
+INVALID = [
+    ("value:float('nan')", "the return value is nan, not a finite number"),
+    ("value:float('inf')", "the return value is inf, not a finite number"),
+    ("value:{'score': float('-inf')}", "'score' is -inf, not a finite number"),
+    ("text", r"the return value is '1.0' \(str\), not a number"),
+    ("value:None", r"the return value is None \(NoneType\), not a number"),
+    ("value:1e300", r"the return value is 1e\+300, beyond \+-1e\+06"),
+    ("value:{'score': -2e6}", r"'score' is -2e\+06, beyond \+-1e\+06"),
+    ("value:10 ** 400", "the return value is not a float \\(OverflowError: int too large to convert to float\\)"),
+    ("detail-nan", "key 'ratio' is nan, not a finite number"),
+]
+
+
+@pytest.mark.parametrize("response, reason", INVALID)
+def test_an_invalid_score_is_zero_with_its_reason_and_never_stops_the_run(custom_file: Path, response: str,
+                                                                          reason: str) -> None:
+    config = RewardConfig(function=f"{custom_file}:behave", num_workers=1)  # on_error=raise, the default
+    with RewardScorer(config) as scorer:
+        scored = run(scorer, ["ok", response, "value:0.25", "value:1e6"])
+    assert scored.scores == [1.0, 0.0, 0.25, 1e6] and scored.errors == []
+    assert scored.metrics["reward/invalid"] == 1.0 and scored.metrics["reward/errors"] == 0.0
+    assert len(scored.invalid) == 1 and scored.details[1] == {}
+    assert re.fullmatch(rf"invalid score on row 1 \(data_source 'my/data', dataset index 101, function "
+                        rf"{re.escape(str(custom_file))}:behave\): {reason}; scored 0", scored.invalid[0])
+
+
+def test_invalid_rows_and_failed_rows_are_counted_apart(pooled: RewardScorer) -> None:
+    scored = run(pooled, ["value:float('nan')", "raise", "text", "ok"])
+    assert scored.scores == [0.0, 0.0, 0.0, 1.0]
+    assert scored.metrics["reward/invalid"] == 2.0 and scored.metrics["reward/errors"] == 1.0
+    assert [m.split(" (")[0] for m in scored.invalid] == ["invalid score on row 0", "invalid score on row 2"]
+
+
+def test_a_declared_range_clamps_and_no_range_does_not(custom_file: Path, pooled: RewardScorer) -> None:
+    with RewardScorer(RewardConfig(function=f"{custom_file}:ranged", num_workers=1)) as scorer:
+        scored = run(scorer, ["5", "-3", "0.5", "nan"])
+    assert scored.scores == [1.0, 0.0, 0.5, 0.0] and scored.metrics["reward/invalid"] == 1.0
+    assert run(pooled, ["value:5.0", "value:-3"]).scores == [5.0, -3.0]
+
+
+def test_a_malformed_declared_range_is_a_user_error(custom_file: Path) -> None:
+    with pytest.raises(UserError, match=r"badly_ranged.score_range=\(1.0, 0.0\): expected \(low, high\) with low <="):
+        RewardScorer(RewardConfig(function=f"{custom_file}:badly_ranged", num_workers=1))
 
 
 @pytest.mark.parametrize("hang", ["sleep", "regex"])
@@ -202,7 +263,7 @@ def test_the_default_pool_is_reused_across_calls() -> None:
 @pytest.mark.parametrize("spec, message", [
     ("my_reward.py", "must look like 'path/to/file.py:function_name'"),
     ("missing.py:fn", "does not exist"),
-    ("{file}:nope", r"'nope' is not defined there; functions in my_reward.py: \['behave'\]"),
+    ("{file}:nope", r"'nope' is not defined there; functions in my_reward.py: \['badly_ranged', 'behave', 'ranged'\]"),
     ("{file}:not_a_function", "'not_a_function' is not callable"),
 ])
 def test_a_bad_function_spec_is_a_user_error(custom_file: Path, spec: str, message: str) -> None:

@@ -103,7 +103,7 @@ def test_the_score_is_the_share_of_tests_passed():
 def test_a_solution_that_hangs_allocates_or_connects_scores_zero(body):
     problem = HE["HumanEval/0"]
     program = program_for(body, problem["prompt"], problem["entry_point"])
-    assert run_tests(program, problem["test"], problem["entry_point"], FAST)["score"] == 0.0
+    assert run_tests(program, problem["prompt"], problem["test"], problem["entry_point"], FAST)["score"] == 0.0
 
 
 @pytest.mark.slow

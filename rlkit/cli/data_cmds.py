@@ -196,7 +196,8 @@ def eval_reward(
         None, "--limit", min=1, help="Score only the first N data rows (with --model)."),
     save: Optional[Path] = typer.Option(
         None, "--save", help="Write the sampled responses here as jsonl (re-score with --responses)."),
-    examples: int = typer.Option(3, "--examples", min=0, help="How many extraction failures and errors to show."),
+    examples: int = typer.Option(
+        3, "--examples", min=0, help="How many extraction failures, errors and invalid scores to show."),
     as_json: bool = typer.Option(False, "--json", help="Print the report as one JSON object, each row's "
                                                                "scores included (for scripts)."),
     overrides: Optional[list[str]] = typer.Argument(
@@ -241,7 +242,8 @@ def _print_report(report: dict[str, Any]) -> None:
 
     summary = Table("", "", show_header=False, title=f"reward on {report['data']}")
     percentages = ("accuracy", *[k for k in report if k.startswith("pass@")])
-    for key in ("rows", "responses_per_row", "scored", "mean_score", *percentages, "extraction_failures", "errors"):
+    for key in ("rows", "responses_per_row", "scored", "mean_score", *percentages, "extraction_failures", "errors",
+                "invalid"):
         value = report[key]
         text = f"{value:.1%}" if key in percentages and value is not None else fmt(value)
         summary.add_row(key.replace("_", " "), text)
@@ -263,6 +265,8 @@ def _print_report(report: dict[str, Any]) -> None:
         console.print(failures)
     for error in report["error_examples"]:
         console.print(f"[red]error:[/] {error}", highlight=False)
+    for invalid in report["invalid_examples"]:  # "invalid score on row N (...): why; scored 0"
+        console.print(f"[yellow]{invalid}[/]", highlight=False)
 
 
 def register(app: typer.Typer) -> None:

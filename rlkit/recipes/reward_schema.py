@@ -37,9 +37,10 @@ class RewardConfig(BaseModel):
     )
     on_error: Literal["raise", "zero"] = Field(
         "raise",
-        description="What a failing call (exception, NaN, non-number, timeout) does: 'raise' stops the "
+        description="What a failing call (exception, timeout, dead worker) does: 'raise' stops the "
                     "run before the update with the row, data_source and error; 'zero' scores the row 0 "
-                    "and counts it in reward/errors.",
+                    "and counts it in reward/errors. An invalid score (NaN, inf, beyond 1e6, not a number) "
+                    "never stops the run: it scores 0 and counts in reward/invalid.",
     )
     timeout_s: float = Field(
         10.0, gt=0,

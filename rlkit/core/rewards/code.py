@@ -1,71 +1,212 @@
-"""Code rewards: the share of a problem's unit tests a response's program passes, run in the sandbox.
+"""Code rewards: the share of a problem's unit tests a response's program passes, judged where the program
+cannot reach.
 
-HumanEval's tests are one `check(candidate)` function of asserts. Each top-level statement of
-its body that holds an assert is one test (a `for` loop of asserts is one test); statements
-without one (imports, setup) run first in order. Tests run one by one, each with its own
-time limit, so a solution that fails or hangs on one test still gets the others counted.
+HumanEval's tests are one `check(candidate)` function of asserts. Each top-level statement of its
+body that holds an assert is one test (a `for` loop of asserts is one test); statements without one
+(imports, setup) run in order too, and when one fails the remaining tests cannot run. The score is
+passed / total.
 
-The program is the problem's prompt (its imports and helper functions, and the stub) followed
-by the response: a whole function (a ```python block, or plain code that defines the entry
-point) replaces the stub; anything else is read as the stub's body, HumanEval's completion
-format. An empty response scores 0. The harness runs in the same process as the program it
-tests, so a program written to forge its result could; this measures solutions, it does not
-defend against them.
+The program is the problem's prompt (its imports and helper functions, and the stub) followed by the
+response: a whole function (a ```python block, or plain code that defines the entry point) replaces
+the stub; anything else is read as the stub's body, HumanEval's completion format. An empty
+response scores 0.
+
+Two processes, each in a sandbox of its own (rlkit.core.agents.sandbox), with this reward worker
+between them:
+- the candidate (candidate_server.py): the program, and a small server that reads a call's arguments
+  as one line of plain data, calls the entry point and writes its result (or the exception's type
+  name) as one line. Nothing in it is trusted; the program may replace the server.
+- the judge (judge_server.py): the data set's tests and the prompt's helper functions (which
+  HumanEval's tests use: `poly`, `encode_cyclic`), with `candidate` bound to a proxy that asks for
+  each call through this process and decodes the answer (rlkit.core.rewards.plain_data).
+So no object of the candidate's (an always-equal `__eq__`, a patched builtin, a frame, an exit code,
+a printed line) reaches a comparison: the tests compare plain values they decoded themselves, and
+no secret exists for the candidate to read. The candidate can only answer each call, one line, in
+turn: a line out of turn, one that does not decode or is over plain_data.MAX_LINE_BYTES, no answer
+by the test's deadline (PER_TEST_S), or a dead candidate fails that call, and the candidate is
+killed and started afresh for the next call, so one hang does not fail every later test. The
+judge gets a sandbox of its own rather than running here because it computes on the candidate's
+values (a test may build a string or loop on what the candidate returned): in a sandbox that is
+bounded by its limits, and a judge that hangs or dies fails its test and is restarted, where here it
+would take the reward worker (and with reward.on_error=raise, the run) with it. It also keeps the
+data set's code off the host as before. Every wait ends by the row's budget, `limits.wall_s` (the
+judge's by _JUDGE_GRACE_S more), and both sandboxes are killed when the row is scored. The reward
+declares its range, [0, 1], so the scorer clamps it (rlkit.core.rewards.scoring).
 """
 
 from __future__ import annotations
 
-import json
+import os
 import re
-import secrets
+import select
+import time
+from pathlib import Path
 from typing import Any
 
-from rlkit.core.agents.sandbox import Limits, run_python
-from rlkit.core.rewards.registry import REWARD_FNS
+from rlkit.core.agents.sandbox import Limits, SandboxedProcess, start_python
+from rlkit.core.rewards import plain_data
+from rlkit.core.rewards.registry import REWARD_FNS, score_range
 
 HUMANEVAL = "openai/humaneval"
-PER_TEST_S = 3           # each test's own alarm
-LIMITS = Limits(wall_s=8.0, cpu_s=8, memory_mb=1024)  # the whole program: below reward.timeout_s (10 s)
+PER_TEST_S = 3.0  # each statement of `check`, the candidate's calls included
+LIMITS = Limits(wall_s=8.0, cpu_s=8, memory_mb=1024)  # wall_s: the whole row, below reward.timeout_s (10 s)
+_JUDGE_GRACE_S = 0.5  # how long the judge may take to report a test after the candidate's deadline
 _FENCE = re.compile(r"```(?:python|py)?[ \t]*\n(.*?)```", re.DOTALL)
+_HERE = Path(__file__).parent
+_SOURCES = {name: (_HERE / name).read_text() for name in ("candidate_server.py", "judge_server.py", "plain_data.py")}
 
-# Runs inside the sandbox: the program, then each test of `check`, reporting one JSON line.
-_HARNESS = r'''
-import ast, json, signal
-NONCE, ENTRY, PER_TEST_S = {nonce!r}, {entry!r}, {per_test}
-def report(passed, total, error=None):
-    print(NONCE + json.dumps({{"passed": passed, "total": total, "error": error}}), flush=True)
-tree = ast.parse(open("tests.py").read())
-check = next(s for s in tree.body if isinstance(s, ast.FunctionDef) and s.name == "check")
-statements = [(s, any(isinstance(n, ast.Assert) for n in ast.walk(s))) for s in check.body]
-total = sum(is_test for _, is_test in statements)
-def on_alarm(signum, frame):
-    raise TimeoutError("test took longer than %d s" % PER_TEST_S)
-signal.signal(signal.SIGALRM, on_alarm)
-solution = {{"__name__": "solution"}}
-try:
-    signal.alarm(PER_TEST_S)
-    exec(compile(open("solution.py").read(), "solution.py", "exec"), solution)
-    signal.alarm(0)
-    candidate = solution[ENTRY]
-except BaseException as exc:
-    report(0, total, "the program does not run: %s: %s" % (type(exc).__name__, exc))
-    raise SystemExit(0)
-scope = solution  # as HumanEval runs them: the tests see the program's own functions (poly, encode_cyclic, ...)
-exec(compile(ast.Module([s for s in tree.body if s is not check], []), "tests.py", "exec"), scope)
-scope["candidate"] = candidate
-passed = 0
-for statement, is_test in statements:
-    signal.alarm(PER_TEST_S)
-    try:
-        exec(compile(ast.Module([statement], []), "tests.py", "exec"), scope)
-        passed += is_test
-    except BaseException:
-        if not is_test:
-            break  # setup failed: the remaining tests cannot run
-    finally:
-        signal.alarm(0)
-report(passed, total)
-'''
+
+class _NoAnswer(Exception):
+    """A sandboxed program did not give the next line in time, or gave one that is not a protocol line."""
+
+    def __init__(self, why: str, late: bool = False) -> None:
+        super().__init__(why)
+        self.late = late
+
+
+class _Channel:
+    """One sandboxed program's stdin and stdout as protocol lines, each wait bounded by a deadline."""
+
+    def __init__(self, program: SandboxedProcess) -> None:
+        self.program = program
+        self._in, self._out = program.stdin.fileno(), program.stdout.fileno()
+        os.set_blocking(self._in, False)
+        self._buffer = b""
+
+    def send(self, message: dict[str, Any], deadline: float) -> None:
+        data = memoryview(plain_data.dumps(message))
+        while data:
+            if not select.select([], [self._in], [], max(0.0, deadline - time.monotonic()))[1]:
+                raise _NoAnswer("it stopped reading its input", late=True)
+            try:
+                data = data[os.write(self._in, data):]
+            except BlockingIOError:
+                continue
+            except OSError:
+                raise _NoAnswer("it ended") from None
+
+    def receive(self, deadline: float) -> dict[str, Any]:
+        while b"\n" not in self._buffer:
+            if len(self._buffer) > plain_data.MAX_LINE_BYTES:
+                raise _NoAnswer(f"a line over {plain_data.MAX_LINE_BYTES} bytes")
+            if not select.select([self._out], [], [], max(0.0, deadline - time.monotonic()))[0]:
+                raise _NoAnswer("no answer in time", late=True)
+            chunk = os.read(self._out, 1 << 16)
+            if not chunk:
+                raise _NoAnswer("it ended" + (" with a partial line" if self._buffer else ""))
+            self._buffer += chunk
+        line, _, self._buffer = self._buffer.partition(b"\n")
+        try:
+            return plain_data.loads(line)
+        except plain_data.NotPlain as exc:
+            raise _NoAnswer(str(exc)) from None
+
+
+class _Trial:
+    """One program against one problem's tests: the two sandboxes and the calls between them."""
+
+    def __init__(self, program: str, prompt: str, tests: str, entry_point: str, limits: Limits) -> None:
+        self.limits, self.end = limits, time.monotonic() + limits.wall_s
+        serve = f"\nserve({entry_point!r})\n"
+        self._candidate_source = (_SOURCES["candidate_server.py"] + serve, limits, {
+            "solution.py": program, "plain_data.py": _SOURCES["plain_data.py"]})
+        self._judge_source = (_SOURCES["judge_server.py"] + serve, limits, {
+            "prompt.py": prompt, "tests.py": tests, "plain_data.py": _SOURCES["plain_data.py"]})
+        self.candidate: _Channel | None = None
+        self.judge: _Channel | None = None
+        self.statements: list[bool] = []  # per statement of check's body: is it a test
+        self.calls = self.restarts = 0
+        self.late = False  # the current statement's candidate call ran out of time
+
+    def run(self) -> dict[str, float]:
+        self.candidate = _Channel(start_python(*self._candidate_source))
+        self._start_judge()
+        if not self._ready(self.candidate, min(time.monotonic() + PER_TEST_S, self.end)):
+            return {"score": 0.0, "passed": 0.0, "tests": float(sum(self.statements)), "runs": 0.0, "timed_out": 0.0}
+        passed = timed_out = 0
+        for index, is_test in enumerate(self.statements):
+            ok, late = self._statement(index) if time.monotonic() < self.end else (False, True)
+            passed += ok and is_test
+            timed_out += late and is_test and not ok
+            if not ok and not is_test:
+                break  # setup failed: the remaining tests cannot run
+        total = sum(self.statements)
+        return {"score": passed / max(total, 1), "passed": float(passed), "tests": float(total), "runs": 1.0,
+                "timed_out": float(timed_out)}
+
+    def close(self) -> None:
+        for channel in (self.candidate, self.judge):
+            if channel is not None:
+                channel.program.close()
+
+    def _start_judge(self) -> None:
+        """Start the judge (its startup runs only trusted code: failing there is the data's or the machine's fault)."""
+        self.judge = _Channel(start_python(*self._judge_source))
+        try:
+            ready = self.judge.receive(self.end)
+            self.statements = [bool(is_test) for is_test in ready["tests"]]
+        except (_NoAnswer, KeyError, TypeError) as exc:
+            result = self.judge.program.finish()
+            raise RuntimeError(f"the tests do not run ({exc}): {result.stderr.strip()[-500:]}") from None
+
+    def _ready(self, candidate: _Channel, deadline: float) -> bool:
+        try:
+            return candidate.receive(deadline).get("ready") is True
+        except _NoAnswer:
+            return False
+
+    def _statement(self, index: int) -> tuple[bool, bool]:
+        """(passed, ran out of time) for statement `index` of check's body."""
+        deadline = min(time.monotonic() + PER_TEST_S, self.end)
+        self.late = False
+        try:
+            if self.judge is None:  # the last statement killed it: a fresh one, its setup statements run again
+                self._start_judge()
+                for setup in (i for i in range(index) if not self.statements[i]):
+                    self._judge_runs(setup, deadline)
+            return self._judge_runs(index, deadline), self.late
+        except _NoAnswer as exc:
+            if self.judge is not None:
+                self.judge.program.close()
+                self.judge = None
+            return False, self.late or exc.late
+
+    def _judge_runs(self, index: int, deadline: float) -> bool:
+        assert self.judge is not None
+        self.judge.send({"run": index}, deadline + _JUDGE_GRACE_S)
+        while True:
+            message = self.judge.receive(deadline + _JUDGE_GRACE_S)
+            if "call" in message:
+                self.judge.send(self._call(message["call"], deadline), deadline + _JUDGE_GRACE_S)
+            elif message.get("done") == index:
+                return message.get("ok") is True
+            else:
+                raise _NoAnswer(f"the judge said {str(message)[:80]}")
+
+    def _call(self, request: dict[str, Any], deadline: float) -> dict[str, Any]:
+        """The candidate's answer to one call, as the judge's proxy reads it."""
+        self.calls += 1
+        try:
+            if self.candidate is None:  # the last call killed it
+                self.restarts += 1
+                self.candidate = _Channel(start_python(*self._candidate_source))
+                if not self._ready(self.candidate, deadline):
+                    raise _NoAnswer("it did not start again", late=time.monotonic() >= deadline)
+            self.candidate.send({"id": self.calls, **request}, deadline)
+            reply = self.candidate.receive(deadline)
+            if reply.get("id") != self.calls:
+                raise _NoAnswer("a line out of turn")
+            if "value" in reply:
+                return {"value": reply["value"]}
+            if isinstance(reply.get("raised"), str):
+                return {"raised": reply["raised"][:100]}
+            raise _NoAnswer("neither a value nor an exception")
+        except _NoAnswer as exc:
+            self.late = self.late or exc.late
+            if self.candidate is not None:
+                self.candidate.program.close()
+                self.candidate = None
+            return {"failed": str(exc)}
 
 
 def program_for(response: str, prompt: str, entry_point: str) -> str | None:
@@ -79,24 +220,24 @@ def program_for(response: str, prompt: str, entry_point: str) -> str | None:
     return prompt + response  # HumanEval's completion format: the stub's body
 
 
-def run_tests(program: str, tests: str, entry_point: str, limits: Limits = LIMITS) -> dict[str, Any]:
-    """Run `tests` (a `check(candidate)` function) against `program` in the sandbox."""
-    nonce = f"RLKIT-RESULT-{secrets.token_hex(8)}:"
-    harness = _HARNESS.format(nonce=nonce, entry=entry_point, per_test=PER_TEST_S)
-    result = run_python(harness, limits, files={"solution.py": program, "tests.py": tests})
-    lines = [line for line in result.stdout.splitlines() if line.startswith(nonce)]
-    if not lines:
-        return {"score": 0.0, "passed": 0.0, "tests": 0.0, "sandbox_killed": 1.0}
-    report = json.loads(lines[-1][len(nonce):])
-    return {"score": report["passed"] / max(report["total"], 1), "passed": float(report["passed"]),
-            "tests": float(report["total"]), "sandbox_killed": 0.0}
+def run_tests(program: str, prompt: str, tests: str, entry_point: str, limits: Limits = LIMITS) -> dict[str, float]:
+    """Judge `program` by `tests` (a `check(candidate)` function, with `prompt`'s helper functions in scope):
+    score (passed / tests), passed, tests, runs (1 when the program loaded and defined the entry point) and
+    timed_out (tests failed by a deadline)."""
+    trial = _Trial(program, prompt, tests, entry_point, limits)
+    try:
+        return trial.run()
+    finally:
+        trial.close()
 
 
 @REWARD_FNS.register(HUMANEVAL)
+@score_range(0.0, 1.0)
 def humaneval_reward(response: str, ground_truth: str, extra_info: dict[str, Any]) -> dict[str, float]:
     """Share of the problem's tests passed; ground_truth holds its `check` function, extra_info
     its `prompt` and `entry_point` (`rlkit prep-data humaneval`)."""
-    program = program_for(response, extra_info["prompt"], extra_info["entry_point"])
+    prompt, entry_point = extra_info["prompt"], extra_info["entry_point"]
+    program = program_for(response, prompt, entry_point)
     if program is None:
-        return {"score": 0.0, "passed": 0.0, "tests": 0.0, "sandbox_killed": 0.0}
-    return run_tests(program, ground_truth, extra_info["entry_point"])
+        return {"score": 0.0, "passed": 0.0, "tests": 0.0, "runs": 0.0, "timed_out": 0.0}
+    return run_tests(program, prompt, ground_truth, entry_point)

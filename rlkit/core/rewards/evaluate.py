@@ -86,8 +86,8 @@ def _histogram(scores: list[float]) -> list[dict[str, float]]:
 
 def evaluate(rows: list[dict[str, Any]], responses: list[list[str]], config: RewardConfig, *,
              examples: int = 3) -> dict[str, Any]:
-    """Score every response and summarise: mean, accuracy, histogram, extraction failures, timing,
-    and each row's scores (`per_row`, in response order)."""
+    """Score every response and summarise: mean, accuracy, histogram, extraction failures, errors and
+    invalid scores (with examples), timing, and each row's scores (`per_row`, in response order)."""
     flat = [(i, text) for i, texts in enumerate(responses) for text in texts]
     ground_truths = [str((row.get("reward_model") or {}).get("ground_truth", "")) for row in rows]
     extra_infos = [dict(row.get("extra_info") or {}) for row in rows]
@@ -114,6 +114,8 @@ def evaluate(rows: list[dict[str, Any]], responses: list[list[str]], config: Rew
             for k in not_found[:examples]],
         "errors": len(scored.errors),
         "error_examples": scored.errors[:examples],
+        "invalid": len(scored.invalid),
+        "invalid_examples": scored.invalid[:examples],
         "seconds_per_call_mean": scored.metrics.get("reward/call_seconds_mean"),
         "seconds_per_call_max": scored.metrics.get("reward/call_seconds_max"),
         "seconds_total": seconds,

@@ -2,12 +2,20 @@
 
 Each worker process runs one call at a time, so the controller knows when every call
 started: a call that outlives `reward.timeout_s` has its worker killed and replaced
-(the rest of the batch goes on), and the row is reported as failed. An exception, a NaN,
-a non-number, a timeout or a dead worker all fail the row, with its index, data_source,
-function and error; `reward.on_error` says whether that stops the run (at once: the batch
-stops at the first failed row, before any update) or scores the row 0 and counts it in
-`reward/errors`. Nothing is scored in the controller's own process, where a hung call could
-not be stopped.
+(the rest of the batch goes on), and the row is reported as failed. An exception, a timeout
+or a dead worker fails the row, with its index, data_source, function and error;
+`reward.on_error` says whether that stops the run (at once: the batch stops at the first
+failed row, before any update) or scores the row 0 and counts it in `reward/errors`.
+
+A call that returns, but not a usable score, is invalid, whatever `reward.on_error` says: a
+score (or a dict's other value) that is not a number, not finite, or (the score) beyond
++-MAX_ABS_SCORE. (A dict without a 'score' key is the function's own shape, not a value a
+response can change: that is a failed row.) The row scores 0, its reason is kept
+(ScoredBatch.invalid) and it counts in `reward/invalid`; the run goes on. A reward's output can
+depend on the policy's text, and a policy must not be able to stop a run or send it a NaN.
+A function that declares its range (registry.score_range) has its scores clamped into it;
+others are not clamped. Nothing is scored in the controller's own process, where a hung
+call could not be stopped.
 """
 
 from __future__ import annotations
@@ -33,12 +41,13 @@ import rlkit.core.data.synthetic  # noqa: F401  (registers the synthetic tasks' 
 import rlkit.core.rewards.code  # noqa: F401  (registers HumanEval's tests)
 import rlkit.core.rewards.gsm8k  # noqa: F401  (registers gsm8k)
 import rlkit.core.rewards.math  # noqa: F401  (registers math)
-from rlkit.core.rewards.custom import FileFunction
-from rlkit.core.rewards.registry import reward_fn_for
+from rlkit.core.rewards.custom import FileFunction, load_function
+from rlkit.core.rewards.registry import clamp, declared_range, reward_fn_for
 from rlkit.errors import UserError
 from rlkit.recipes.reward_schema import RewardConfig
 
 RULE_OPTIONS = ("gsm8k_method", "format_score")  # reward.* options passed to rules declaring them
+MAX_ABS_SCORE = 1e6  # a larger score is a bug or a forgery: in float32 advantages its square overflows
 _STARTUP_TIMEOUT_S = 120.0
 # fn(data_source, response, ground_truth, extra_info) -> float | dict
 Call = tuple[Callable[..., Any], tuple[str, str, str, dict[str, Any]]]
@@ -52,6 +61,7 @@ class ScoredBatch:
     metrics: dict[str, float]  # reward/errors, reward/<key> means of extra dict keys, call times
     details: list[dict[str, float]] = field(default_factory=list)  # per row: its extra dict keys
     errors: list[str] = field(default_factory=list)  # failed rows' messages (on_error=zero)
+    invalid: list[str] = field(default_factory=list)  # rows scored 0 for an unusable return value, and why
 
 
 class RewardError(UserError):
@@ -64,14 +74,24 @@ class _Outcome:
     details: dict[str, float]
     error: str | None
     seconds: float
+    invalid: str | None = None  # why the return value is not a usable score
 
 
-def _number(value: Any, what: str) -> float:
+class _Invalid(ValueError):
+    """A return value that is not a usable score."""
+
+
+def _number(value: Any, what: str, limit: float = math.inf) -> float:
     if isinstance(value, (str, bytes)) or not hasattr(value, "__float__"):
-        raise TypeError(f"{what} is {value!r:.80} ({type(value).__name__}), not a number")
-    number = float(value)
+        raise _Invalid(f"{what} is {value!r:.80} ({type(value).__name__}), not a number")
+    try:
+        number = float(value)
+    except Exception as exc:  # noqa: BLE001 - an int too large for a float, or a __float__ that fails
+        raise _Invalid(f"{what} is not a float ({type(exc).__name__}: {exc})") from None
     if not math.isfinite(number):
-        raise ValueError(f"{what} is {number}, not a finite number")
+        raise _Invalid(f"{what} is {number}, not a finite number")
+    if abs(number) > limit:
+        raise _Invalid(f"{what} is {number:g}, beyond +-{limit:g}")
     return number
 
 
@@ -80,8 +100,8 @@ def _normalize(result: Any) -> tuple[float, dict[str, float]]:
         if "score" not in result:
             raise ValueError(f"returned a dict without a 'score' key (keys: {sorted(map(str, result))})")
         details = {str(k): _number(v, f"key {k!r}") for k, v in result.items() if k != "score"}
-        return _number(result["score"], "'score'"), details
-    return _number(result, "the return value"), {}
+        return _number(result["score"], "'score'", MAX_ABS_SCORE), details
+    return _number(result, "the return value", MAX_ABS_SCORE), {}
 
 
 def _describe(exc: BaseException) -> str:
@@ -100,7 +120,9 @@ def _run(call: Call) -> _Outcome:
     seconds = time.perf_counter() - start
     try:
         return _Outcome(*_normalize(result), None, seconds)
-    except (TypeError, ValueError) as exc:
+    except _Invalid as exc:
+        return _Outcome(None, {}, None, seconds, invalid=str(exc))
+    except ValueError as exc:  # the function's shape, which no response changes: a bug to stop on
         return _Outcome(None, {}, f"bad return value: {exc}", seconds)
 
 
@@ -266,50 +288,67 @@ def check_reward_functions(config: RewardConfig, data_sources: list[str], where:
     return "reward rules: " + ", ".join(f"{source} -> {name}" for source, name in rules.items())
 
 
+@dataclass(frozen=True)
+class _Function:
+    fn: Callable[..., Any]  # picklable: sent to the worker processes
+    name: str
+    score_range: tuple[float, float] | None
+
+
 class RewardScorer:
     """Scores batches of responses; keep one per run (its worker processes persist)."""
 
     def __init__(self, config: RewardConfig) -> None:
         self.config = config
-        self._custom = FileFunction(config.function, "reward.function") if config.function else None
-        self._rules: dict[str, tuple[Callable[..., Any], str]] = {}
+        self._custom: _Function | None = None
+        if config.function:
+            custom = FileFunction(config.function, "reward.function")
+            loaded = load_function(custom.spec, "reward.function")
+            self._custom = _Function(custom, custom.spec, declared_range(loaded, custom.spec))
+        self._rules: dict[str, _Function] = {}
         self._pool: _Pool | None = _Pool(config.num_workers, config.timeout_s)
 
-    def _function_for(self, data_source: str, row: int) -> tuple[Callable[..., Any], str]:
+    def _function_for(self, data_source: str, row: int) -> _Function:
         if self._custom is not None:
-            return self._custom, self._custom.spec
+            return self._custom
         if data_source not in self._rules:
             rule = rule_for(data_source, f"row {row}")
             declared = inspect.signature(rule).parameters
             options = {k: getattr(self.config, k) for k in RULE_OPTIONS if k in declared}
-            fn = functools.partial(_call_rule, rule, options)
-            self._rules[data_source] = (fn, f"{rule.__module__}.{rule.__qualname__}")
+            name = f"{rule.__module__}.{rule.__qualname__}"
+            self._rules[data_source] = _Function(functools.partial(_call_rule, rule, options), name,
+                                                 declared_range(rule, name))
         return self._rules[data_source]
 
     def score(self, responses: list[str], data_sources: list[str], ground_truths: list[str],
               extra_infos: list[dict]) -> ScoredBatch:
-        """One score per response; raises RewardError on a failed call unless on_error=zero."""
+        """One score per response; raises RewardError on a failed call unless on_error=zero (an invalid
+        score never raises: it scores 0 and is counted)."""
         if not len(responses) == len(data_sources) == len(ground_truths) == len(extra_infos):
             raise ValueError("responses, data_sources, ground_truths and extra_infos differ in length")
         functions = [self._function_for(ds, i) for i, ds in enumerate(data_sources)]
         rows = zip(data_sources, responses, ground_truths, extra_infos, strict=True)
-        calls = [(fn, args) for (fn, _), args in zip(functions, rows, strict=True)]
-        names = [name for _, name in functions]
+        calls = [(f.fn, args) for f, args in zip(functions, rows, strict=True)]
         if self._pool is None:
             raise RuntimeError("this RewardScorer is closed")
-        outcomes = self._pool.run(calls, names, stop_on_error=self.config.on_error == "raise")
-        return self._collect(outcomes, names, data_sources, extra_infos)
+        outcomes = self._pool.run(calls, [f.name for f in functions], stop_on_error=self.config.on_error == "raise")
+        return self._collect(outcomes, functions, data_sources, extra_infos)
 
-    def _collect(self, outcomes: list[_Outcome | None], names: list[str], data_sources: list[str],
+    def _collect(self, outcomes: list[_Outcome | None], functions: list[_Function], data_sources: list[str],
                  extra_infos: list[dict]) -> ScoredBatch:
-        """Scores and metrics; a failed row raises (on_error=raise: the batch stopped at it) or scores 0."""
-        errors = []
+        """Scores and metrics; a failed row raises (on_error=raise: the batch stopped at it) or scores 0;
+        an invalid row scores 0; a score outside its function's declared range is clamped into it."""
+        errors, invalid = [], []
         for i, outcome in enumerate(outcomes):
-            if outcome is not None and outcome.error is not None:
-                index = (extra_infos[i] or {}).get("index")
-                dataset_row = f", dataset index {index}" if index is not None else ""
-                errors.append(f"reward failed on row {i} (data_source {data_sources[i]!r}{dataset_row}, "
-                              f"function {names[i]}): {outcome.error}")
+            if outcome is None or (outcome.error is None and outcome.invalid is None):
+                continue
+            index = (extra_infos[i] or {}).get("index")
+            dataset_row = f", dataset index {index}" if index is not None else ""
+            where = f"row {i} (data_source {data_sources[i]!r}{dataset_row}, function {functions[i].name})"
+            if outcome.error is not None:
+                errors.append(f"reward failed on {where}: {outcome.error}")
+            else:
+                invalid.append(f"invalid score on {where}: {outcome.invalid}; scored 0")
         if errors and self.config.on_error == "raise":
             more = f" ({len(errors) - 1} more rows failed)" if len(errors) > 1 else ""  # those that ran by then
             raise RewardError(f"{errors[0]}{more}. Fix the function, or set reward.on_error=zero to score "
@@ -317,7 +356,7 @@ class RewardScorer:
         scored = [o for o in outcomes if o is not None]  # every row, unless the batch stopped early
         assert len(scored) == len(outcomes), "a batch stops early only to raise"
         details = [o.details for o in scored]
-        metrics = {"reward/errors": float(len(errors))}
+        metrics = {"reward/errors": float(len(errors)), "reward/invalid": float(len(invalid))}
         for key in sorted({k for d in details for k in d}):
             values = [d[key] for d in details if key in d]
             metrics[f"reward/{key}"] = sum(values) / len(values)
@@ -325,8 +364,9 @@ class RewardScorer:
             seconds = [o.seconds for o in scored]
             metrics["reward/call_seconds_mean"] = sum(seconds) / len(seconds)
             metrics["reward/call_seconds_max"] = max(seconds)
-        scores = [o.score if o.score is not None else 0.0 for o in scored]
-        return ScoredBatch(scores, metrics, details, errors)
+        scores = [clamp(o.score, f.score_range) if o.score is not None else 0.0
+                  for o, f in zip(scored, functions, strict=True)]
+        return ScoredBatch(scores, metrics, details, errors, invalid)
 
     def call_each(self, data_sources: list[str], responses: list[str], ground_truths: list[str],
                   extra_infos: list[dict], wrap: Callable[[Callable[..., Any]], Callable[..., Any]],
