@@ -376,8 +376,8 @@ class RewardScorer:
         For `rlkit train --dry-run`, which judges each raw return value in `wrap`, before scoring does."""
         functions = [self._function_for(ds, i) for i, ds in enumerate(data_sources)]
         rows = zip(data_sources, responses, ground_truths, extra_infos, strict=True)
-        calls = [(wrap(fn), args) for (fn, _), args in zip(functions, rows, strict=True)]
-        names = [name for _, name in functions]
+        calls = [(wrap(f.fn), args) for f, args in zip(functions, rows, strict=True)]
+        names = [f.name for f in functions]
         if self._pool is None:
             raise RuntimeError("this RewardScorer is closed")
         outcomes = [o for o in self._pool.run(calls, names, stop_on_error=False) if o is not None]
