@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Callable
 
 from rlkit.core.algos.needs import estimator_needs, estimators_that
+from rlkit.core.algos.phase_plan import describe, phase_plan
 from rlkit.core.train.fast_paths import CPU_MICRO_BATCH_TOKENS
 from rlkit.errors import ConfigError
 from rlkit.recipes.schema import RLConfig
@@ -253,21 +254,4 @@ def batch_arithmetic(config: RLConfig) -> list[str]:
         f"each worker takes {per_worker} sequences per optimizer step, {micro}",
         f"{config.trainer.total_steps} steps in all = {config.trainer.total_steps * sequences} "
         f"{'trained' if config.offline else 'sampled'} sequences",
-    ] + ([] if config.offline else _algorithm_arithmetic(config))
-
-
-def _algorithm_arithmetic(config: RLConfig) -> list[str]:
-    """Extra samples and passes that the chosen algorithm adds to each step."""
-    lines = []
-    dynamic, d = config.algorithm.dynamic_sampling, config.data
-    if dynamic.enable:
-        lines.append(f"dynamic sampling: up to {dynamic.max_gen_rounds} rounds of {d.train_batch_size} prompts per "
-                     f"step, until {d.train_batch_size} groups with differing scores are found")
-    if estimator_needs(config.algorithm.adv_estimator).greedy_baseline:
-        lines.append(f"{config.algorithm.adv_estimator}: {d.train_batch_size} more greedy samples per step (one per "
-                     "prompt) as baselines")
-    if config.critic_enabled:
-        warmup = config.critic.warmup_steps
-        lines.append("a critic (value model) beside each worker: one values pass and the same mini-batches per step"
-                     + (f"; the first {warmup} step(s) train only the critic" if warmup else ""))
-    return lines
+    ] + ([] if config.offline else describe(phase_plan(config), config))

@@ -16,8 +16,9 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Callable
 
-from rlkit.core.algos.needs import estimator_needs
+from rlkit.core.algos.phase_plan import phase_plan
 from rlkit.core.planning.shape import ModelShape
 from rlkit.recipes.schema import RLConfig
 
@@ -42,6 +43,9 @@ CALIBRATION = {
     "multi_gpu_update_efficiency": 0.31 / 0.38,   # update MFU on 2 GPUs / on 1 (31.0% / 38%)
     "controller_s_per_sample": 0.19 / 512,  # reward + advantages + batch assembly: ~0.19 s for 512 responses
 }
+
+
+TIMING_KEYS = {"adv": "reward+adv"}  # the controller also scores rewards beside computing advantages
 
 
 @dataclass
@@ -100,7 +104,6 @@ def step_time(config: RLConfig, shape: ModelShape, critic: ModelShape | None = N
     per_mini = config.actor.mini_batch_size * config.samples_per_prompt
     update_micro = micro_batches(math.ceil(per_mini / world), sequence, micro_batch_tokens, group) \
         * math.ceil(samples / per_mini)
-    phases: dict[str, float] = {}
     notes = [f"calibrated on {cal['device']} (docs/benchmarks.md); responses at full length"]
     if world > 2:
         notes.append(f"{world} training devices: the 2-GPU efficiency is assumed (measured on 1 and 2)")
@@ -120,26 +123,25 @@ def step_time(config: RLConfig, shape: ModelShape, critic: ModelShape | None = N
     with_log_probs = 1.0 if config.needs_rollout_log_probs else (1.0 / every if every else 0.0)
     slowdown = with_log_probs / cal["log_prob_decode_factor"] + (1 - with_log_probs)
     weight_bytes = 4 if config.model.dtype == "float32" else 2
-    phases["gen"] = slowdown * generate_seconds(shape, per_engine, concurrent, data.max_prompt_length,
-                                                data.max_response_length, weight_bytes, cal)
-    if estimator_needs(config.algorithm.adv_estimator).greedy_baseline:  # one greedy baseline per prompt (ReMax)
-        baseline = math.ceil(data.train_batch_size / engines)
-        phases["gen_baseline"] = generate_seconds(shape, baseline, min(baseline, config.rollout.max_num_seqs),
-                                                  data.max_prompt_length, data.max_response_length, weight_bytes, cal)
-    if not config.old_log_probs_from_update:
-        phases["old_log_prob"] = reference
-    if config.needs_reference:
-        phases["ref"] = reference
-    if critic is not None:
-        critic_forward = samples * critic.forward_flops(data.max_prompt_length, data.max_response_length)
-        phases["values"] = pass_seconds(critic_forward, whole, 1, "forward", world, cal)
-        phases["update_critic"] = pass_seconds(critic_forward, update_micro, 3, "update", world, cal)
-    phases["update_actor"] = update
-    if config.rollout.placement == "colocated":
-        phases["sync"] = cal["sync_s"] + 4 * shape.params / cal["sync_bytes_per_s"]
-    else:
-        phases["sync"] = 2 * shape.params / cal["split_sync_bytes_per_s"]
-    phases["reward+adv"] = samples * cal["controller_s_per_sample"]
+    baseline = math.ceil(data.train_batch_size / engines)  # one greedy sample per prompt
+    critic_forward = samples * critic.forward_flops(data.max_prompt_length, data.max_response_length) \
+        if critic is not None else 0.0
+    prices: dict[str, Callable[[], float]] = {  # each phase of the step's plan (rlkit.core.algos.phase_plan)
+        "gen": lambda: slowdown * generate_seconds(shape, per_engine, concurrent, data.max_prompt_length,
+                                                   data.max_response_length, weight_bytes, cal),
+        "gen_baseline": lambda: generate_seconds(shape, baseline, min(baseline, config.rollout.max_num_seqs),
+                                                 data.max_prompt_length, data.max_response_length, weight_bytes, cal),
+        "old_log_prob": lambda: reference,
+        "ref": lambda: reference,
+        "values": lambda: pass_seconds(critic_forward, whole, 1, "forward", world, cal),
+        "adv": lambda: samples * cal["controller_s_per_sample"],
+        "update_critic": lambda: pass_seconds(critic_forward, update_micro, 3, "update", world, cal),
+        "update_actor": lambda: update,
+        "sync": lambda: (cal["sync_s"] + 4 * shape.params / cal["sync_bytes_per_s"]
+                         if config.rollout.placement == "colocated"
+                         else 2 * shape.params / cal["split_sync_bytes_per_s"]),
+    }
+    phases = {TIMING_KEYS.get(phase, phase): prices[phase]() for phase in phase_plan(config).phases}
     if config.model.gradient_checkpointing:
         notes.append("gradient checkpointing: one more forward in the update")
     if lora:

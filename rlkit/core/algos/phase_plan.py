@@ -1,0 +1,92 @@
+"""The phases of one RL step, derived once from the config (its algorithm, placement and rollout mode).
+
+One description of the step: the controller runs it (Controller.step asks `plan.runs(phase, step)`),
+`rlkit plan` prices it (rlkit.core.planning.timing prices each phase it lists) and `--dry-run` prints
+it (`describe`). A new phase is one entry here, its price there, and its code in the controller.
+Torch-free: the config layer builds it.
+
+The phases, in the order a step runs them (the names are the `timing/<phase>` metrics'):
+  gen            the rollout: prompts -> responses (dynamic sampling: rounds until the batch is full)
+  gen_baseline   one greedy response per prompt, scored as its baseline (an estimator that needs one)
+  old_log_prob   the policy's log-probs before the update (skipped when the update's own are the old ones)
+  ref            the reference's log-probs (a KL term in the loss or the reward)
+  values         the critic's values
+  adv            rewards (less in-reward KL) -> advantages, in the controller
+  update_critic  the critic's update
+  update_actor   the actor's update (not during the critic's warm-up)
+  sync           the new weights to the rollout engines (with the actor's update)
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from rlkit.core.algos.needs import estimator_needs
+
+if TYPE_CHECKING:
+    from rlkit.recipes.schema import RLConfig
+
+ORDER = ("gen", "gen_baseline", "old_log_prob", "ref", "values", "adv", "update_critic", "update_actor", "sync")
+ACTOR_PHASES = ("update_actor", "sync")  # what a critic warm-up step leaves out
+
+
+@dataclass(frozen=True)
+class PhasePlan:
+    phases: tuple[str, ...]
+    critic_warmup_steps: int = 0
+    gen_rounds: int = 1  # dynamic sampling: generation rounds at most
+
+    def __contains__(self, phase: object) -> bool:
+        return phase in self.phases
+
+    def runs(self, phase: str, step: int) -> bool:
+        """Whether step `step` runs `phase`: the critic's warm-up steps leave the actor (and so the engines'
+        weights) as they are."""
+        return phase in self.phases and not (phase in ACTOR_PHASES and step <= self.critic_warmup_steps)
+
+
+def phase_plan(config: RLConfig) -> PhasePlan:
+    """The RL step's phases for `config` (objectives sft and dpo have no such step)."""
+    needs = estimator_needs(config.algorithm.adv_estimator)
+    wanted = {
+        "gen": True,
+        "gen_baseline": needs.greedy_baseline,
+        "old_log_prob": not config.old_log_probs_from_update,
+        "ref": config.needs_reference,
+        "values": config.critic_enabled,
+        "adv": True,
+        "update_critic": config.critic_enabled,
+        "update_actor": True,
+        "sync": True,
+    }
+    dynamic = config.algorithm.dynamic_sampling
+    return PhasePlan(tuple(phase for phase in ORDER if wanted[phase]),
+                     critic_warmup_steps=config.critic.warmup_steps if config.critic_enabled else 0,
+                     gen_rounds=dynamic.max_gen_rounds if dynamic.enable else 1)
+
+
+def describe(plan: PhasePlan, config: RLConfig) -> list[str]:
+    """The plan in words, one line a phase, for `--dry-run`."""
+    d, n = config.data, config.samples_per_prompt
+    old = ("old_log_prob: the policy's log-probs before the update" if config.actor.old_log_probs != "rollout"
+           else "old_log_prob: the engine's log-probs are the old ones (actor.old_log_probs=rollout)")
+    words = {
+        "gen": (f"gen: up to {plan.gen_rounds} rounds of {d.train_batch_size} prompts per step, until "
+                f"{d.train_batch_size} groups with differing scores are found (dynamic sampling)" if plan.gen_rounds > 1
+                else f"gen: {d.train_batch_size} prompts x {n} samples"),
+        "gen_baseline": (f"gen_baseline: {config.algorithm.adv_estimator}: {d.train_batch_size} more greedy samples "
+                         "per step (one per prompt) as baselines"),
+        "old_log_prob": old,
+        "ref": "ref: the reference's log-probs (" + " and ".join(
+            what for what, on in (("KL loss", config.actor.use_kl_loss),
+                                  ("KL in the reward", config.algorithm.use_kl_in_reward)) if on) + ")",
+        "values": "values: a critic (value model) beside each worker: one values pass per step",
+        "adv": f"adv: {config.algorithm.adv_estimator} advantages in the controller",
+        "update_critic": "update_critic: the critic's update, the same mini-batches as the actor's",
+        "update_actor": (f"update_actor: {config.actor.policy_loss} loss, {config.actor.loss_agg_mode}"
+                         + (f"; the first {plan.critic_warmup_steps} step(s) train only the critic"
+                            if plan.critic_warmup_steps else "")),
+        "sync": f"sync: weights to the rollout engines ({config.rollout.placement} placement, {config.rollout.mode})",
+    }
+    return ["each step runs: " + " -> ".join(plan.phases)] + [f"  {words[phase]}" for phase in plan.phases]

@@ -1,0 +1,50 @@
+"""The step's phase plan (rlkit/core/algos/phase_plan.py): one description that the controller runs, the
+planner prices and the dry run prints."""
+
+from __future__ import annotations
+
+import pytest
+
+from rlkit.core.algos.phase_plan import describe, phase_plan
+from rlkit.core.planning.shape import ModelShape
+from rlkit.core.planning.timing import step_time
+from rlkit.recipes.loader import load_config
+
+TINY = ["model.path=rlkit:tiny-qwen2", "data.synthetic_task=echo"]
+
+
+@pytest.mark.parametrize(("recipe", "overrides", "phases"), [
+    # grpo: one optimizer step per RL step, so the update's own log-probs are the old ones; KL loss -> ref
+    ("grpo", ["data.train_batch_size=16"], "gen ref adv update_actor sync"),
+    ("grpo", [], "gen old_log_prob ref adv update_actor sync"),  # 64 prompts in mini-batches of 16: a pass
+    ("drgrpo", ["data.train_batch_size=16"], "gen adv update_actor sync"),  # no KL at all
+    ("rloo", ["data.train_batch_size=16"], "gen old_log_prob ref adv update_actor sync"),  # KL in the reward
+    ("remax", ["data.train_batch_size=16"], "gen gen_baseline old_log_prob ref adv update_actor sync"),
+    ("ppo", [], "gen old_log_prob values adv update_critic update_actor sync"),
+])
+def test_each_recipe_plans_the_phases_its_algorithm_needs(recipe, overrides, phases):
+    assert " ".join(phase_plan(load_config(recipe, [*TINY, *overrides])).phases) == phases
+
+
+def test_critic_warm_up_steps_run_neither_the_actors_update_nor_a_sync():
+    plan = phase_plan(load_config("ppo", [*TINY, "critic.warmup_steps=2"]))
+    assert [plan.runs("update_actor", step) for step in (1, 2, 3)] == [False, False, True]
+    assert [plan.runs("sync", step) for step in (1, 2, 3)] == [False, False, True]
+    assert plan.runs("update_critic", 1) and not plan.runs("gen_baseline", 1)
+
+
+def test_the_planner_prices_exactly_the_planned_phases():
+    shape = ModelShape(params=500e6, layers=24, hidden=896, intermediate=4864, heads=14, kv_heads=2, head_dim=64,
+                       vocab=151936, layer_params=20e6, root_params=20e6)
+    for recipe in ("grpo", "remax", "ppo"):
+        config = load_config(recipe, [*TINY, "data.train_batch_size=16", "actor.mini_batch_size=16"])
+        critic = shape if config.critic_enabled else None
+        priced = set(step_time(config, shape, critic, micro_batch_tokens=8192).phases)
+        assert priced == {"reward+adv" if p == "adv" else p for p in phase_plan(config).phases}, recipe
+
+
+def test_the_dry_run_says_each_phase_once():
+    config = load_config("dapo", TINY)
+    lines = describe(phase_plan(config), config)
+    assert lines[0] == "each step runs: gen -> old_log_prob -> adv -> update_actor -> sync"
+    assert lines[1].startswith("  gen: up to 10 rounds of 512 prompts per step")
