@@ -22,6 +22,7 @@ from rlkit.core.algos.kl import (
     apply_kl_penalty,
     kl_estimate,
 )
+from rlkit.core.algos.phase_plan import phase_plan
 from rlkit.core.algos.update_inputs import UpdateInputs
 from rlkit.core.batch import Batch, shard_minibatches
 from rlkit.core.cluster.failures import WorkerFailure, checkpoint_write_failure
@@ -91,32 +92,34 @@ class Controller:
             self.scorer.close()
             ray.shutdown()  # with it every actor this run started
             raise
+        self.plan = phase_plan(config)
         self.completed_steps = 0  # the run loop advances it; a checkpoint saves this step
 
     # -- the step -----------------------------------------------------------------------
     def step(self, step: int) -> dict[str, Any]:
-        cfg, timing = self.config, {}
+        cfg, plan, timing = self.config, self.plan, {}  # the phases: rlkit.core.algos.phase_plan
         with timed(timing, "step"):
-            batch, metrics = self.source.next_batch(step, timing)  # generated, scored (rlkit.core.rollout.source)
-            if not cfg.old_log_probs_from_update:  # else the update's own detached log-probs are the old ones
+            batch, metrics = self.source.next_batch(step, timing)  # gen (+ gen_baseline), scored: rollout.source
+            if plan.runs("old_log_prob", step):  # else the update's own detached log-probs are the old ones
                 with timed(timing, "old_log_prob"):
                     batch.update(self.old_log_probs(batch))
-            if cfg.needs_reference:
+            if plan.runs("ref", step):
                 with timed(timing, "ref"):
                     batch["ref_log_probs"] = self.log_probs(batch, "ref")["log_probs"]
-            if self.critic is not None:
+            if plan.runs("values", step):
                 with timed(timing, "values"):
                     batch["values"] = self.values(batch)
             with timed(timing, "adv"):
                 batch.update(self.advantages(batch))
-            if self.critic is not None:
+            if plan.runs("update_critic", step):
                 with timed(timing, "update_critic"):
                     metrics.update(self.update_critic(batch))
-            if self.critic is None or step > cfg.critic.warmup_steps:  # critic warm-up leaves the actor as is
+            if plan.runs("update_actor", step):  # not in the critic's warm-up
                 self.recorder.add_trainer_log_probs(batch, self.log_probs)
                 with timed(timing, "update_actor"):
                     metrics.update(self.update_actor(batch, UpdateInputs.for_step(cfg, step)))
-                with timed(timing, "sync"):  # the source's policy version becomes `step`
+            if plan.runs("sync", step):  # the source's policy version becomes `step`
+                with timed(timing, "sync"):
                     metrics.update(self.source.sync_weights(step))
         if self.weak_sandbox:  # said on every step, so that no one reads a run's results without knowing
             logger.warning(WEAK_SANDBOX_WARNING)

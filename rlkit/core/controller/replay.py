@@ -14,6 +14,7 @@ import logging
 from dataclasses import dataclass
 from pathlib import Path
 
+from rlkit.core.algos.phase_plan import phase_plan
 from rlkit.core.algos.update_inputs import UpdateInputs
 from rlkit.core.controller.controller import Controller
 from rlkit.core.controller.resume import config_diff
@@ -71,7 +72,7 @@ def replay_config(run: RunDir, step: int, overrides: list[str]) -> tuple[RLConfi
     if refused:
         raise UserError(f"a replay re-runs only the update on the recorded batch, so {', '.join(refused)} would "
                         f"change nothing or break it; replay overrides start with: {', '.join(REPLAYABLE_PREFIXES)}")
-    if config.critic_enabled and step <= config.critic.warmup_steps:
+    if not phase_plan(config).runs("update_actor", step):
         raise UserError(f"step {step} trained only the critic (critic.warmup_steps={config.critic.warmup_steps}); "
                         "there is no actor update to replay")
     return config, ckpt, changed

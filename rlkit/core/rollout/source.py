@@ -19,7 +19,7 @@ import torch
 
 from rlkit.core.agents.report import episode_metrics
 from rlkit.core.algos.dapo import groups_with_signal, overlong_penalty
-from rlkit.core.algos.needs import estimator_needs
+from rlkit.core.algos.phase_plan import phase_plan
 from rlkit.core.batch import Batch, build_batch
 from rlkit.core.rollout.base import RolloutSample, Sampling
 from rlkit.core.rollout.dynamic_sampling import GroupCollector, group_rows
@@ -65,6 +65,7 @@ class SyncRolloutSource:
         self.tokenizer, self.scorer, self.placement = tokenizer, scorer, placement
         self.pad_id = tokenizer.pad_token_id or 0
         self.policy_version = 0  # the step whose update the engines hold (0: the base model); sync_weights advances it
+        self.plan = phase_plan(config)
 
     def sync_weights(self, step: int) -> dict[str, float]:
         metrics = self.placement.sync_weights()
@@ -80,7 +81,7 @@ class SyncRolloutSource:
     # -- the step's batch ---------------------------------------------------------------
     def next_batch(self, step: int, timing: dict[str, float]) -> tuple[Batch, dict[str, float]]:
         batch, metrics = self.sample(step, timing)  # gen + reward, over several rounds with dynamic sampling
-        if estimator_needs(self.config.algorithm.adv_estimator).greedy_baseline:  # ReMax
+        if "gen_baseline" in self.plan:  # ReMax
             with timed(timing, "gen_baseline"):
                 metrics.update(self.greedy_baseline(batch, step))
         return batch, metrics
