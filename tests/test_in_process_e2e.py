@@ -4,7 +4,9 @@ In-process, the workers and the controller share the process's RNGs (rlkit.core.
 a checkpoint saves that one state and a resume restores it. The reference run trains N steps with a
 checkpoint after every step, the settings of tests/test_resume_e2e.py (validation with samples, KL to
 the reference, an entropy bonus, a cosine schedule); a copy of it, cut back to step K's checkpoint,
-is resumed in the same process and must log the reference's numbers and validation responses.
+is resumed in the same process and must log the reference's numbers and validation responses. (These
+runs draw their samples from per-request seeds, not from the process's RNGs: what this test tells apart
+is the restored weights, optimizer, schedule, data position and validation, not the RNG state.)
 """
 
 from __future__ import annotations
