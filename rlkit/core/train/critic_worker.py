@@ -15,8 +15,8 @@ import torch
 
 from rlkit.core.algos.losses import aggregate_loss, value_loss
 from rlkit.core.batch import Batch
-from rlkit.core.cluster.device_worker import DeviceWorker
 from rlkit.core.cluster.backend import Backend, Group
+from rlkit.core.cluster.device_worker import DeviceWorker
 from rlkit.core.state import shards as checkpoint_shards
 from rlkit.core.train import fast_paths, fsdp, packing
 from rlkit.core.train.learner import micro_batches, optimize
