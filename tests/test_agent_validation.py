@@ -123,10 +123,11 @@ class _Group:
     """`ranks` workers, each running its share of validation's episodes here on its own scripted engine."""
 
     def __init__(self, ranks: int, config, model_path, policy) -> None:
-        self.actors = [_Worker(config, model_path, ScriptedEngine(policy)) for _ in range(ranks)]
+        self.workers = [_Worker(config, model_path, ScriptedEngine(policy)) for _ in range(ranks)]
+        self.size = ranks
 
     def call(self, method, *, per_rank, phase):
-        return [getattr(worker, method)(*args) for worker, args in zip(self.actors, per_rank)]
+        return [getattr(worker, method)(*args) for worker, args in zip(self.workers, per_rank)]
 
 
 class _Worker(AgentEpisodes):
@@ -148,5 +149,5 @@ def test_episodes_spread_over_ranks_keep_validations_seeds(tok, tiny_model_dir):
     spread = workers_episodes(group)(data, settings.sampling(4, greedy=False))
     alone = engine_episodes(ScriptedEngine(policy), config, tok)(data, settings.sampling(4, greedy=False))
     assert spread == alone and [e.group for e in spread] == [0, 0, 1, 1, 2, 2, 3, 3, 4, 4]
-    first_turns = [(len(prompts), s.seed) for worker in group.actors for prompts, s in worker.engine.calls[:1]]
+    first_turns = [(len(prompts), s.seed) for worker in group.workers for prompts, s in worker.engine.calls[:1]]
     assert first_turns == [(4, val_seed(3, 4)), (6, val_seed(3, 4) + 2 * 2)]

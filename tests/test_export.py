@@ -19,7 +19,7 @@ from rlkit.core.state.export import ADAPTER_DIR, EXPORT_INFO, export_hf
 from rlkit.errors import UserError
 from rlkit.recipes.loader import load_config
 
-pytestmark = [pytest.mark.slow, pytest.mark.shared_ray]
+pytestmark = pytest.mark.slow
 
 REPO = Path(__file__).resolve().parents[1]
 # Token ids of the tiny tokenizer: "<|im_start|>echo 7<|im_end|><|im_start|>7"
@@ -42,10 +42,12 @@ def trained_lora(tmp_path_factory) -> Iterator[dict]:
 
 
 def train_and_export(root: Path, overrides: list[str] = ()) -> dict:
-    """Two GRPO steps at a high learning rate, a checkpoint, and the trainer's logits on PROBE."""
+    """Two GRPO steps at a high learning rate, a checkpoint, and the trainer's logits on PROBE (the worker is an
+    object in this process: trainer.workers=in_process)."""
     from rlkit.core.controller.controller import Controller
 
     config = load_config("grpo-demo", ["rollout.name=hf", "trainer.total_steps=2", "trainer.logger=[jsonl]",
+                                       "trainer.workers=in_process", "trainer.device=cpu",
                                        f"trainer.runs_dir={root / 'runs'}", *overrides])
     run = RunDir.create(config, "exported")
     controller = Controller(config, run)

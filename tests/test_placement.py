@@ -70,7 +70,7 @@ def test_one_step_off_rollout_on_its_own_node_gets_the_weights_over_the_transfer
 
             assert (controller.workers.slots, controller.placement.rollout.slots) == ([(0, 0)], [(1, 0)])
             nodes = [placement_group_table(group)["bundles_to_node_id"][0]
-                     for group in controller.placement.reservation.groups]
+                     for group in controller.backend.reservation.groups]
             metrics = [controller.step(step) for step in (1, 2, 3)]
         finally:
             controller.close()

@@ -1,7 +1,9 @@
-"""Every algorithm recipe trains 2 steps end to end on CPU: Ray workers, the tiny Qwen2, the echo task.
+"""Every algorithm recipe trains 2 steps end to end on CPU: the tiny Qwen2, the echo task.
 
-Each run goes through `train_run` (the path `rlkit train` takes) with the recipe plus tiny-world
-overrides, then checks something only that recipe's algorithm produces, so a recipe wired to the
+The workers are objects in this process (trainer.workers=in_process: no Ray, no worker processes),
+except ppo's: two policy and two critic ranks, on the tests' shared Ray head. Each run goes through
+`train_run` (the path `rlkit train` takes) with the recipe plus tiny-world overrides, then checks
+something only that recipe's algorithm produces, so a recipe wired to the
 wrong estimator, normalisation or loss fails here: the advantages the controller computed
 (recorded from the estimator registry, in this process) against the algorithm's own formula, and
 the metrics only its parts log. The reward is a fractional function of the response text, so
@@ -88,6 +90,9 @@ def gae_whitened(inputs: AdvantageInputs, advantages: torch.Tensor) -> torch.Ten
     return whiten(advantages.double(), inputs.response_mask)
 
 
+IN_PROCESS = ["trainer.workers=in_process", "trainer.device=cpu"]
+RAY_RECIPES = {"ppo"}  # several ranks: Ray workers
+
 # recipe -> (extra overrides, advantage formula, metrics only its algorithm logs)
 RECIPES: dict[str, tuple[list[str], Check, list[str]]] = {
     # Two policy ranks and two colocated critic ranks; step 1 trains only the critic.
@@ -124,15 +129,16 @@ def recorded_advantages(monkeypatch: pytest.MonkeyPatch) -> list[tuple[str, Adva
 
 
 @pytest.mark.slow
-@pytest.mark.shared_ray
-@pytest.mark.parametrize("recipe", list(RECIPES))
+@pytest.mark.parametrize("recipe", [pytest.param(name, marks=[pytest.mark.shared_ray] if name in RAY_RECIPES else [])
+                                    for name in RECIPES])
 def test_recipe_trains_two_steps(recipe: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
                                  recorded_advantages: list) -> None:
     monkeypatch.setenv("RLKIT_CACHE", str(tmp_path / "cache"))
     (tmp_path / "spread.py").write_text(REWARD)
     extra, expected_advantages, expected_metrics = RECIPES[recipe]
+    workers = [] if recipe in RAY_RECIPES else IN_PROCESS
     config = load_config(recipe, [*TINY_WORLD, f"trainer.runs_dir={tmp_path / 'runs'}",
-                                  f"reward.function={tmp_path / 'spread.py'}:spread", *extra])
+                                  f"reward.function={tmp_path / 'spread.py'}:spread", *workers, *extra])
     run_dir = train_run(config, run_id=recipe)
     rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     assert [row["step"] for row in rows] == [1, 2]

@@ -115,7 +115,7 @@ def test_greedy_only_validation_makes_one_generate_call(tmp_path: Path) -> None:
 
 class FakeGroup:
     def __init__(self, ranks: int) -> None:
-        self.actors = list(range(ranks))
+        self.size = ranks
 
     def call(self, method: str, *, per_rank: list[tuple], phase: str) -> list:
         assert method == "validation_episodes"

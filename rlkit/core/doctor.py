@@ -238,7 +238,7 @@ def check_nccl(config: RLConfig, gpus: list[environment.GPU]) -> list[Finding]:
         return [Finding("ok", "NCCL", "no GPU: workers talk over gloo, no NCCL settings needed")]
     if environment.installed_version("ray") is None:
         return []  # reported above; the workers' environment is built with Ray
-    from rlkit.core.cluster.worker_group import MULTICAST_OFF_ENV, worker_env
+    from rlkit.core.cluster.worker_env import MULTICAST_OFF_ENV, worker_env
 
     findings = []
     env = worker_env(config)

@@ -82,6 +82,7 @@ def check_config(config: RLConfig, origins: dict[str, str] | None = None, *, req
     if rollout.placement == "split" and rollout.devices >= devices:
         fail("rollout.devices", f"split placement gives {rollout.devices} of the {devices} device(s) to rollout, "
              "leaving none to train; raise trainer.n_gpus_per_node / trainer.nnodes or use rollout.placement=colocated")
+    check_in_process(config, fail)
     n = config.samples_per_prompt
     if actor.mini_batch_size * n % config.world_size:
         fail("actor.mini_batch_size", f"{actor.mini_batch_size} rows x {n} sample(s) each = "
@@ -255,3 +256,19 @@ def batch_arithmetic(config: RLConfig) -> list[str]:
         f"{config.trainer.total_steps} steps in all = {config.trainer.total_steps * sequences} "
         f"{'trained' if config.offline else 'sampled'} sequences",
     ] + ([] if config.offline else describe(phase_plan(config), config))
+
+
+def check_in_process(config: RLConfig, fail: Callable[[str, str], None]) -> None:
+    """trainer.workers=in_process: every worker is an object in this process, on its one CPU device (so no split
+    placement either: it needs a device of its own for rollout)."""
+    trainer = config.trainer
+    if trainer.workers != "in_process":
+        return
+    devices = trainer.nnodes * trainer.n_gpus_per_node
+    if devices != 1:
+        key = "trainer.nnodes" if trainer.nnodes > 1 else "trainer.n_gpus_per_node"
+        fail(key, f"trainer.workers=in_process runs one worker per group in this process, but trainer.nnodes x "
+             f"trainer.n_gpus_per_node = {devices} devices; set both to 1 or use trainer.workers=ray")
+    if trainer.device == "cuda":
+        fail("trainer.device", "trainer.workers=in_process runs on the CPU only; set trainer.device=cpu or use "
+             "trainer.workers=ray")

@@ -82,6 +82,15 @@ class TrainerConfig(Section):
                     "NCCL_NVLS_ENABLE=0, TORCH_SYMM_MEM_DISABLE_MULTICAST=1, NVSHMEM_DISABLE_NVLS=1 in every worker.",
     )
     cpu_threads_per_worker: int = Field(1, ge=1, description="Torch threads per CPU worker process.")
+    workers: Literal["ray", "in_process"] = Field(
+        "ray",
+        description="Where the workers run. ray: one Ray actor (a process of its own) per device, on the local "
+                    "Ray cluster rlkit starts or the one at RAY_ADDRESS. in_process: the workers are plain objects "
+                    "in this process, no Ray and no worker processes, for debugging on one CPU device, notebooks and "
+                    "tests; it runs one CPU device only (trainer.nnodes x trainer.n_gpus_per_node = 1, no GPU, "
+                    "rollout.placement=colocated), and does not enforce trainer.phase_timeout_s / setup_timeout_s "
+                    "(a call runs to its end in this thread). docs/architecture.md, Workers.",
+    )
     record_rollouts: bool = Field(
         False,
         description="Keep each step's batch, as the actor update received it (token ids, masks, scores, "

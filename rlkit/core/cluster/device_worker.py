@@ -1,4 +1,4 @@
-"""What every rank-holding Ray actor shares: its device, and joining a torch.distributed group."""
+"""What every rank-holding worker shares: its device, and joining a torch.distributed group."""
 
 from __future__ import annotations
 
@@ -34,8 +34,12 @@ class DeviceWorker(PhaseReporter):
         return socket.gethostbyname(socket.gethostname()), free_port()
 
     def join_process_group(self, master_addr: str, master_port: int) -> None:
-        """Every group of workers (policy, critic) is its own torch.distributed world."""
+        """Every group of workers (policy, critic) is its own torch.distributed world, each Ray actor being a
+        process of its own. In-process workers (trainer.workers=in_process) share their process's world of one:
+        the group that joins first starts it, a colocated critic finds it started."""
         self.phase = "setup/process-group"
+        if dist.is_initialized() and dist.get_world_size() == self.world_size == 1:
+            return
         os.environ.update(MASTER_ADDR=master_addr, MASTER_PORT=str(master_port), RANK=str(self.rank),
                           WORLD_SIZE=str(self.world_size), LOCAL_RANK="0")
         if self.use_cuda:

@@ -32,7 +32,7 @@ class WorkerPlace:
 
 
 class PhaseBoard:
-    """Ray actor (no CPU): the last phase each rank posted, and when."""
+    """A Ray actor (no CPU), or an object beside in-process workers: the last phase each rank posted, and when."""
 
     def __init__(self) -> None:
         self.entries: dict[int, tuple[str, int, str, float]] = {}
@@ -57,7 +57,7 @@ class PhaseReporter:
     _phase: str = "starting"
 
     def attach_board(self, board: Any) -> dict[str, Any]:
-        """Called by the WorkerGroup once the actor exists; returns where it runs."""
+        """Called by the worker group once the worker exists; returns where it runs."""
         self._board = board
         self.phase = "started"
         return {"rank": self.rank, "host": socket.gethostname(), "pid": os.getpid()}
@@ -69,7 +69,9 @@ class PhaseReporter:
     @phase.setter
     def phase(self, value: str) -> None:
         self._phase = value
-        if self._board is not None:
+        if isinstance(self._board, PhaseBoard):  # the board itself, in this process (trainer.workers=in_process)
+            self._board.post(self.rank, socket.gethostname(), os.getpid(), value)
+        elif self._board is not None:
             import ray
 
             try:

@@ -22,7 +22,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from rlkit.core.cluster.worker_group import DeviceReservation, WorkerGroup
+from rlkit.core.cluster.backend import Backend
 from rlkit.core.rollout.sync_check import first_change
 from rlkit.core.rollout.worker import RolloutWorker
 from rlkit.core.train.policy_worker import PolicyWorker
@@ -43,21 +43,18 @@ class PendingSync:
 class Placement:
     """The training group and the group that generates (the same group when colocated)."""
 
-    def __init__(self, config: RLConfig, model_path: str) -> None:
+    def __init__(self, config: RLConfig, model_path: str, backend: Backend) -> None:
+        """Training on the run's first config.world_size devices; split placement's rollout workers on the rest."""
         self.config = config
-        self.reservation = DeviceReservation(config)
-        train_slots = self.reservation.slots[:config.world_size]
-        self.train = WorkerGroup(PolicyWorker, config, model_path, name="worker", reservation=self.reservation,
-                                 slots=train_slots)
+        self.train = backend.group(PolicyWorker, model_path, name="worker")
         self.split = config.rollout.placement == "split"
         self.broadcast = self.split and config.rollout.weight_sync == "broadcast"
-        self.rollout = WorkerGroup(RolloutWorker, config, model_path, name="rollout worker",
-                                   reservation=self.reservation,
-                                   slots=self.reservation.slots[config.world_size:]) if self.split else self.train
+        self.rollout = backend.group(RolloutWorker, model_path, name="rollout worker", first=config.world_size,
+                                     count=config.rollout.devices) if self.split else self.train
 
     @property
     def rollout_size(self) -> int:
-        return len(self.rollout.actors)
+        return self.rollout.size
 
     def setup(self) -> list[Any]:
         """Start process groups, load models, start engines; returns the training ranks' setup info."""
@@ -113,4 +110,3 @@ class Placement:
         if self.split:
             self.rollout.shutdown()
         self.train.shutdown()
-        self.reservation.release()

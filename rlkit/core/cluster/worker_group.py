@@ -26,6 +26,7 @@ from rlkit.core.cluster.failures import (
 )
 from rlkit.core.cluster.phases import PhaseBoard, PhaseReporter, WorkerPlace
 from rlkit.core.cluster.ray_access import check_cluster, local_cluster_options, prepare_attach
+from rlkit.core.cluster.worker_env import worker_env
 from rlkit.errors import UserError
 from rlkit.recipes.schema import RLConfig
 
@@ -33,28 +34,6 @@ logger = logging.getLogger("rlkit.workers")
 POLL_S = 1.0           # how often a waiting controller looks at the phase board
 PROGRESS_EVERY_S = 30  # during start-up, a "still in phase X" line this often
 QUIET_PHASES = ("started", "idle")  # between phases: nothing to report
-
-WORKER_ENV = {
-    "VLLM_ENABLE_V1_MULTIPROCESSING": "0",
-    "TOKENIZERS_PARALLELISM": "false",
-    # vLLM logs every weight reload; the live metrics table is what a person watches.
-    "VLLM_LOGGING_LEVEL": "ERROR",
-    "TRANSFORMERS_VERBOSITY": "error",
-    # vLLM's CPU build (no effect on GPUs): a small KV cache instead of a share of all RAM,
-    # and no core pinning, so several workers on one host don't pin to the same cores.
-    "VLLM_CPU_KVCACHE_SPACE": "1",
-    "VLLM_CPU_OMP_THREADS_BIND": "nobind",
-}
-# NVLink multicast (NVLS) in NCCL, torch symmetric memory and NVSHMEM: set to off unless
-# trainer.nvlink_multicast, since on hosts without a working multicast fabric it fails or hangs.
-MULTICAST_OFF_ENV = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"}
-
-
-def worker_env(config: RLConfig) -> dict[str, str]:
-    """Environment of every worker: rlkit's settings, then the caller's VLLM_*/RLKIT_* variables."""
-    env = {**WORKER_ENV, **({} if config.trainer.nvlink_multicast else MULTICAST_OFF_ENV)}
-    return {**env, **{k: v for k, v in os.environ.items() if k.startswith(("VLLM_", "RLKIT_"))}}
-
 
 def init_ray(config: RLConfig) -> None:
     if ray.is_initialized():
@@ -144,6 +123,10 @@ class WorkerGroup:
         if issubclass(worker_cls, PhaseReporter):
             self.board = ray.remote(num_cpus=0)(PhaseBoard).remote()
             self.call("attach_board", self.board, phase="start (worker processes)", startup=True)
+
+    @property
+    def size(self) -> int:
+        return len(self.actors)
 
     def call(self, method: str, *args: Any, phase: str | None = None, per_rank: Sequence[tuple] | None = None,
              startup: bool = False) -> list[Any]:
@@ -242,3 +225,31 @@ def groups_per_device(config: RLConfig) -> int:
     """Worker groups sharing each device: the policy group, and the critic group when there is one."""
     return 2 if config.critic_enabled else 1
 
+
+
+class RayBackend:
+    """trainer.workers=ray (rlkit.core.cluster.backend): the Ray cluster (started, or the one at RAY_ADDRESS)
+    and every device of the run reserved at once; groups take slices of the reservation."""
+
+    def __init__(self, config: RLConfig) -> None:
+        self.config = config
+        try:
+            init_ray(config)
+            self.reservation = DeviceReservation(config)
+        except BaseException:  # a cluster too small, no devices free: leave no Ray session behind
+            ray.shutdown()
+            raise
+
+    def group(self, worker_cls: type, *args: Any, name: str, first: int = 0, count: int | None = None,
+              colocate_with: WorkerGroup | None = None) -> WorkerGroup:
+        count = self.config.world_size if count is None else count
+        slots = None if colocate_with is not None else self.reservation.slots[first:first + count]
+        return WorkerGroup(worker_cls, self.config, *args, name=name, colocate_with=colocate_with,
+                           reservation=self.reservation, slots=slots)
+
+    def shutdown(self) -> None:
+        """Every actor of the run ends with the Ray session (the driver's actors die with it)."""
+        try:
+            self.reservation.release()
+        finally:
+            ray.shutdown()

@@ -1,7 +1,7 @@
 """The controller: one process that holds the RL dataflow as plain Python.
 
-`Controller.step` reads like the dataflow (docs/architecture.md); workers (Ray actors) do the heavy
-passes, the controller does the cheap, visible math (rewards -> advantages).
+`Controller.step` reads like the dataflow (docs/architecture.md); workers (Ray actors, or objects in
+this process: trainer.workers) do the heavy passes, the controller does the cheap, visible math (rewards -> advantages).
 """
 
 from __future__ import annotations
@@ -25,9 +25,9 @@ from rlkit.core.algos.kl import (
 from rlkit.core.algos.phase_plan import phase_plan
 from rlkit.core.algos.update_inputs import UpdateInputs
 from rlkit.core.batch import Batch, shard_minibatches
+from rlkit.core.cluster.backend import Backend, Group, start_backend
 from rlkit.core.cluster.failures import WorkerFailure, checkpoint_write_failure
 from rlkit.core.cluster.placement import Placement
-from rlkit.core.cluster.worker_group import WorkerGroup, init_ray
 from rlkit.core.controller import invariants
 from rlkit.core.controller.preflight import RunInputs, check_inputs
 from rlkit.core.data.dataset import PromptSampler
@@ -75,22 +75,22 @@ class Controller:
             logger.warning(WEAK_SANDBOX_WARNING)
         self.scorer = RewardScorer(config.reward)
         self.recorder = RolloutRecorder.for_run(config, run.path)  # trainer.record_rollouts
+        backend: Backend | None = None
         try:
-            init_ray(config)
-            self.placement = Placement(config, self.model_path)
+            self.backend = backend = start_backend(config)
+            self.placement = Placement(config, self.model_path, backend)
             self.workers = self.placement.train
             self.setup_info = self.placement.setup()
             self.fast_paths = self.setup_info[0]["fast_paths"]  # the same on every rank
             # The critic and every checkpoint's config take the budget the workers resolved from "auto".
             config.actor.micro_batch_tokens = self.fast_paths.micro_batch_tokens
-            self.critic = start_critic_group(config, self.model_path, self.workers)
+            self.critic = start_critic_group(config, self.model_path, self.workers, backend)
             source_cls = SyncRolloutSource if config.rollout.mode == "sync" else AsyncRolloutSource
             self.source = source_cls(config, self.rows, sampler, self.tokenizer, self.scorer, self.placement)
         except BaseException:  # a worker that died or hung in start-up, or Ctrl-C: stop what did start
-            import ray
-
             self.scorer.close()
-            ray.shutdown()  # with it every actor this run started
+            if backend is not None:
+                backend.shutdown()  # with it every worker this run started
             raise
         self.plan = phase_plan(config)
         self.completed_steps = 0  # the run loop advances it; a checkpoint saves this step
@@ -218,7 +218,7 @@ class Controller:
                 "perf/response_tokens": float(batch["response_mask"].sum())}
 
     # -- checkpoints (layout and atomic writes: rlkit.core.state.checkpoint) -------------------
-    def checkpoint_groups(self) -> dict[str, WorkerGroup]:
+    def checkpoint_groups(self) -> dict[str, Group]:
         """Worker groups whose sharded state a checkpoint holds, by sub-folder name."""
         return {"policy": self.workers, **({"critic": self.critic} if self.critic is not None else {})}
 
@@ -241,16 +241,14 @@ class Controller:
         self.completed_steps = state["step"]
 
     def close(self) -> None:
-        import ray
-
         self.scorer.close()
         if self.critic is not None:
             self.critic.shutdown()
         self.placement.shutdown()
-        ray.shutdown()
+        self.backend.shutdown()
 
 
-def save_run_checkpoint(config: RLConfig, run: RunDir, step: int, reason: str, groups: dict[str, WorkerGroup],
+def save_run_checkpoint(config: RLConfig, run: RunDir, step: int, reason: str, groups: dict[str, Group],
                         trainer_state: dict[str, Any]) -> Path:
     """Step `step`'s checkpoint, written atomically: each group's shards in its sub-folder, the
     controller's state and RNG, the config; a failed write names the path and frees its space."""
@@ -271,7 +269,7 @@ def save_run_checkpoint(config: RLConfig, run: RunDir, step: int, reason: str, g
         raise checkpoint_write_failure(tmp, step, exc, checkpoint.last_checkpoint_bytes(run.path)) from None
 
 
-def worker_log_probs(workers: WorkerGroup, batch: Batch, which: str, world: int) -> dict[str, torch.Tensor]:
+def worker_log_probs(workers: Group, batch: Batch, which: str, world: int) -> dict[str, torch.Tensor]:
     """Per-token log-probs (and entropy) of the batch's responses under the actor or the reference
     (`which`), each of the `world` ranks computing its equal share."""
     results = workers.call("compute_log_probs", per_rank=[(s, which) for s in batch.chunk(world)],
@@ -279,7 +277,7 @@ def worker_log_probs(workers: WorkerGroup, batch: Batch, which: str, world: int)
     return {k: torch.cat([r[k] for r in results]) for k in results[0]}
 
 
-def load_worker_shards(ckpt: checkpoint.Checkpoint, dataset_rows: int, groups: dict[str, WorkerGroup]) -> None:
+def load_worker_shards(ckpt: checkpoint.Checkpoint, dataset_rows: int, groups: dict[str, Group]) -> None:
     """Every group's shards (weights, optimizer, schedule, RNG) from `ckpt`, trained on the same data."""
     if ckpt.state["dataset_rows"] != dataset_rows:
         raise UserError(f"the training data changed: checkpoint {ckpt.path.name} was trained on "

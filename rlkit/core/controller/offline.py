@@ -18,7 +18,7 @@ from typing import Any
 import torch
 
 from rlkit.core.batch import Batch, pad_to_ranks, shard_minibatches
-from rlkit.core.cluster.worker_group import DeviceReservation, WorkerGroup, init_ray
+from rlkit.core.cluster.backend import Backend, start_backend
 from rlkit.core.controller.controller import (
     load_worker_shards,
     save_run_checkpoint,
@@ -41,8 +41,6 @@ class OfflineController:
 
     def __init__(self, config: RLConfig, run: RunDir, inputs: RunInputs) -> None:
         """`inputs`: the rows the preflight checks loaded and tokenized (rlkit.core.controller.preflight)."""
-        import ray
-
         self.config, self.run = config, run
         self.model_path, self.tokenizer = inputs.model_path, inputs.tokenizer
         self.rows, self.val_rows = inputs.rows, inputs.val_rows
@@ -50,16 +48,17 @@ class OfflineController:
         self.pad_id = self.tokenizer.pad_token_id or 0
         self.sampler = PromptSampler(len(self.rows), config.data.train_batch_size, seed=config.trainer.seed,
                                      shuffle=config.data.shuffle)
+        backend: Backend | None = None
         try:
-            init_ray(config)
-            self.workers = WorkerGroup(PolicyWorker, config, self.model_path, name="worker",
-                                       reservation=DeviceReservation(config))
+            self.backend = backend = start_backend(config)
+            self.workers = backend.group(PolicyWorker, self.model_path, name="worker")
             master = self.workers.call("address", phase="address")[0]
             setup = self.workers.call("setup", *master, False, phase="setup (model load)", startup=True)
             self.fast_paths = setup[0]["fast_paths"]  # the same on every rank
             config.actor.micro_batch_tokens = self.fast_paths.micro_batch_tokens  # checkpoints keep the resolved budget
         except BaseException:  # a worker that died or hung in start-up, or Ctrl-C: stop what did start
-            ray.shutdown()
+            if backend is not None:
+                backend.shutdown()
             raise
         self.completed_steps = 0  # the run loop advances it; a checkpoint saves this step
 
@@ -127,7 +126,5 @@ class OfflineController:
         self.completed_steps = ckpt.state["step"]
 
     def close(self) -> None:
-        import ray
-
         self.workers.shutdown()
-        ray.shutdown()
+        self.backend.shutdown()

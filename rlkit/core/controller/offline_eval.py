@@ -119,7 +119,7 @@ def evaluate_offline(target: EvalTarget, *, data: list[str] | None = None,
 def start_engine(target: EvalTarget) -> RolloutEngine:
     """config.rollout.name's engine in this process, set up as a training worker sets up its own, holding
     the checkpoint's policy when the target has one."""
-    from rlkit.core.cluster.worker_group import worker_env
+    from rlkit.core.cluster.worker_env import worker_env
     from rlkit.core.rollout.engines import make_engine
     from rlkit.core.train import fsdp
 

@@ -80,9 +80,7 @@ def replay_config(run: RunDir, step: int, overrides: list[str]) -> tuple[RLConfi
 
 def replay_step(run_id: str, step: int, overrides: list[str], runs_dir: str | Path = "runs") -> Replay:
     """Run step `step`'s actor update again; compare its metrics with the recorded ones."""
-    import ray
-
-    from rlkit.core.cluster.worker_group import DeviceReservation, WorkerGroup, init_ray
+    from rlkit.core.cluster.backend import start_backend
     from rlkit.core.train.policy_worker import PolicyWorker
 
     run = RunDir.open(run_id, runs_dir)
@@ -94,10 +92,9 @@ def replay_step(run_id: str, step: int, overrides: list[str], runs_dir: str | Pa
     if missing:
         raise UserError(f"the recorded batch of step {step} has no {', '.join(missing)}, which these settings need "
                         "(the run did not compute them); replay without the overrides that ask for them")
-    init_ray(config)
+    backend = start_backend(config)
     try:
-        group = WorkerGroup(PolicyWorker, config, resolve_model_path(config.model.path), name="worker",
-                            reservation=DeviceReservation(config))
+        group = backend.group(PolicyWorker, resolve_model_path(config.model.path), name="worker")
         master = group.call("address", phase="address")[0]
         group.call("setup", *master, False, phase="setup (model load)", startup=True)
         if ckpt is not None:
@@ -106,7 +103,7 @@ def replay_step(run_id: str, step: int, overrides: list[str], runs_dir: str | Pa
         updater.config, updater.workers = config, group
         replayed = updater.update_actor(record.batch, UpdateInputs.for_step(config, step))
     finally:
-        ray.shutdown()  # with it the workers and their reservation
+        backend.shutdown()  # with it the workers
     start = f"checkpoint {ckpt.path.name}" if ckpt else "the base model (step 1)"
     return Replay(step, {k: v for k, v in record.metrics.items() if k in replayed or k in COMPARED},
                   replayed, changed, start)

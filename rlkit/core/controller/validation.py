@@ -45,7 +45,7 @@ from rlkit.recipes.reward_schema import RewardConfig
 from rlkit.recipes.schema import RLConfig, TrainerConfig
 
 if TYPE_CHECKING:  # only the run loop generates on worker groups, only `rlkit eval` on an engine here
-    from rlkit.core.cluster.worker_group import WorkerGroup
+    from rlkit.core.cluster.backend import Group
     from rlkit.core.rollout.base import RolloutEngine
 
 GenerateFn = Callable[[list[PromptRow], Sampling], list[Trajectory]]
@@ -200,13 +200,13 @@ def write_generations(path: Path, records: list[dict[str, Any]]) -> None:
     os.replace(tmp, path)
 
 
-def workers_episodes(group: WorkerGroup) -> GenerateFn:
+def workers_episodes(group: Group) -> GenerateFn:
     """Episodes over a worker group's engines (`validation_episodes`: the workers' RNG states are left
     as they were): contiguous slices of the rows, one per rank, each with the seed that keeps sample j
     of row p on seed + p * n + j."""
 
     def generate(rows: list[PromptRow], sampling: Sampling) -> list[Trajectory]:
-        world = len(group.actors)
+        world = group.size
         bounds = [(len(rows) * r // world, len(rows) * (r + 1) // world) for r in range(world)]
         per_rank = [(rows[a:b], list(range(a, b)), replace(sampling, seed=sampling.seed + a * sampling.n))
                     for a, b in bounds]
@@ -244,7 +244,7 @@ def scorer_score(scorer: RewardScorer) -> ScoreFn:
 
 
 def training_evaluator(config: RLConfig, run_path: Path, tokenizer: Any, scorer: RewardScorer,
-                       rollout: WorkerGroup) -> Evaluator | None:
+                       rollout: Group) -> Evaluator | None:
     """The run's validation over its rollout workers, or None when it has no validation prompts."""
     files = prepare_val_files(config, run_path)
     if not files:

@@ -11,7 +11,6 @@ from __future__ import annotations
 import time
 from typing import Any, Iterable
 
-import ray
 import torch
 
 from rlkit.core.agents.worker import AgentEpisodes
@@ -37,6 +36,8 @@ class RolloutWorker(DeviceWorker, AgentEpisodes):
         self.sync_probe = SyncProbe()
         self.phase = "idle"
         self.idle_since = time.perf_counter()  # when the last call ended: the rollout's idle time starts there
+        import ray  # a rollout worker is always a Ray actor (split placement); the module is imported without Ray
+
         return {"rank": self.rank, "node_id": ray.get_runtime_context().get_node_id()}
 
     def generate(self, prompts: list[list[int]], sampling: Sampling) -> list[RolloutSample]:
@@ -72,6 +73,8 @@ class RolloutWorker(DeviceWorker, AgentEpisodes):
 
     def load_weights(self, bucket_refs: list) -> dict[str, float]:
         """Load the weights training rank 0 put into Ray's object store (rollout.weight_sync=object_store)."""
+        import ray
+
         return self._load("load_weights", ((name, tensor.to(self.device))
                                            for ref in bucket_refs for name, tensor in ray.get(ref)))
 

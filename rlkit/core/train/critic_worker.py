@@ -1,9 +1,10 @@
-"""The critic worker: one per device, a Ray actor holding its FSDP2 shard of a value model.
+"""The critic worker: one per device, a worker (a Ray actor, or an object in the controller's process) holding
+its FSDP2 shard of a value model.
 
 The value model is the policy's base model with a one-output head on every token
-(AutoModelForTokenClassification, num_labels=1). Its actors are processes of their own, so
+(AutoModelForTokenClassification, num_labels=1). Its Ray actors are processes of their own, so
 they form their own torch.distributed group (own master port), colocated with the policy
-workers rank by rank (WorkerGroup colocate_with).
+workers rank by rank (Backend.group colocate_with); in-process, it shares the process's world of one.
 """
 
 from __future__ import annotations
@@ -14,8 +15,8 @@ import torch
 
 from rlkit.core.algos.losses import aggregate_loss, value_loss
 from rlkit.core.batch import Batch
+from rlkit.core.cluster.backend import Backend, Group
 from rlkit.core.cluster.device_worker import DeviceWorker
-from rlkit.core.cluster.worker_group import WorkerGroup
 from rlkit.core.state import shards as checkpoint_shards
 from rlkit.core.train import fast_paths, fsdp, packing
 from rlkit.core.train.learner import micro_batches, optimize
@@ -86,11 +87,11 @@ class CriticWorker(DeviceWorker):
         checkpoint_shards.load_shards(folder, self.rank, model=self.model.module, optimizer=self.model.optimizer)
 
 
-def start_critic_group(config: RLConfig, model_path: str, policy: WorkerGroup) -> WorkerGroup | None:
+def start_critic_group(config: RLConfig, model_path: str, policy: Group, backend: Backend) -> Group | None:
     """The critic workers beside `policy`, set up and ready; None when the run has no critic."""
     if not config.critic_enabled:
         return None
-    group = WorkerGroup(CriticWorker, config, model_path, name="critic", colocate_with=policy)
+    group = backend.group(CriticWorker, model_path, name="critic", colocate_with=policy)
     master = group.call("address", phase="critic address")[0]
     group.call("setup", *master, phase="critic setup (model load)", startup=True)
     return group
