@@ -131,6 +131,8 @@ class _Group:
 
 
 class _Worker(AgentEpisodes):
+    rank = 0  # reported with its phases
+
     def __init__(self, config, model_path, engine) -> None:
         self.config, self.model_path, self.engine = config, model_path, engine
 

@@ -144,7 +144,7 @@ def test_validation_episodes_put_the_workers_rng_back() -> None:
             pass
 
     class Worker(AgentEpisodes):
-        config, engine = load_config("grpo-demo"), Engine()
+        config, engine, rank = load_config("grpo-demo"), Engine(), 0
 
         def wake_engine(self) -> None:
             pass

@@ -16,6 +16,7 @@ from rlkit.core.agents.envs import env_factory, load_env_class
 from rlkit.core.agents.guard import Guard
 from rlkit.core.agents.loop import AgentLoop, Limits
 from rlkit.core.agents.tool_env import ToolEnv, load_tools
+from rlkit.core.cluster.phases import PhaseReporter, in_phase
 from rlkit.core.rollout.trajectory import Trajectory
 from rlkit.core.state.shards import rng_state, set_rng_state
 
@@ -55,18 +56,17 @@ def run_episodes(engine: RolloutEngine, loop: AgentLoop | ClientAgentLoop | None
     return [Trajectory.single_turn(rows[s.prompt_index], groups[s.prompt_index], s) for s in samples]
 
 
-class AgentEpisodes:
-    """Mixed into a worker that has `engine`, `config`, `model_path` and `phase`."""
+class AgentEpisodes(PhaseReporter):
+    """Mixed into a worker that has `engine`, `config`, `model_path` and `rank`."""
 
     _agent_loop: AgentLoop | ClientAgentLoop | None = None
 
+    @in_phase("generate/agent")
     def agent_episodes(self, rows: list[Any], groups: list[int], sampling: Sampling) -> list[Trajectory]:
         """sampling.n episodes per row, run turn by turn on this worker's engine."""
-        self.phase = "generate/agent"
         self.wake_engine()  # type: ignore[attr-defined]
         trajectories = self.agent_loop().run(self.engine, rows, groups, sampling)
         self.engine.sleep()
-        self.phase = "idle"
         return trajectories
 
     def validation_episodes(self, rows: list[Any], groups: list[int], sampling: Sampling) -> list[Trajectory]:
@@ -76,15 +76,14 @@ class AgentEpisodes:
         if not rows:  # fewer validation prompts than ranks
             return []
         state = rng_state()
-        self.phase = "validation"
-        self.wake_engine()  # type: ignore[attr-defined]
-        try:
-            loop = None if self.config.rollout.agent.loop == "single_turn" else self.agent_loop()
-            return run_episodes(self.engine, loop, rows, groups, sampling)
-        finally:
-            self.engine.sleep()
-            set_rng_state(state)
-            self.phase = "idle"
+        with self.reporting("validation"):
+            self.wake_engine()  # type: ignore[attr-defined]
+            try:
+                loop = None if self.config.rollout.agent.loop == "single_turn" else self.agent_loop()
+                return run_episodes(self.engine, loop, rows, groups, sampling)
+            finally:
+                self.engine.sleep()
+                set_rng_state(state)
 
     def agent_loop(self) -> AgentLoop | ClientAgentLoop:
         """This worker's agent loop, built on first use."""

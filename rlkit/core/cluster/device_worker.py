@@ -8,7 +8,7 @@ import socket
 import torch
 import torch.distributed as dist
 
-from rlkit.core.cluster.phases import PhaseReporter
+from rlkit.core.cluster.phases import PhaseReporter, in_phase
 from rlkit.recipes.schema import RLConfig
 
 
@@ -37,9 +37,12 @@ class DeviceWorker(PhaseReporter):
         """Every group of workers (policy, critic) is its own torch.distributed world, each Ray actor being a
         process of its own. In-process workers (trainer.workers=in_process) share their process's world of one:
         the group that joins first starts it, a colocated critic finds it started."""
-        self.phase = "setup/process-group"
         if dist.is_initialized() and dist.get_world_size() == self.world_size == 1:
             return
+        self._join(master_addr, master_port)
+
+    @in_phase("setup/process-group")
+    def _join(self, master_addr: str, master_port: int) -> None:
         os.environ.update(MASTER_ADDR=master_addr, MASTER_PORT=str(master_port), RANK=str(self.rank),
                           WORLD_SIZE=str(self.world_size), LOCAL_RANK="0")
         if self.use_cuda:

@@ -8,11 +8,13 @@ died or stopped answering.
 
 from __future__ import annotations
 
+import functools
 import os
 import socket
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Callable, Iterator, TypeVar
 
 from rlkit.core.cluster import faults
 
@@ -46,8 +48,23 @@ class PhaseBoard:
                 for rank, (host, pid, phase, since) in self.entries.items()}
 
 
+Method = TypeVar("Method", bound=Callable[..., Any])
+
+
+def in_phase(name: str) -> Callable[[Method], Method]:
+    """A worker method that runs as phase `name` (`PhaseReporter.reporting`): the one way methods mark theirs."""
+    def decorate(method: Method) -> Method:
+        @functools.wraps(method)
+        def run(self: PhaseReporter, *args: Any, **kwargs: Any) -> Any:
+            with self.reporting(name):
+                return method(self, *args, **kwargs)
+        return run  # type: ignore[return-value]
+    return decorate
+
+
 class PhaseReporter:
-    """Mixin for worker classes: assigning `self.phase` posts it to the board.
+    """Mixin for worker classes: a method marked `@in_phase(name)`, or a block `with self.reporting(name)`,
+    posts its phase to the board, and idle when it returns.
 
     Entering a phase is also the fault-injection point `worker<rank>.<phase>` (rlkit.core.cluster.faults).
     """
@@ -61,6 +78,14 @@ class PhaseReporter:
         self._board = board
         self.phase = "started"
         return {"rank": self.rank, "host": socket.gethostname(), "pid": os.getpid()}
+
+    @contextmanager
+    def reporting(self, name: str) -> Iterator[None]:
+        """Phase `name` while the block runs, then idle. A block that raises leaves `name` on the board, so a
+        failure message says where the worker was."""
+        self.phase = name
+        yield
+        self.phase = IDLE
 
     @property
     def phase(self) -> str:

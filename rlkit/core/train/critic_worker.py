@@ -17,6 +17,7 @@ from rlkit.core.algos.losses import aggregate_loss, value_loss
 from rlkit.core.batch import Batch
 from rlkit.core.cluster.backend import Backend, Group
 from rlkit.core.cluster.device_worker import DeviceWorker
+from rlkit.core.cluster.phases import in_phase
 from rlkit.core.state import shards as checkpoint_shards
 from rlkit.core.train import fast_paths, fsdp, packing
 from rlkit.core.train.learner import micro_batches, optimize
@@ -33,8 +34,8 @@ class CriticWorker(DeviceWorker):
     def setup(self, master_addr: str, master_port: int) -> dict[str, Any]:
         self.join_process_group(master_addr, master_port)
         cfg = self.config
-        self.phase = "setup/load-models"
-        self.model = build_critic(cfg, self.model_path, self.device)
+        with self.reporting("setup/load-models"):
+            self.model = build_critic(cfg, self.model_path, self.device)
         # The policy workers sized an auto budget for this device, the critic included (the controller
         # passes it on in the config); on CPU auto is the CPU default.
         self.micro_batch_tokens = fast_paths.resolve(cfg, self.device.type).micro_batch_tokens
@@ -49,25 +50,24 @@ class CriticWorker(DeviceWorker):
         return packed.scatter(fsdp.packed_outputs(self.model.module, packed).squeeze(-1).float()), mb.to(self.device)
 
     @torch.no_grad()
+    @in_phase("compute_values")
     def compute_values(self, batch: Batch) -> torch.Tensor:
         """[B, R] values of the batch's response positions, 0 on padding."""
-        self.phase = "compute_values"
         self.model.module.eval()
         values = torch.zeros(batch["responses"].shape)
         for rows in micro_batches(batch, self.micro_batch_tokens):
             values[rows] = self._values(batch.select(rows))[0].cpu()
         return values * batch["response_mask"]
 
+    @in_phase("update_critic")
     def update_critic(self, minibatches: list[Batch], norms: list[dict[str, float]]) -> dict[str, float]:
         """One optimizer step per mini-batch on the clipped value loss (token-mean over the mini-batch).
 
         Batches carry `values` (the critic's values at rollout time, the clip's anchor) and
         `returns` (the targets). Metrics are global: summed over micro-batches, all-reduced over ranks.
         """
-        self.phase = "update_critic"
         totals = optimize(self.model, minibatches, norms, self._micro_step, grad_clip=self.config.critic.grad_clip,
                           micro_batch_tokens=self.micro_batch_tokens, per_update=("vf_loss",))
-        self.phase = "idle"
         return {f"critic/{k}": v for k, v in totals.items()}
 
     def _micro_step(self, mb: Batch, norm: dict[str, float]) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:

@@ -19,6 +19,7 @@ import torch
 from rlkit.core.algos.preference import PREFERENCE_METRICS
 from rlkit.core.algos.sft import sft_loss
 from rlkit.core.batch import Batch
+from rlkit.core.cluster.phases import in_phase
 from rlkit.core.train import fsdp, packing
 from rlkit.core.train.learner import all_reduce_sums, micro_batches, optimize
 from rlkit.core.train.logprobs import selected_log_probs
@@ -45,22 +46,21 @@ class OfflineUpdates:
     fast_paths: Any
     phase: str
 
+    @in_phase("update_offline")
     def update_offline(self, minibatches: list[Batch], norms: list[dict[str, float]]) -> dict[str, float]:
         """One optimizer step per mini-batch; global metrics, the same on every rank."""
-        self.phase = "update_offline"
         step = OFFLINE_STEPS[self.config.objective]
         totals = optimize(self.model, minibatches, norms, getattr(self, step.method),
                           grad_clip=self.config.actor.grad_clip, micro_batch_tokens=self.fast_paths.micro_batch_tokens,
                           per_update=step.means, group=self.config.micro_batch_group)
-        self.phase = "idle"
         return {k if "/" in k else f"actor/{k}": v for k, v in totals.items()}
 
     @torch.no_grad()
+    @in_phase("evaluate_offline")
     def evaluate_offline(self, batch: Batch, norm: dict[str, float]) -> dict[str, float]:
         """The loss (and the step's other `means`) of this rank's share of a held-out set whose counts
         are `norm`, summed over ranks; other metric sums divided by its tokens (keys as the micro-step
         names them)."""
-        self.phase = "evaluate_offline"
         self.model.module.eval()  # no dropout; the next update switches back to train()
         step = OFFLINE_STEPS[self.config.objective]
         micro_step = getattr(self, step.method)
@@ -71,7 +71,6 @@ class OfflineUpdates:
                 sums[key] = sums.get(key, 0.0) + value.detach().double().cpu()
         totals = all_reduce_sums(sums)
         tokens = max(totals.pop("tokens"), 1.0)
-        self.phase = "idle"
         return {k: v if k in step.means else v / tokens for k, v in totals.items()}
 
     def _sft_micro_step(self, mb: Batch, norm: dict[str, float]) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:

@@ -26,6 +26,7 @@ from rlkit.core.algos.losses import (
 from rlkit.core.algos.update_inputs import UpdateInputs
 from rlkit.core.batch import Batch
 from rlkit.core.cluster.device_worker import DeviceWorker
+from rlkit.core.cluster.phases import in_phase
 from rlkit.core.cluster.weight_transfer import TensorSpec, TransferGroup, WeightSender
 from rlkit.core.rewards.reward_model import RewardModel
 from rlkit.core.rollout.base import RolloutSample, Sampling
@@ -58,21 +59,20 @@ class PolicyWorker(DeviceWorker, AgentEpisodes, OfflineUpdates):
         self.join_process_group(master_addr, master_port)
         self._seed(self.config.trainer.seed)
         cfg = self.config
-        self.phase = "setup/load-models"
-        self.dtype = fsdp.compute_dtype(cfg.model.dtype, self.device)
-        self.model = build_policy(cfg, self.model_path, self.device)
-        self.reward_model = RewardModel(
-            resolve_model_path(cfg.reward_model.path), device=self.device, max_length=cfg.reward_model.max_length,
-            micro_batch_size=cfg.reward_model.micro_batch_size) if cfg.reward_model.path else None
-        # Sized before the engine takes its share: during the update the engine sleeps.
-        self.fast_paths = fast_paths.resolve(cfg, self.device.type, sized=self._size_micro_batches())
-        self.phase = "setup/rollout-engine"
-        # Split placement: rollout workers on other devices hold the engine (rlkit.core.cluster.placement).
-        self.engine = make_engine(cfg, self.model_path, device=self.device, dtype=self.dtype,
-                                  seed=cfg.trainer.seed + self.rank,
-                                  sleep_mode=True) if cfg.rollout.placement == "colocated" and with_engine else None
-        self.sync_probe = SyncProbe()
-        self.phase = "idle"
+        with self.reporting("setup/load-models"):
+            self.dtype = fsdp.compute_dtype(cfg.model.dtype, self.device)
+            self.model = build_policy(cfg, self.model_path, self.device)
+            self.reward_model = RewardModel(
+                resolve_model_path(cfg.reward_model.path), device=self.device, max_length=cfg.reward_model.max_length,
+                micro_batch_size=cfg.reward_model.micro_batch_size) if cfg.reward_model.path else None
+            # Sized before the engine takes its share: during the update the engine sleeps.
+            self.fast_paths = fast_paths.resolve(cfg, self.device.type, sized=self._size_micro_batches())
+        with self.reporting("setup/rollout-engine"):
+            # Split placement: rollout workers on other devices hold the engine (rlkit.core.cluster.placement).
+            self.engine = make_engine(cfg, self.model_path, device=self.device, dtype=self.dtype,
+                                      seed=cfg.trainer.seed + self.rank,
+                                      sleep_mode=True) if cfg.rollout.placement == "colocated" and with_engine else None
+            self.sync_probe = SyncProbe()
         return {"rank": self.rank, "shards": fsdp.shard_numels(self.model.module), "fast_paths": self.fast_paths}
 
     def _size_micro_batches(self) -> tuple[int, float] | None:
@@ -101,18 +101,17 @@ class PolicyWorker(DeviceWorker, AgentEpisodes, OfflineUpdates):
         torch.manual_seed(seed + self.rank)
 
     # -- rollout ------------------------------------------------------------------------
+    @in_phase("generate")
     def generate(self, prompts: list[list[int]], sampling: Sampling) -> list[RolloutSample]:
-        self.phase = "generate"
         self.wake_engine()
         samples = self.engine.generate(prompts, sampling)
         self.sync_probe.record(prompts, samples)
         self.engine.sleep()
-        self.phase = "idle"
         return samples
 
+    @in_phase("sync_weights")
     def sync_weights(self) -> dict[str, float]:
         """Stream full tensors from the FSDP2 shards into the engine, one parameter at a time."""
-        self.phase = "sync_weights"
         start, moved = time.perf_counter(), 0
         # A checked sync scores a sequence before and after loading: the whole engine must be awake.
         self.wake_engine(weights_only=not self.sync_probe.pending)
@@ -125,9 +124,9 @@ class PolicyWorker(DeviceWorker, AgentEpisodes, OfflineUpdates):
 
         checked = self.sync_probe.load(self.engine, weights(), fsdp.DTYPES[self.dtype])
         # The engine stays awake (weights only, no KV cache) until the next rollout's generate.
-        self.phase = "idle"
         return {"sync/bytes": float(moved), "sync/seconds": time.perf_counter() - start, **checked}
 
+    @in_phase("export_weights")
     def export_weights(self, bucket_bytes: int) -> list | None:
         """Split placement: full tensors in the rollout dtype, in object-store buckets (rank 0 returns their refs).
 
@@ -136,7 +135,6 @@ class PolicyWorker(DeviceWorker, AgentEpisodes, OfflineUpdates):
         """
         import ray
 
-        self.phase = "export_weights"
         refs, bucket, size = [], [], 0
         for name, tensor in self.model.engine_weights():
             if self.rank == 0:
@@ -147,7 +145,6 @@ class PolicyWorker(DeviceWorker, AgentEpisodes, OfflineUpdates):
                     bucket, size = [], 0
         if bucket:
             refs.append(ray.put(bucket))
-        self.phase = "idle"
         return refs if self.rank == 0 else None
 
     # -- weights to the rollout workers over a collective (split placement) -------------
@@ -164,47 +161,45 @@ class PolicyWorker(DeviceWorker, AgentEpisodes, OfflineUpdates):
                                   transfer_timeout_s=timeouts[1])
             self.weight_sender = WeightSender(group, specs, fsdp.DTYPES[self.dtype], bucket_bytes)
 
+    @in_phase("send_weights")
     def send_weights(self) -> None:
         """Gather the full tensors (every rank); rank 0 stages them and broadcasts them in the background."""
-        self.phase = "send_weights"
         items = self.model.engine_weights()
         if self.rank == 0:
             self.weight_sender.send(items)
         else:
             for _ in items:  # each gather is a collective: every rank takes part
                 pass
-        self.phase = "idle"
 
     # -- passes over a batch ------------------------------------------------------------
     @torch.no_grad()
+    @in_phase("reward_model")
     def reward_model_scores(self, batch: Batch) -> torch.Tensor:
         """The reward model's score of each (prompt + response) in this worker's shard."""
-        self.phase = "reward_model"
         mask = batch["attention_mask"].bool()
         sequences = [ids[row_mask].tolist() for ids, row_mask in zip(batch["input_ids"], mask)]
         scores = self.reward_model.score(sequences).float().cpu()
-        self.phase = "idle"
         return scores
 
     @torch.no_grad()
     def compute_log_probs(self, batch: Batch, which: str = "actor") -> dict[str, torch.Tensor]:
         """Per-token log-probs (and entropy, for the actor) of the batch's responses."""
-        self.phase = f"log_probs/{which}"
-        self.model.module.eval()  # the update switches it back to train()
-        log_probs = torch.zeros(batch["responses"].shape)
-        entropy = torch.zeros(batch["responses"].shape)
-        with self.model.reference() if which == "ref" else nullcontext(self.model.module) as model:
-            for rows in micro_batches(batch, self.fast_paths.micro_batch_tokens):
-                packed = packing.pack(batch.select(rows)).to(self.device)
-                logits = fsdp.packed_outputs(model, packed)
-                lp, ent = selected_log_probs(logits, packed.targets, self.config.log_prob_temperature,
-                                             with_entropy=which == "actor")
-                log_probs[rows] = packed.scatter(lp).cpu()
-                entropy[rows] = packed.scatter(ent).cpu()
-        mask = batch["response_mask"]
-        self.phase = "idle"
+        with self.reporting(f"log_probs/{which}"):
+            self.model.module.eval()  # the update switches it back to train()
+            log_probs = torch.zeros(batch["responses"].shape)
+            entropy = torch.zeros(batch["responses"].shape)
+            with self.model.reference() if which == "ref" else nullcontext(self.model.module) as model:
+                for rows in micro_batches(batch, self.fast_paths.micro_batch_tokens):
+                    packed = packing.pack(batch.select(rows)).to(self.device)
+                    logits = fsdp.packed_outputs(model, packed)
+                    lp, ent = selected_log_probs(logits, packed.targets, self.config.log_prob_temperature,
+                                                 with_entropy=which == "actor")
+                    log_probs[rows] = packed.scatter(lp).cpu()
+                    entropy[rows] = packed.scatter(ent).cpu()
+            mask = batch["response_mask"]
         return {"log_probs": log_probs * mask, "entropy": entropy * mask}
 
+    @in_phase("update_actor")
     def update_actor(self, minibatches: list[Batch], norms: list[dict[str, float]],
                      inputs: UpdateInputs) -> dict[str, float]:
         """One optimizer step per mini-batch; `norms` are the whole mini-batch's token/sequence counts;
@@ -212,12 +207,10 @@ class PolicyWorker(DeviceWorker, AgentEpisodes, OfflineUpdates):
 
         Metrics are global (rlkit.core.train.learner): every worker returns the same numbers.
         """
-        self.phase = "update_actor"
         cfg = self.config.actor
         micro_step = functools.partial(self._micro_step, inputs=inputs)
         totals = optimize(self.model, minibatches, norms, micro_step, grad_clip=cfg.grad_clip,
                           micro_batch_tokens=self.fast_paths.micro_batch_tokens, per_update=("pg_loss", "kl_loss"))
-        self.phase = "idle"
         return {k if "/" in k else f"actor/{k}": v for k, v in totals.items()}
 
     def _micro_step(self, mb: Batch, norm: dict[str, float], *,
@@ -264,18 +257,16 @@ class PolicyWorker(DeviceWorker, AgentEpisodes, OfflineUpdates):
         return loss, sums
 
     # -- checkpoints (collective: every rank calls with the same folder) -----------------
+    @in_phase("save_checkpoint")
     def save_checkpoint(self, folder: str) -> None:
-        self.phase = "save_checkpoint"
         checkpoint_shards.save_shards(folder, self.rank, model=self.model.module, optimizer=self.model.optimizer,
                                       scheduler=self.model.scheduler)
-        self.phase = "idle"
 
+    @in_phase("load_checkpoint")
     def load_checkpoint(self, folder: str) -> None:
         """The actor, its optimizer, LR schedule and RNG; the reference stays the base model."""
-        self.phase = "load_checkpoint"
         checkpoint_shards.load_shards(folder, self.rank, model=self.model.module, optimizer=self.model.optimizer,
                                       scheduler=self.model.scheduler)
-        self.phase = "idle"
 
     # -- test and debugging hooks -------------------------------------------------------
     @torch.no_grad()
