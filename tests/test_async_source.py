@@ -71,13 +71,15 @@ def make_source(overrides: list[str], tokenizer) -> AsyncRolloutSource:
     return AsyncRolloutSource(config, rows, sampler, tokenizer, RewardScorer(config.reward), ScriptedSplitPlacement())
 
 
-def train(source: AsyncRolloutSource, steps: range) -> list[tuple]:
-    """The controller's loop around the source: take the step's batch, 'update', send the weights."""
+def train(source: AsyncRolloutSource, steps: range, warmup_steps: int = 0) -> list[tuple]:
+    """The controller's loop around the source: take the step's batch, update and send the weights
+    (not during critic warm-up: the actor is left as it is and nothing is sent)."""
     out = []
     for step in steps:
         batch, metrics = source.next_batch(step, {})
-        source.placement.trainer_version = step
-        metrics.update(source.sync_weights(step))
+        if step > warmup_steps:
+            source.placement.trainer_version = step
+            metrics.update(source.sync_weights(step))
         out.append((batch, metrics))
     return out
 
@@ -103,6 +105,23 @@ def test_the_batch_of_step_s_is_generated_with_version_s_minus_1_minus_lookahead
     calls = source.placement.calls
     assert calls[:1 + lookahead] == [("generate", 0)] * (1 + lookahead)
     assert calls[1 + lookahead:1 + lookahead + 2] == [("load", 1), ("generate", 1)]
+
+
+@pytest.mark.parametrize("mode, versions, weights, staleness", [
+    (["rollout.mode=one_step_off"], [0, 0, 1, 2, 3, 4, 5, 6], [0, 0, 0, 0, 3, 4, 5, 6], [0, 1, 1, 1, 1, 1, 1, 1]),
+    (["rollout.mode=async", "rollout.max_staleness=2"], [0, 0, 0, 1, 2, 3, 4, 5], [0, 0, 0, 0, 0, 3, 4, 5],
+     [0, 1, 2, 2, 2, 2, 2, 2])])
+def test_steps_that_leave_the_weights_as_they_are_still_advance_the_policy_version(mode, versions, weights, staleness,
+                                                                                   tokenizer):
+    """Critic warm-up: steps 1 and 2 update only the critic and send no weights. A version is the last
+    completed step all the same; counted by weight syncs instead, step 4 of max_staleness=2 trained a
+    batch 'version 0' with 'version 3' (staleness 3) although no update happened in between."""
+    source = make_source(mode, tokenizer)
+    trained = train(source, range(1, 9), warmup_steps=2)
+    assert [batch["policy_version"].tolist() for batch, _ in trained] == [[v] * 4 for v in versions]
+    # The engine held the last update's weights at or before that version: the same weights.
+    assert [(batch["responses"][:, 0] - 10).tolist() for batch, _ in trained] == [[w] * 4 for w in weights]
+    assert [metrics["rollout/staleness_max"] for _, metrics in trained] == staleness
 
 
 def test_the_batch_of_step_s_has_the_prompts_and_seeds_sync_mode_gives_step_s(tokenizer):

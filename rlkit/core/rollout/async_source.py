@@ -66,6 +66,7 @@ class AsyncRolloutSource(SyncRolloutSource):
 
     # -- the step's batch ---------------------------------------------------------------
     def next_batch(self, step: int, timing: dict[str, float]) -> tuple[Batch, dict[str, float]]:
+        self.policy_version = step - 1  # before submitting: see SyncRolloutSource.next_batch
         self.submit_through(step + self.lookahead)
         entry = self.queue.pop(0)
         if entry.step != step:

@@ -63,7 +63,7 @@ class SyncRolloutSource:
         self.config, self.rows, self.sampler = config, rows, sampler
         self.tokenizer, self.scorer, self.placement = tokenizer, scorer, placement
         self.pad_id = tokenizer.pad_token_id or 0
-        self.policy_version = 0  # the step whose update the engines hold (0: the base model); sync_weights advances it
+        self.policy_version = 0  # the last completed step: its weights are the engines' (0: the base model)
 
     def sync_weights(self, step: int) -> dict[str, float]:
         metrics = self.placement.sync_weights()
@@ -78,6 +78,9 @@ class SyncRolloutSource:
 
     # -- the step's batch ---------------------------------------------------------------
     def next_batch(self, step: int, timing: dict[str, float]) -> tuple[Batch, dict[str, float]]:
+        # The policy at step `step` is the weights after step - 1: its version, also when that step left them
+        # as they were (critic warm-up, no sync), so versions count steps and staleness never exceeds the schedule.
+        self.policy_version = step - 1
         batch, metrics = self.sample(step, timing)  # gen + reward, over several rounds with dynamic sampling
         if self.config.algorithm.adv_estimator == "remax":
             with timed(timing, "gen_baseline"):
