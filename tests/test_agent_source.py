@@ -25,9 +25,12 @@ class _Local:
     def __init__(self, loop, engine, size: int = 2) -> None:
         self.loop, self.engine, self.rollout_size, self.rollout = loop, engine, size, self
 
-    def call(self, method, per_rank, phase):
+    def submit(self, method, per_rank):
         assert method == "agent_episodes" and len(per_rank) == self.rollout_size
         return [self.loop.run(self.engine, part_rows, groups, sampling) for part_rows, groups, sampling in per_rank]
+
+    def collect(self, refs, phase):
+        return refs
 
 
 def _source(tokenizer, overrides, policy, answers):
