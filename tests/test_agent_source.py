@@ -25,9 +25,12 @@ class _Local:
     def __init__(self, loop, engine, size: int = 2) -> None:
         self.loop, self.engine, self.rollout_size, self.rollout = loop, engine, size, self
 
-    def call(self, method, per_rank, phase):
+    def submit(self, method, per_rank):
         assert method == "agent_episodes" and len(per_rank) == self.rollout_size
         return [self.loop.run(self.engine, part_rows, groups, sampling) for part_rows, groups, sampling in per_rank]
+
+    def collect(self, refs, phase):
+        return refs
 
 
 def _source(tokenizer, overrides, policy, answers):
@@ -36,7 +39,6 @@ def _source(tokenizer, overrides, policy, answers):
     data = rows(tokenizer, ["secret?"] * 4, answers)
     source = SyncRolloutSource(config, data, PromptSampler(4, 4, seed=0, shuffle=False), tokenizer,
                                RewardScorer(config.reward), _Local(build_agent_loop(config, tokenizer), ScriptedEngine(policy)))
-    source.policy_version = 3
     return source
 
 
@@ -49,9 +51,9 @@ def test_tool_episodes_are_scored_by_the_reward_function_on_the_policys_tokens(t
     call = tok.convert_tokens_to_ids(TOOL_CALL_TOKEN)
     # Call, then answer the digit the tool showed: right for rows whose secret it is.
     source = _source(tok, [], lambda ctx: ([call], False) if call not in ctx else ([ctx[-3]], False), ["1", "2", "3", "4"])
-    batch, metrics = source.next_batch(1, {})
+    batch, metrics = source.next_batch(4, {})
     assert batch["group_ids"].tolist() == [0, 0, 1, 1, 2, 2, 3, 3]
-    assert batch["policy_version"].tolist() == [3] * 8
+    assert batch["policy_version"].tolist() == [3] * 8  # the weights after step 3
     assert batch["scores"].tolist() == [1.0] * 8  # lookup_reward: the secret after a call
     assert source.decode_responses(batch)[0] == TOOL_CALL_TOKEN + "1"  # the tool's "1" is not the policy's
     assert metrics["agent/turns_mean"] == 2.0 and metrics["agent/env_errors"] == 0.0

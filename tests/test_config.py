@@ -229,10 +229,9 @@ def test_rollout_importance_weights_by_mode_and_keys(overrides, correction, ever
                                     "on devices of its own: set rollout.placement=split"),
     (["rollout.mode=async", *SPLIT, "actor.old_log_probs=rollout"],
      "actor.old_log_probs (command line): with rollout.mode=async the engine's log-probs come from an older policy"),
-    (["rollout.mode=async", *SPLIT, "algorithm.dynamic_sampling.enable=true"],
-     "dynamic sampling's extra rounds are not supported with rollout.mode=async yet"),
-    (["rollout.mode=one_step_off", *SPLIT, "algorithm.adv_estimator=remax"],
-     "remax's greedy baseline is not generated ahead with rollout.mode=one_step_off yet"),
+    (["rollout.mode=async", *SPLIT, "algorithm.adv_estimator=remax", "algorithm.dynamic_sampling.enable=true"],
+     "algorithm.dynamic_sampling.enable (command line): with rollout.mode=async, remax's greedy baseline is "
+     "generated ahead with the batch, not for the groups of dynamic sampling's extra rounds"),
     (["rollout.max_staleness=3"], "rollout.max_staleness (command line): has no effect: only rollout.mode=async "
                                   "reads it (mode is sync)"),
     (["rollout.weight_sync_timeout_s=9"], "rollout.weight_sync_timeout_s (command line): has no effect: only split "

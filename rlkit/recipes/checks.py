@@ -105,9 +105,6 @@ def check_config(config: RLConfig, origins: dict[str, str] | None = None, *, req
         fail("actor.rollout_is_cap" if actor.rollout_is_cap is not None else "actor.rollout_is",
              "with actor.old_log_probs=rollout the old and rollout log-probs are the same, "
              "so every weight is 1; use actor.old_log_probs=auto or recompute")
-    if rollout.mode != "sync" and rollout.agent.loop != "single_turn":
-        fail("rollout.mode", f"{rollout.mode} rollout runs single-turn completions only; multi-turn agent loops "
-             f"(rollout.agent.loop={rollout.agent.loop}) need rollout.mode=sync for now")
     if actor.rollout_is is None and actor.rollout_is_cap is not None:
         fail("actor.rollout_is_cap", "truncates importance weights that actor.rollout_is=off turns off; "
              "remove one of them")
@@ -170,12 +167,12 @@ def check_rollout_mode(config: RLConfig, fail: Callable[[str, str], None]) -> No
         fail("actor.old_log_probs", f"with rollout.mode={rollout.mode} the engine's log-probs come from an older "
              "policy than the one the update starts from; use auto or recompute (importance weights, "
              "actor.rollout_is, then correct for the gap)")
-    if algo.dynamic_sampling.enable:
-        fail("algorithm.dynamic_sampling.enable", f"dynamic sampling's extra rounds are not supported with "
-             f"rollout.mode={rollout.mode} yet; use rollout.mode=sync")
-    if estimator_needs(algo.adv_estimator).greedy_baseline:
-        fail("algorithm.adv_estimator", f"{algo.adv_estimator}'s greedy baseline is not generated ahead with "
-             f"rollout.mode={rollout.mode} yet; use rollout.mode=sync")
+    if algo.dynamic_sampling.enable and estimator_needs(algo.adv_estimator).greedy_baseline:
+        # The baseline is generated with its batch, ahead; the extra rounds' groups come later, from another
+        # policy version, and would need baselines of their own (docs/async.md).
+        fail("algorithm.dynamic_sampling.enable", f"with rollout.mode={rollout.mode}, {algo.adv_estimator}'s greedy "
+             "baseline is generated ahead with the batch, not for the groups of dynamic sampling's extra rounds; "
+             "turn one of them off or use rollout.mode=sync")
 
 
 def check_algorithm(config: RLConfig, origins: dict[str, str], fail: Callable[[str, str], None]) -> None:

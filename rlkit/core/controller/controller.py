@@ -224,8 +224,7 @@ class Controller:
 
     def save_checkpoint(self, reason: str) -> Path:
         """Checkpoint the last completed step atomically; `reason` (periodic, final, ...) is recorded."""
-        state = {**self.source.state_dict(), "policy_version": self.source.policy_version,
-                 "dataset_rows": len(self.rows),
+        state = {**self.source.state_dict(), "dataset_rows": len(self.rows),
                  "kl_coef": self.kl_ctrl.value, "rollout_seed": self.config.trainer.seed,
                  "world_size": self.config.world_size, "total_steps": self.config.trainer.total_steps}
         return save_run_checkpoint(self.config, self.run, self.completed_steps, reason, self.checkpoint_groups(), state)
@@ -234,7 +233,7 @@ class Controller:
         """Restore every worker's shards, RNG and schedule, then the data position, KL coefficient, step."""
         state = ckpt.state
         load_worker_shards(ckpt, len(self.rows), self.checkpoint_groups())
-        self.source.sync_weights(state.get("policy_version", state["step"]))
+        self.source.sync_weights(state["step"])  # a policy version is the last completed step (rollout source)
         self.source.load_state_dict(state)
         self.kl_ctrl.value = state["kl_coef"]
         set_rng_state(torch.load(ckpt.path / checkpoint.RNG_FILE, weights_only=True))

@@ -2,8 +2,9 @@
 
 rollout.mode=one_step_off keeps one batch ahead, rollout.mode=async rollout.max_staleness
 batches ahead (split placement). The controller stays single-threaded: a batch "in flight"
-is a set of Ray ObjectRefs of `generate` calls on the rollout workers, and the overlap is
-simply that the controller trains before it waits for them.
+is a set of Ray ObjectRefs of the rollout workers' calls (`generate`, or `agent_episodes` with an
+agent loop; ReMax adds its greedy baseline's calls right behind them), and the overlap is simply
+that the controller trains before it waits for them.
 
 The schedule is a function of the step alone, never of timing, so runs are reproducible
 and resume exactly:
@@ -14,7 +15,12 @@ and resume exactly:
     runs its calls in order), so a weight load never races a generate on the same engine,
     and every batch submitted afterwards is generated with version k.
   - So the batch of step s is generated with version max(0, s - 1 - L) and trained on by
-    version s - 1: no trained sample is more than L versions old.
+    version s - 1: no trained sample is more than L versions old. A version is the last
+    completed step, so a step that leaves the weights as they are (critic warm-up) still counts.
+  - ReMax's greedy baseline is submitted right behind its batch: the same prompts, the same version.
+  - DAPO's extra rounds (too few groups with signal) are generated when the step takes its batch,
+    behind the batches in flight, with version s - 1: the rounds a step needs depend on its scores,
+    which exist only then, so the schedule stays a function of the step (and of the run's scores).
 Each trajectory carries its version (`policy_version`); the update corrects for the gap with
 importance weights against the engine's log-probs (actor.rollout_is, rlkit.core.algos.losses).
 
@@ -30,7 +36,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from rlkit.core.batch import Batch, build_batch
+from rlkit.core.batch import Batch
 from rlkit.core.rollout.source import Generation, SyncRolloutSource, timed
 from rlkit.core.rollout.trajectory import Trajectory
 
@@ -46,9 +52,10 @@ class InFlight:
     """The batch of one step, from submission until the learner takes it."""
 
     step: int                              # the step that trains on it
-    generation: Generation | None          # its generate calls; None once collected
+    generations: list[Generation]          # its calls: the samples', then ReMax's baseline's; [] once collected
     sync: PendingSync | None = None        # the weight load queued on the rollout workers just before it
     trajectories: list[Trajectory] | None = None
+    baseline: list[Trajectory] | None = None  # ReMax: one greedy response per prompt, in prompt order
     rollout_metrics: dict[str, float] = field(default_factory=dict)  # the rollout side's timings
 
 
@@ -63,47 +70,66 @@ class AsyncRolloutSource(SyncRolloutSource):
         self.submitted_through = 0           # the last step whose batch has been submitted
         self.pending_sync: PendingSync | None = None  # queued after the last submitted batch
         self.carried_metrics: dict[str, float] = {}   # a drained sync's metrics, for the next batch
+        self.taking: InFlight | None = None  # the entry of the step whose batch next_batch is making
 
     # -- the step's batch ---------------------------------------------------------------
     def next_batch(self, step: int, timing: dict[str, float]) -> tuple[Batch, dict[str, float]]:
+        self.policy_version = step - 1  # before submitting: see SyncRolloutSource.next_batch
         self.submit_through(step + self.lookahead)
         entry = self.queue.pop(0)
         if entry.step != step:
             raise RuntimeError(f"asynchronous rollout out of step: step {step} found the batch of step {entry.step}")
         with timed(timing, "wait_for_rollout"):  # the trainer waiting for data: 0 when the overlap is complete
             self.collect(entry)
-        batch = build_batch(entry.trajectories, pad_id=self.pad_id)
-        with timed(timing, "reward"):
-            scores, metrics = self.score(batch)
-        batch.update(scores)
-        return batch, {**metrics, **self.staleness_metrics(batch), **entry.rollout_metrics,
-                       "rollout/samples": float(len(batch))}
+        self.taking = entry  # round 0 and ReMax's baseline come from it (round_trajectories, greedy_baseline)
+        try:
+            batch, metrics = super().next_batch(step, timing)  # scores, agent metrics, DAPO's rounds, baseline
+        finally:
+            self.taking = None
+        return batch, {**metrics, **self.staleness_metrics(batch), **entry.rollout_metrics}
+
+    def round_trajectories(self, step: int, round_index: int, timing: dict[str, float]) -> list[Trajectory]:
+        """Round 0: the batch generated ahead. DAPO's extra rounds: generated now, behind the batches in
+        flight, with the current policy (version step - 1)."""
+        if round_index == 0:
+            return self.taking.trajectories
+        return super().round_trajectories(step, round_index, timing)
+
+    def greedy_baseline(self, batch: Batch, step: int) -> dict[str, float]:
+        """ReMax: the greedy responses generated with the batch, by the same policy version."""
+        return self.apply_baseline(batch, self.taking.baseline)
 
     def submit_through(self, last_step: int) -> None:
         """Submit the batches of every step up to `last_step`, with the policy the engines will hold."""
         while self.submitted_through < last_step:
             step = self.submitted_through + 1
             prompts = [self.rows[i] for i in self.sampler.next_batch()]
-            generation = self.submit_generation(prompts, self.sampling(step), method="generate_timed")
-            self.queue.append(InFlight(step, generation, sync=self.pending_sync,
+            generations = [self.submit_generation(prompts, self.sampling(step), timed=True)]
+            if "gen_baseline" in self.plan:  # queued right behind: no weight load between
+                generations.append(self.submit_generation(prompts, self.sampling(step, greedy=True), timed=True))
+            self.queue.append(InFlight(step, generations, sync=self.pending_sync,
                                        rollout_metrics=self.carried_metrics))
             self.pending_sync, self.carried_metrics = None, {}
             self.submitted_through = step
 
     def collect(self, entry: InFlight) -> None:
-        """Wait for the entry's weight load (it must have worked) and its generation."""
+        """Wait for the entry's weight load (it must have worked) and its calls."""
         if entry.sync is not None:
             entry.rollout_metrics.update(self.placement.finish_sync(entry.sync))
             entry.sync = None
-        if entry.generation is None:
+        if not entry.generations:
             return
-        results = self.placement.rollout.collect(entry.generation.refs, f"generate (the batch of step {entry.step})")
-        entry.trajectories = self.trajectories(entry.generation, [samples for samples, _ in results])
-        timings = [timing for _, timing in results]
+        results = [self.placement.rollout.collect(g.refs, f"generate (the batch of step {entry.step})")
+                   for g in entry.generations]
+        entry.trajectories, *baseline = [self.trajectories(g, [out for out, _ in r])
+                                         for g, r in zip(entry.generations, results)]
+        entry.baseline = baseline[0] if baseline else None
+        per_rank = list(zip(*results))  # per rank: (result, timing) of each call
         entry.rollout_metrics.update({
-            "rollout/generate_seconds": max(t["seconds"] for t in timings),
-            "rollout/idle_seconds": max(t["idle_seconds"] for t in timings)})  # waiting for a request
-        entry.generation = None
+            "rollout/generate_seconds": max(sum(t["seconds"] for _, t in calls) for calls in per_rank),
+            # waiting for the first request (the baseline's is queued right behind it)
+            "rollout/idle_seconds": max(calls[0][1]["idle_seconds"] for calls in per_rank)})
+        entry.generations = []
 
     def staleness_metrics(self, batch: Batch) -> dict[str, float]:
         """Versions behind the policy being updated (the current one), over the batch's samples."""
@@ -133,13 +159,16 @@ class AsyncRolloutSource(SyncRolloutSource):
         return {**super().state_dict(), "rollout_submitted_through": self.submitted_through,
                 "rollout_carried_metrics": self.carried_metrics,
                 "rollout_in_flight": [{"step": e.step, "trajectories": [_plain(t) for t in e.trajectories],
+                                       "baseline": None if e.baseline is None else [_plain(t) for t in e.baseline],
                                        "rollout_metrics": e.rollout_metrics} for e in self.queue]}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         super().load_state_dict(state)
         self.submitted_through = state["rollout_submitted_through"]
         self.carried_metrics = dict(state["rollout_carried_metrics"])
-        self.queue = [InFlight(e["step"], None, trajectories=[self._trajectory(t) for t in e["trajectories"]],
+        self.queue = [InFlight(e["step"], [], trajectories=[self._trajectory(t) for t in e["trajectories"]],
+                               baseline=(None if e.get("baseline") is None  # absent in checkpoints before ReMax
+                                         else [self._trajectory(t) for t in e["baseline"]]),
                                rollout_metrics=dict(e["rollout_metrics"])) for e in state["rollout_in_flight"]]
 
     def _trajectory(self, plain: dict[str, Any]) -> Trajectory:

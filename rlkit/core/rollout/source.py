@@ -21,7 +21,7 @@ from rlkit.core.agents.report import episode_metrics
 from rlkit.core.algos.dapo import groups_with_signal, overlong_penalty
 from rlkit.core.algos.phase_plan import phase_plan
 from rlkit.core.batch import Batch, build_batch
-from rlkit.core.rollout.base import RolloutSample, Sampling
+from rlkit.core.rollout.base import Sampling
 from rlkit.core.rollout.dynamic_sampling import GroupCollector, group_rows
 from rlkit.core.rollout.trajectory import Trajectory
 
@@ -54,6 +54,7 @@ class Generation:
     parts: list[list[int]]  # per rollout rank: the positions (in `prompts`) of the prompts it generates
     refs: list[Any]         # per rollout rank: the call's Ray ObjectRef
     policy_version: int     # the policy the engines hold when the calls run
+    episodes: bool          # agent_episodes calls (they return trajectories), else generate (samples)
 
 
 class SyncRolloutSource:
@@ -64,7 +65,7 @@ class SyncRolloutSource:
         self.config, self.rows, self.sampler = config, rows, sampler
         self.tokenizer, self.scorer, self.placement = tokenizer, scorer, placement
         self.pad_id = tokenizer.pad_token_id or 0
-        self.policy_version = 0  # the step whose update the engines hold (0: the base model); sync_weights advances it
+        self.policy_version = 0  # the last completed step: its weights are the engines' (0: the base model)
         self.plan = phase_plan(config)
 
     def sync_weights(self, step: int) -> dict[str, float]:
@@ -80,6 +81,9 @@ class SyncRolloutSource:
 
     # -- the step's batch ---------------------------------------------------------------
     def next_batch(self, step: int, timing: dict[str, float]) -> tuple[Batch, dict[str, float]]:
+        # The policy at step `step` is the weights after step - 1: its version, also when that step left them
+        # as they were (critic warm-up, no sync), so versions count steps and staleness never exceeds the schedule.
+        self.policy_version = step - 1
         batch, metrics = self.sample(step, timing)  # gen + reward, over several rounds with dynamic sampling
         if "gen_baseline" in self.plan:  # ReMax
             with timed(timing, "gen_baseline"):
@@ -116,16 +120,20 @@ class SyncRolloutSource:
 
     def sample_round(self, step: int, round_index: int, timing: dict[str, float]
                      ) -> tuple[list[Trajectory], Batch, dict[str, float]]:
-        """The next train_batch_size prompts, generated and scored: (trajectories, their batch, reward metrics)."""
-        prompts = [self.rows[i] for i in self.sampler.next_batch()]
-        with timed(timing, "gen"):
-            trajectories = self.generate(prompts, self.sampling(step, round_index=round_index))
-            batch = build_batch(trajectories, pad_id=self.pad_id)
+        """One round's train_batch_size prompt groups, scored: (trajectories, their batch, reward and agent metrics)."""
+        trajectories = self.round_trajectories(step, round_index, timing)
+        batch = build_batch(trajectories, pad_id=self.pad_id)
         with timed(timing, "reward"):
             scores, metrics = self.score(batch)
         if self.config.rollout.agent.loop != "single_turn":
             metrics.update(episode_metrics(trajectories, self.config.rollout.agent, f"step {step}"))
         return trajectories, batch.update(scores), metrics
+
+    def round_trajectories(self, step: int, round_index: int, timing: dict[str, float]) -> list[Trajectory]:
+        """The next train_batch_size prompts, generated now with the current policy."""
+        prompts = [self.rows[i] for i in self.sampler.next_batch()]
+        with timed(timing, "gen"):
+            return self.generate(prompts, self.sampling(step, round_index=round_index))
 
     # -- generation ---------------------------------------------------------------------
     def sampling(self, step: int, *, round_index: int = 0, greedy: bool = False, n: int | None = None,
@@ -143,41 +151,38 @@ class SyncRolloutSource:
                         seed=seed, greedy=greedy, ignore_eos=cfg.rollout.ignore_eos, log_probs=log_probs)
 
     def generate(self, prompts: list[PromptRow], sampling: Sampling) -> list[Trajectory]:
-        """Spread prompts over the rollout workers; each samples `sampling.n` responses per prompt.
+        """Spread prompts over the rollout workers; each samples `sampling.n` responses (or episodes) per prompt.
 
         Returns trajectories in prompt-major order (group by group); group = the prompt's position.
         """
-        if self.config.rollout.agent.loop != "single_turn":
-            return self.agent_episodes(prompts, sampling)
         generation = self.submit_generation(prompts, sampling)
         return self.trajectories(generation, self.placement.rollout.collect(generation.refs, "generate"))
 
-    def agent_episodes(self, prompts: list[PromptRow], sampling: Sampling) -> list[Trajectory]:
-        """Multi-turn episodes, run on the rollout workers (rlkit.core.agents), in prompt-major order."""
+    def submit_generation(self, prompts: list[PromptRow], sampling: Sampling, *, timed: bool = False) -> Generation:
+        """Start the rollout workers' calls on their shares of the prompts, without waiting: `generate`, or
+        `agent_episodes` (multi-turn, rlkit.core.agents) when rollout.agent.loop is set. `timed`: through the
+        worker's `timed` call, which also returns how long the worker sat idle before it and then ran it."""
         world = self.placement.rollout_size
         parts = [list(range(len(prompts)))[r::world] for r in range(world)]
-        per_rank = [([prompts[i] for i in part], part, _rank_sampling(sampling, rank))
-                    for rank, part in enumerate(parts)]
-        results = self.placement.rollout.call("agent_episodes", per_rank=per_rank, phase="generate")
-        trajectories = [replace(t, policy_version=self.policy_version) for rank_part in results for t in rank_part]
-        trajectories.sort(key=lambda t: t.group)
-        return trajectories
-
-    def submit_generation(self, prompts: list[PromptRow], sampling: Sampling, method: str = "generate") -> Generation:
-        """Start the rollout workers' single-turn `method` calls on their shares of the prompts, without waiting."""
-        world = self.placement.rollout_size
-        parts = [list(range(len(prompts)))[r::world] for r in range(world)]
-        per_rank = [([prompts[i].prompt_token_ids for i in part], _rank_sampling(sampling, rank))
-                    for rank, part in enumerate(parts)]
+        episodes = self.config.rollout.agent.loop != "single_turn"
+        method = "agent_episodes" if episodes else "generate"
+        per_rank = [(([prompts[i] for i in part], part) if episodes else ([prompts[i].prompt_token_ids for i in part],))
+                    + (_rank_sampling(sampling, rank),) for rank, part in enumerate(parts)]
+        if timed:
+            method, per_rank = "timed", [(method, *args) for args in per_rank]
         return Generation(prompts, parts, self.placement.rollout.submit(method, per_rank=per_rank),
-                          self.policy_version)
+                          self.policy_version, episodes)
 
-    def trajectories(self, generation: Generation, results: list[list[RolloutSample]]) -> list[Trajectory]:
-        """The rollout workers' samples (per rank) as trajectories in prompt-major order."""
-        parts, prompts = generation.parts, generation.prompts
-        trajectories = [Trajectory.single_turn(prompts[part[s.prompt_index]], part[s.prompt_index], s,
-                                               policy_version=generation.policy_version)
-                        for part, rank_samples in zip(parts, results) for s in rank_samples]
+    def trajectories(self, generation: Generation, results: list[Any]) -> list[Trajectory]:
+        """The rollout workers' results (per rank: samples, or episodes) as trajectories in prompt-major order."""
+        version = generation.policy_version
+        if generation.episodes:  # the agent loop already numbered their groups by prompt position
+            trajectories = [replace(t, policy_version=version) for rank_part in results for t in rank_part]
+        else:
+            parts, prompts = generation.parts, generation.prompts
+            trajectories = [Trajectory.single_turn(prompts[part[s.prompt_index]], part[s.prompt_index], s,
+                                                   policy_version=version)
+                            for part, rank_samples in zip(parts, results) for s in rank_samples]
         trajectories.sort(key=lambda t: t.group)  # prompt-major order, group by group (a stable sort)
         return trajectories
 
@@ -221,10 +226,15 @@ class SyncRolloutSource:
                                            skip_special_tokens=True)
 
     def greedy_baseline(self, batch: Batch, step: int) -> dict[str, float]:
-        """ReMax: one greedy response per prompt, scored; each sample's baseline is its prompt's score."""
+        """ReMax: one greedy response per prompt, generated now."""
+        prompts = [self.rows[batch.meta["row_index"][rows[0]]] for rows in group_rows(batch["group_ids"])]
+        return self.apply_baseline(batch, self.generate(prompts, self.sampling(step, greedy=True)))
+
+    def apply_baseline(self, batch: Batch, greedy_trajectories: list[Trajectory]) -> dict[str, float]:
+        """ReMax: the greedy responses (one per group, in group order) scored; each sample's baseline is its
+        prompt's score."""
         groups = group_rows(batch["group_ids"])
-        prompts = [self.rows[batch.meta["row_index"][rows[0]]] for rows in groups]
-        greedy = build_batch(self.generate(prompts, self.sampling(step, greedy=True)), pad_id=self.pad_id)
+        greedy = build_batch(greedy_trajectories, pad_id=self.pad_id)
         greedy_scores = self.score(greedy)[0]["scores"]  # one per prompt, in prompt order
         baseline = torch.zeros(len(batch))
         for score, rows in zip(greedy_scores, groups):

@@ -47,11 +47,12 @@ class RolloutWorker(DeviceWorker, AgentEpisodes):
         self.phase = "idle"
         return samples
 
-    def generate_timed(self, prompts: list[list[int]], sampling: Sampling) -> tuple[Any, dict[str, float]]:
-        """generate's result, and how long this worker sat idle before the call and then generated."""
+    def timed(self, method: str, *args: Any) -> tuple[Any, dict[str, float]]:
+        """`method`'s result (generate, agent_episodes), and how long this worker sat idle before the call and
+        then ran it (asynchronous rollout's rollout/* timings)."""
         start = time.perf_counter()
-        samples = self.generate(prompts, sampling)
-        return samples, self._timing(start)
+        result = getattr(self, method)(*args)
+        return result, self._timing(start)
 
     def _timing(self, start: float) -> dict[str, float]:
         end = time.perf_counter()
