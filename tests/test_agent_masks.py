@@ -14,6 +14,7 @@ import multiprocessing
 import torch
 import torch.distributed as dist
 
+from rlkit.core.algos.update_inputs import UpdateInputs
 from rlkit.core.batch import Batch, build_batch
 from rlkit.core.cluster.device_worker import free_port
 from rlkit.core.state.run_dir import resolve_model_path
@@ -26,9 +27,6 @@ PROMPT = [1, 40, 26, 24, 39, 26, 41, 17, 2, 1]          # "<|im_start|>secret?<|
 # turn 1 (the call) | end of turn, tool message "7", next turn (the tool's) | turn 2 "7" and its end
 RESPONSE, MASK = [48, 2, 1, 10, 2, 1, 10, 2], [1, 0, 0, 0, 0, 0, 1, 1]
 TOOL = slice(1, 6)  # the tool's tokens in RESPONSE
-KEYS = ["input_ids", "attention_mask", "position_ids", "responses", "response_mask", "advantages"]
-
-
 def _batch(tool_digit: int = 10) -> Batch:
     response = [tool_digit if i == 3 else t for i, t in enumerate(RESPONSE)]
     trajectories = [Trajectory(PromptRow(0, PROMPT, "synthetic/lookup", "7"), 0, response, MASK, finish_reason="stop"),
@@ -43,8 +41,10 @@ def _gradients(worker: PolicyWorker, batch: Batch, folder: str) -> dict[str, tor
     """The gradients of one update from the saved start, by parameter name."""
     worker.load_checkpoint(folder)
     mask = batch["response_mask"]
-    worker.update_actor([Batch({k: batch[k] for k in KEYS})],
-                        [{"num_tokens": float(mask.sum()), "num_seqs": float((mask.sum(-1) > 0).sum())}])
+    inputs = UpdateInputs(old_log_probs_from_update=True, rollout_log_probs=False, rollout_correction=None,
+                          reference=False)
+    worker.update_actor([Batch({k: batch[k] for k in inputs.keys()})],
+                        [{"num_tokens": float(mask.sum()), "num_seqs": float((mask.sum(-1) > 0).sum())}], inputs)
     return {name: (p.grad.full_tensor() if hasattr(p.grad, "full_tensor") else p.grad).detach().clone()
             for name, p in worker.model.module.named_parameters()}
 

@@ -156,7 +156,7 @@ def test_a_tokenizer_that_keeps_every_character_passes() -> None:
 
 def _measure(folder: str) -> None:
     """Real update metrics at step 1: as loaded, with a perturbed reference, with shifted engine log-probs."""
-    from test_old_log_probs import UPDATE_KEYS, _batch, _update
+    from test_old_log_probs import FROM_UPDATE, _batch, _update
 
     cfg = load_config("grpo-demo", ["rollout.name=hf", *KL, "data.train_batch_size=4", "actor.mini_batch_size=4",
                                     "rollout.n=2", "actor.micro_batch_tokens=32"])
@@ -167,7 +167,7 @@ def _measure(folder: str) -> None:
         batch["rollout_log_probs"] = worker.compute_log_probs(batch, "actor")["log_probs"]  # an exact engine
         batch["ref_log_probs"] = worker.compute_log_probs(batch, "ref")["log_probs"]
         worker.save_checkpoint(f"{folder}/start")
-        keys = UPDATE_KEYS + ["rollout_log_probs"]
+        keys = FROM_UPDATE  # the update's own old log-probs, measured against the engine's
         correct = _update(worker, batch, keys)
         worker.load_checkpoint(f"{folder}/start")
         shifted = Batch({**batch.tensors, "rollout_log_probs": (batch["rollout_log_probs"] - 0.3)

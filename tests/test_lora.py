@@ -15,7 +15,7 @@ import pytest
 import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
-from test_old_log_probs import UPDATE_KEYS, _batch, _update
+from test_old_log_probs import OWN_OLD, _batch, _update
 
 from rlkit.core.batch import Batch
 from rlkit.core.cluster.device_worker import free_port
@@ -75,7 +75,7 @@ def test_an_update_changes_only_the_adapters(worker: PolicyWorker) -> None:
     base_before, adapters_before = base_weights_hash(worker), adapters(worker)
     batch = with_reference(worker)  # a reference pass (adapters off) before each update
     for _ in range(2):
-        _update(worker, batch, UPDATE_KEYS)
+        _update(worker, batch, OWN_OLD)
         batch["ref_log_probs"] = worker.compute_log_probs(batch, "ref")["log_probs"]
     assert base_weights_hash(worker) == base_before
     after = adapters(worker)
@@ -88,7 +88,7 @@ def test_the_reference_is_the_base_model_with_adapters_off(worker: PolicyWorker)
     batch = with_reference(worker)
     # B starts at zero: before training, the policy is the base model exactly.
     assert torch.equal(worker.compute_log_probs(batch, "actor")["log_probs"], batch["ref_log_probs"])
-    _update(worker, batch, UPDATE_KEYS)
+    _update(worker, batch, OWN_OLD)
     assert not torch.equal(worker.compute_log_probs(batch, "actor")["log_probs"], batch["ref_log_probs"])
     assert torch.equal(worker.compute_log_probs(batch, "ref")["log_probs"], batch["ref_log_probs"])
     base = AutoModelForCausalLM.from_pretrained(worker.model_path, dtype=torch.float32).eval()
@@ -103,7 +103,7 @@ def test_the_engine_gets_merged_weights_under_the_base_models_names(worker: Poli
     samples = worker.generate([[1, 26, 24, 29]], Sampling(n=1, max_tokens=3, seed=1))
     assert FIRST_CHANGE_KEY not in worker.sync_weights()  # B = 0: the base model's weights, unchanged
     batch = with_reference(worker)
-    _update(worker, batch, UPDATE_KEYS)
+    _update(worker, batch, OWN_OLD)
     synced = worker.sync_weights()
     assert synced[FIRST_CHANGE_KEY] > 0  # the first sync of changed weights changed the engine
     names = [name for name, _ in worker.model.engine_weights()]
@@ -121,7 +121,7 @@ def test_a_sync_that_never_reaches_the_engine_is_caught(worker: PolicyWorker, mo
     monkeypatch.setattr(worker.engine, "load_weights", lambda tensors: None)  # a broken sync
     worker.generate([[1, 26, 24, 29]], Sampling(n=1, max_tokens=3, seed=1))
     worker.sync_weights()
-    _update(worker, with_reference(worker), UPDATE_KEYS)
+    _update(worker, with_reference(worker), OWN_OLD)
     metrics = worker.sync_weights()
     assert metrics[FIRST_CHANGE_KEY] == 0.0
     with pytest.raises(WeightSyncError, match="not receiving the trained weights"):
@@ -130,14 +130,14 @@ def test_a_sync_that_never_reaches_the_engine_is_caught(worker: PolicyWorker, mo
 
 def test_checkpoints_hold_the_adapters_and_resume_exactly(worker: PolicyWorker, tmp_path: Path) -> None:
     batch = with_reference(worker)
-    _update(worker, batch, UPDATE_KEYS)  # optimizer moments and the schedule are not fresh
+    _update(worker, batch, OWN_OLD)  # optimizer moments and the schedule are not fresh
     worker.save_checkpoint(str(tmp_path / "ckpt"))
     saved = dcp.FileSystemReader(str(tmp_path / "ckpt" / SHARDS_DIR)).read_metadata().state_dict_metadata
     model_keys = [k for k in saved if k.startswith("model.")]
     assert len(model_keys) == 28 and all(".lora_" in k for k in model_keys)
     assert all(".lora_" in k for k in saved if k.startswith("optim.state."))
-    first = _update(worker, batch, UPDATE_KEYS), adapters(worker)
+    first = _update(worker, batch, OWN_OLD), adapters(worker)
     worker.load_checkpoint(str(tmp_path / "ckpt"))
-    again = _update(worker, batch, UPDATE_KEYS), adapters(worker)
+    again = _update(worker, batch, OWN_OLD), adapters(worker)
     assert first[0] == again[0]
     assert all(torch.equal(first[1][n], again[1][n]) for n in first[1])

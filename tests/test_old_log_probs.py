@@ -30,6 +30,8 @@ WITH_PASS = UpdateInputs(old_log_probs_from_update=False, rollout_log_probs=Fals
                          reference=True)
 FROM_UPDATE = UpdateInputs(old_log_probs_from_update=True, rollout_log_probs=True, rollout_correction=None,
                            reference=True)
+OWN_OLD = UpdateInputs(old_log_probs_from_update=True, rollout_log_probs=False, rollout_correction=None,
+                       reference=True)  # the update's own old log-probs, a KL loss (tests/test_lora.py)
 WEIGHTED = UpdateInputs(old_log_probs_from_update=True, rollout_log_probs=True, rollout_correction=("token", 3.0),
                         reference=True)
 
