@@ -15,6 +15,7 @@ import torch
 
 from rlkit.core.agents.worker import AgentEpisodes
 from rlkit.core.cluster.device_worker import DeviceWorker
+from rlkit.core.cluster.phases import in_phase
 from rlkit.core.cluster.weight_transfer import TensorSpec, TransferGroup, WeightReceiver
 from rlkit.core.rollout.base import RolloutSample, Sampling
 from rlkit.core.rollout.engines import make_engine
@@ -27,24 +28,22 @@ class RolloutWorker(DeviceWorker, AgentEpisodes):
     (`agent_episodes`: multi-turn rollout, rlkit.core.agents.worker)."""
 
     def setup(self) -> dict[str, Any]:
-        self.phase = "setup/rollout-engine"
         cfg = self.config
-        # Seeds continue after the training ranks', which seed their own engines when colocated.
-        self.dtype = fsdp.compute_dtype(cfg.model.dtype, self.device)
-        self.engine = make_engine(cfg, self.model_path, device=self.device, dtype=self.dtype,
-                                  seed=cfg.trainer.seed + 10_000 + self.rank, sleep_mode=False)
-        self.sync_probe = SyncProbe()
-        self.phase = "idle"
+        with self.reporting("setup/rollout-engine"):
+            # Seeds continue after the training ranks', which seed their own engines when colocated.
+            self.dtype = fsdp.compute_dtype(cfg.model.dtype, self.device)
+            self.engine = make_engine(cfg, self.model_path, device=self.device, dtype=self.dtype,
+                                      seed=cfg.trainer.seed + 10_000 + self.rank, sleep_mode=False)
+            self.sync_probe = SyncProbe()
         self.idle_since = time.perf_counter()  # when the last call ended: the rollout's idle time starts there
         import ray  # a rollout worker is always a Ray actor (split placement); the module is imported without Ray
 
         return {"rank": self.rank, "node_id": ray.get_runtime_context().get_node_id()}
 
+    @in_phase("generate")
     def generate(self, prompts: list[list[int]], sampling: Sampling) -> list[RolloutSample]:
-        self.phase = "generate"
         samples = self.engine.generate(prompts, sampling)
         self.sync_probe.record(prompts, samples)
-        self.phase = "idle"
         return samples
 
     def timed(self, method: str, *args: Any) -> tuple[Any, dict[str, float]]:
@@ -80,7 +79,6 @@ class RolloutWorker(DeviceWorker, AgentEpisodes):
                                            for ref in bucket_refs for name, tensor in ray.get(ref)))
 
     def _load(self, phase: str, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> dict[str, float]:
-        self.phase = phase
         start, moved = time.perf_counter(), 0
 
         def counted():
@@ -89,8 +87,8 @@ class RolloutWorker(DeviceWorker, AgentEpisodes):
                 moved += tensor.numel() * tensor.element_size()
                 yield name, tensor
 
-        checked = self.sync_probe.load(self.engine, counted(), fsdp.DTYPES[self.dtype])
-        self.phase = "idle"
+        with self.reporting(phase):
+            checked = self.sync_probe.load(self.engine, counted(), fsdp.DTYPES[self.dtype])
         return {"bytes": float(moved), **self._timing(start), **checked}
 
     def engine_log_probs(self, sequences: list[list[int]], prompt_len: int) -> list[list[float]]:
