@@ -26,7 +26,7 @@ class _Local:
         self.loop, self.engine, self.rollout_size, self.rollout = loop, engine, size, self
 
     def submit(self, method, per_rank):
-        assert method == "agent_episodes" and len(per_rank) == self.rollout_size
+        assert method.__name__ == "agent_episodes" and len(per_rank) == self.rollout_size
         return [self.loop.run(self.engine, part_rows, groups, sampling) for part_rows, groups, sampling in per_rank]
 
     def collect(self, refs, phase):

@@ -127,7 +127,7 @@ class _Group:
         self.size = ranks
 
     def call(self, method, *, per_rank, phase):
-        return [getattr(worker, method)(*args) for worker, args in zip(self.workers, per_rank)]
+        return [getattr(worker, method.__name__)(*args) for worker, args in zip(self.workers, per_rank)]
 
 
 class _Worker(AgentEpisodes):

@@ -38,9 +38,9 @@ class ScriptedSplitPlacement:
         self.calls: list[tuple[str, int]] = []
         self.samplings: list = []
 
-    def submit(self, method: str, *, per_rank: list[tuple]) -> list:
-        timed = method == "timed"  # the worker's wrapper: (method, *args) -> (result, timing)
-        method = per_rank[0][0] if timed else method
+    def submit(self, method, *, per_rank: list[tuple]) -> list:
+        timed = method.__name__ == "timed"  # the worker's wrapper: (method, *args) -> (result, timing)
+        method = (per_rank[0][0] if timed else method).__name__
         self.calls.append((method, self.engine_version))
         self.samplings += [args[-1] for args in per_rank]
         results = [getattr(self, method)(*(args[1:] if timed else args)) for args in per_rank]

@@ -32,7 +32,7 @@ class ShardWriter:
     def __init__(self, full: bool) -> None:
         self.full, self.step = full, 0
 
-    def call(self, method: str, folder: str, phase: str) -> None:
+    def call(self, method, folder: str, phase: str) -> None:
         shard = Path(folder) / "rank_0.pt"
         shard.parent.mkdir(parents=True)
         if self.full and self.step == 2:

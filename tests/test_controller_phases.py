@@ -35,9 +35,9 @@ class ScriptedWorkers:
         self.by_prompt = {tuple(row.prompt_token_ids): row for row in rows}
         self.respond, self.samplings = respond, []
 
-    def submit(self, method: str, *, per_rank: list[tuple]) -> list[list[RolloutSample]]:
+    def submit(self, method, *, per_rank: list[tuple]) -> list[list[RolloutSample]]:
         """The results themselves stand in for the calls' ObjectRefs (answered at once)."""
-        assert method == "generate"
+        assert method.__name__ == "generate"
         results = []
         for prompts, sampling in per_rank:
             self.samplings.append(sampling)

@@ -96,6 +96,7 @@ def test_two_workers_hold_shards_generate_and_stay_in_sync(tmp_path):
     from rlkit.core.state.run_dir import RunDir
     from rlkit.core.rollout.base import RolloutSample
     from rlkit.core.rollout.trajectory import Trajectory
+    from rlkit.core.train.policy_worker import PolicyWorker
     from rlkit.recipes.loader import load_config
 
     config = load_config("grpo-demo", ["trainer.n_gpus_per_node=2", f"trainer.runs_dir={tmp_path}",
@@ -111,8 +112,8 @@ def test_two_workers_hold_shards_generate_and_stay_in_sync(tmp_path):
         prompts = [row.prompt_token_ids for row in controller.rows[:2]]
         from rlkit.core.rollout.base import Sampling
         per_rank = [([p], Sampling(n=2, max_tokens=3, seed=rank)) for rank, p in enumerate(prompts)]
-        outputs = controller.workers.call("generate", per_rank=per_rank)
-        pids = {info["pid"] for info in controller.workers.call("node_info")}
+        outputs = controller.workers.call(PolicyWorker.generate, per_rank=per_rank)
+        pids = {info["pid"] for info in controller.workers.call(PolicyWorker.node_info)}
         assert len(pids) == 2 and all(len(out) == 2 for out in outputs)
 
         # The policy after one update vs each worker's engine, on one fixed sequence.
@@ -121,7 +122,7 @@ def test_two_workers_hold_shards_generate_and_stay_in_sync(tmp_path):
         batch = build_batch([Trajectory.single_turn(row, 0, RolloutSample(0, response, [0.0] * 3, False))] * 2,
                             pad_id=controller.tokenizer.pad_token_id)
         policy = controller.log_probs(batch, "actor")["log_probs"][0]
-        engines = controller.workers.call("engine_log_probs", [row.prompt_token_ids + response],
+        engines = controller.workers.call(PolicyWorker.engine_log_probs, [row.prompt_token_ids + response],
                                           len(row.prompt_token_ids))
         for engine in engines:
             assert torch.allclose(torch.tensor(engine[0]), policy, atol=1e-4), (engine, policy)

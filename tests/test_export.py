@@ -14,6 +14,7 @@ from typing import Iterator
 import pytest
 import torch
 
+from rlkit.core.train.policy_worker import PolicyWorker
 from rlkit.core.state.run_dir import RunDir, resolve_model_path
 from rlkit.core.state.export import ADAPTER_DIR, EXPORT_INFO, export_hf
 from rlkit.errors import UserError
@@ -56,7 +57,7 @@ def train_and_export(root: Path, overrides: list[str] = ()) -> dict:
             controller.step(step)
             controller.completed_steps = step
         controller.save_checkpoint("final")
-        logits = controller.workers.call("policy_logits", torch.tensor([PROBE]))[0]
+        logits = controller.workers.call(PolicyWorker.policy_logits, torch.tensor([PROBE]))[0]
     finally:
         controller.close()
     out = export_hf(RunDir.open("exported", root / "runs"), root / "hf")

@@ -67,11 +67,11 @@ def config():
 def test_calls_run_in_submission_order_with_each_ranks_arguments(config):
     log: list[str] = []
     group = InProcessWorkerGroup(Recorder, config, log, name="worker")
-    first = group.submit("work", "a")
-    second = group.submit("work", "b")
+    first = group.submit(Recorder.work, "a")
+    second = group.submit(Recorder.work, "b")
     assert log == ["a", "b"]  # submit ran them, in order
     assert group.collect(second, "b") == ["b on rank 0 of 1"] and group.collect(first, "a") == ["a on rank 0 of 1"]
-    assert group.call("work", per_rank=[("c",)]) == ["c on rank 0 of 1"]
+    assert group.call(Recorder.work, per_rank=[("c",)]) == ["c on rank 0 of 1"]
     assert group.size == 1 and log == ["a", "b", "c"]
     place = group.places()[0]
     assert (place.rank, place.host, place.pid, place.phase) == (0, socket.gethostname(), os.getpid(), "idle")
@@ -79,7 +79,7 @@ def test_calls_run_in_submission_order_with_each_ranks_arguments(config):
 
 def test_worker_exception_waits_for_collect_and_reads_as_on_ray(config):
     group = InProcessWorkerGroup(Recorder, config, [], name="worker")
-    refs = group.submit("work", "x", "raise")  # no exception yet: as a Ray ObjectRef, it holds it
+    refs = group.submit(Recorder.work, "x", "raise")  # no exception yet: as a Ray ObjectRef, it holds it
     with pytest.raises(WorkerFailure) as info:
         group.collect(refs, "update_actor")
     failure = info.value
@@ -92,7 +92,7 @@ def test_worker_exception_waits_for_collect_and_reads_as_on_ray(config):
 def test_user_error_in_a_worker_stays_a_user_error(config):
     group = InProcessWorkerGroup(Recorder, config, [], name="critic")
     with pytest.raises(UserError, match=r"^critic rank 0: data.train_files: row 3 has no prompt$"):
-        group.call("work", "x", "user")
+        group.call(Recorder.work, "x", "user")
 
 
 def test_error_in_worker_start_up_is_named_with_its_traceback(config):
@@ -129,7 +129,7 @@ def test_shutdown_gives_back_torch_distributed_env_and_threads(config, monkeypat
         policy = backend.group(Joiner, "model", name="worker")
         critic = backend.group(Joiner, "model", name="critic", colocate_with=policy)
         # The colocated critic shares the policy's world of one.
-        assert policy.call("setup") == [1] and critic.call("setup") == [1]
+        assert policy.call(Joiner.setup) == [1] and critic.call(Joiner.setup) == [1]
         assert torch.get_num_threads() == config.trainer.cpu_threads_per_worker
         backend.shutdown()
         assert not dist.is_initialized() and policy.size == 0
@@ -139,7 +139,7 @@ def test_shutdown_gives_back_torch_distributed_env_and_threads(config, monkeypat
 
 def test_a_second_backend_beside_a_live_one_is_refused(config):
     backend = InProcessBackend(config)
-    backend.group(Joiner, "model", name="worker").call("setup")
+    backend.group(Joiner, "model", name="worker").call(Joiner.setup)
     try:
         with pytest.raises(UserError, match="torch.distributed for its workers, and it is already initialised"):
             InProcessBackend(config)
@@ -153,3 +153,11 @@ def test_the_in_process_path_imports_no_ray():
             "start_backend\nimport rlkit.core.cluster.local_group\nprint('ray' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"
+
+
+def test_a_method_the_workers_do_not_have_is_refused_before_any_call(config):
+    log: list[str] = []
+    group = InProcessWorkerGroup(Recorder, config, log, name="worker")
+    with pytest.raises(TypeError, match="Recorder has no method 'setup'"):
+        group.call(Joiner.setup)  # another worker class's method: nothing runs
+    assert log == []

@@ -6,6 +6,7 @@ import os
 
 import pytest
 
+from rlkit.core.train.policy_worker import PolicyWorker
 from rlkit.core.controller.controller import Controller
 from rlkit.core.state.run_dir import RunDir
 from rlkit.recipes.loader import load_config
@@ -17,7 +18,7 @@ def run_steps(overrides: list[str], tmp_path, steps: int = 2) -> tuple[list[dict
     config = load_config("grpo-demo", TINY_RUN + [f"trainer.runs_dir={tmp_path}"] + overrides)
     controller = Controller(config, RunDir.create(config))
     try:
-        nodes = controller.workers.call("node_info")
+        nodes = controller.workers.call(PolicyWorker.node_info)
         return [controller.step(step) for step in range(1, steps + 1)], nodes
     finally:
         controller.close()

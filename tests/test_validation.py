@@ -117,8 +117,8 @@ class FakeGroup:
     def __init__(self, ranks: int) -> None:
         self.size = ranks
 
-    def call(self, method: str, *, per_rank: list[tuple], phase: str) -> list:
-        assert method == "validation_episodes"
+    def call(self, method, *, per_rank: list[tuple], phase: str) -> list:
+        assert method.__name__ == "validation_episodes"
         return [run_episodes(FakeEngine(), None, rows, groups, sampling) for rows, groups, sampling in per_rank]
 
 

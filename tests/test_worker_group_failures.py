@@ -95,7 +95,7 @@ def group(ray_session):
 
 
 def test_healthy_call_returns_results_in_rank_order(group):
-    assert group.call("work", -1, "") == [0, 1]
+    assert group.call(StandInWorker.work, -1, "") == [0, 1]
     places = group.places()
     assert sorted(places) == [0, 1] and all(place.host and place.pid > 0 for place in places.values())
 
@@ -103,7 +103,7 @@ def test_healthy_call_returns_results_in_rank_order(group):
 def test_killed_worker_is_named_within_seconds(group):
     start = time.monotonic()
     with pytest.raises(WorkerFailure) as info:
-        group.call("work", 1, "kill", phase="update_actor")
+        group.call(StandInWorker.work, 1, "kill", phase="update_actor")
     assert time.monotonic() - start < 10
     message = str(info.value)
     assert "worker rank 1 (node 0, host " in message
@@ -114,7 +114,7 @@ def test_killed_worker_is_named_within_seconds(group):
 def test_late_worker_is_named_at_the_deadline(group):
     start = time.monotonic()
     with pytest.raises(WorkerFailure) as info:
-        group.call("work", 0, "sleep", phase="generate")
+        group.call(StandInWorker.work, 0, "sleep", phase="generate")
     assert 2 <= time.monotonic() - start < 2 + 5
     message = str(info.value)
     assert "'generate' did not finish within 2 s (trainer.phase_timeout_s)" in message
@@ -124,7 +124,7 @@ def test_late_worker_is_named_at_the_deadline(group):
 
 def test_worker_exception_names_rank_and_phase_and_keeps_its_traceback(group):
     with pytest.raises(WorkerFailure) as info:
-        group.call("work", 1, "raise", phase="update_actor")
+        group.call(StandInWorker.work, 1, "raise", phase="update_actor")
     failure = info.value
     assert "worker rank 1 (node 0, host " in str(failure)
     assert "raised ValueError during 'update_actor' (worker phase 'work/inner'): row 7 is not a number" in str(failure)
@@ -135,7 +135,7 @@ def test_worker_exception_names_rank_and_phase_and_keeps_its_traceback(group):
 
 def test_an_exception_that_does_not_pickle_still_arrives_as_its_type_and_message(group):
     with pytest.raises(WorkerFailure) as info:
-        group.call("work", 0, "unpicklable", phase="setup")
+        group.call(StandInWorker.work, 0, "unpicklable", phase="setup")
     message = str(info.value)
     assert ("raised ValidationError during 'setup' (worker phase 'work/inner'): 1 validation error for "
             "ModelConfig: Value error, max_model_len (528) is greater than the derived max_model_len (256)") in message
@@ -145,12 +145,12 @@ def test_an_exception_that_does_not_pickle_still_arrives_as_its_type_and_message
 
 def test_user_error_in_a_worker_stays_a_user_error(group):
     with pytest.raises(UserError, match=r"^worker rank 0: data.train_files: row 3 has no prompt$"):
-        group.call("work", 0, "user")
+        group.call(StandInWorker.work, 0, "user")
 
 
 def test_start_up_logs_each_ranks_progress(group, caplog):
     with caplog.at_level(logging.INFO, logger="rlkit.workers"):
-        group.call("start_up", phase="setup", startup=True)
+        group.call(StandInWorker.start_up, phase="setup", startup=True)
     lines = [record.getMessage() for record in caplog.records]
     for rank in (0, 1):
         assert f"setup: worker rank {rank} in setup/rollout-engine" in lines, lines

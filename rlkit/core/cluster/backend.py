@@ -8,7 +8,7 @@ through the backend it returns, and talks to them only through `Group`.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Protocol, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Protocol, Sequence
 
 if TYPE_CHECKING:
     from rlkit.core.cluster.phases import WorkerPlace
@@ -24,11 +24,12 @@ class Group(Protocol):
     def size(self) -> int:
         """Ranks in the group."""
 
-    def call(self, method: str, *args: Any, phase: str | None = None, per_rank: Sequence[tuple] | None = None,
-             startup: bool = False) -> list[Any]:
-        """`method` on every rank (same args, or per_rank[r]); the results in rank order."""
+    def call(self, method: Callable[..., Any], *args: Any, phase: str | None = None,
+             per_rank: Sequence[tuple] | None = None, startup: bool = False) -> list[Any]:
+        """`method` (a worker class's function, e.g. PolicyWorker.update_actor: never a name as a string) on
+        every rank (same args, or per_rank[r]); the results in rank order."""
 
-    def submit(self, method: str, *args: Any, per_rank: Sequence[tuple] | None = None) -> list[Any]:
+    def submit(self, method: Callable[..., Any], *args: Any, per_rank: Sequence[tuple] | None = None) -> list[Any]:
         """Start `method` on every rank: one handle per rank, for `collect`. A group runs its calls in the
         order they were submitted."""
 

@@ -49,6 +49,14 @@ class DeviceWorker(PhaseReporter):
             torch.cuda.set_device(self.device)
         dist.init_process_group("nccl" if self.use_cuda else "gloo", rank=self.rank, world_size=self.world_size)
 
+    def save_checkpoint(self, folder: str) -> None:
+        """This rank's sharded state into `folder` (collective: every rank calls it with the same folder)."""
+        raise NotImplementedError(f"{type(self).__name__} keeps no checkpointed state")
+
+    def load_checkpoint(self, folder: str) -> None:
+        """This rank's sharded state from `folder`, as save_checkpoint wrote it."""
+        raise NotImplementedError(f"{type(self).__name__} keeps no checkpointed state")
+
     def wake_engine(self, weights_only: bool = False) -> None:
         """Wake this worker's rollout engine, first handing back what PyTorch's allocator cached.
 

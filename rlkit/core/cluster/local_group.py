@@ -30,11 +30,12 @@ import sys
 import time
 import traceback
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import torch
 import torch.distributed as dist
 
+from rlkit.core.cluster.calls import method_name
 from rlkit.core.cluster.failures import worker_raised
 from rlkit.core.cluster.phases import PhaseBoard, PhaseReporter, WorkerPlace
 from rlkit.core.cluster.worker_env import worker_env
@@ -62,7 +63,7 @@ class InProcessWorkerGroup:
     """Rank 0 of 1: an object of `worker_cls`, constructed as a Ray group constructs its actors."""
 
     def __init__(self, worker_cls: type, config: RLConfig, *args: Any, name: str = "worker") -> None:
-        self.config, self.name = config, name
+        self.config, self.name, self.worker_cls = config, name, worker_cls
         self.board: PhaseBoard | None = None  # what each rank last reported, for worker classes that report
         self.workers: list[Any] = []
         try:
@@ -71,23 +72,26 @@ class InProcessWorkerGroup:
             self._result(Finished(error=exc, traceback=traceback.format_exc()), 0, START_PHASE)
         if issubclass(worker_cls, PhaseReporter):
             self.board = PhaseBoard()
-            self.call("attach_board", self.board, phase=START_PHASE, startup=True)
+            self.call(PhaseReporter.attach_board, self.board, phase=START_PHASE, startup=True)
 
     @property
     def size(self) -> int:
         return len(self.workers)
 
-    def call(self, method: str, *args: Any, phase: str | None = None, per_rank: Sequence[tuple] | None = None,
-             startup: bool = False) -> list[Any]:
-        return self.collect(self.submit(method, *args, per_rank=per_rank), phase or method, startup=startup)
+    def call(self, method: Callable[..., Any], *args: Any, phase: str | None = None,
+             per_rank: Sequence[tuple] | None = None, startup: bool = False) -> list[Any]:
+        handles = self.submit(method, *args, per_rank=per_rank)
+        return self.collect(handles, phase or method.__name__, startup=startup)
 
-    def submit(self, method: str, *args: Any, per_rank: Sequence[tuple] | None = None) -> list[Finished]:
+    def submit(self, method: Callable[..., Any], *args: Any, per_rank: Sequence[tuple] | None = None
+               ) -> list[Finished]:
         """Run `method` on every rank now; an exception waits in its handle for `collect`, as on Ray."""
+        name = method_name(self.worker_cls, method)
         handles = []
         for rank, worker in enumerate(self.workers):
             started = time.perf_counter()
             try:
-                handle = Finished(getattr(worker, method)(*(per_rank[rank] if per_rank is not None else args)))
+                handle = Finished(getattr(worker, name)(*(per_rank[rank] if per_rank is not None else args)))
             except Exception as exc:  # noqa: BLE001 - KeyboardInterrupt goes on up: Ctrl-C stops the run
                 handle = Finished(error=exc, traceback=traceback.format_exc())
             handle.seconds = time.perf_counter() - started

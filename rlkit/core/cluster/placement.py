@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from rlkit.core.cluster.backend import Backend
+from rlkit.core.cluster.device_worker import DeviceWorker
 from rlkit.core.rollout.sync_check import first_change
 from rlkit.core.rollout.worker import RolloutWorker
 from rlkit.core.train.policy_worker import PolicyWorker
@@ -58,21 +59,21 @@ class Placement:
 
     def setup(self) -> list[Any]:
         """Start process groups, load models, start engines; returns the training ranks' setup info."""
-        master = self.train.call("address", phase="address")[0]
-        info = self.train.call("setup", *master, phase="setup (model load + engine start)", startup=True)
+        master = self.train.call(DeviceWorker.address, phase="address")[0]
+        info = self.train.call(PolicyWorker.setup, *master, phase="setup (model load + engine start)", startup=True)
         if self.split:
-            self.rollout.call("setup", phase="rollout setup (engine start)", startup=True)
+            self.rollout.call(RolloutWorker.setup, phase="rollout setup (engine start)", startup=True)
         if self.broadcast:
             self.join_weight_transfer()
         return info
 
     def join_weight_transfer(self) -> None:
         """Training rank 0 and every rollout worker form the transfer group (each side waits for the other)."""
-        host, port = self.train.call("address", phase="address")[0]
-        specs = self.train.call("weight_specs", phase="weight specs")[0]
+        host, port = self.train.call(DeviceWorker.address, phase="address")[0]
+        specs = self.train.call(PolicyWorker.weight_specs, phase="weight specs")[0]
         world = 1 + self.rollout_size
-        train = self.train.submit("join_weight_transfer", host, port, world, specs, BUCKET_BYTES)
-        rollout = self.rollout.submit("join_weight_transfer", host, port, world, specs, BUCKET_BYTES)
+        train = self.train.submit(PolicyWorker.join_weight_transfer, host, port, world, specs, BUCKET_BYTES)
+        rollout = self.rollout.submit(RolloutWorker.join_weight_transfer, host, port, world, specs, BUCKET_BYTES)
         self.train.collect(train, "weight transfer group (training rank 0)", startup=True)
         self.rollout.collect(rollout, "weight transfer group (rollout workers)", startup=True)
 
@@ -85,15 +86,15 @@ class Placement:
     def start_sync(self) -> PendingSync:
         """The training side of a weight sync; the rollout side is queued on the rollout workers."""
         if not self.split:
-            synced = self.train.call("sync_weights")
+            synced = self.train.call(PolicyWorker.sync_weights)
             return PendingSync({**synced[0], **first_change(synced)})
         start = time.perf_counter()
         if self.broadcast:
-            self.train.call("send_weights", phase="sync_weights (gather + stage)")
-            refs = self.rollout.submit("receive_weights")
+            self.train.call(PolicyWorker.send_weights, phase="sync_weights (gather + stage)")
+            refs = self.rollout.submit(RolloutWorker.receive_weights)
         else:
-            buckets = self.train.call("export_weights", BUCKET_BYTES, phase="sync_weights (gather)")[0]
-            refs = self.rollout.submit("load_weights", buckets)
+            buckets = self.train.call(PolicyWorker.export_weights, BUCKET_BYTES, phase="sync_weights (gather)")[0]
+            refs = self.rollout.submit(RolloutWorker.load_weights, buckets)
         return PendingSync({"sync/seconds": time.perf_counter() - start}, refs)
 
     def finish_sync(self, pending: PendingSync) -> dict[str, float]:

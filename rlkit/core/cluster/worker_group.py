@@ -10,12 +10,13 @@ from __future__ import annotations
 import logging
 import os
 import time
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import ray
 from ray.util.placement_group import placement_group, remove_placement_group
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
+from rlkit.core.cluster.calls import method_name
 from rlkit.core.cluster.failures import (
     WorkerFailure,
     late_worker,
@@ -104,7 +105,7 @@ class WorkerGroup:
     def __init__(self, worker_cls: type, config: RLConfig, *args: Any, name: str = "worker",
                  colocate_with: WorkerGroup | None = None, reservation: DeviceReservation | None = None,
                  slots: Sequence[tuple[int, int]] | None = None) -> None:
-        self.config, self.name = config, name
+        self.config, self.name, self.worker_cls = config, name, worker_cls
         if colocate_with is not None:
             reservation, slots = colocate_with.reservation, colocate_with.slots
         self.owns_reservation = reservation is None
@@ -122,30 +123,31 @@ class WorkerGroup:
         self.board: Any = None  # the PhaseBoard, for worker classes that report phases
         if issubclass(worker_cls, PhaseReporter):
             self.board = ray.remote(num_cpus=0)(PhaseBoard).remote()
-            self.call("attach_board", self.board, phase="start (worker processes)", startup=True)
+            self.call(PhaseReporter.attach_board, self.board, phase="start (worker processes)", startup=True)
 
     @property
     def size(self) -> int:
         return len(self.actors)
 
-    def call(self, method: str, *args: Any, phase: str | None = None, per_rank: Sequence[tuple] | None = None,
-             startup: bool = False) -> list[Any]:
+    def call(self, method: Callable[..., Any], *args: Any, phase: str | None = None,
+             per_rank: Sequence[tuple] | None = None, startup: bool = False) -> list[Any]:
         """Call `method` on every rank (same args, or per_rank[r]) and gather the results in rank order.
 
         The deadline is trainer.phase_timeout_s, or trainer.setup_timeout_s for start-up calls
         (startup=True: model load, engine start), which also log each rank's progress.
         """
-        return self.collect(self.submit(method, *args, per_rank=per_rank), phase or method, startup=startup)
+        return self.collect(self.submit(method, *args, per_rank=per_rank), phase or method.__name__, startup=startup)
 
-    def submit(self, method: str, *args: Any, per_rank: Sequence[tuple] | None = None) -> list[Any]:
+    def submit(self, method: Callable[..., Any], *args: Any, per_rank: Sequence[tuple] | None = None) -> list[Any]:
         """Start `method` on every rank without waiting: one Ray ObjectRef per rank, in rank order.
 
         An actor runs its calls one at a time in the order they were submitted, so a call
         submitted after another on the same group runs after it on every rank.
         """
+        name = method_name(self.worker_cls, method)
         if per_rank is not None:
-            return [getattr(a, method).remote(*per_rank[r]) for r, a in enumerate(self.actors)]
-        return [getattr(a, method).remote(*args) for a in self.actors]
+            return [getattr(a, name).remote(*per_rank[r]) for r, a in enumerate(self.actors)]
+        return [getattr(a, name).remote(*args) for a in self.actors]
 
     def collect(self, refs: list[Any], phase: str, *, startup: bool = False) -> list[Any]:
         """Wait for submitted calls (deadline as `call`'s, counted from now) and return their results in rank order."""

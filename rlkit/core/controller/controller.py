@@ -26,6 +26,7 @@ from rlkit.core.algos.phase_plan import phase_plan
 from rlkit.core.algos.update_inputs import UpdateInputs
 from rlkit.core.batch import Batch, shard_minibatches
 from rlkit.core.cluster.backend import Backend, Group, start_backend
+from rlkit.core.cluster.device_worker import DeviceWorker
 from rlkit.core.cluster.failures import WorkerFailure, checkpoint_write_failure
 from rlkit.core.cluster.placement import Placement
 from rlkit.core.controller import invariants
@@ -39,7 +40,8 @@ from rlkit.core.state.disk_errors import os_error_behind
 from rlkit.core.state.records import RolloutRecorder
 from rlkit.core.state.run_dir import RunDir
 from rlkit.core.state.shards import rng_state, set_rng_state
-from rlkit.core.train.critic_worker import VALUE_INPUT_KEYS, start_critic_group
+from rlkit.core.train.critic_worker import VALUE_INPUT_KEYS, CriticWorker, start_critic_group
+from rlkit.core.train.policy_worker import PolicyWorker
 from rlkit.errors import UserError
 from rlkit.recipes.loader import config_to_yaml
 from rlkit.recipes.schema import RLConfig
@@ -158,16 +160,17 @@ class Controller:
 
     def update_actor(self, batch: Batch, inputs: UpdateInputs) -> dict[str, float]:
         per_rank = [(shards, norms, inputs) for shards, norms in self.minibatches(batch, inputs.keys())]
-        return self.workers.call("update_actor", per_rank=per_rank, phase="update_actor")[0]
+        return self.workers.call(PolicyWorker.update_actor, per_rank=per_rank, phase="update_actor")[0]
 
     def values(self, batch: Batch) -> torch.Tensor:
         shards = Batch({k: batch[k] for k in VALUE_INPUT_KEYS}).chunk(self.config.world_size)
-        return torch.cat(self.critic.call("compute_values", per_rank=[(s,) for s in shards], phase="critic values"))
+        values = self.critic.call(CriticWorker.compute_values, per_rank=[(s,) for s in shards], phase="critic values")
+        return torch.cat(values)
 
     def update_critic(self, batch: Batch) -> dict[str, float]:
         """The critic regresses the GAE returns, anchored (value clip) at the values it gave at rollout."""
         per_rank = self.minibatches(batch, VALUE_INPUT_KEYS + ["values", "returns"])
-        return self.critic.call("update_critic", per_rank=per_rank, phase="update_critic")[0]
+        return self.critic.call(CriticWorker.update_critic, per_rank=per_rank, phase="update_critic")[0]
 
     def minibatches(self, batch: Batch, keys: list[str]) -> list[tuple[list[Batch], list[dict[str, float]]]]:
         """Per rank: (its share of each mini-batch, every mini-batch's global token/sequence counts).
@@ -254,7 +257,7 @@ def save_run_checkpoint(config: RLConfig, run: RunDir, step: int, reason: str, g
 
     def write_shards(folder: Path) -> None:
         for name, group in groups.items():
-            group.call("save_checkpoint", str(folder / name), phase=f"save checkpoint ({name})")
+            group.call(DeviceWorker.save_checkpoint, str(folder / name), phase=f"save checkpoint ({name})")
 
     try:
         return checkpoint.write_checkpoint(
@@ -271,7 +274,7 @@ def save_run_checkpoint(config: RLConfig, run: RunDir, step: int, reason: str, g
 def worker_log_probs(workers: Group, batch: Batch, which: str, world: int) -> dict[str, torch.Tensor]:
     """Per-token log-probs (and entropy) of the batch's responses under the actor or the reference
     (`which`), each of the `world` ranks computing its equal share."""
-    results = workers.call("compute_log_probs", per_rank=[(s, which) for s in batch.chunk(world)],
+    results = workers.call(PolicyWorker.compute_log_probs, per_rank=[(s, which) for s in batch.chunk(world)],
                            phase=f"{which} log-probs")
     return {k: torch.cat([r[k] for r in results]) for k in results[0]}
 
@@ -283,4 +286,4 @@ def load_worker_shards(ckpt: checkpoint.Checkpoint, dataset_rows: int, groups: d
                         f"{ckpt.state['dataset_rows']} rows, data.train_files now holds {dataset_rows}; "
                         "an exact resume needs the same data (start a new run for new data)")
     for name, group in groups.items():
-        group.call("load_checkpoint", str(ckpt.path / name), phase=f"load checkpoint ({name})")
+        group.call(DeviceWorker.load_checkpoint, str(ckpt.path / name), phase=f"load checkpoint ({name})")

@@ -19,6 +19,7 @@ import torch
 
 from rlkit.core.batch import Batch, pad_to_ranks, shard_minibatches
 from rlkit.core.cluster.backend import Backend, start_backend
+from rlkit.core.cluster.device_worker import DeviceWorker
 from rlkit.core.controller.controller import (
     load_worker_shards,
     save_run_checkpoint,
@@ -52,8 +53,8 @@ class OfflineController:
         try:
             self.backend = backend = start_backend(config)
             self.workers = backend.group(PolicyWorker, self.model_path, name="worker")
-            master = self.workers.call("address", phase="address")[0]
-            setup = self.workers.call("setup", *master, False, phase="setup (model load)", startup=True)
+            master = self.workers.call(DeviceWorker.address, phase="address")[0]
+            setup = self.workers.call(PolicyWorker.setup, *master, False, phase="setup (model load)", startup=True)
             self.fast_paths = setup[0]["fast_paths"]  # the same on every rank
             config.actor.micro_batch_tokens = self.fast_paths.micro_batch_tokens  # checkpoints keep the resolved budget
         except BaseException:  # a worker that died or hung in start-up, or Ctrl-C: stop what did start
@@ -89,7 +90,7 @@ class OfflineController:
         cfg = self.config
         tensors = Batch(dict(batch.tensors))  # the row kind's tensors travel (dpo: with ref_log_probs); meta stays here
         per_rank = shard_minibatches(tensors, cfg.actor.mini_batch_size * cfg.samples_per_prompt, cfg.world_size)
-        return self.workers.call("update_offline", per_rank=per_rank, phase="update_offline")[0]
+        return self.workers.call(PolicyWorker.update_offline, per_rank=per_rank, phase="update_offline")[0]
 
     # -- validation ---------------------------------------------------------------------
     def validate(self, step: int) -> dict[str, float]:
@@ -106,8 +107,8 @@ class OfflineController:
         with timed(timing, "val"):
             if self.config.needs_reference:
                 batch["ref_log_probs"] = self.reference_log_probs(batch)
-            out = self.workers.call("evaluate_offline", per_rank=[(shard, norm) for shard in batch.chunk(world)],
-                                    phase="validation")[0]
+            per_rank = [(shard, norm) for shard in batch.chunk(world)]
+            out = self.workers.call(PolicyWorker.evaluate_offline, per_rank=per_rank, phase="validation")[0]
         return {**{f"val/{k}": v for k, v in out.items()}, "timing/val": timing["val"]}
 
     # -- checkpoints (layout and atomic writes: rlkit.core.state.checkpoint) -------------------

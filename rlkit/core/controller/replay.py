@@ -16,6 +16,7 @@ from pathlib import Path
 
 from rlkit.core.algos.phase_plan import phase_plan
 from rlkit.core.algos.update_inputs import UpdateInputs
+from rlkit.core.cluster.device_worker import DeviceWorker
 from rlkit.core.controller.controller import Controller
 from rlkit.core.controller.resume import config_diff
 from rlkit.core.state import checkpoint, records
@@ -95,10 +96,10 @@ def replay_step(run_id: str, step: int, overrides: list[str], runs_dir: str | Pa
     backend = start_backend(config)
     try:
         group = backend.group(PolicyWorker, resolve_model_path(config.model.path), name="worker")
-        master = group.call("address", phase="address")[0]
-        group.call("setup", *master, False, phase="setup (model load)", startup=True)
+        master = group.call(DeviceWorker.address, phase="address")[0]
+        group.call(PolicyWorker.setup, *master, False, phase="setup (model load)", startup=True)
         if ckpt is not None:
-            group.call("load_checkpoint", str(ckpt.path / "policy"), phase="load checkpoint (policy)")
+            group.call(DeviceWorker.load_checkpoint, str(ckpt.path / "policy"), phase="load checkpoint (policy)")
         updater = Controller.__new__(Controller)  # the controller's own update path, without rollout or data
         updater.config, updater.workers = config, group
         replayed = updater.update_actor(record.batch, UpdateInputs.for_step(config, step))

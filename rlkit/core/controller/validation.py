@@ -32,7 +32,7 @@ from typing import TYPE_CHECKING, Any, Callable
 
 from rlkit.core.agents.report import episode_metrics
 from rlkit.core.agents.tool_env import prompt_tools
-from rlkit.core.agents.worker import build_agent_loop, run_episodes
+from rlkit.core.agents.worker import AgentEpisodes, build_agent_loop, run_episodes
 from rlkit.core.data.dataset import PromptRow, load_prompt_dataset
 from rlkit.core.rewards.metrics import RowOutcome, validation_metrics
 from rlkit.core.rewards.registry import answer_fn_for
@@ -210,7 +210,7 @@ def workers_episodes(group: Group) -> GenerateFn:
         bounds = [(len(rows) * r // world, len(rows) * (r + 1) // world) for r in range(world)]
         per_rank = [(rows[a:b], list(range(a, b)), replace(sampling, seed=sampling.seed + a * sampling.n))
                     for a, b in bounds]
-        results = group.call("validation_episodes", per_rank=per_rank, phase="validation")
+        results = group.call(AgentEpisodes.validation_episodes, per_rank=per_rank, phase="validation")
         return [episode for part in results for episode in part]
 
     return generate

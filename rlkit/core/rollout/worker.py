@@ -9,11 +9,12 @@ submitted, so a weight load queued behind a generation waits for it (asynchronou
 from __future__ import annotations
 
 import time
-from typing import Any, Iterable
+from typing import Any, Callable, Iterable
 
 import torch
 
 from rlkit.core.agents.worker import AgentEpisodes
+from rlkit.core.cluster.calls import method_name
 from rlkit.core.cluster.device_worker import DeviceWorker
 from rlkit.core.cluster.phases import in_phase
 from rlkit.core.cluster.weight_transfer import TensorSpec, TransferGroup, WeightReceiver
@@ -46,11 +47,11 @@ class RolloutWorker(DeviceWorker, AgentEpisodes):
         self.sync_probe.record(prompts, samples)
         return samples
 
-    def timed(self, method: str, *args: Any) -> tuple[Any, dict[str, float]]:
+    def timed(self, method: Callable[..., Any], *args: Any) -> tuple[Any, dict[str, float]]:
         """`method`'s result (generate, agent_episodes), and how long this worker sat idle before the call and
         then ran it (asynchronous rollout's rollout/* timings)."""
         start = time.perf_counter()
-        result = getattr(self, method)(*args)
+        result = getattr(self, method_name(type(self), method))(*args)
         return result, self._timing(start)
 
     def _timing(self, start: float) -> dict[str, float]:

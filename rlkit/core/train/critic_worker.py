@@ -92,6 +92,6 @@ def start_critic_group(config: RLConfig, model_path: str, policy: Group, backend
     if not config.critic_enabled:
         return None
     group = backend.group(CriticWorker, model_path, name="critic", colocate_with=policy)
-    master = group.call("address", phase="critic address")[0]
-    group.call("setup", *master, phase="critic setup (model load)", startup=True)
+    master = group.call(CriticWorker.address, phase="critic address")[0]
+    group.call(CriticWorker.setup, *master, phase="critic setup (model load)", startup=True)
     return group
