@@ -117,3 +117,9 @@ class RLConfig(Section):
         """The temperature of log-prob passes: RL's rollout.temperature (the distribution the engine
         sampled from); 1 offline (the data's likelihood)."""
         return self.rollout.temperature if self.objective == "rl" else 1.0
+
+
+def with_resolved_budget(config: RLConfig, micro_batch_tokens: int) -> RLConfig:
+    """A copy of `config` with actor.micro_batch_tokens as the workers resolved it from "auto" at start-up."""
+    actor = config.actor.model_copy(update={"micro_batch_tokens": micro_batch_tokens})
+    return config.model_copy(update={"actor": actor})

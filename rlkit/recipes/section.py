@@ -1,4 +1,5 @@
-"""The base of every section of a run's config: unknown keys are errors, assignments are validated."""
+"""The base of every section of a run's config: unknown keys are errors, and a validated config is never
+changed (frozen): a value resolved later makes a copy (`with_resolved_budget`)."""
 
 from __future__ import annotations
 
@@ -6,4 +7,4 @@ from pydantic import BaseModel, ConfigDict
 
 
 class Section(BaseModel):
-    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+    model_config = ConfigDict(extra="forbid", frozen=True)

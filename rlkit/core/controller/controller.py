@@ -44,7 +44,7 @@ from rlkit.core.train.critic_worker import VALUE_INPUT_KEYS, CriticWorker, start
 from rlkit.core.train.policy_worker import PolicyWorker
 from rlkit.errors import UserError
 from rlkit.recipes.loader import config_to_yaml
-from rlkit.recipes.schema import RLConfig
+from rlkit.recipes.schema import RLConfig, with_resolved_budget
 
 logger = logging.getLogger("rlkit")
 
@@ -84,8 +84,9 @@ class Controller:
             self.workers = self.placement.train
             self.setup_info = self.placement.setup()
             self.fast_paths = self.setup_info[0]["fast_paths"]  # the same on every rank
-            # The critic and every checkpoint's config take the budget the workers resolved from "auto".
-            config.actor.micro_batch_tokens = self.fast_paths.micro_batch_tokens
+            # The critic and every checkpoint's config take the budget the workers resolved from "auto" (a copy:
+            # a validated config is never changed).
+            self.config = config = with_resolved_budget(config, self.fast_paths.micro_batch_tokens)
             self.critic = start_critic_group(config, self.model_path, self.workers, backend)
             source_cls = SyncRolloutSource if config.rollout.mode == "sync" else AsyncRolloutSource
             self.source = source_cls(config, self.rows, sampler, self.tokenizer, self.scorer, self.placement)

@@ -69,6 +69,7 @@ def run_training(config: RLConfig, run: RunDir, inputs: RunInputs, resume_from: 
         seed_rng(trainer.seed)
         try:
             controller = make_controller(config, run, inputs)
+            config = controller.config  # with what the workers resolved at start-up (actor.micro_batch_tokens)
             provenance.write(run.path, config)  # after the run dir holds a synthetic task's data
             logger.info(controller.fast_paths.describe())
             validation = validation_fn(controller, run.path)

@@ -33,7 +33,7 @@ from rlkit.core.state import checkpoint
 from rlkit.core.state.run_dir import RunDir
 from rlkit.core.state.shards import set_rng_state
 from rlkit.core.train.policy_worker import PolicyWorker
-from rlkit.recipes.schema import RLConfig
+from rlkit.recipes.schema import RLConfig, with_resolved_budget
 
 
 class OfflineController:
@@ -56,7 +56,8 @@ class OfflineController:
             master = self.workers.call(DeviceWorker.address, phase="address")[0]
             setup = self.workers.call(PolicyWorker.setup, *master, False, phase="setup (model load)", startup=True)
             self.fast_paths = setup[0]["fast_paths"]  # the same on every rank
-            config.actor.micro_batch_tokens = self.fast_paths.micro_batch_tokens  # checkpoints keep the resolved budget
+            # Checkpoints keep the resolved budget (a copy: a validated config is never changed).
+            self.config = config = with_resolved_budget(config, self.fast_paths.micro_batch_tokens)
         except BaseException:  # a worker that died or hung in start-up, or Ctrl-C: stop what did start
             if backend is not None:
                 backend.shutdown()

@@ -57,10 +57,10 @@ RESUME_SAFE_KEYS = {
 def resume_config(run: RunDir, ckpt: checkpoint.Checkpoint, overrides: list[str]) -> RLConfig:
     """The checkpoint's config with `overrides`; refuses any that would change the math."""
     saved_yaml = ckpt.path / checkpoint.CONFIG_FILE
-    saved = load_config(str(saved_yaml))
-    config = load_config(str(saved_yaml), overrides)
     # load_config names the recipe after the file it read (config.yaml); keep the original name.
-    saved.recipe = config.recipe = str((yaml.safe_load(saved_yaml.read_text()) or {}).get("recipe", ""))
+    recipe = {"recipe": str((yaml.safe_load(saved_yaml.read_text()) or {}).get("recipe", ""))}
+    saved = load_config(str(saved_yaml)).model_copy(update=recipe)
+    config = load_config(str(saved_yaml), overrides).model_copy(update=recipe)
     changed = config_diff(saved, config)
     refused = [f"{key}: {old!r} -> {new!r}" for key, (old, new) in changed.items() if key not in RESUME_SAFE_KEYS]
     if refused:

@@ -84,10 +84,8 @@ def knobs(plan: Plan, critic: ModelShape | None, reward: ModelShape | None) -> l
     found = []
 
     def fits_with(**changes: dict) -> bool:
-        changed = config.model_copy(deep=True)
-        for section, values in changes.items():
-            for key, value in values.items():
-                setattr(getattr(changed, section), key, value)
+        changed = config.model_copy(update={section: getattr(config, section).model_copy(update=values)
+                                            for section, values in changes.items()})
         return memory.training_device(changed, plan.shape, plan.device.bytes, on_gpu=plan.device.on_gpu,
                                       critic=critic, reward_model=reward).phases[mem.peak_phase] <= usable
 
