@@ -41,7 +41,8 @@ def run(tmp_path_factory) -> dict:
                  "actor.use_kl_loss=true", "actor.kl_loss_coef=0.1", "actor.entropy_coeff=0.01",
                  f"reward.function={root / 'reward.py'}:dense", f"trainer.total_steps={STEPS}", "trainer.save_freq=1",
                  "trainer.keep_last=5", "trainer.workers=in_process", "trainer.device=cpu", "trainer.logger=[jsonl]",
-                 f"trainer.runs_dir={runs}", "trainer.record_rollouts=true", "--run-id", "recorded"], root / "train.log")
+                 f"trainer.runs_dir={runs}", "trainer.record_rollouts=true", "--run-id", "recorded"],
+                root / "train.log")
         yield {"root": root, "runs": runs, "path": runs / "recorded"}
 
 
