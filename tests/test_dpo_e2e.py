@@ -105,8 +105,9 @@ def test_lora_dpo_takes_the_adapters_off_model_as_its_reference(world) -> None:
     args = [a for a in world["args"] if not a.startswith(("trainer.total_steps", "trainer.val_freq", "actor.lr",
                                                           "actor.mini_batch_size"))]
     run_cli(["train", "dpo", *args, "trainer.total_steps=3", "trainer.val_freq=3", "actor.lr=1e-2",
-             "actor.mini_batch_size=64", "model.lora.rank=8", "model.lora.alpha=16", "--run-id", "lora"],
-            root / "lora.log")
+             "actor.mini_batch_size=64", "model.lora.rank=8", "model.lora.alpha=16",
+             "trainer.workers=in_process", "trainer.device=cpu",  # the worker: an object in the CLI's process
+             "--run-id", "lora"], root / "lora.log")
     records = metrics(runs / "lora")
     assert records[0]["val/rewards/margins"] == pytest.approx(0.0, abs=1e-6)
     assert records[1]["rewards/margins"] == pytest.approx(0.0, abs=1e-6)  # one optimizer step: measured before it
