@@ -208,13 +208,14 @@ class PolicyWorker(DeviceWorker, AgentEpisodes, OfflineUpdates):
         Metrics are global (rlkit.core.train.learner): every worker returns the same numbers.
         """
         cfg = self.config.actor
-        micro_step = functools.partial(self._micro_step, inputs=inputs)
+        options = configured_loss_options(cfg.policy_loss, cfg)  # once per update, not per micro-batch
+        micro_step = functools.partial(self._micro_step, inputs=inputs, loss_options=options)
         totals = optimize(self.model, minibatches, norms, micro_step, grad_clip=cfg.grad_clip,
                           micro_batch_tokens=self.fast_paths.micro_batch_tokens, per_update=("pg_loss", "kl_loss"))
         return {k if "/" in k else f"actor/{k}": v for k, v in totals.items()}
 
-    def _micro_step(self, mb: Batch, norm: dict[str, float], *,
-                    inputs: UpdateInputs) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    def _micro_step(self, mb: Batch, norm: dict[str, float], *, inputs: UpdateInputs,
+                    loss_options: dict[str, Any]) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         """The loss of one micro-batch, and metric sums to aggregate across micro-batches and ranks."""
         cfg = self.config.actor
         packed = packing.pack(mb).to(self.device)
@@ -227,7 +228,7 @@ class PolicyWorker(DeviceWorker, AgentEpisodes, OfflineUpdates):
         old_log_probs = log_probs.detach() if old_from_here else mb["old_log_probs"]
         mask = mb["response_mask"].float()
         per_token, pg_metrics = policy_loss(cfg.policy_loss, log_probs, old_log_probs, mb["advantages"], mask,
-                                            **configured_loss_options(cfg.policy_loss, cfg))
+                                            **loss_options)
         correction = inputs.rollout_correction  # (level, cap), or None
         if correction is not None:
             weights = rollout_importance_weights(old_log_probs, mb["rollout_log_probs"], correction[1],
