@@ -33,6 +33,7 @@ demo: venv
 
 test: venv
 	$(BIN)/ruff check rlkit
+	$(BIN)/ruff format --check rlkit
 	$(BIN)/python -m pytest -q -ra --durations=15 tests
 
 test-fast: venv

@@ -12,7 +12,7 @@ import pytest
 from conftest import REPO, invoke
 
 from rlkit.cli.doctor_cmds import register
-from rlkit.core import compat, doctor, environment
+from rlkit.core import compat, doctor, doctor_cluster, environment
 from rlkit.core.environment import GPU
 from rlkit.recipes.loader import load_config
 
@@ -142,14 +142,14 @@ def test_gpu_memory_held_by_another_process_fails_with_the_knob(versions, monkey
 
 
 def test_nvlink_multicast_needs_a_ready_fabric(monkeypatch) -> None:
-    assert doctor.fabric_states(FABRIC_QUERY) == ["Completed/Success", "In Progress/N/A"]
+    assert doctor_cluster.fabric_states(FABRIC_QUERY) == ["Completed/Success", "In Progress/N/A"]
     gpus = [GPU(0, "NVIDIA H200", 143771, 143000), GPU(1, "NVIDIA H200", 143771, 143000)]
-    off = doctor.check_nccl(load_config("grpo", [], require_inputs=False), gpus)
+    off = doctor_cluster.check_nccl(load_config("grpo", [], require_inputs=False), gpus)
     assert [f.level for f in off] == ["ok"]
     assert "NCCL_NVLS_ENABLE=0, TORCH_SYMM_MEM_DISABLE_MULTICAST=1, NVSHMEM_DISABLE_NVLS=1" in off[0].found
-    monkeypatch.setattr(doctor, "nvidia_smi_query", lambda: FABRIC_QUERY)
+    monkeypatch.setattr(doctor_cluster, "nvidia_smi_query", lambda: FABRIC_QUERY)
     monkeypatch.setenv("NCCL_P2P_DISABLE", "1")
-    on = doctor.check_nccl(load_config("grpo", ["trainer.nvlink_multicast=true"], require_inputs=False), gpus)
+    on = doctor_cluster.check_nccl(load_config("grpo", ["trainer.nvlink_multicast=true"], require_inputs=False), gpus)
     assert [f.level for f in on] == ["fail", "warn"]
     assert "Completed/Success, In Progress/N/A" in on[0].found and "trainer.nvlink_multicast=false" in on[0].fix
 
@@ -159,7 +159,7 @@ def test_an_unreachable_ray_cluster_fails(versions, monkeypatch) -> None:
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]
     monkeypatch.setenv("RAY_ADDRESS", f"127.0.0.1:{port}")
-    found = doctor.check_ray(load_config("grpo", [], require_inputs=False))
+    found = doctor_cluster.check_ray(load_config("grpo", [], require_inputs=False))
     assert [f.level for f in found] == ["fail"]
     assert f"RAY_ADDRESS=127.0.0.1:{port} cannot be reached: 127.0.0.1:{port} does not accept connections" \
         in found[0].found
@@ -168,29 +168,29 @@ def test_an_unreachable_ray_cluster_fails(versions, monkeypatch) -> None:
 def test_a_remote_ray_cluster_without_token_auth_warns(versions, monkeypatch) -> None:
     monkeypatch.setenv("RAY_ADDRESS", "10.1.2.3:6379")
     monkeypatch.delenv("RAY_AUTH_MODE", raising=False)
-    monkeypatch.setattr(doctor, "ray_nodes", lambda address: [{"Alive": True, "Resources": {"CPU": 8.0}}])
-    found = doctor.check_ray(load_config("grpo", [], require_inputs=False))
+    monkeypatch.setattr(doctor_cluster, "ray_nodes", lambda address: [{"Alive": True, "Resources": {"CPU": 8.0}}])
+    found = doctor_cluster.check_ray(load_config("grpo", [], require_inputs=False))
     assert [(f.level, f.check) for f in found] == [("ok", "Ray"), ("warn", "Ray authentication")]
     assert found[1].found.startswith("RAY_ADDRESS=10.1.2.3:6379 is a Ray cluster on another machine and "
                                      "RAY_AUTH_MODE is not 'token' here")
     assert found[1].fix.startswith("start it with RAY_AUTH_MODE=token")
     monkeypatch.setenv("RAY_AUTH_MODE", "token")
-    assert [f.level for f in doctor.check_ray(load_config("grpo", [], require_inputs=False))] == ["ok"]
+    assert [f.level for f in doctor_cluster.check_ray(load_config("grpo", [], require_inputs=False))] == ["ok"]
 
 
 @pytest.mark.parametrize("address, cluster_of_one", [("127.0.0.1:6379", "0"), ("10.1.2.3:6379", None)])
 def test_doctor_reads_a_loopback_cluster_at_its_loopback_address(monkeypatch, address, cluster_of_one) -> None:
     """Ray would swap 127.0.0.1 for the machine's outward address, where a loopback-only cluster is not."""
     seen = {}
-    monkeypatch.setattr(doctor, "probe_port", lambda address: None)
+    monkeypatch.setattr(doctor_cluster, "probe_port", lambda address: None)
     monkeypatch.delenv("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", raising=False)
 
     def run(*args, env=None, **kwargs):
         seen["cluster_of_one"] = (env or {}).get("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER")
         return subprocess.CompletedProcess(args, 0, stdout='RLKIT-NODES []\n', stderr="")
 
-    monkeypatch.setattr(doctor.subprocess, "run", run)
-    assert doctor.ray_nodes(address) == [] and seen["cluster_of_one"] == cluster_of_one
+    monkeypatch.setattr(doctor_cluster.subprocess, "run", run)
+    assert doctor_cluster.ray_nodes(address) == [] and seen["cluster_of_one"] == cluster_of_one
 
 
 def test_too_little_disk_for_the_checkpoints_fails(no_cluster) -> None:

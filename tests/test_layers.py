@@ -13,7 +13,7 @@ from __future__ import annotations
 from test_import_graph import graph
 
 LAYERS = {
-    "cli": 0, "core.doctor": 0,
+    "cli": 0, "core.doctor": 0, "core.doctor_cluster": 0,
     "core.controller": 1,
     "core.rollout": 2, "core.train": 2, "core.agents": 2, "core.planning": 2,
     "core.cluster": 3, "core.state": 3, "core.rewards": 3, "core.data": 3,

@@ -9,7 +9,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from rlkit.core.rewards import scoring
+from rlkit.core.rewards import scoring, worker_pool
 from rlkit.core.rewards.scoring import RewardError, RewardScorer
 from rlkit.errors import UserError
 from rlkit.recipes.reward_schema import RewardConfig
@@ -227,14 +227,14 @@ def test_hung_rows_time_out_together(custom_file: Path, tmp_path: Path) -> None:
 
 def test_a_worker_started_late_in_a_batch_gets_its_own_start_up_deadline(monkeypatch: pytest.MonkeyPatch) -> None:
     """Replacements started late in a long batch are not a failed start (the deadline was once per batch)."""
-    pool = object.__new__(scoring._Pool)
+    pool = object.__new__(worker_pool.WorkerPool)
     pool.timeout_s = 1.0
     now = 1000.0
-    monkeypatch.setattr(scoring.time, "monotonic", lambda: now)
+    monkeypatch.setattr(worker_pool.time, "monotonic", lambda: now)
     replacement = SimpleNamespace(ready=False, row=None, spawned=now - 1.0, process=SimpleNamespace(pid=7))
     pool.workers = [replacement]
     pool._enforce_deadlines([None])  # the batch may have run for minutes: this worker started 1 s ago
-    replacement.spawned = now - scoring._STARTUP_TIMEOUT_S - 1.0
+    replacement.spawned = now - worker_pool.STARTUP_TIMEOUT_S - 1.0
     with pytest.raises(RewardError, match=r"a reward worker process \(pid 7\) did not start within 120 s"):
         pool._enforce_deadlines([None])
 

@@ -37,8 +37,7 @@ from rlkit.recipes.reward_schema import RewardConfig
 def _builder_options(fn: Builder) -> dict[str, Any]:
     """The options a builder takes (its keyword parameters after `source`) and their defaults."""
     params = list(inspect.signature(fn).parameters.values())[1:]
-    return {p.name: p.default for p in params
-            if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY) and p.name != "_"}
+    return {p.name: p.default for p in params if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY) and p.name != "_"}
 
 
 def _list_builders() -> None:
@@ -49,12 +48,16 @@ def _list_builders() -> None:
         options = ", ".join(f"{k}={v!r}" for k, v in _builder_options(fn).items())
         table.add_row(name, summary, options)
     console.print(table)
-    console.print("Your own: --builder path/file.py:function, called as function(source, **options) "
-                  "and returning {split: [row, ...]}.", markup=False)
+    console.print(
+        "Your own: --builder path/file.py:function, called as function(source, **options) "
+        "and returning {split: [row, ...]}.",
+        markup=False,
+    )
 
 
-def _parse_options(texts: list[str], instruction: str | None, fn: Builder, name: str,
-                   data_format: str | None = None) -> dict[str, Any]:
+def _parse_options(
+    texts: list[str], instruction: str | None, fn: Builder, name: str, data_format: str | None = None
+) -> dict[str, Any]:
     from rlkit.recipes.loader import parse_override
 
     options = dict(parse_override(text) for text in texts)
@@ -73,8 +76,9 @@ def _parse_options(texts: list[str], instruction: str | None, fn: Builder, name:
 
 def _clean_split(split: str, rows: Any, progress: Progress, dropped: Counter) -> list[dict[str, Any]]:
     if not isinstance(rows, list):
-        raise UserError(f"the builder returned {type(rows).__name__} for split {split!r}; "
-                        "it must return a list of rows")
+        raise UserError(
+            f"the builder returned {type(rows).__name__} for split {split!r}; it must return a list of rows"
+        )
     kept = []
     for row in progress.track(rows, description=f"checking {split}"):
         reason = row.reason if isinstance(row, Dropped) else row_problem(row)
@@ -89,22 +93,33 @@ def _clean_split(split: str, rows: Any, progress: Progress, dropped: Counter) ->
 
 
 def prep_data(
-    name: Optional[str] = typer.Argument(None, help="Builder to run: gsm8k, gsm8k-pairs, math, humaneval, synthetic, "
-                                                    "arithmetic (see --list)."),
+    name: Optional[str] = typer.Argument(
+        None, help="Builder to run: gsm8k, gsm8k-pairs, math, humaneval, synthetic, arithmetic (see --list)."
+    ),
     out: Optional[Path] = typer.Option(
-        None, "--out", help="Output directory for {split}.parquet (default: ~/data/NAME)."),
+        None, "--out", help="Output directory for {split}.parquet (default: ~/data/NAME)."
+    ),
     source: Optional[str] = typer.Option(
-        None, "--source", help="Local directory with {train,test}.jsonl or .parquet files; without it the data "
-                               "is downloaded from the Hugging Face hub (needs `pip install datasets`)."),
+        None,
+        "--source",
+        help="Local directory with {train,test}.jsonl or .parquet files; without it the data "
+        "is downloaded from the Hugging Face hub (needs `pip install datasets`).",
+    ),
     instruction: Optional[str] = typer.Option(
-        None, "--instruction", help="Text appended to every question (gsm8k, math); '' appends nothing."),
+        None, "--instruction", help="Text appended to every question (gsm8k, math); '' appends nothing."
+    ),
     data_format: Optional[str] = typer.Option(
-        None, "--format", help="rl (prompts for RL, the default) or sft (a `response` column too, for "
-                               "`rlkit train sft`; gsm8k: the reference solution). Same as -o format=..."),
+        None,
+        "--format",
+        help="rl (prompts for RL, the default) or sft (a `response` column too, for "
+        "`rlkit train sft`; gsm8k: the reference solution). Same as -o format=...",
+    ),
     options: Optional[list[str]] = typer.Option(
-        None, "--option", "-o", help="Builder option KEY=VALUE, repeatable (e.g. -o task=add -o n_train=4096)."),
+        None, "--option", "-o", help="Builder option KEY=VALUE, repeatable (e.g. -o task=add -o n_train=4096)."
+    ),
     builder: Optional[str] = typer.Option(
-        None, "--builder", help="Your builder as path/file.py:function, instead of NAME."),
+        None, "--builder", help="Your builder as path/file.py:function, instead of NAME."
+    ),
     list_builders: bool = typer.Option(False, "--list", help="List the builders and their options, then stop."),
 ) -> None:
     """Build train/test parquet files (prompt as chat messages, reward_model.ground_truth, ...).
@@ -148,8 +163,10 @@ def prep_data(
                 try:
                     path = str(write_parquet(kept, out_dir / f"{split}.parquet"))
                 except Exception as exc:  # mixed column types from a user builder
-                    raise UserError(f"cannot write split {split!r} as parquet ({exc}); every row needs the "
-                                    "same keys and value types") from exc
+                    raise UserError(
+                        f"cannot write split {split!r} as parquet ({exc}); every row needs the "
+                        "same keys and value types"
+                    ) from exc
             written += len(kept)
             table.add_row(split, str(len(kept)), str(sum(dropped.values())), why or "-", path)
     console.print(table)
@@ -183,25 +200,35 @@ def _reward_config(overrides: list[str]) -> RewardConfig:
 def eval_reward(
     data: Path = typer.Option(..., "--data", help="Parquet file of prompts with data_source and ground truth."),
     responses: Optional[Path] = typer.Option(
-        None, "--responses", help='jsonl, one line per data row in order: a JSON string, {"response": "..."} '
-                                  'or {"responses": ["...", ...]}.'),
+        None,
+        "--responses",
+        help='jsonl, one line per data row in order: a JSON string, {"response": "..."} '
+        'or {"responses": ["...", ...]}.',
+    ),
     model: Optional[str] = typer.Option(
-        None, "--model", help="Sample responses from this model (local path or hub id) instead of --responses."),
+        None, "--model", help="Sample responses from this model (local path or hub id) instead of --responses."
+    ),
     n: int = typer.Option(1, "--n", min=1, help="Responses sampled per row with --model."),
     max_new_tokens: int = typer.Option(512, "--max-new-tokens", min=1, help="Response length cap with --model."),
     temperature: float = typer.Option(
-        1.0, "--temperature", min=0.0, help="Sampling temperature with --model; 0 = greedy."),
+        1.0, "--temperature", min=0.0, help="Sampling temperature with --model; 0 = greedy."
+    ),
     seed: int = typer.Option(0, "--seed", help="Sampling seed with --model."),
     limit: Optional[int] = typer.Option(
-        None, "--limit", min=1, help="Score only the first N data rows (with --model)."),
+        None, "--limit", min=1, help="Score only the first N data rows (with --model)."
+    ),
     save: Optional[Path] = typer.Option(
-        None, "--save", help="Write the sampled responses here as jsonl (re-score with --responses)."),
+        None, "--save", help="Write the sampled responses here as jsonl (re-score with --responses)."
+    ),
     examples: int = typer.Option(
-        3, "--examples", min=0, help="How many extraction failures, errors and invalid scores to show."),
-    as_json: bool = typer.Option(False, "--json", help="Print the report as one JSON object, each row's "
-                                                               "scores included (for scripts)."),
+        3, "--examples", min=0, help="How many extraction failures, errors and invalid scores to show."
+    ),
+    as_json: bool = typer.Option(
+        False, "--json", help="Print the report as one JSON object, each row's scores included (for scripts)."
+    ),
     overrides: Optional[list[str]] = typer.Argument(
-        None, help="reward.KEY=VALUE settings, e.g. reward.gsm8k_method=flexible reward.function=my_reward.py:score"),
+        None, help="reward.KEY=VALUE settings, e.g. reward.gsm8k_method=flexible reward.function=my_reward.py:score"
+    ),
 ) -> None:
     """Score responses with the reward a training run would use: is my reward right?
 
@@ -222,14 +249,19 @@ def eval_reward(
         rows = rows[:limit]
         status = f"sampling {n} response(s) for {len(rows)} prompts from {model}"
         with contextlib.nullcontext() if as_json else console.status(status):
-            texts = sample_responses(model, rows, n=n, max_new_tokens=max_new_tokens, temperature=temperature,
-                                     seed=seed)
+            texts = sample_responses(
+                model, rows, n=n, max_new_tokens=max_new_tokens, temperature=temperature, seed=seed
+            )
         if save is not None:
             save.expanduser().write_text("".join(json.dumps({"responses": t}) + "\n" for t in texts), encoding="utf-8")
     else:
         texts = read_responses(responses, len(rows))
-    report = {"data": str(data), "responses": str(responses) if responses else None, "model": model,
-              **evaluate(rows, texts, config, examples=examples)}
+    report = {
+        "data": str(data),
+        "responses": str(responses) if responses else None,
+        "model": model,
+        **evaluate(rows, texts, config, examples=examples),
+    }
     if as_json:
         typer.echo(json.dumps(report, indent=2))
     else:
@@ -242,14 +274,24 @@ def _print_report(report: dict[str, Any]) -> None:
 
     summary = Table("", "", show_header=False, title=f"reward on {report['data']}")
     percentages = ("accuracy", *[k for k in report if k.startswith("pass@")])
-    for key in ("rows", "responses_per_row", "scored", "mean_score", *percentages, "extraction_failures", "errors",
-                "invalid"):
+    for key in (
+        "rows",
+        "responses_per_row",
+        "scored",
+        "mean_score",
+        *percentages,
+        "extraction_failures",
+        "errors",
+        "invalid",
+    ):
         value = report[key]
         text = f"{value:.1%}" if key in percentages and value is not None else fmt(value)
         summary.add_row(key.replace("_", " "), text)
     per_call = report["seconds_per_call_mean"]
-    summary.add_row("time per call", f"{per_call * 1e3:.3g} ms (max {report['seconds_per_call_max'] * 1e3:.3g} ms)"
-                    if per_call is not None else "-")
+    summary.add_row(
+        "time per call",
+        f"{per_call * 1e3:.3g} ms (max {report['seconds_per_call_max'] * 1e3:.3g} ms)" if per_call is not None else "-",
+    )
     summary.add_row("time total", f"{report['seconds_total']:.2f} s")
     console.print(summary)
     histogram = Table("score", "count", "", title="score histogram")

@@ -39,7 +39,8 @@ def doctor(
 
     Example: rlkit doctor grpo trainer.n_gpus_per_node=8
     """
-    from rlkit.core.doctor import LEVELS, exit_code, run_checks
+    from rlkit.core.doctor import exit_code, run_checks
+    from rlkit.core.finding import LEVELS
     from rlkit.core.planning.plan import checkpoint_bytes
 
     findings = run_checks(_config(recipe, overrides, model), checkpoint_bytes=checkpoint_bytes)
@@ -50,8 +51,11 @@ def doctor(
     counts = {level: sum(f.level == level for f in findings) for level in LEVELS}
     code = exit_code(findings)
     verdict = "[bold red]a run would fail[/]" if code else "[green]ready[/]"
-    console.print(f"{verdict}: " + ", ".join(f"{n} {level}" for level, n in counts.items() if n)
-                  + "  (tested versions: docs/compatibility.md)")
+    console.print(
+        f"{verdict}: "
+        + ", ".join(f"{n} {level}" for level, n in counts.items() if n)
+        + "  (tested versions: docs/compatibility.md)"
+    )
     raise typer.Exit(code)
 
 
@@ -59,11 +63,15 @@ def doctor(
 def plan(
     recipe: str = typer.Argument(..., help="Recipe name (`rlkit recipes list`) or path to a .yaml file."),
     overrides: Optional[list[str]] = typer.Argument(
-        None, help="KEY=VALUE overrides, e.g. actor.micro_batch_tokens=8192."),
+        None, help="KEY=VALUE overrides, e.g. actor.micro_batch_tokens=8192."
+    ),
     model: Optional[str] = typer.Option(None, "--model", help="Hub id (in the local cache) or path of the policy."),
     usd_per_gpu_hour: Optional[float] = typer.Option(None, "--usd-per-gpu-hour", help="Price of one GPU-hour."),
-    gpu_memory_gib: Optional[float] = typer.Option(None, "--gpu-memory-gib", help="Plan for GPUs of this size "
-                                                   "(default: this machine's, or an H200 with trainer.device=cuda)."),
+    gpu_memory_gib: Optional[float] = typer.Option(
+        None,
+        "--gpu-memory-gib",
+        help="Plan for GPUs of this size (default: this machine's, or an H200 with trainer.device=cuda).",
+    ),
 ) -> None:
     """Before a run: memory per training device for each phase (weights, gradients, AdamW state,
     activations, logits, reference, critic, vLLM), whether it fits and which setting to turn, and
@@ -85,38 +93,55 @@ def _print_plan(result, usd_per_gpu_hour: Optional[float]) -> None:
 
     config, shape, device, mem = result.config, result.shape, result.device, result.memory
     trainer = config.trainer
-    console.print(f"[bold]{config.model.path}[/]: {shape.params / 1e6:,.1f}M parameters ({shape.layers} layers, "
-                  f"hidden {shape.hidden}, vocabulary {shape.vocab}); {trainer.nnodes} node(s) x "
-                  f"{trainer.n_gpus_per_node} device(s), {config.world_size} training, "
-                  + (f"objective {config.objective}: no rollout" if config.offline
-                     else f"rollout {config.rollout.placement}"), highlight=False)
-    console.print(f"one training device: {device.name}, {device.bytes / GIB:.1f} GiB"
-                  + ("" if device.measured else " (not measured here)"), highlight=False)
+    console.print(
+        f"[bold]{config.model.path}[/]: {shape.params / 1e6:,.1f}M parameters ({shape.layers} layers, "
+        f"hidden {shape.hidden}, vocabulary {shape.vocab}); {trainer.nnodes} node(s) x "
+        f"{trainer.n_gpus_per_node} device(s), {config.world_size} training, "
+        + (f"objective {config.objective}: no rollout" if config.offline else f"rollout {config.rollout.placement}"),
+        highlight=False,
+    )
+    console.print(
+        f"one training device: {device.name}, {device.bytes / GIB:.1f} GiB"
+        + ("" if device.measured else " (not measured here)"),
+        highlight=False,
+    )
     parts = Table("per training device", "size", title_justify="left")
     for name, size in mem.parts.items():
         parts.add_row(name, _size(size))
     console.print(parts)
     if result.kv:
         kv = result.kv
-        console.print(f"vLLM per engine: weights {_size(kv['weights'])}, KV cache ~{_size(max(kv['bytes'], 0))}"
-                      f" (~{int(kv['tokens']):,} tokens; {int(kv['sequences'])} sequences at full length need "
-                      f"{int(kv['wanted_tokens']):,})", highlight=False)
+        console.print(
+            f"vLLM per engine: weights {_size(kv['weights'])}, KV cache ~{_size(max(kv['bytes'], 0))}"
+            f" (~{int(kv['tokens']):,} tokens; {int(kv['sequences'])} sequences at full length need "
+            f"{int(kv['wanted_tokens']):,})",
+            highlight=False,
+        )
     phases = ", ".join(f"{name} {_size(size)}" for name, size in mem.phases.items())
     verdict = "[green]fits[/]" if result.fits else "[bold red]does not fit[/]"
-    console.print(f"peak per phase: {phases} -> {verdict}: {mem.peak_phase} needs {_size(mem.peak)} of "
-                  f"{_size(result.usable)} usable", highlight=False)
+    console.print(
+        f"peak per phase: {phases} -> {verdict}: {mem.peak_phase} needs {_size(mem.peak)} of "
+        f"{_size(result.usable)} usable",
+        highlight=False,
+    )
     for knob in result.knobs:
         console.print(f"  [yellow]turn[/]: {knob}", highlight=False)
     for line in result.warnings + mem.notes:
         console.print(f"  note: {line}", highlight=False)
     time = result.time
-    console.print(f"time per step ~{time.step:.1f} s: " + ", ".join(f"{k} {v:.2f}" for k, v in time.phases.items())
-                  + f"  ({'; '.join(time.notes)})", highlight=False)
+    console.print(
+        f"time per step ~{time.step:.1f} s: "
+        + ", ".join(f"{k} {v:.2f}" for k, v in time.phases.items())
+        + f"  ({'; '.join(time.notes)})",
+        highlight=False,
+    )
     cost = run_cost(config, time.step, usd_per_gpu_hour)
-    console.print(f"trainer.total_steps={trainer.total_steps}: ~{cost['hours']:.2f} h on {int(cost['devices'])} "
-                  f"device(s) = {cost['gpu_hours']:.2f} GPU-hours"
-                  + (f", ~${cost['usd']:,.2f} at ${usd_per_gpu_hour:g}/GPU-hour" if "usd" in cost else ""),
-                  highlight=False)
+    console.print(
+        f"trainer.total_steps={trainer.total_steps}: ~{cost['hours']:.2f} h on {int(cost['devices'])} "
+        f"device(s) = {cost['gpu_hours']:.2f} GPU-hours"
+        + (f", ~${cost['usd']:,.2f} at ${usd_per_gpu_hour:g}/GPU-hour" if "usd" in cost else ""),
+        highlight=False,
+    )
 
 
 def _size(n: float) -> str:

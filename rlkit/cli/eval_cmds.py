@@ -17,18 +17,27 @@ from rlkit.cli.run_cmds import RUNS_DIR_OPTION
 
 @user_errors
 def eval_command(
-    target: str = typer.Argument(..., help="A run id or run directory (scores a checkpoint), or a model directory "
-                                           "such as an `rlkit export`."),
+    target: str = typer.Argument(
+        ..., help="A run id or run directory (scores a checkpoint), or a model directory such as an `rlkit export`."
+    ),
     overrides: Optional[list[str]] = typer.Argument(
-        None, help="KEY=VALUE settings validation reads, e.g. trainer.val_n=8 data.max_response_length=1024 "
-                   "rollout.name=hf reward.gsm8k_method=flexible."),
+        None,
+        help="KEY=VALUE settings validation reads, e.g. trainer.val_n=8 data.max_response_length=1024 "
+        "rollout.name=hf reward.gsm8k_method=flexible.",
+    ),
     data: Optional[list[Path]] = typer.Option(
-        None, "--data", help="Parquet file of prompts (repeatable); default: the run's validation data."),
+        None, "--data", help="Parquet file of prompts (repeatable); default: the run's validation data."
+    ),
     step: Optional[int] = typer.Option(
-        None, "--step", min=0, help="A run's checkpoint step (default: the latest; 0: the base model). For a model "
-                                    "directory, the step whose sampling seeds to use (default: the exported step)."),
+        None,
+        "--step",
+        min=0,
+        help="A run's checkpoint step (default: the latest; 0: the base model). For a model "
+        "directory, the step whose sampling seeds to use (default: the exported step).",
+    ),
     out: Optional[Path] = typer.Option(
-        None, "--out", help="jsonl of every response (default for a run: RUN/validation/eval_step_N.jsonl)."),
+        None, "--out", help="jsonl of every response (default for a run: RUN/validation/eval_step_N.jsonl)."
+    ),
     as_json: bool = typer.Option(False, "--json", help="Print the report as one JSON object (for scripts)."),
     runs_dir: str = RUNS_DIR_OPTION,
 ) -> None:
@@ -46,8 +55,12 @@ def eval_command(
     if as_json:
         typer.echo(json.dumps(dataclasses.asdict(report), indent=2))
         return
-    table = Table("metric", "value", title=f"{report.label}: {report.rows} prompts, seeds of step {report.step}",
-                  title_justify="left")
+    table = Table(
+        "metric",
+        "value",
+        title=f"{report.label}: {report.rows} prompts, seeds of step {report.step}",
+        title_justify="left",
+    )
     for key, value in sorted(report.metrics.items()):
         table.add_row(key, f"{value:.4g}")
     console.print(table)

@@ -29,10 +29,15 @@ def train(
     overrides: Optional[list[str]] = typer.Argument(None, help="KEY=VALUE overrides, e.g. rollout.n=8 actor.lr=1e-6."),
     model: Optional[str] = typer.Option(None, "--model", help="Hub id or local path of the policy (sets model.path)."),
     run_id: Optional[str] = typer.Option(
-        None, "--run-id", help="Name of the run directory (default: recipe-date-time)."),
-    dry_run: bool = typer.Option(False, "--dry-run", help="Print the resolved config and batch arithmetic, run "
-                                                           "every check that needs no GPU, call the reward on the "
-                                                           "first two training rows, then stop."),
+        None, "--run-id", help="Name of the run directory (default: recipe-date-time)."
+    ),
+    dry_run: bool = typer.Option(
+        False,
+        "--dry-run",
+        help="Print the resolved config and batch arithmetic, run "
+        "every check that needs no GPU, call the reward on the "
+        "first two training rows, then stop.",
+    ),
 ) -> None:
     """Train with a recipe.
 

@@ -26,9 +26,11 @@ def replay(
     run_id: str = RUN_ARGUMENT,
     step: int = typer.Option(..., "--step", min=1, help="The recorded step whose update to run again."),
     overrides: Optional[list[str]] = typer.Argument(
-        None, help="actor.*/model.* overrides to try on the same batch, e.g. actor.clip_ratio_high=0.28."),
+        None, help="actor.*/model.* overrides to try on the same batch, e.g. actor.clip_ratio_high=0.28."
+    ),
     tolerance: Optional[float] = typer.Option(
-        None, "--tolerance", help="Exit with code 1 when a metric differs by more than this (0: any difference)."),
+        None, "--tolerance", help="Exit with code 1 when a metric differs by more than this (0: any difference)."
+    ),
     runs_dir: str = RUNS_DIR_OPTION,
 ) -> None:
     """Run a recorded step's actor update again from the checkpoint before it, and print how loss,
@@ -60,8 +62,11 @@ def inspect(
     sort: str = typer.Option("reward", "--sort", help="reward, advantage, gap (mean per token), length or index."),
     ascending: bool = typer.Option(False, "--ascending", help="Lowest first (default: highest first)."),
     top: int = typer.Option(20, "--top", min=1, help="Samples to show."),
-    tensorboard: bool = typer.Option(False, "--tensorboard", help="Also write the step's summary as text to "
-                                     "RUN/tensorboard (tab TEXT, tag rollouts)."),
+    tensorboard: bool = typer.Option(
+        False,
+        "--tensorboard",
+        help="Also write the step's summary as text to RUN/tensorboard (tab TEXT, tag rollouts).",
+    ),
     runs_dir: str = RUNS_DIR_OPTION,
 ) -> None:
     """Show a recorded step's rollouts: prompt, response, reward, advantage, and each response token
@@ -85,19 +90,43 @@ def inspect(
     tokenizer = AutoTokenizer.from_pretrained(resolve_model_path(config.model.path))
     views = rollout_view.sample_views(record, tokenizer)
     stats = rollout_view.summary(record, views)
-    console.print(f"[bold]step {record.step}[/] of {run.run_id}: " + ", ".join(f"{k} {v:.4g}" for k, v in stats.items())
-                  + ("" if "gap_mean" in stats else "  (no per-token gap: the engine returned no log-probs this "
-                     "step; rollout.log_prob_check_freq sets the steps that have them)"), highlight=False)
-    table = Table("#", "group", "reward", "adv", "len", "gap", "prompt", "response",
-                  caption="gap: mean |rollout - trainer| log-prob per token; response tokens coloured by theirs: "
-                          "plain < 1e-3, [yellow]yellow[/] < 0.05, [bold red]red[/] above; "
-                          "[dim italic]environment/tool tokens[/] (not trained); len+: cut at data.max_response_length",
-                  caption_justify="left")
+    console.print(
+        f"[bold]step {record.step}[/] of {run.run_id}: "
+        + ", ".join(f"{k} {v:.4g}" for k, v in stats.items())
+        + (
+            ""
+            if "gap_mean" in stats
+            else "  (no per-token gap: the engine returned no log-probs this "
+            "step; rollout.log_prob_check_freq sets the steps that have them)"
+        ),
+        highlight=False,
+    )
+    table = Table(
+        "#",
+        "group",
+        "reward",
+        "adv",
+        "len",
+        "gap",
+        "prompt",
+        "response",
+        caption="gap: mean |rollout - trainer| log-prob per token; response tokens coloured by theirs: "
+        "plain < 1e-3, [yellow]yellow[/] < 0.05, [bold red]red[/] above; "
+        "[dim italic]environment/tool tokens[/] (not trained); len+: cut at data.max_response_length",
+        caption_justify="left",
+    )
     for view in rollout_view.sort_views(views, sort, descending=not ascending)[:top]:
         gap = f"{view.mean_gap:.2g}" if view.mean_gap is not None else "-"
-        table.add_row(str(view.index), str(view.group), f"{view.reward:.3g}", f"{view.advantage:+.3g}",
-                      str(len(view.tokens)) + ("" if view.finished else "+"), gap,
-                      Text(rollout_view.tail(view.prompt, 60)), _response(view))
+        table.add_row(
+            str(view.index),
+            str(view.group),
+            f"{view.reward:.3g}",
+            f"{view.advantage:+.3g}",
+            str(len(view.tokens)) + ("" if view.finished else "+"),
+            gap,
+            Text(rollout_view.tail(view.prompt, 60)),
+            _response(view),
+        )
     console.print(table)
     if tensorboard:
         console.print(f"[green]wrote[/] the summary to {rollout_view.write_tensorboard(run.path, record, views)}")

@@ -10,21 +10,43 @@ from rich.table import Table
 
 from rlkit.cli.common import console, run_failures, user_errors
 
-RUNS_DIR_OPTION = typer.Option("runs", "--runs-dir", envvar="RLKIT_RUNS_DIR",
-                               help="Parent folder of run directories (trainer.runs_dir of the run).")
+RUNS_DIR_OPTION = typer.Option(
+    "runs",
+    "--runs-dir",
+    envvar="RLKIT_RUNS_DIR",
+    help="Parent folder of run directories (trainer.runs_dir of the run).",
+)
 RUN_ARGUMENT = typer.Argument(..., help="Run id (a folder under --runs-dir) or the run directory's path.")
 # Metrics `runs show` prints, in this order, when the run logged them.
-SHOW_KEYS = ["actor/loss", "actor/token_accuracy", "perf/loss_tokens",  # offline objectives (sft, dpo)
-             "rewards/accuracies", "rewards/margins", "rewards/chosen", "rewards/rejected",
-             "reward/mean", "reward/max", "response/length_mean", "response/clip_frac", "actor/pg_loss",
-             "actor/kl_ref", "actor/kl_loss", "actor/entropy", "actor/grad_norm", "actor/lr",
-             "rollout/log_prob_diff", "timing/step", "perf/tokens_per_s"]
+SHOW_KEYS = [
+    "actor/loss",
+    "actor/token_accuracy",
+    "perf/loss_tokens",  # offline objectives (sft, dpo)
+    "rewards/accuracies",
+    "rewards/margins",
+    "rewards/chosen",
+    "rewards/rejected",
+    "reward/mean",
+    "reward/max",
+    "response/length_mean",
+    "response/clip_frac",
+    "actor/pg_loss",
+    "actor/kl_ref",
+    "actor/kl_loss",
+    "actor/entropy",
+    "actor/grad_norm",
+    "actor/lr",
+    "rollout/log_prob_diff",
+    "timing/step",
+    "perf/tokens_per_s",
+]
 STATUS_STYLE = {"running": "cyan", "finished": "green", "failed": "red", "dead": "red", "interrupted": "yellow"}
 
 
 def register(app: typer.Typer) -> None:
-    runs_app = typer.Typer(help="List runs and show one: status, step, last metrics, checkpoints.",
-                           no_args_is_help=True)
+    runs_app = typer.Typer(
+        help="List runs and show one: status, step, last metrics, checkpoints.", no_args_is_help=True
+    )
     app.add_typer(runs_app, name="runs")
     app.command()(resume)
     runs_app.command("list")(runs_list)
@@ -38,7 +60,8 @@ def register(app: typer.Typer) -> None:
 def resume(
     run_id: str = RUN_ARGUMENT,
     overrides: Optional[list[str]] = typer.Argument(
-        None, help="KEY=VALUE overrides that cannot change the math, e.g. trainer.total_steps=200."),
+        None, help="KEY=VALUE overrides that cannot change the math, e.g. trainer.total_steps=200."
+    ),
     runs_dir: str = RUNS_DIR_OPTION,
 ) -> None:
     """Continue a run exactly from its latest complete checkpoint.
@@ -67,9 +90,15 @@ def runs_list(runs_dir: str = RUNS_DIR_OPTION) -> None:
         status = run.read_status()
         last = (read_metrics(run.path / METRICS_FILE) or [{}])[-1]
         usable = [c.step for c in list_checkpoints(run.path) if c.problem is None]
-        table.add_row(run.run_id, _recipe(run.path), _styled(status.get("status", "unknown")),
-                      f"{status.get('step', '-')}/{status.get('total_steps', '-')}", _last_score(last),
-                      f"{len(usable)} (last {usable[-1]})" if usable else "0", str(status.get("updated_at", "-")))
+        table.add_row(
+            run.run_id,
+            _recipe(run.path),
+            _styled(status.get("status", "unknown")),
+            f"{status.get('step', '-')}/{status.get('total_steps', '-')}",
+            _last_score(last),
+            f"{len(usable)} (last {usable[-1]})" if usable else "0",
+            str(status.get("updated_at", "-")),
+        )
     console.print(table)
 
 
@@ -90,9 +119,11 @@ def runs_show(run_id: str = RUN_ARGUMENT, runs_dir: str = RUNS_DIR_OPTION) -> No
     run = RunDir.open(run_id, runs_dir)
     status = run.read_status()
     console.print(f"[bold]{run.run_id}[/]  {run.path}")
-    console.print(f"recipe {_recipe(run.path)}, status {_styled(status.get('status', 'unknown'))}, step "
-                  f"{status.get('step', '-')}/{status.get('total_steps', '-')}, pid {status.get('pid', '-')} on "
-                  f"{status.get('host', '-')}, updated {status.get('updated_at', '-')}")
+    console.print(
+        f"recipe {_recipe(run.path)}, status {_styled(status.get('status', 'unknown'))}, step "
+        f"{status.get('step', '-')}/{status.get('total_steps', '-')}, pid {status.get('pid', '-')} on "
+        f"{status.get('host', '-')}, updated {status.get('updated_at', '-')}"
+    )
     if status.get("error"):
         console.print(f"[red]error:[/] {status['error']}", highlight=False)
     records = read_metrics(run.path / METRICS_FILE)
@@ -109,8 +140,12 @@ def runs_show(run_id: str = RUN_ARGUMENT, runs_dir: str = RUNS_DIR_OPTION) -> No
         shown = validated[:1] + validated[-1:] if len(validated) > 1 else validated
         generated = any(k.startswith("val/reward/") for k in validated[-1])  # an offline objective's generates nothing
         where = f"; responses in {run.path / 'validation'}" if generated else ""
-        table = Table("metric", *[f"step {r['step']}" for r in shown],
-                      title=f"validation ({len(validated)} times{where})", title_justify="left")
+        table = Table(
+            "metric",
+            *[f"step {r['step']}" for r in shown],
+            title=f"validation ({len(validated)} times{where})",
+            title_justify="left",
+        )
         for key in sorted(k for k in validated[-1] if k.startswith("val/")):
             table.add_row(key, *[_fmt(r.get(key)) for r in shown])
         console.print(table)
@@ -118,8 +153,13 @@ def runs_show(run_id: str = RUN_ARGUMENT, runs_dir: str = RUNS_DIR_OPTION) -> No
     for ckpt in list_checkpoints(run.path):
         state = _safe_state(ckpt)
         size = sum(p.stat().st_size for p in ckpt.path.rglob("*") if p.is_file())
-        ckpts.add_row(str(ckpt.step), state.get("reason", "-"), state.get("written_at", "-"), _size(size),
-                      "[green]yes[/]" if ckpt.problem is None else f"[red]no[/]: {ckpt.problem}")
+        ckpts.add_row(
+            str(ckpt.step),
+            state.get("reason", "-"),
+            state.get("written_at", "-"),
+            _size(size),
+            "[green]yes[/]" if ckpt.problem is None else f"[red]no[/]: {ckpt.problem}",
+        )
     for tmp in interrupted_writes(run.path):
         ckpts.add_row(tmp.name, "-", "-", "-", "[red]no[/]: interrupted write")
     console.print(ckpts if ckpts.row_count else "no checkpoints")
@@ -133,8 +173,11 @@ def export(
     step: Optional[int] = typer.Option(None, "--step", help="Checkpoint step (default: the latest complete one)."),
     dtype: str = typer.Option("auto", "--dtype", help="auto (the base model's dtype), float32 or bfloat16."),
     lora_format: Optional[str] = typer.Option(
-        None, "--lora-format", help="LoRA runs: both (merged model in --out, peft adapter in --out/adapter; "
-                                    "the default), merged, or adapter (the peft adapter alone in --out)."),
+        None,
+        "--lora-format",
+        help="LoRA runs: both (merged model in --out, peft adapter in --out/adapter; "
+        "the default), merged, or adapter (the peft adapter alone in --out).",
+    ),
     runs_dir: str = RUNS_DIR_OPTION,
 ) -> None:
     """Write a checkpoint's policy as a Hugging Face model (safetensors, config, tokenizer).
@@ -182,8 +225,10 @@ def _print_provenance(run_path: Path) -> None:
     saved = provenance.read(usable[-1].path) if usable else None
     changes = provenance.differences(saved, record) if saved else []
     if changes:
-        console.print(f"[yellow]checkpoint {usable[-1].path.name} was written in another environment:[/] "
-                      + "; ".join(changes), highlight=False)
+        console.print(
+            f"[yellow]checkpoint {usable[-1].path.name} was written in another environment:[/] " + "; ".join(changes),
+            highlight=False,
+        )
 
 
 def _recipe(run_path: Path) -> str:

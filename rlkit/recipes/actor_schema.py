@@ -21,39 +21,45 @@ class ActorConfig(Section):
     warmup_steps: int = Field(0, ge=0, description="Linear LR warm-up, in optimizer steps.")
     lr_schedule: Literal["constant", "cosine"] = Field("constant", description="LR after warm-up.")
     mini_batch_size: int = Field(
-        16, ge=1,
+        16,
+        ge=1,
         description="Prompts per optimizer step (global); with rollout.n samples each. objective sft: rows per "
-                    "optimizer step; objective dpo: pairs per optimizer step (a multiple of the workers: each holds "
-                    "whole pairs).",
+        "optimizer step; objective dpo: pairs per optimizer step (a multiple of the workers: each holds "
+        "whole pairs).",
     )
     ppo_epochs: int = Field(1, ge=1, description="Passes over each step's batch.")
     micro_batch_tokens: Annotated[int, Field(ge=1)] | Literal["auto"] = Field(
         "auto",
         description="Per-device token budget of one forward/backward (performance only, never the math). auto = on "
-                    "GPUs, sized at start-up from the memory free once the models are loaded (at most 65536, at least "
-                    "one full-length sequence; printed at start-up); 16384 on CPU.",
+        "GPUs, sized at start-up from the memory free once the models are loaded (at most 65536, at least "
+        "one full-length sequence; printed at start-up); 16384 on CPU.",
     )
     grad_clip: float = Field(1.0, gt=0, description="Global gradient-norm clip.")
-    policy_loss: str = Field("vanilla", description="Registered policy loss: vanilla (PPO clip), gspo (sequence "
-                                                    "ratio), cispo (clipped importance weight; docs/algorithms.md).")
+    policy_loss: str = Field(
+        "vanilla",
+        description="Registered policy loss: vanilla (PPO clip), gspo (sequence "
+        "ratio), cispo (clipped importance weight; docs/algorithms.md).",
+    )
     policy_loss_options: dict[str, float] = Field(
         default_factory=dict,
         description="The chosen loss's own hyper-parameters, e.g. {is_clip_high: 0.28} for cispo (each loss's "
-                    "docstring and docs/algorithms.md list them; a name the loss does not have is refused). PPO's "
-                    "clip keys stay actor.clip_ratio_low/high/c, read by every loss that declares them.")
+        "docstring and docs/algorithms.md list them; a name the loss does not have is refused). PPO's "
+        "clip keys stay actor.clip_ratio_low/high/c, read by every loss that declares them.",
+    )
     clip_ratio_low: float = Field(0.2, ge=0, description="PPO clip: ratio lower bound is 1 - clip_ratio_low.")
     clip_ratio_high: float = Field(
-        0.2, ge=0,
+        0.2,
+        ge=0,
         description="PPO clip: ratio upper bound is 1 + clip_ratio_high (DAPO clip-higher raises it).",
     )
     clip_ratio_c: float | None = Field(
-        3.0, gt=1,
+        3.0,
+        gt=1,
         description="Dual-clip PPO (Ye et al. 2020): where the advantage is negative, the policy loss is capped at -A "
-                    "* clip_ratio_c, so a token whose ratio ran far above 1 cannot blow up the update. 3.0 as verl's "
-                    "default; None disables.",
+        "* clip_ratio_c, so a token whose ratio ran far above 1 cannot blow up the update. 3.0 as verl's "
+        "default; None disables.",
     )
-    loss_agg_mode: LossAggMode = Field(
-        "token-mean", description="How per-token losses become one number.")
+    loss_agg_mode: LossAggMode = Field("token-mean", description="How per-token losses become one number.")
     entropy_coeff: float = Field(0.0, ge=0, description="Entropy bonus weight (0 = off).")
     use_kl_loss: bool = Field(False, description="Add a KL(policy || reference) term to the loss (GRPO-style).")
     kl_loss_coef: float = Field(0.001, ge=0, description="Weight of the KL loss term.")
@@ -61,19 +67,21 @@ class ActorConfig(Section):
     rollout_is: Literal["auto", "token", "sequence"] | None = Field(
         "auto",
         description="Importance weights that correct for samples the rollout engine drew from another policy than the "
-                    "one the update starts from (its numerics, or staleness in rollout.mode one_step_off/async): each "
-                    "token's policy loss times min(pi_old / pi_rollout, actor.rollout_is_cap). token: a weight per "
-                    "token (TIS). sequence: one weight per sequence, the product of its tokens' ratios, truncated. "
-                    "auto: token when rollout.mode is not sync or actor.rollout_is_cap is set, else off. off (or "
-                    "null): none. The engine then returns log-probs every step, which costs rollout speed "
-                    "(docs/benchmarks.md).",
+        "one the update starts from (its numerics, or staleness in rollout.mode one_step_off/async): each "
+        "token's policy loss times min(pi_old / pi_rollout, actor.rollout_is_cap). token: a weight per "
+        "token (TIS). sequence: one weight per sequence, the product of its tokens' ratios, truncated. "
+        "auto: token when rollout.mode is not sync or actor.rollout_is_cap is set, else off. off (or "
+        "null): none. The engine then returns log-probs every step, which costs rollout speed "
+        "(docs/benchmarks.md).",
     )
     rollout_is_cap: float | None = Field(
-        None, gt=0,
+        None,
+        gt=0,
         description="Truncation of the importance weights of actor.rollout_is (TIS: Yao et al. 2025; TRL's "
-                    "vllm_importance_sampling_correction, verl's rollout_is_threshold). Setting it turns token-level "
-                    "weights on in sync mode too. None = 2.0 wherever weights are on.",
+        "vllm_importance_sampling_correction, verl's rollout_is_threshold). Setting it turns token-level "
+        "weights on in sync mode too. None = 2.0 wherever weights are on.",
     )
+
     @field_validator("rollout_is", mode="before")
     @classmethod
     def _off_is_none(cls, value: Any) -> Any:
@@ -83,10 +91,10 @@ class ActorConfig(Section):
     old_log_probs: Literal["auto", "recompute", "rollout"] = Field(
         "auto",
         description="Where the PPO ratio's old log-probs come from. recompute: a forward pass of the trainer before "
-                    "the update. rollout: the engine's (exact only with one optimizer step per RL step). auto: with "
-                    "one optimizer step per RL step (ppo_epochs 1, mini_batch_size == train_batch_size) and no KL in "
-                    "the reward, the update's own log-probs, detached, which are the old policy's exactly (TRL's "
-                    "num_iterations=1), so the pass is skipped; otherwise recompute.",
+        "the update. rollout: the engine's (exact only with one optimizer step per RL step). auto: with "
+        "one optimizer step per RL step (ppo_epochs 1, mini_batch_size == train_batch_size) and no KL in "
+        "the reward, the update's own log-probs, detached, which are the old policy's exactly (TRL's "
+        "num_iterations=1), so the pass is skipped; otherwise recompute.",
     )
 
 
@@ -115,12 +123,13 @@ class DynamicSamplingConfig(Section):
     enable: bool = Field(
         False,
         description="DAPO dynamic sampling: drop prompt groups whose samples all got the same verifier score (no "
-                    "group-relative signal) and sample more prompts until data.train_batch_size groups remain.",
+        "group-relative signal) and sample more prompts until data.train_batch_size groups remain.",
     )
     max_gen_rounds: int = Field(
-        10, ge=1,
+        10,
+        ge=1,
         description="Most generation rounds per step, the first included. A batch still short after them is filled up "
-                    "with dropped groups (counted in dapo/groups_filled) instead of stopping the run.",
+        "with dropped groups (counted in dapo/groups_filled) instead of stopping the run.",
     )
 
 

@@ -15,18 +15,24 @@ class SandboxConfig(BaseModel):
 
     wall_s: float = Field(10.0, gt=0, description="Wall-clock seconds before the program is killed.")
     cpu_s: int = Field(5, ge=1, description="CPU seconds (RLIMIT_CPU) before the kernel stops the program.")
-    memory_mb: int = Field(1024, ge=64, description="Address-space limit (RLIMIT_AS) in MiB; a larger "
-                                                               "allocation fails inside the program.")
-    processes: int = Field(16, ge=1, description="Processes and threads the program may run at once (RLIMIT_NPROC "
-                                                 "of its own uid); a fork past it fails inside the program.")
+    memory_mb: int = Field(
+        1024, ge=64, description="Address-space limit (RLIMIT_AS) in MiB; a larger allocation fails inside the program."
+    )
+    processes: int = Field(
+        16,
+        ge=1,
+        description="Processes and threads the program may run at once (RLIMIT_NPROC "
+        "of its own uid); a fork past it fails inside the program.",
+    )
     disk_mb: int = Field(64, ge=1, description="Size in MiB of the program's working folder (a private tmpfs).")
     isolation: Literal["namespaces", "weak"] = Field(
         "namespaces",
         description="How every sandbox of the run (the python tool and code rewards) is isolated. namespaces: "
-                    "bubblewrap namespaces, an unprivileged uid, only /usr and the interpreter mounted read-only "
-                    "(docs/security.md); a run that needs the sandbox refuses to start where the machine cannot "
-                    "build it. weak: a plain child process with resource limits, no security boundary (warned "
-                    "about at start and on every step).")
+        "bubblewrap namespaces, an unprivileged uid, only /usr and the interpreter mounted read-only "
+        "(docs/security.md); a run that needs the sandbox refuses to start where the machine cannot "
+        "build it. weak: a plain child process with resource limits, no security boundary (warned "
+        "about at start and on every step).",
+    )
 
 
 class AgentConfig(BaseModel):
@@ -43,36 +49,51 @@ class AgentConfig(BaseModel):
     loop: str = Field(
         "single_turn",
         description="single_turn: one completion per sample (no agent code). tool: the policy calls "
-                    "rollout.agent.tools in the Hermes/Qwen2.5 `<tool_call>{json}</tool_call>` format and sees "
-                    "their results as tool messages; a turn without a call ends the episode. env: "
-                    "rollout.agent.env answers every turn (reset/step). 'path/file.py:fn': your "
-                    "`async def rollout(client, row) -> float` drives each episode through an openai client "
-                    "served by the rollout worker (docs/agents.md).")
+        "rollout.agent.tools in the Hermes/Qwen2.5 `<tool_call>{json}</tool_call>` format and sees "
+        "their results as tool messages; a turn without a call ends the episode. env: "
+        "rollout.agent.env answers every turn (reset/step). 'path/file.py:fn': your "
+        "`async def rollout(client, row) -> float` drives each episode through an openai client "
+        "served by the rollout worker (docs/agents.md).",
+    )
     env: str | None = Field(
         None,
         description="loop=env: your environment class as 'path/file.py:ClassName' (or a registered name), "
-                    "with reset(row) -> observation and step(action) -> (observation, reward, done); "
-                    "methods may be async. One instance per episode.")
+        "with reset(row) -> observation and step(action) -> (observation, reward, done); "
+        "methods may be async. One instance per episode.",
+    )
     env_kwargs: dict[str, Any] = Field(default_factory=dict, description="Keyword arguments for the environment class.")
     tools: list[str] = Field(
         default_factory=list,
         description="loop=tool: built-in tools (calculator, python) and your own as 'path/file.py:function' "
-                    "(JSON schema from its type hints and docstring; a parameter named `row` receives the "
-                    "episode's data row and is not shown to the model).")
-    max_turns: int = Field(4, ge=1, description="Policy turns per episode; an episode still running "
-                                                      "after them is marked truncated.")
+        "(JSON schema from its type hints and docstring; a parameter named `row` receives the "
+        "episode's data row and is not shown to the model).",
+    )
+    max_turns: int = Field(
+        4, ge=1, description="Policy turns per episode; an episode still running after them is marked truncated."
+    )
     max_tokens_per_turn: int | None = Field(
-        None, ge=1, description="Most tokens the policy generates in one turn; None = data.max_response_length. A turn "
-                                "cut here is still handed to the environment (closed by the "
-                                "template's end-of-turn tokens).")
+        None,
+        ge=1,
+        description="Most tokens the policy generates in one turn; None = data.max_response_length. A turn "
+        "cut here is still handed to the environment (closed by the "
+        "template's end-of-turn tokens).",
+    )
     call_timeout_s: float = Field(
-        30.0, gt=0, description="Seconds one environment reset/step or tool call may take (an agent function: "
-                                "max_turns x this in all); past it the episode ends with reward 0 (a tool call: an "
-                                "error message to the model) and is counted in agent/env_errors.")
+        30.0,
+        gt=0,
+        description="Seconds one environment reset/step or tool call may take (an agent function: "
+        "max_turns x this in all); past it the episode ends with reward 0 (a tool call: an "
+        "error message to the model) and is counted in agent/env_errors.",
+    )
     max_error_rate: float = Field(
-        0.25, ge=0, le=1, description="Share of a step's episodes whose environment failed (exception, timeout, "
-                                      "bad return value) above which the run stops with the first error; below it "
-                                      "each failed episode scores 0 and is logged with its row and traceback.")
-    tool_output_chars: int = Field(2000, ge=1, description="Characters of a tool's result shown to the "
-                                                                 "model; the rest is cut and marked.")
+        0.25,
+        ge=0,
+        le=1,
+        description="Share of a step's episodes whose environment failed (exception, timeout, "
+        "bad return value) above which the run stops with the first error; below it "
+        "each failed episode scores 0 and is logged with its row and traceback.",
+    )
+    tool_output_chars: int = Field(
+        2000, ge=1, description="Characters of a tool's result shown to the model; the rest is cut and marked."
+    )
     sandbox: SandboxConfig = Field(default_factory=SandboxConfig)

@@ -63,7 +63,7 @@ VERL_ANSWERS: dict[str, str] = {
     f"{_ARR}.rollout.log_prob_micro_batch_size_per_gpu": "log-prob passes use actor.micro_batch_tokens",
     f"{_ARR}.ref.log_prob_micro_batch_size_per_gpu": "log-prob passes use actor.micro_batch_tokens",
     f"{_ARR}.rollout.tensor_model_parallel_size": "rollout tensor parallelism is not supported yet; "
-                                                  "each worker runs its own engine",
+    "each worker runs its own engine",
     f"{_ARR}.actor.fsdp_config.param_offload": "CPU offload is not supported yet",
     f"{_ARR}.actor.fsdp_config.optimizer_offload": "CPU offload is not supported yet",
     "custom_reward_function.path": "use reward.function=PATH.py:FUNCTION",
@@ -71,24 +71,24 @@ VERL_ANSWERS: dict[str, str] = {
     "critic.model.path": "the critic always starts from model.path (the policy's base) with a new value head",
     "algorithm.filter_groups.metric": "dynamic sampling always compares the verifier score (before overlong shaping)",
     "data.gen_batch_size": "each dynamic-sampling round samples data.train_batch_size prompts; "
-                           "algorithm.dynamic_sampling.max_gen_rounds caps the rounds",
+    "algorithm.dynamic_sampling.max_gen_rounds caps the rounds",
     "trainer.total_epochs": "set trainer.total_steps (steps per epoch = rows // data.train_batch_size)",
     "trainer.val_only": "score a run's checkpoint or a model with `rlkit eval RUN_ID|MODEL_DIR --data FILE`",
     "trainer.log_val_generations": "every validation response is written to RUN/validation/step_N.jsonl",
     "trainer.validation_data_dir": "every validation response is written to RUN/validation/step_N.jsonl",
     "data.val_batch_size": "validation generates all of data.val_files at once, spread over the workers",
     f"{_ARR}.rollout.val_kwargs.do_sample": "validation always scores one greedy response per prompt (mean@1) and, "
-                                             "with trainer.val_n >= 2, that many samples at trainer.val_temperature",
+    "with trainer.val_n >= 2, that many samples at trainer.val_temperature",
     f"{_ARR}.rollout.val_kwargs.top_p": "validation samples with rollout.top_p",
     f"{_ARR}.rollout.val_kwargs.top_k": "validation samples with rollout.top_k",
     f"{_ARR}.rollout.calculate_log_probs": "the engine returns log-probs every rollout.log_prob_check_freq steps "
-                                           "(1 = every step)",
+    "(1 = every step)",
 }
 
 # rlkit keys that were renamed: the new spelling, for configs and run dirs written before.
 RENAMED: dict[str, str] = {
     "actor.recompute_old_log_probs": "now actor.old_log_probs: recompute (was true) or rollout (was false); "
-                                     "the default, auto, skips the pass only where it is exact",
+    "the default, auto, skips the pass only where it is exact",
 }
 
 
@@ -104,7 +104,7 @@ def translate_key(key: str, origin: str) -> str:
     for table in (VERL_ALIASES, MOVED):
         for old, new in table.items():  # a dict-valued key arrives flattened: old.sub -> new.sub
             if key == old or key.startswith(old + "."):
-                return new + key[len(old):]
+                return new + key[len(old) :]
     if key in VERL_ANSWERS:
         raise ConfigError(f"{key} ({origin}) is verl's key: {VERL_ANSWERS[key]}")
     if key in RENAMED:

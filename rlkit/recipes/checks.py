@@ -8,21 +8,50 @@ from rlkit.core.algos.needs import estimator_needs, estimators_that
 from rlkit.core.algos.phase_plan import describe, phase_plan
 from rlkit.core.train.fast_paths import CPU_MICRO_BATCH_TOKENS
 from rlkit.errors import ConfigError
+from rlkit.recipes.offline_checks import check_offline
 from rlkit.recipes.schema import RLConfig
 
 # vllm.LLM arguments rlkit derives from its own keys (rlkit.core.rollout.vllm_engine).
-VLLM_KEYS_SET_BY_RLKIT = {"model", "dtype", "seed", "max_model_len", "gpu_memory_utilization", "enforce_eager",
-                          "max_num_seqs", "enable_sleep_mode", "enable_prefix_caching", "logprobs_mode"}
+VLLM_KEYS_SET_BY_RLKIT = {
+    "model",
+    "dtype",
+    "seed",
+    "max_model_len",
+    "gpu_memory_utilization",
+    "enforce_eager",
+    "max_num_seqs",
+    "enable_sleep_mode",
+    "enable_prefix_caching",
+    "logprobs_mode",
+}
 # sglang.Engine arguments rlkit derives from its own keys (rlkit.core.rollout.sglang_engine).
-SGLANG_KEYS_SET_BY_RLKIT = {"model_path", "dtype", "random_seed", "context_length", "device", "base_gpu_id",
-                            "mem_fraction_static", "max_running_requests", "max_total_tokens", "attention_backend",
-                            "enable_deterministic_inference", "enable_memory_saver", "enable_weights_cpu_backup",
-                            "skip_tokenizer_init", "disable_radix_cache"}
-_OWN_KEYS = ("model.path, model.dtype, trainer.seed, data.max_*_length, rollout.gpu_memory_utilization, "
-             "rollout.max_num_seqs, rollout.<engine>.*")
+SGLANG_KEYS_SET_BY_RLKIT = {
+    "model_path",
+    "dtype",
+    "random_seed",
+    "context_length",
+    "device",
+    "base_gpu_id",
+    "mem_fraction_static",
+    "max_running_requests",
+    "max_total_tokens",
+    "attention_backend",
+    "enable_deterministic_inference",
+    "enable_memory_saver",
+    "enable_weights_cpu_backup",
+    "skip_tokenizer_init",
+    "disable_radix_cache",
+}
+_OWN_KEYS = (
+    "model.path, model.dtype, trainer.seed, data.max_*_length, rollout.gpu_memory_utilization, "
+    "rollout.max_num_seqs, rollout.<engine>.*"
+)
 # Engine arguments set from exactly one rlkit key: the refusal names that key instead of the list above.
-OWN_KEY = {"enforce_eager": "rollout.vllm.enforce_eager", "attention_backend": "rollout.sglang.attention_backend",
-           "enable_deterministic_inference": "rollout.sglang.deterministic"}
+OWN_KEY = {
+    "enforce_eager": "rollout.vllm.enforce_eager",
+    "attention_backend": "rollout.sglang.attention_backend",
+    "enable_deterministic_inference": "rollout.sglang.deterministic",
+}
 
 
 def check_config(config: RLConfig, origins: dict[str, str] | None = None, *, require_inputs: bool = True) -> None:
@@ -42,116 +71,129 @@ def check_config(config: RLConfig, origins: dict[str, str] | None = None, *, req
 
     algo, actor, data, rollout = config.algorithm, config.actor, config.data, config.rollout
     needs = estimator_needs(algo.adv_estimator)
-    for key, name, registry in (("algorithm.adv_estimator", algo.adv_estimator, ADV_ESTIMATORS),
-                                ("actor.policy_loss", actor.policy_loss, POLICY_LOSSES),
-                                ("actor.kl_loss_type", actor.kl_loss_type, KL_ESTIMATORS),
-                                ("algorithm.kl_penalty", algo.kl_penalty, KL_ESTIMATORS),
-                                ("rollout.name", rollout.name, ENGINES)):
+    for key, name, registry in (
+        ("algorithm.adv_estimator", algo.adv_estimator, ADV_ESTIMATORS),
+        ("actor.policy_loss", actor.policy_loss, POLICY_LOSSES),
+        ("actor.kl_loss_type", actor.kl_loss_type, KL_ESTIMATORS),
+        ("algorithm.kl_penalty", algo.kl_penalty, KL_ESTIMATORS),
+        ("rollout.name", rollout.name, ENGINES),
+    ):
         if name not in registry:
             fail(key, registry.unknown_message(name))
     try:  # the loss itself judges its options' values: one token through it
         token = torch.zeros(1, 1)
-        policy_loss(actor.policy_loss, token, token, token, torch.ones(1, 1),
-                    **configured_loss_options(actor.policy_loss, actor))
+        policy_loss(
+            actor.policy_loss,
+            token,
+            token,
+            token,
+            torch.ones(1, 1),
+            **configured_loss_options(actor.policy_loss, actor),
+        )
     except ValueError as exc:
         fail("actor.policy_loss_options", str(exc))
     if require_inputs and not config.model.path:
-        fail("model.path", "no model given; pass --model PATH_OR_HUB_ID or model.path=... "
-             "('rlkit:tiny-qwen2' builds a tiny offline model)")
+        fail(
+            "model.path",
+            "no model given; pass --model PATH_OR_HUB_ID or model.path=... "
+            "('rlkit:tiny-qwen2' builds a tiny offline model)",
+        )
     if require_inputs and not data.train_files and not data.synthetic_task and not config.offline:
-        fail("data.train_files", "no training data; set data.train_files=[train.parquet] "
-             "(see `rlkit prep-data`) or data.synthetic_task=echo")
+        fail(
+            "data.train_files",
+            "no training data; set data.train_files=[train.parquet] "
+            "(see `rlkit prep-data`) or data.synthetic_task=echo",
+        )
     if config.offline:
         check_offline(config, origins, fail, require_inputs=require_inputs)
     elif needs.groups and rollout.n < 2:
-        fail("rollout.n", f"{algo.adv_estimator} compares samples of one prompt, so it needs rollout.n >= 2 "
-             f"(got {rollout.n})")
+        fail(
+            "rollout.n",
+            f"{algo.adv_estimator} compares samples of one prompt, so it needs rollout.n >= 2 (got {rollout.n})",
+        )
     if needs.critic and config.critic.enable is False:
-        fail("critic.enable", f"algorithm.adv_estimator={algo.adv_estimator} needs a critic; set critic.enable=true "
-             "or pick a critic-free estimator (grpo, rloo, ...)")
+        fail(
+            "critic.enable",
+            f"algorithm.adv_estimator={algo.adv_estimator} needs a critic; set critic.enable=true "
+            "or pick a critic-free estimator (grpo, rloo, ...)",
+        )
     if config.critic_enabled and not needs.critic:
-        fail("critic.enable", f"a critic is only used by adv_estimator={'/'.join(estimators_that('critic'))} "
-             f"(got {algo.adv_estimator})")
+        fail(
+            "critic.enable",
+            f"a critic is only used by adv_estimator={'/'.join(estimators_that('critic'))} (got {algo.adv_estimator})",
+        )
     if data.train_batch_size % actor.mini_batch_size:
-        fail("actor.mini_batch_size", f"must divide data.train_batch_size={data.train_batch_size} "
-             f"(got {actor.mini_batch_size})")
+        fail(
+            "actor.mini_batch_size",
+            f"must divide data.train_batch_size={data.train_batch_size} (got {actor.mini_batch_size})",
+        )
     if config.trainer.val_n == 1:
-        fail("trainer.val_n", "validation always scores one greedy response per prompt (mean@1); trainer.val_n "
-             "adds samples at trainer.val_temperature for mean@n, pass@k and maj@n: use 0 or >= 2")
+        fail(
+            "trainer.val_n",
+            "validation always scores one greedy response per prompt (mean@1); trainer.val_n "
+            "adds samples at trainer.val_temperature for mean@n, pass@k and maj@n: use 0 or >= 2",
+        )
     devices = config.trainer.nnodes * config.trainer.n_gpus_per_node
     if rollout.placement == "split" and rollout.devices >= devices:
-        fail("rollout.devices", f"split placement gives {rollout.devices} of the {devices} device(s) to rollout, "
-             "leaving none to train; raise trainer.n_gpus_per_node / trainer.nnodes or use rollout.placement=colocated")
+        fail(
+            "rollout.devices",
+            f"split placement gives {rollout.devices} of the {devices} device(s) to rollout, "
+            "leaving none to train; raise trainer.n_gpus_per_node / trainer.nnodes or use rollout.placement=colocated",
+        )
     check_in_process(config, fail)
     n = config.samples_per_prompt
     if actor.mini_batch_size * n % config.world_size:
-        fail("actor.mini_batch_size", f"{actor.mini_batch_size} rows x {n} sample(s) each = "
-             f"{actor.mini_batch_size * n} sequences cannot be split evenly over {config.world_size} workers")
+        fail(
+            "actor.mini_batch_size",
+            f"{actor.mini_batch_size} rows x {n} sample(s) each = "
+            f"{actor.mini_batch_size * n} sequences cannot be split evenly over {config.world_size} workers",
+        )
     if data.train_batch_size * n % config.world_size:
-        fail("data.train_batch_size", f"{data.train_batch_size} rows x {n} sample(s) each = "
-             f"{data.train_batch_size * n} sequences cannot be split evenly over {config.world_size} workers")
+        fail(
+            "data.train_batch_size",
+            f"{data.train_batch_size} rows x {n} sample(s) each = "
+            f"{data.train_batch_size * n} sequences cannot be split evenly over {config.world_size} workers",
+        )
     longest = (data.max_prompt_length + data.max_response_length) * config.micro_batch_group
     if actor.micro_batch_tokens != "auto" and longest > actor.micro_batch_tokens:
         what = "one sequence" if config.micro_batch_group == 1 else "one pair (two sequences)"
-        fail("actor.micro_batch_tokens", f"{actor.micro_batch_tokens} tokens cannot hold {what} of "
-             f"max_prompt_length + max_response_length = {data.max_prompt_length + data.max_response_length}")
+        fail(
+            "actor.micro_batch_tokens",
+            f"{actor.micro_batch_tokens} tokens cannot hold {what} of "
+            f"max_prompt_length + max_response_length = {data.max_prompt_length + data.max_response_length}",
+        )
     if actor.old_log_probs == "rollout" and (actor.ppo_epochs > 1 or actor.mini_batch_size != data.train_batch_size):
-        fail("actor.old_log_probs", "rollout log-probs stand in for old log-probs only with one "
-             "optimizer step per RL step (ppo_epochs=1, mini_batch_size == data.train_batch_size); use auto")
+        fail(
+            "actor.old_log_probs",
+            "rollout log-probs stand in for old log-probs only with one "
+            "optimizer step per RL step (ppo_epochs=1, mini_batch_size == data.train_batch_size); use auto",
+        )
     if config.offline:  # no rollout, reward or advantage: the rest are RL's
         return
     check_rollout_mode(config, fail)
     if config.rollout_correction is not None and actor.old_log_probs == "rollout":
-        fail("actor.rollout_is_cap" if actor.rollout_is_cap is not None else "actor.rollout_is",
-             "with actor.old_log_probs=rollout the old and rollout log-probs are the same, "
-             "so every weight is 1; use actor.old_log_probs=auto or recompute")
+        fail(
+            "actor.rollout_is_cap" if actor.rollout_is_cap is not None else "actor.rollout_is",
+            "with actor.old_log_probs=rollout the old and rollout log-probs are the same, "
+            "so every weight is 1; use actor.old_log_probs=auto or recompute",
+        )
     if actor.rollout_is is None and actor.rollout_is_cap is not None:
-        fail("actor.rollout_is_cap", "truncates importance weights that actor.rollout_is=off turns off; "
-             "remove one of them")
-    for engine, kwargs, set_by_rlkit in (("vllm", rollout.vllm.engine_kwargs, VLLM_KEYS_SET_BY_RLKIT),
-                                         ("sglang", rollout.sglang.engine_kwargs, SGLANG_KEYS_SET_BY_RLKIT)):
+        fail(
+            "actor.rollout_is_cap",
+            "truncates importance weights that actor.rollout_is=off turns off; remove one of them",
+        )
+    for engine, kwargs, set_by_rlkit in (
+        ("vllm", rollout.vllm.engine_kwargs, VLLM_KEYS_SET_BY_RLKIT),
+        ("sglang", rollout.sglang.engine_kwargs, SGLANG_KEYS_SET_BY_RLKIT),
+    ):
         reserved = sorted(set(kwargs) & set_by_rlkit)
         if reserved:
             own = "; ".join(sorted({OWN_KEY.get(key, _OWN_KEYS) for key in reserved}))
-            fail(f"rollout.{engine}.engine_kwargs", f"{', '.join(reserved)} is set by rlkit; use its own key "
-                 f"instead ({own})")
+            fail(
+                f"rollout.{engine}.engine_kwargs",
+                f"{', '.join(reserved)} is set by rlkit; use its own key instead ({own})",
+            )
     check_algorithm(config, origins, fail)
-
-
-# Keys only RL reads: on the command line of an offline objective they would do nothing.
-RL_ONLY_PREFIXES = ("rollout.", "algorithm.", "critic.", "reward.", "reward_model.", "data.synthetic_task",
-                    "actor.policy_loss", "actor.clip_ratio", "actor.entropy_coeff",
-                    "actor.use_kl_loss", "actor.kl_loss_", "actor.rollout_is", "actor.old_log_probs",
-                    "trainer.val_n", "trainer.val_temperature", "trainer.record_rollouts", "trainer.invariant")
-# The offline objectives (each with its own section of options) and how to make data for each.
-OFFLINE_SECTIONS = {"sft": "rlkit prep-data gsm8k --format sft", "dpo": "rlkit prep-data gsm8k-pairs"}
-
-
-def check_offline(config: RLConfig, origins: dict[str, str], fail: Callable[[str, str], None], *,
-                  require_inputs: bool) -> None:
-    """objectives sft and dpo: rows of data files, one pass over each batch, no rollout placement."""
-    other_sections = tuple(f"{name}." for name in OFFLINE_SECTIONS if name != config.objective)
-    for key, origin in origins.items():
-        if origin == "command line" and key.startswith(RL_ONLY_PREFIXES):
-            fail(key, f"has no effect: objective {config.objective} generates nothing and scores nothing "
-                 "(no rollout, reward, advantage, policy-gradient loss or critic)")
-        if origin == "command line" and key.startswith(other_sections):
-            fail(key, f"has no effect: only objective {key.split('.')[0]} reads it (objective is {config.objective})")
-    if require_inputs and not config.data.train_files:
-        fail("data.train_files", f"objective {config.objective} trains on rows of data files (no synthetic task); "
-             f"set data.train_files=[train.parquet] (e.g. `{OFFLINE_SECTIONS[config.objective]}`)")
-    if config.actor.ppo_epochs != 1:
-        fail("actor.ppo_epochs", f"objective {config.objective} passes over each batch once; remove it "
-             "(more passes over the data: raise trainer.total_steps)")
-    if config.rollout.placement != "colocated":
-        fail("rollout.placement", f"objective {config.objective} starts no rollout engine, so every device trains; "
-             "remove rollout.placement/rollout.devices")
-    if config.objective == "dpo":
-        if config.actor.mini_batch_size % config.world_size:
-            fail("actor.mini_batch_size", f"{config.actor.mini_batch_size} pairs cannot be split evenly over "
-                 f"{config.world_size} workers (each holds whole pairs: a pair's loss needs both responses)")
-        if config.dpo.loss_type == "ipo" and config.dpo.label_smoothing:
-            fail("dpo.label_smoothing", "applies to the sigmoid losses (cDPO), not to dpo.loss_type=ipo; remove it")
 
 
 def check_rollout_mode(config: RLConfig, fail: Callable[[str, str], None]) -> None:
@@ -160,19 +202,28 @@ def check_rollout_mode(config: RLConfig, fail: Callable[[str, str], None]) -> No
     if rollout.mode == "sync":
         return
     if rollout.placement != "split":
-        fail("rollout.mode", f"{rollout.mode} generates while the trainer trains, on devices of its own: set "
-             "rollout.placement=split and rollout.devices=N (N of trainer.n_gpus_per_node x trainer.nnodes "
-             "devices then only generate), or use rollout.mode=sync")
+        fail(
+            "rollout.mode",
+            f"{rollout.mode} generates while the trainer trains, on devices of its own: set "
+            "rollout.placement=split and rollout.devices=N (N of trainer.n_gpus_per_node x trainer.nnodes "
+            "devices then only generate), or use rollout.mode=sync",
+        )
     if actor.old_log_probs == "rollout":
-        fail("actor.old_log_probs", f"with rollout.mode={rollout.mode} the engine's log-probs come from an older "
-             "policy than the one the update starts from; use auto or recompute (importance weights, "
-             "actor.rollout_is, then correct for the gap)")
+        fail(
+            "actor.old_log_probs",
+            f"with rollout.mode={rollout.mode} the engine's log-probs come from an older "
+            "policy than the one the update starts from; use auto or recompute (importance weights, "
+            "actor.rollout_is, then correct for the gap)",
+        )
     if algo.dynamic_sampling.enable and estimator_needs(algo.adv_estimator).greedy_baseline:
         # The baseline is generated with its batch, ahead; the extra rounds' groups come later, from another
         # policy version, and would need baselines of their own (docs/async.md).
-        fail("algorithm.dynamic_sampling.enable", f"with rollout.mode={rollout.mode}, {algo.adv_estimator}'s greedy "
-             "baseline is generated ahead with the batch, not for the groups of dynamic sampling's extra rounds; "
-             "turn one of them off or use rollout.mode=sync")
+        fail(
+            "algorithm.dynamic_sampling.enable",
+            f"with rollout.mode={rollout.mode}, {algo.adv_estimator}'s greedy "
+            "baseline is generated ahead with the batch, not for the groups of dynamic sampling's extra rounds; "
+            "turn one of them off or use rollout.mode=sync",
+        )
 
 
 def check_algorithm(config: RLConfig, origins: dict[str, str], fail: Callable[[str, str], None]) -> None:
@@ -180,37 +231,63 @@ def check_algorithm(config: RLConfig, origins: dict[str, str], fail: Callable[[s
     algo, actor, critic, rollout = config.algorithm, config.actor, config.critic, config.rollout
     overlong = config.reward.overlong_buffer
     if critic.warmup_steps and not config.critic_enabled:
-        fail("critic.warmup_steps", f"only a critic warms up, and adv_estimator={algo.adv_estimator} uses none; "
-             "remove it or use adv_estimator=gae")
+        fail(
+            "critic.warmup_steps",
+            f"only a critic warms up, and adv_estimator={algo.adv_estimator} uses none; "
+            "remove it or use adv_estimator=gae",
+        )
     if config.critic_enabled and critic.warmup_steps >= config.trainer.total_steps:
-        fail("critic.warmup_steps", f"{critic.warmup_steps} critic warm-up steps leave none of "
-             f"trainer.total_steps={config.trainer.total_steps} for the actor; lower it")
+        fail(
+            "critic.warmup_steps",
+            f"{critic.warmup_steps} critic warm-up steps leave none of "
+            f"trainer.total_steps={config.trainer.total_steps} for the actor; lower it",
+        )
     if actor.use_kl_loss and actor.kl_loss_coef == 0:
-        fail("actor.kl_loss_coef", "is 0 with actor.use_kl_loss=true, so a reference model would load for a term "
-             "that is always 0; set a coefficient > 0 or actor.use_kl_loss=false")
+        fail(
+            "actor.kl_loss_coef",
+            "is 0 with actor.use_kl_loss=true, so a reference model would load for a term "
+            "that is always 0; set a coefficient > 0 or actor.use_kl_loss=false",
+        )
     if algo.use_kl_in_reward and algo.kl_ctrl.type == "fixed" and algo.kl_ctrl.kl_coef == 0:
-        fail("algorithm.kl_ctrl.kl_coef", "is 0 with algorithm.use_kl_in_reward=true, so a reference model would "
-             "load for a penalty that is always 0; set a coefficient > 0 or use_kl_in_reward=false")
+        fail(
+            "algorithm.kl_ctrl.kl_coef",
+            "is 0 with algorithm.use_kl_in_reward=true, so a reference model would "
+            "load for a penalty that is always 0; set a coefficient > 0 or use_kl_in_reward=false",
+        )
     if algo.dynamic_sampling.enable and rollout.n < 2:
-        fail("algorithm.dynamic_sampling.enable", "dynamic sampling drops groups whose samples all scored the "
-             f"same, so it needs rollout.n >= 2 (got {rollout.n})")
+        fail(
+            "algorithm.dynamic_sampling.enable",
+            "dynamic sampling drops groups whose samples all scored the "
+            f"same, so it needs rollout.n >= 2 (got {rollout.n})",
+        )
     if overlong.enable and overlong.length > config.data.max_response_length:
-        fail("reward.overlong_buffer.length", f"{overlong.length} tokens is longer than "
-             f"data.max_response_length={config.data.max_response_length}; the buffer must fit inside it")
+        fail(
+            "reward.overlong_buffer.length",
+            f"{overlong.length} tokens is longer than "
+            f"data.max_response_length={config.data.max_response_length}; the buffer must fit inside it",
+        )
     # A key given on the command line for a part that is off would silently change nothing.
     inactive = {
         "critic.": (not config.critic_enabled, f"there is no critic (adv_estimator={algo.adv_estimator})"),
         "algorithm.kl_ctrl.": (not algo.use_kl_in_reward, "algorithm.use_kl_in_reward is false"),
         "algorithm.kl_penalty": (not algo.use_kl_in_reward, "algorithm.use_kl_in_reward is false"),
         "actor.kl_loss_": (not actor.use_kl_loss, "actor.use_kl_loss is false"),
-        "algorithm.dynamic_sampling.max_gen_rounds": (not algo.dynamic_sampling.enable,
-                                                      "algorithm.dynamic_sampling.enable is false"),
+        "algorithm.dynamic_sampling.max_gen_rounds": (
+            not algo.dynamic_sampling.enable,
+            "algorithm.dynamic_sampling.enable is false",
+        ),
         "reward.overlong_buffer.": (not overlong.enable, "reward.overlong_buffer.enable is false"),
-        **{f"algorithm.{option}": (option not in estimator_needs(algo.adv_estimator).options,
-                                   f"only adv_estimator={' and '.join(estimators_that(option))} read it")
-           for option in ("norm_adv_by_std", "lam", "gamma")},
-        "rollout.max_staleness": (rollout.mode != "async",
-                                  f"only rollout.mode=async reads it (mode is {rollout.mode})"),
+        **{
+            f"algorithm.{option}": (
+                option not in estimator_needs(algo.adv_estimator).options,
+                f"only adv_estimator={' and '.join(estimators_that(option))} read it",
+            )
+            for option in ("norm_adv_by_std", "lam", "gamma")
+        },
+        "rollout.max_staleness": (
+            rollout.mode != "async",
+            f"only rollout.mode=async reads it (mode is {rollout.mode})",
+        ),
         "rollout.weight_sync": (rollout.placement != "split", "only split placement sends weights to other devices"),
         "sft.": (config.objective != "sft", f"only objective sft reads it (objective is {config.objective})"),
         "dpo.": (config.objective != "dpo", f"only objective dpo reads it (objective is {config.objective})"),
@@ -232,17 +309,23 @@ def batch_arithmetic(config: RLConfig) -> list[str]:
     longest = d.max_prompt_length + d.max_response_length
     per_worker = a.mini_batch_size * n // w
     if a.micro_batch_tokens == "auto":
-        micro = ("in micro-batches sized at start-up (actor.micro_batch_tokens=auto: from the free GPU memory, "
-                 f"{CPU_MICRO_BATCH_TOKENS} tokens on CPU)")
+        micro = (
+            "in micro-batches sized at start-up (actor.micro_batch_tokens=auto: from the free GPU memory, "
+            f"{CPU_MICRO_BATCH_TOKENS} tokens on CPU)"
+        )
     else:
         per_micro = max(1, a.micro_batch_tokens // longest)
-        micro = (f"in micro-batches of up to {a.micro_batch_tokens} tokens (at least {per_micro} full-length "
-                 f"sequences, so at most {-(-per_worker // per_micro)} micro-batch(es))")
+        micro = (
+            f"in micro-batches of up to {a.micro_batch_tokens} tokens (at least {per_micro} full-length "
+            f"sequences, so at most {-(-per_worker // per_micro)} micro-batch(es))"
+        )
     unit = {"rl": "prompts", "dpo": "pairs"}.get(config.objective, "rows")
     pairs = f" = {sequences} sequences" if config.objective == "dpo" else ""
-    first = (f"each step takes {d.train_batch_size} {unit} of data.train_files{pairs} "
-             f"({config.objective}: no generation)" if config.offline
-             else f"each step samples {d.train_batch_size} prompts x rollout.n={n} = {sequences} sequences")
+    first = (
+        f"each step takes {d.train_batch_size} {unit} of data.train_files{pairs} ({config.objective}: no generation)"
+        if config.offline
+        else f"each step samples {d.train_batch_size} prompts x rollout.n={n} = {sequences} sequences"
+    )
     return [
         first,
         f"the {sequences} sequences are split over {w} worker(s): {sequences // w} each",
@@ -264,8 +347,13 @@ def check_in_process(config: RLConfig, fail: Callable[[str, str], None]) -> None
     devices = trainer.nnodes * trainer.n_gpus_per_node
     if devices != 1:
         key = "trainer.nnodes" if trainer.nnodes > 1 else "trainer.n_gpus_per_node"
-        fail(key, f"trainer.workers=in_process runs one worker per group in this process, but trainer.nnodes x "
-             f"trainer.n_gpus_per_node = {devices} devices; set both to 1 or use trainer.workers=ray")
+        fail(
+            key,
+            f"trainer.workers=in_process runs one worker per group in this process, but trainer.nnodes x "
+            f"trainer.n_gpus_per_node = {devices} devices; set both to 1 or use trainer.workers=ray",
+        )
     if trainer.device == "cuda":
-        fail("trainer.device", "trainer.workers=in_process runs on the CPU only; set trainer.device=cpu or use "
-             "trainer.workers=ray")
+        fail(
+            "trainer.device",
+            "trainer.workers=in_process runs on the CPU only; set trainer.device=cpu or use trainer.workers=ray",
+        )

@@ -34,8 +34,9 @@ def find_recipe(name_or_path: str) -> Path:
     names = list(list_recipes())
     close = difflib.get_close_matches(name_or_path, names, n=1)
     hint = f"; did you mean {close[0]!r}?" if close else ""
-    raise ConfigError(f"no recipe named {name_or_path!r} (built-in: {', '.join(names)}){hint}; "
-                      "or pass a path to a .yaml file")
+    raise ConfigError(
+        f"no recipe named {name_or_path!r} (built-in: {', '.join(names)}){hint}; or pass a path to a .yaml file"
+    )
 
 
 def _read_yaml(path: Path) -> dict[str, Any]:
@@ -82,7 +83,7 @@ def _set_dotted(tree: dict[str, Any], key: str, value: Any, origin: str, origins
     for i, part in enumerate(parts[:-1]):
         child = node.setdefault(part, {})
         if not isinstance(child, dict):
-            raise ConfigError(f"{key} ({origin}): {'.'.join(parts[:i + 1])} is a value, not a group")
+            raise ConfigError(f"{key} ({origin}): {'.'.join(parts[: i + 1])} is a value, not a group")
         node = child
     node[parts[-1]] = value
     origins[key] = origin
@@ -134,8 +135,9 @@ def _unknown_key(key: str, origin: str) -> str:
     spellings.update({k: f" (verl's key: {answer})" for k, answer in VERL_ANSWERS.items()})
     namespace = key.split(".")[0]
     same_namespace = [k for k in spellings if k.split(".")[0] == namespace]
-    close = (difflib.get_close_matches(key, same_namespace, n=1, cutoff=0.6)
-             or difflib.get_close_matches(key, list(spellings), n=1, cutoff=0.6))
+    close = difflib.get_close_matches(key, same_namespace, n=1, cutoff=0.6) or difflib.get_close_matches(
+        key, list(spellings), n=1, cutoff=0.6
+    )
     hint = f"did you mean {close[0]!r}{spellings[close[0]]}?" if close else "`rlkit recipes show NAME` lists the keys"
     return f"unknown key {key!r} ({origin}); {hint}"
 
@@ -156,8 +158,9 @@ def _explain(exc: ValidationError, origins: dict[str, str], flat: dict[str, Any]
     return "\n".join(lines)
 
 
-def load_config(recipe: str, overrides: list[str] | None = None, *, model: str | None = None,
-                require_inputs: bool = True) -> RLConfig:
+def load_config(
+    recipe: str, overrides: list[str] | None = None, *, model: str | None = None, require_inputs: bool = True
+) -> RLConfig:
     """Resolve a recipe (name or path), its bases, then KEY=VALUE overrides, into one RLConfig.
 
     `require_inputs=False` (for --dry-run) accepts a config that names no model or data yet.

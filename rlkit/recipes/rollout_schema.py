@@ -16,13 +16,13 @@ class VLLMOptions(Section):
     enforce_eager: bool | None = Field(
         None,
         description="Skip CUDA graphs/compile (faster start, slower decode); None = eager on CPU, CUDA graphs on GPU "
-                    "(2x the decode speed on an H200, ~1 min more start-up; docs/benchmarks.md). Was "
-                    "rollout.enforce_eager.",
+        "(2x the decode speed on an H200, ~1 min more start-up; docs/benchmarks.md). Was "
+        "rollout.enforce_eager.",
     )
     engine_kwargs: dict[str, Any] = Field(
         default_factory=dict,
         description="Further `vllm.LLM` arguments, e.g. {async_scheduling: true}; arguments rlkit derives from its "
-                    "own keys are refused. Was rollout.engine_kwargs.",
+        "own keys are refused. Was rollout.engine_kwargs.",
     )
 
 
@@ -32,23 +32,23 @@ class SGLangOptions(Section):
     attention_backend: str | None = Field(
         None,
         description="SGLang attention backend (its --attention-backend, e.g. fa3, flashinfer, triton); None = "
-                    "SGLang's choice on GPU, torch_native on CPU. Per-request seeds need one SGLang runs "
-                    "deterministically (fa3, fa4, flashinfer, triton).",
+        "SGLang's choice on GPU, torch_native on CPU. Per-request seeds need one SGLang runs "
+        "deterministically (fa3, fa4, flashinfer, triton).",
     )
     deterministic: bool = Field(
         True,
         description="SGLang's deterministic inference on GPUs (its --enable-deterministic-inference). true: "
-                    "per-request seeds count, so rollouts repeat and a resumed run can be exact; SGLang then runs "
-                    "batch-invariant kernels (slower; Triton compiles them on first use, docs/benchmarks.md). false: "
-                    "SGLang's ordinary kernels, but the seeds are ignored, so rollouts are not reproducible and a "
-                    "resumed run is not bit-exact (the engine warns). On a CPU seeds are always ignored.",
+        "per-request seeds count, so rollouts repeat and a resumed run can be exact; SGLang then runs "
+        "batch-invariant kernels (slower; Triton compiles them on first use, docs/benchmarks.md). false: "
+        "SGLang's ordinary kernels, but the seeds are ignored, so rollouts are not reproducible and a "
+        "resumed run is not bit-exact (the engine warns). On a CPU seeds are always ignored.",
     )
     engine_kwargs: dict[str, Any] = Field(
         default_factory=dict,
         description="Further `sglang.Engine` arguments (its server arguments), e.g. {chunked_prefill_size: 4096}; "
-                    "arguments rlkit derives from its own keys are refused. Two defaults can be changed here: "
-                    "log_level (error) and disable_cuda_graph (false on GPUs), e.g. {log_level: info} to watch a slow "
-                    "engine start.",
+        "arguments rlkit derives from its own keys are refused. Two defaults can be changed here: "
+        "log_level (error) and disable_cuda_graph (false on GPUs), e.g. {log_level: info} to watch a slow "
+        "engine start.",
     )
 
 
@@ -62,18 +62,22 @@ class RolloutConfig(Section):
     name: str = Field(
         "vllm",
         description="Generation engine, from the registry in rlkit/core/rollout/engines.py: vllm, sglang, or hf "
-                    "(transformers `generate`, the fallback that needs nothing more). Each engine's own options live "
-                    "under rollout.<name>.",
+        "(transformers `generate`, the fallback that needs nothing more). Each engine's own options live "
+        "under rollout.<name>.",
     )
     n: int = Field(8, ge=1, description="Samples per prompt (the group size for GRPO/RLOO).")
     temperature: float = Field(1.0, gt=0, description="Sampling temperature (1.0 keeps rollouts on-policy).")
     top_p: float = Field(
-        1.0, gt=0, le=1,
+        1.0,
+        gt=0,
+        le=1,
         description="Nucleus sampling; < 1 makes the rollout policy differ from the trained one.",
     )
     top_k: int = Field(-1, description="Top-k sampling; -1 disables.")
     gpu_memory_utilization: float = Field(
-        0.5, gt=0, le=1,
+        0.5,
+        gt=0,
+        le=1,
         description="Fraction of device memory the engine takes for weights + KV cache.",
     )
     max_num_seqs: int = Field(256, ge=1, description="Sequences the engine decodes at once.")
@@ -84,59 +88,64 @@ class RolloutConfig(Section):
     placement: Literal["colocated", "split"] = Field(
         "colocated",
         description="colocated: every training worker also runs a rollout engine on its device (vLLM sleeps during "
-                    "training); split: rollout.devices devices run only rollout and receive the weights after each "
-                    "update.",
+        "training); split: rollout.devices devices run only rollout and receive the weights after each "
+        "update.",
     )
     devices: int = Field(
-        1, ge=1,
+        1,
+        ge=1,
         description="split placement: devices (of trainer.nnodes x trainer.n_gpus_per_node) that run only rollout; "
-                    "the rest train.",
+        "the rest train.",
     )
     mode: Literal["sync", "one_step_off", "async"] = Field(
         "sync",
         description="sync: each step generates its batch with the current policy, then trains on it. one_step_off: "
-                    "step k+1's batch is generated (with the policy before step k's update) while step k trains. "
-                    "async: the rollout workers run up to rollout.max_staleness batches ahead of the trainer. Both "
-                    "overlapping modes need rollout.placement=split and correct the staleness with importance weights "
-                    "(actor.rollout_is); docs/async.md.",
+        "step k+1's batch is generated (with the policy before step k's update) while step k trains. "
+        "async: the rollout workers run up to rollout.max_staleness batches ahead of the trainer. Both "
+        "overlapping modes need rollout.placement=split and correct the staleness with importance weights "
+        "(actor.rollout_is); docs/async.md.",
     )
     max_staleness: int = Field(
-        2, ge=1,
+        2,
+        ge=1,
         description="rollout.mode=async: batches generated ahead of the trainer, so no trained sample is more than "
-                    "this many policy versions older than the policy being updated (one_step_off is 1).",
+        "this many policy versions older than the policy being updated (one_step_off is 1).",
     )
     weight_sync: Literal["broadcast", "object_store"] = Field(
         "broadcast",
         description="split placement: how the weights travel from training rank 0 to the rollout workers after each "
-                    "update. broadcast: a collective of their own (NCCL on GPUs, gloo on CPU), full tensors in flat "
-                    "buckets. object_store: through Ray's object store (slower; no extra communicator).",
+        "update. broadcast: a collective of their own (NCCL on GPUs, gloo on CPU), full tensors in flat "
+        "buckets. object_store: through Ray's object store (slower; no extra communicator).",
     )
     weight_sync_timeout_s: float = Field(
-        300.0, gt=0,
+        300.0,
+        gt=0,
         description="split placement: deadline of one weight transfer once both sides have joined it; a transfer that "
-                    "stalls past it stops the run with a message naming it.",
+        "stalls past it stops the run with a message naming it.",
     )
     log_prob_check_freq: int = Field(
-        10, ge=0,
+        10,
+        ge=0,
         description="Every this many steps the engine also returns the log-prob of each sampled token, and "
-                    "rollout/log_prob_diff (mean |engine - trainer|) checks the weight sync and the engine's "
-                    "numerics; 0 = never (but step 1, for the step-1 invariants, unless trainer.invariants=off). Not "
-                    "every step: vLLM decodes at half speed while returning them (docs/benchmarks.md). "
-                    "actor.old_log_probs=rollout takes them on every step.",
+        "rollout/log_prob_diff (mean |engine - trainer|) checks the weight sync and the engine's "
+        "numerics; 0 = never (but step 1, for the step-1 invariants, unless trainer.invariants=off). Not "
+        "every step: vLLM decodes at half speed while returning them (docs/benchmarks.md). "
+        "actor.old_log_probs=rollout takes them on every step.",
     )
     log_prob_tolerance: float = Field(
-        0.05, gt=0,
+        0.05,
+        gt=0,
         description="Weight-sync check: the most rollout/log_prob_diff (mean |engine - trainer| log-prob per token, "
-                    "nats) a check step may show; more means the engine is not running the trained weights. Measured: "
-                    "~1e-7 on CPU (fp32), 0.008 with vLLM bf16 on an H200. Not applied with rollout.top_p < 1 or "
-                    "top_k > 0, or with rollout.mode one_step_off/async (stale samples), where the two differ by "
-                    "design.",
+        "nats) a check step may show; more means the engine is not running the trained weights. Measured: "
+        "~1e-7 on CPU (fp32), 0.008 with vLLM bf16 on an H200. Not applied with rollout.top_p < 1 or "
+        "top_k > 0, or with rollout.mode one_step_off/async (stale samples), where the two differ by "
+        "design.",
     )
     sync_check: Literal["error", "warn"] = Field(
         "error",
         description="What a failed weight-sync check does (log-prob gap over rollout.log_prob_tolerance, or the first "
-                    "sync that changed the weights left the engine's outputs unchanged): error stops the run with the "
-                    "reason; warn logs it and trains on.",
+        "sync that changed the weights left the engine's outputs unchanged): error stops the run with the "
+        "reason; warn logs it and trains on.",
     )
     vllm: VLLMOptions = Field(default_factory=VLLMOptions)
     sglang: SGLangOptions = Field(default_factory=SGLangOptions)

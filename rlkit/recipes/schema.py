@@ -19,8 +19,19 @@ from rlkit.recipes.section import Section
 from rlkit.recipes.trainer_schema import DPOConfig, SFTConfig, TrainerConfig
 
 # The sections, importable from here as before: each is defined in its own module.
-__all__ = ["ActorConfig", "AlgorithmConfig", "CriticConfig", "DataConfig", "DPOConfig", "LoraSettings", "ModelConfig",
-           "RLConfig", "RolloutConfig", "SFTConfig", "TrainerConfig"]
+__all__ = [
+    "ActorConfig",
+    "AlgorithmConfig",
+    "CriticConfig",
+    "DataConfig",
+    "DPOConfig",
+    "LoraSettings",
+    "ModelConfig",
+    "RLConfig",
+    "RolloutConfig",
+    "SFTConfig",
+    "TrainerConfig",
+]
 
 
 class RLConfig(Section):
@@ -30,11 +41,11 @@ class RLConfig(Section):
     objective: Literal["rl", "sft", "dpo"] = Field(
         "rl",
         description="What a step trains on. rl: samples the policy generates, scored by the reward (rollout, reward, "
-                    "algorithm, critic). sft: supervised fine-tuning on data.train_files rows (prompt + response, or "
-                    "chat `messages`), the negative log-likelihood of the response tokens, aggregated by "
-                    "actor.loss_agg_mode; no rollout engine starts and the RL-only sections are ignored "
-                    "(docs/algorithms.md, SFT). dpo: preference training on data.train_files pairs (prompt, chosen, "
-                    "rejected) against the frozen initial model, options under dpo.* (docs/preference.md).",
+        "algorithm, critic). sft: supervised fine-tuning on data.train_files rows (prompt + response, or "
+        "chat `messages`), the negative log-likelihood of the response tokens, aggregated by "
+        "actor.loss_agg_mode; no rollout engine starts and the RL-only sections are ignored "
+        "(docs/algorithms.md, SFT). dpo: preference training on data.train_files pairs (prompt, chosen, "
+        "rejected) against the frozen initial model, options under dpo.* (docs/preference.md).",
     )
     data: DataConfig = Field(default_factory=DataConfig)
     model: ModelConfig = Field(default_factory=ModelConfig)
@@ -82,8 +93,12 @@ class RLConfig(Section):
     def old_log_probs_from_update(self) -> bool:
         """The policy before the update is the one being updated: no separate old-log-prob pass."""
         actor = self.actor
-        return (actor.old_log_probs == "auto" and actor.ppo_epochs == 1
-                and actor.mini_batch_size == self.data.train_batch_size and not self.algorithm.use_kl_in_reward)
+        return (
+            actor.old_log_probs == "auto"
+            and actor.ppo_epochs == 1
+            and actor.mini_batch_size == self.data.train_batch_size
+            and not self.algorithm.use_kl_in_reward
+        )
 
     @property
     def rollout_correction(self) -> tuple[str, float] | None:

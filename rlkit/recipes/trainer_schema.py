@@ -12,7 +12,8 @@ from rlkit.recipes.section import Section
 class TrainerConfig(Section):
     total_steps: int = Field(100, ge=1, description="RL steps to train.")
     n_gpus_per_node: int = Field(
-        1, ge=1,
+        1,
+        ge=1,
         description="Workers per node: GPUs, or CPU worker processes on a machine without GPUs.",
     )
     nnodes: int = Field(1, ge=1, description="Nodes in the Ray cluster.")
@@ -24,95 +25,104 @@ class TrainerConfig(Section):
     runs_dir: str = Field(
         "runs",
         description="Parent folder of run directories (shared storage for multi-node runs: every node writes "
-                    "checkpoint shards there).",
+        "checkpoint shards there).",
     )
     logger: list[Literal["console", "jsonl", "tensorboard", "wandb"]] = Field(
         default_factory=lambda: ["console", "jsonl", "tensorboard"],
         description="Where metrics go: console (live table), jsonl (RUN/metrics.jsonl), tensorboard "
-                    "(RUN/tensorboard), wandb (needs `pip install wandb`).")
+        "(RUN/tensorboard), wandb (needs `pip install wandb`).",
+    )
     project_name: str = Field("rlkit", description="Grouping name for trackers.")
     experiment_name: str | None = Field(None, description="Run name for trackers (default: the run id).")
     save_freq: int = Field(
-        0, ge=0,
+        0,
+        ge=0,
         description="Checkpoint every N steps (0 = only at the end); the last step is always saved.",
     )
     keep_last: int = Field(
-        2, ge=1,
+        2,
+        ge=1,
         description="Complete checkpoints kept on disk (older ones are deleted after each save).",
     )
     val_freq: int = Field(
-        0, ge=0,
+        0,
+        ge=0,
         description="Validate every N steps (0 = only before training and after the last step); validation runs only "
-                    "when there are validation prompts (data.val_files).",
+        "when there are validation prompts (data.val_files).",
     )
     val_before_train: bool = Field(
         True,
         description="Validate the starting policy (logged as step 0) before a fresh run trains; a resumed run "
-                    "continues the schedule instead.",
+        "continues the schedule instead.",
     )
     val_n: int = Field(
-        0, ge=0,
+        0,
+        ge=0,
         description="Sampled responses per validation prompt besides the greedy one: with n >= 2 validation also "
-                    "reports mean@n, unbiased pass@k (k = 1, 2, 4, ..., n) and maj@n. 0 = greedy only (mean@1).",
+        "reports mean@n, unbiased pass@k (k = 1, 2, 4, ..., n) and maj@n. 0 = greedy only (mean@1).",
     )
     val_temperature: float | None = Field(
-        None, gt=0,
+        None,
+        gt=0,
         description="Temperature of the trainer.val_n samples (top-p/top-k are rollout's); None = rollout.temperature.",
     )
     phase_timeout_s: float = Field(
-        1800.0, gt=0,
+        1800.0,
+        gt=0,
         description="Deadline of one controller -> worker call in a step (generate, update, sync, save); past it the "
-                    "run stops and names the late workers.",
+        "run stops and names the late workers.",
     )
     setup_timeout_s: float = Field(
-        3600.0, gt=0,
+        3600.0,
+        gt=0,
         description="Deadline of worker start-up (model load, rollout-engine start), whose progress is logged as it "
-                    "goes.",
+        "goes.",
     )
     save_on_interrupt: bool = Field(
         True,
         description="On Ctrl-C/SIGTERM, finish the current step and checkpoint it before stopping (a second Ctrl-C "
-                    "stops at once).",
+        "stops at once).",
     )
     nvlink_multicast: bool = Field(
         False,
         description="Let NCCL, torch symmetric memory and NVSHMEM use NVLink multicast (NVLS). Off by default: on "
-                    "hosts whose NVSwitch multicast is not set up (no fabric manager/IMEX), start-up fails or hangs "
-                    "with it on; turn it on where it works for faster all-reduce on 4+ GPUs. Off sets "
-                    "NCCL_NVLS_ENABLE=0, TORCH_SYMM_MEM_DISABLE_MULTICAST=1, NVSHMEM_DISABLE_NVLS=1 in every worker.",
+        "hosts whose NVSwitch multicast is not set up (no fabric manager/IMEX), start-up fails or hangs "
+        "with it on; turn it on where it works for faster all-reduce on 4+ GPUs. Off sets "
+        "NCCL_NVLS_ENABLE=0, TORCH_SYMM_MEM_DISABLE_MULTICAST=1, NVSHMEM_DISABLE_NVLS=1 in every worker.",
     )
     cpu_threads_per_worker: int = Field(1, ge=1, description="Torch threads per CPU worker process.")
     workers: Literal["ray", "in_process"] = Field(
         "ray",
         description="Where the workers run. ray: one Ray actor (a process of its own) per device, on the local "
-                    "Ray cluster rlkit starts or the one at RAY_ADDRESS. in_process: the workers are plain objects "
-                    "in this process, no Ray and no worker processes, for debugging on one CPU device, notebooks and "
-                    "tests; it runs one CPU device only (trainer.nnodes x trainer.n_gpus_per_node = 1, no GPU, "
-                    "rollout.placement=colocated), and does not enforce trainer.phase_timeout_s / setup_timeout_s "
-                    "(a call runs to its end in this thread). docs/architecture.md, Workers.",
+        "Ray cluster rlkit starts or the one at RAY_ADDRESS. in_process: the workers are plain objects "
+        "in this process, no Ray and no worker processes, for debugging on one CPU device, notebooks and "
+        "tests; it runs one CPU device only (trainer.nnodes x trainer.n_gpus_per_node = 1, no GPU, "
+        "rollout.placement=colocated), and does not enforce trainer.phase_timeout_s / setup_timeout_s "
+        "(a call runs to its end in this thread). docs/architecture.md, Workers.",
     )
     record_rollouts: bool = Field(
         False,
         description="Keep each step's batch, as the actor update received it (token ids, masks, scores, "
-                    "rollout/old/reference log-probs, advantages), with the step's metrics, as "
-                    "RUN/rollouts/step_N.parquet: `rlkit inspect` shows it, `rlkit replay` re-runs its update "
-                    "(docs/replay.md). On steps with engine log-probs but no old-log-prob pass it adds one forward "
-                    "pass, for the per-token gap. About 15-25 bytes per token of the batch (zstd parquet): ~5 MB for "
-                    "the benchmark's 393k-token step.",
+        "rollout/old/reference log-probs, advantages), with the step's metrics, as "
+        "RUN/rollouts/step_N.parquet: `rlkit inspect` shows it, `rlkit replay` re-runs its update "
+        "(docs/replay.md). On steps with engine log-probs but no old-log-prob pass it adds one forward "
+        "pass, for the per-token gap. About 15-25 bytes per token of the batch (zstd parquet): ~5 MB for "
+        "the benchmark's 393k-token step.",
     )
     invariants: Literal["error", "warn", "off"] = Field(
         "error",
         description="Step-1 invariants of a fresh run (rlkit.core.controller.invariants): the KL to the reference is "
-                    "~0 (the reference is the initial policy), rollout/log_prob_diff is under "
-                    "trainer.invariant_tolerance (step 1 is always a log-prob check step), and the first batch's "
-                    "prompts survive a tokenizer round trip (decode, then encode, gives the same ids). error stops "
-                    "the run naming the broken invariant; warn logs it and goes on; off skips them (and step 1's "
-                    "engine log-probs).",
+        "~0 (the reference is the initial policy), rollout/log_prob_diff is under "
+        "trainer.invariant_tolerance (step 1 is always a log-prob check step), and the first batch's "
+        "prompts survive a tokenizer round trip (decode, then encode, gives the same ids). error stops "
+        "the run naming the broken invariant; warn logs it and goes on; off skips them (and step 1's "
+        "engine log-probs).",
     )
     invariant_tolerance: float = Field(
-        0.05, gt=0,
+        0.05,
+        gt=0,
         description="Largest |KL to the reference| and rollout/log_prob_diff (nats per token) the step-1 invariants "
-                    "accept. Measured: ~1e-7 on CPU (fp32), ~0.008 with vLLM in bf16 on an H200 (docs/benchmarks.md).",
+        "accept. Measured: ~1e-7 on CPU (fp32), ~0.008 with vLLM in bf16 on an H200 (docs/benchmarks.md).",
     )
 
     @field_validator("invariants", mode="before")
@@ -128,9 +138,9 @@ class SFTConfig(Section):
     completion_only_loss: bool = Field(
         True,
         description="Train only on the response tokens (prompt+response rows: the response and its EOS; `messages` "
-                    "rows: the assistant turns, each up to its end-of-turn token); everything else is context with "
-                    "loss mask 0. false trains on every token but the first (TRL's completion_only_loss / "
-                    "assistant_only_loss).",
+        "rows: the assistant turns, each up to its end-of-turn token); everything else is context with "
+        "loss mask 0. false trains on every token but the first (TRL's completion_only_loss / "
+        "assistant_only_loss).",
     )
 
 
@@ -140,16 +150,19 @@ class DPOConfig(Section):
     loss_type: Literal["sigmoid", "ipo", "length_normalized"] = Field(
         "sigmoid",
         description="sigmoid: DPO (Rafailov et al. 2023); ipo: IPO (Azar et al. 2023), squared distance of the "
-                    "log-ratio margin from 1/(2 beta); length_normalized: the sigmoid loss on per-token log-ratios "
-                    "(Tulu 3's length-normalized DPO). docs/algorithms.md, Preference losses.",
+        "log-ratio margin from 1/(2 beta); length_normalized: the sigmoid loss on per-token log-ratios "
+        "(Tulu 3's length-normalized DPO). docs/algorithms.md, Preference losses.",
     )
     beta: float = Field(
-        0.1, gt=0,
+        0.1,
+        gt=0,
         description="How strongly the policy is held to the reference: DPO's beta (the implicit reward is beta x the "
-                    "log-ratio to the reference), IPO's tau.",
+        "log-ratio to the reference), IPO's tau.",
     )
     label_smoothing: float = Field(
-        0.0, ge=0, lt=0.5,
+        0.0,
+        ge=0,
+        lt=0.5,
         description="cDPO (Mitchell 2023): the share of pairs assumed to be mislabelled; the loss mixes in the "
-                    "flipped pair's with this weight. sigmoid and length_normalized only.",
+        "flipped pair's with this weight. sigmoid and length_normalized only.",
     )

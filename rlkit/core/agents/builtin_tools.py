@@ -15,8 +15,15 @@ if TYPE_CHECKING:
 # name -> factory(config) -> the tool function (a factory, so a tool can read its limits from the config)
 BUILTIN_TOOLS: Registry[Callable[["AgentConfig"], Callable[..., Any]]] = Registry("built-in tool")
 
-_BINARY = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul, ast.Div: operator.truediv,
-           ast.FloorDiv: operator.floordiv, ast.Mod: operator.mod, ast.Pow: operator.pow}
+_BINARY = {
+    ast.Add: operator.add,
+    ast.Sub: operator.sub,
+    ast.Mult: operator.mul,
+    ast.Div: operator.truediv,
+    ast.FloorDiv: operator.floordiv,
+    ast.Mod: operator.mod,
+    ast.Pow: operator.pow,
+}
 _UNARY = {ast.UAdd: operator.pos, ast.USub: operator.neg}
 _MAX_EXPONENT = 1000  # 10 ** 10 ** 10 would take the process down
 
@@ -52,8 +59,13 @@ def _calculator(config: AgentConfig) -> Callable[..., Any]:
 @BUILTIN_TOOLS.register("python")
 def _python(config: AgentConfig) -> Callable[..., Any]:
     sandbox = config.sandbox
-    limits = Limits(wall_s=sandbox.wall_s, cpu_s=sandbox.cpu_s, memory_mb=sandbox.memory_mb,
-                    processes=sandbox.processes, disk_mb=sandbox.disk_mb)
+    limits = Limits(
+        wall_s=sandbox.wall_s,
+        cpu_s=sandbox.cpu_s,
+        memory_mb=sandbox.memory_mb,
+        processes=sandbox.processes,
+        disk_mb=sandbox.disk_mb,
+    )
 
     def python(code: str) -> str:
         """Run a Python program in a sandbox (no network, limited time and memory) and return what it prints.

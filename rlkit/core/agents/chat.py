@@ -24,14 +24,19 @@ class TurnBoundary:
 
     def __init__(self, tokenizer: Any, tools: list[dict[str, Any]] | None = None) -> None:
         if not tokenizer.chat_template:
-            raise ValueError("the tokenizer has no chat template, so there is no way to write tool or environment "
-                             "messages into the conversation")
+            raise ValueError(
+                "the tokenizer has no chat template, so there is no way to write tool or environment "
+                "messages into the conversation"
+            )
         self.tokenizer, self.tools = tokenizer, tools or None
 
     def render_prompt(self, messages: list[dict[str, Any]]) -> list[int]:
         """A whole prompt (an environment's first observation), ready for the policy's first turn."""
-        return list(self.tokenizer.apply_chat_template(messages, tools=self.tools, add_generation_prompt=True,
-                                                       tokenize=True, return_dict=False))
+        return list(
+            self.tokenizer.apply_chat_template(
+                messages, tools=self.tools, add_generation_prompt=True, tokenize=True, return_dict=False
+            )
+        )
 
     def after_turn(self, turn_ids: list[int], messages: list[dict[str, Any]]) -> list[int]:
         """The ids that close the policy's turn, carry `messages`, and open the next assistant turn.
@@ -49,10 +54,13 @@ class TurnBoundary:
         """Everything the template writes after an assistant message's content, up to the next
         assistant turn's first content token."""
         conversation = [{"role": "user", "content": "?"}, {"role": "assistant", "content": PROBE}, *messages]
-        text = self.tokenizer.apply_chat_template(conversation, tools=self.tools, add_generation_prompt=True,
-                                                  tokenize=False)
+        text = self.tokenizer.apply_chat_template(
+            conversation, tools=self.tools, add_generation_prompt=True, tokenize=False
+        )
         at = text.find(PROBE)
         if at < 0:
-            raise ValueError("the chat template does not write an assistant message's content, so turns cannot be "
-                             "joined token by token")
-        return list(self.tokenizer.encode(text[at + len(PROBE):], add_special_tokens=False))
+            raise ValueError(
+                "the chat template does not write an assistant message's content, so turns cannot be "
+                "joined token by token"
+            )
+        return list(self.tokenizer.encode(text[at + len(PROBE) :], add_special_tokens=False))

@@ -41,20 +41,29 @@ class ClientAgentLoop:
         for index, future in enumerate(futures):  # an episode that ends, however it ends, stops being waited for
             future.add_done_callback(lambda _, index=index: self.server.finish(index))
         self.server.serve(engine, sampling)
-        return [self._trajectory(index, row, group, future.result(), sampling.log_probs)
-                for index, ((row, group), future) in enumerate(zip(episodes, futures))]
+        return [
+            self._trajectory(index, row, group, future.result(), sampling.log_probs)
+            for index, ((row, group), future) in enumerate(zip(episodes, futures))
+        ]
 
     async def _episode(self, index: int, row: Any) -> float:
         import openai
 
         if self._http is None:  # one connection pool for every episode (a client of its own costs ~20 ms)
             self._http = openai.DefaultAsyncHttpxClient()
-        client = openai.AsyncOpenAI(base_url=self.server.base_url(index), api_key=self.server.token, max_retries=0,
-                                    timeout=self.guard.timeout_s, http_client=self._http)
+        client = openai.AsyncOpenAI(
+            base_url=self.server.base_url(index),
+            api_key=self.server.token,
+            max_retries=0,
+            timeout=self.guard.timeout_s,
+            http_client=self._http,
+        )
         value = await self.agent_fn(client, row_dict(row))
         if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
-            raise ValueError(f"the agent function returned {value!r:.80} ({type(value).__name__}); expected the "
-                             "episode's reward as a finite number")
+            raise ValueError(
+                f"the agent function returned {value!r:.80} ({type(value).__name__}); expected the "
+                "episode's reward as a finite number"
+            )
         return float(value)
 
     def _trajectory(self, index: int, row: Any, group: int, outcome: Any, with_log_probs: bool) -> Trajectory:
@@ -64,11 +73,16 @@ class ClientAgentLoop:
             error = "the agent function made no chat completion request"
         prompt = conversation.prompt_ids or list(row.prompt_token_ids)
         finish = "error" if error else ("truncated" if conversation.truncated else "stop")
-        return Trajectory(row=dataclasses.replace(row, prompt_token_ids=prompt), group=group,
-                          response_ids=conversation.response_ids, loss_mask=conversation.loss_mask,
-                          log_probs=conversation.log_probs if with_log_probs else [], finish_reason=finish,
-                          reward=0.0 if error else outcome.value,
-                          info={"turns": conversation.turns, "env_error": error, "restarts": conversation.restarts})
+        return Trajectory(
+            row=dataclasses.replace(row, prompt_token_ids=prompt),
+            group=group,
+            response_ids=conversation.response_ids,
+            loss_mask=conversation.loss_mask,
+            log_probs=conversation.log_probs if with_log_probs else [],
+            finish_reason=finish,
+            reward=0.0 if error else outcome.value,
+            info={"turns": conversation.turns, "env_error": error, "restarts": conversation.restarts},
+        )
 
 
 def agent_function(spec: str) -> Callable[..., Any]:
@@ -80,12 +94,14 @@ def agent_function(spec: str) -> Callable[..., Any]:
 
     fn = load_function(spec, "rollout.agent.loop")
     if not inspect.iscoroutinefunction(fn):
-        raise UserError(f"rollout.agent.loop={spec!r}: {getattr(fn, '__name__', fn)} must be `async def "
-                        "rollout(client, row) -> float` (it awaits the client's requests)")
+        raise UserError(
+            f"rollout.agent.loop={spec!r}: {getattr(fn, '__name__', fn)} must be `async def "
+            "rollout(client, row) -> float` (it awaits the client's requests)"
+        )
     try:
         inspect.signature(fn).bind("client", "row")
     except TypeError:
-        raise UserError(f"rollout.agent.loop={spec!r}: {fn.__name__}{inspect.signature(fn)} cannot be called as "
-                        "fn(client, row)") from None
+        raise UserError(
+            f"rollout.agent.loop={spec!r}: {fn.__name__}{inspect.signature(fn)} cannot be called as fn(client, row)"
+        ) from None
     return fn
-

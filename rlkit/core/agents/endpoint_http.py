@@ -52,8 +52,9 @@ class EndpointServer(ThreadingHTTPServer):
     daemon_threads = True
     request_queue_size = 4096  # every episode of a worker connects at once (the default 5 refuses them)
 
-    def __init__(self, address: tuple[str, int], handler: type[BaseHTTPRequestHandler],
-                 deadlines: ReadDeadlines) -> None:
+    def __init__(
+        self, address: tuple[str, int], handler: type[BaseHTTPRequestHandler], deadlines: ReadDeadlines
+    ) -> None:
         self.deadlines = deadlines
         super().__init__(address, handler)
 

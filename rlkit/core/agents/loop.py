@@ -33,12 +33,12 @@ class Limits:
     max_turns: int
     max_tokens_per_turn: int
     max_response_tokens: int  # every turn together: data.max_response_length
-    max_prompt_tokens: int    # a prompt an environment's reset() writes: data.max_prompt_length
+    max_prompt_tokens: int  # a prompt an environment's reset() writes: data.max_prompt_length
 
 
 @dataclass
 class Episode:
-    row: Any                  # PromptRow
+    row: Any  # PromptRow
     group: int
     env: Any
     prompt_ids: list[int]
@@ -47,8 +47,8 @@ class Episode:
     log_probs: list[float] = field(default_factory=list)
     rewards: list[float] = field(default_factory=list)  # the numbers the environment gave
     turns: int = 0
-    last_turn: list[int] = field(default_factory=list)   # the policy's tokens of the turn being stepped
-    finish_reason: str | None = None                     # None while running
+    last_turn: list[int] = field(default_factory=list)  # the policy's tokens of the turn being stepped
+    finish_reason: str | None = None  # None while running
     error: str | None = None
 
     @property
@@ -68,25 +68,44 @@ class Episode:
             reward = 0.0
         else:
             reward = sum(self.rewards) if self.rewards else None
-        row = self.row if self.prompt_ids == self.row.prompt_token_ids else \
-            dataclasses.replace(self.row, prompt_token_ids=self.prompt_ids)
-        return Trajectory(row=row, group=self.group, response_ids=self.response_ids, loss_mask=self.loss_mask,
-                          log_probs=self.log_probs if with_log_probs else [], finish_reason=self.finish_reason,
-                          reward=reward, info={"turns": self.turns, "env_error": self.error})
+        row = (
+            self.row
+            if self.prompt_ids == self.row.prompt_token_ids
+            else dataclasses.replace(self.row, prompt_token_ids=self.prompt_ids)
+        )
+        return Trajectory(
+            row=row,
+            group=self.group,
+            response_ids=self.response_ids,
+            loss_mask=self.loss_mask,
+            log_probs=self.log_probs if with_log_probs else [],
+            finish_reason=self.finish_reason,
+            reward=reward,
+            info={"turns": self.turns, "env_error": self.error},
+        )
 
 
 class AgentLoop:
     """Runs a worker's share of episodes with one environment instance each."""
 
-    def __init__(self, tokenizer: Any, make_env: Callable[[], Any], limits: Limits, guard: Guard,
-                 tools: list[dict[str, Any]] | None = None) -> None:
+    def __init__(
+        self,
+        tokenizer: Any,
+        make_env: Callable[[], Any],
+        limits: Limits,
+        guard: Guard,
+        tools: list[dict[str, Any]] | None = None,
+    ) -> None:
         self.tokenizer, self.make_env, self.limits, self.guard = tokenizer, make_env, limits, guard
         self.boundary = TurnBoundary(tokenizer, tools)
 
     def run(self, engine: RolloutEngine, rows: list[Any], groups: list[int], sampling: Sampling) -> list[Trajectory]:
         """sampling.n episodes per row, prompt-major, as trajectories (group = the row's entry in `groups`)."""
-        episodes = [Episode(row, group, None, list(row.prompt_token_ids))
-                    for row, group in zip(rows, groups) for _ in range(sampling.n)]
+        episodes = [
+            Episode(row, group, None, list(row.prompt_token_ids))
+            for row, group in zip(rows, groups)
+            for _ in range(sampling.n)
+        ]
         self.start(episodes)
         for turn in range(self.limits.max_turns):
             active = [e for e in episodes if e.running]
@@ -114,8 +133,10 @@ class AgentLoop:
                     episode.fail(str(exc))
                     continue
                 if len(prompt) > self.limits.max_prompt_tokens:
-                    episode.fail(f"reset returned a prompt of {len(prompt)} tokens > data.max_prompt_length="
-                                 f"{self.limits.max_prompt_tokens}")
+                    episode.fail(
+                        f"reset returned a prompt of {len(prompt)} tokens > data.max_prompt_length="
+                        f"{self.limits.max_prompt_tokens}"
+                    )
                     continue
                 episode.prompt_ids = prompt
 
@@ -124,16 +145,18 @@ class AgentLoop:
         remaining token budget is cut there and ends it (truncated)."""
         limits = self.limits
         budgets = [min(limits.max_tokens_per_turn, limits.max_response_tokens - len(e.response_ids)) for e in episodes]
-        turn_sampling = dataclasses.replace(sampling, n=1, max_tokens=max(budgets),
-                                            seed=sampling.seed + turn * _TURN_SEED_STRIDE)
+        turn_sampling = dataclasses.replace(
+            sampling, n=1, max_tokens=max(budgets), seed=sampling.seed + turn * _TURN_SEED_STRIDE
+        )
         samples = engine.generate([e.prompt_ids + e.response_ids for e in episodes], turn_sampling)
         for episode, budget, sample in zip(episodes, budgets, samples):
             tokens = sample.token_ids[:budget]
             episode.append(tokens, policy=True, log_probs=sample.log_probs[:budget] if sampling.log_probs else None)
             episode.turns += 1
             episode.last_turn = tokens
-            if len(sample.token_ids) > budget or (len(episode.response_ids) >= limits.max_response_tokens
-                                                  and not sample.finished):
+            if len(sample.token_ids) > budget or (
+                len(episode.response_ids) >= limits.max_response_tokens and not sample.finished
+            ):
                 episode.finish_reason = "truncated"
 
     def step(self, episodes: list[Episode], last: bool) -> None:
@@ -162,8 +185,10 @@ class AgentLoop:
         try:
             ids = self.boundary.after_turn(episode.last_turn, messages)
         except Exception as exc:  # noqa: BLE001 - e.g. a template that refuses a role: the episode's fault
-            episode.fail(f"the chat template cannot write the environment's messages {messages!r:.200}: "
-                         f"{type(exc).__name__}: {exc}")
+            episode.fail(
+                f"the chat template cannot write the environment's messages {messages!r:.200}: "
+                f"{type(exc).__name__}: {exc}"
+            )
             return
         room = self.limits.max_response_tokens - len(episode.response_ids)
         episode.append(ids[:room], policy=False)

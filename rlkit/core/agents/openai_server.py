@@ -44,7 +44,7 @@ MODEL_NAME = "rlkit-policy"
 # keep-alive connection: longer than httpx's 5 s keep-alive expiry, so the openai client drops an idle
 # connection before the server does (and never sends into one being closed).
 READ_TIMEOUT_S = 10.0
-MAX_BODY_BYTES = 32 << 20    # a conversation of 100k tokens is ~1 MiB of JSON
+MAX_BODY_BYTES = 32 << 20  # a conversation of 100k tokens is ~1 MiB of JSON
 
 
 @dataclass
@@ -76,16 +76,26 @@ class Request:
 
 def normalize(message: dict[str, Any]) -> dict[str, Any]:
     """What identifies a message, whatever optional fields a client adds (ids, None values)."""
-    calls = [(c["function"]["name"], json.dumps(json.loads(c["function"]["arguments"] or "{}"), sort_keys=True))
-             for c in message.get("tool_calls") or []]
+    calls = [
+        (c["function"]["name"], json.dumps(json.loads(c["function"]["arguments"] or "{}"), sort_keys=True))
+        for c in message.get("tool_calls") or []
+    ]
     return {"role": message.get("role"), "content": message.get("content") or "", "tool_calls": calls}
 
 
 class EpisodeServer:
     """Serves chat completions for a worker's episodes from its engine, turn-batched."""
 
-    def __init__(self, tokenizer: Any, limits: Any, *, wait_s: float, batch_wait_s: float = 0.2,
-                 read_timeout_s: float = READ_TIMEOUT_S, max_body_bytes: int = MAX_BODY_BYTES) -> None:
+    def __init__(
+        self,
+        tokenizer: Any,
+        limits: Any,
+        *,
+        wait_s: float,
+        batch_wait_s: float = 0.2,
+        read_timeout_s: float = READ_TIMEOUT_S,
+        max_body_bytes: int = MAX_BODY_BYTES,
+    ) -> None:
         """wait_s: how long a request waits for its reply (an episode's whole time is the natural bound)."""
         self.tokenizer, self.limits, self.batch_wait_s, self.wait_s = tokenizer, limits, batch_wait_s, wait_s
         self.token = secrets.token_urlsafe(32)  # the episodes' clients send it as their api_key
@@ -130,8 +140,9 @@ class EpisodeServer:
                 batch, self.queue = sorted(self.queue, key=lambda r: r.episode), []  # seeds follow episodes
             if not batch:
                 continue
-            turn_sampling = replace(sampling, n=1, max_tokens=max(r.max_tokens for r in batch),
-                                    seed=sampling.seed + turn * seed_stride)
+            turn_sampling = replace(
+                sampling, n=1, max_tokens=max(r.max_tokens for r in batch), seed=sampling.seed + turn * seed_stride
+            )
             samples = engine.generate([r.context for r in batch], turn_sampling)
             with self.lock:
                 for request, sample in zip(batch, samples):
@@ -152,10 +163,10 @@ class EpisodeServer:
 
     def _answer(self, request: Request, sample: Any, with_log_probs: bool) -> None:
         conversation = self.conversations[request.episode]
-        tokens = sample.token_ids[:request.max_tokens]
+        tokens = sample.token_ids[: request.max_tokens]
         conversation.response_ids += tokens
         conversation.loss_mask += [1] * len(tokens)
-        conversation.log_probs += sample.log_probs[:len(tokens)] if with_log_probs else [0.0] * len(tokens)
+        conversation.log_probs += sample.log_probs[: len(tokens)] if with_log_probs else [0.0] * len(tokens)
         conversation.last_turn, conversation.turns = tokens, conversation.turns + 1
         cut = len(sample.token_ids) > request.max_tokens or not sample.finished
         if len(conversation.response_ids) >= self.limits.max_response_tokens and cut:
@@ -163,8 +174,14 @@ class EpisodeServer:
         text = self.tokenizer.decode(tokens, skip_special_tokens=True)
         message = _assistant_message(text)
         conversation.messages = [normalize(m) for m in request.body["messages"]] + [normalize(message)]
-        request.reply = _completion(request.episode, conversation.turns, message, len(request.context), len(tokens),
-                                    "length" if cut else ("tool_calls" if message.get("tool_calls") else "stop"))
+        request.reply = _completion(
+            request.episode,
+            conversation.turns,
+            message,
+            len(request.context),
+            len(tokens),
+            "length" if cut else ("tool_calls" if message.get("tool_calls") else "stop"),
+        )
         request.done.set()
 
     # -- the client's side (HTTP threads) -------------------------------------------
@@ -206,18 +223,21 @@ class EpisodeServer:
         if conversation.messages and [normalize(m) for m in messages[:known]] == conversation.messages:
             boundary = TurnBoundary(self.tokenizer, conversation.tools)
             delta = boundary.after_turn(conversation.last_turn, messages[known:])
-            delta = delta[:self.limits.max_response_tokens - len(conversation.response_ids)]
+            delta = delta[: self.limits.max_response_tokens - len(conversation.response_ids)]
             conversation.response_ids += delta
             conversation.loss_mask += [0] * len(delta)
             conversation.log_probs += [0.0] * len(delta)
             return conversation.prompt_ids + conversation.response_ids
         tools = body.get("tools") or None
-        fresh = Conversation(tools=tools, turns=conversation.turns,
-                             restarts=conversation.restarts + bool(conversation.messages))
+        fresh = Conversation(
+            tools=tools, turns=conversation.turns, restarts=conversation.restarts + bool(conversation.messages)
+        )
         fresh.prompt_ids = TurnBoundary(self.tokenizer, tools).render_prompt(messages)
         if len(fresh.prompt_ids) > self.limits.max_prompt_tokens:
-            raise ValueError(f"the messages make a prompt of {len(fresh.prompt_ids)} tokens > data.max_prompt_length="
-                             f"{self.limits.max_prompt_tokens}")
+            raise ValueError(
+                f"the messages make a prompt of {len(fresh.prompt_ids)} tokens > data.max_prompt_length="
+                f"{self.limits.max_prompt_tokens}"
+            )
         self.conversations[episode] = fresh
         return list(fresh.prompt_ids)
 
@@ -228,19 +248,31 @@ def _assistant_message(text: str) -> dict[str, Any]:
     if not calls:
         return {"role": "assistant", "content": text}
     content = re.sub(r"<tool_call>.*?</tool_call>", "", text, flags=re.DOTALL).strip()
-    return {"role": "assistant", "content": content or None,
-            "tool_calls": [{"id": f"call_{i}", "type": "function",
-                            "function": {"name": c.name, "arguments": json.dumps(c.arguments)}}
-                           for i, c in enumerate(calls)]}
+    return {
+        "role": "assistant",
+        "content": content or None,
+        "tool_calls": [
+            {"id": f"call_{i}", "type": "function", "function": {"name": c.name, "arguments": json.dumps(c.arguments)}}
+            for i, c in enumerate(calls)
+        ],
+    }
 
 
-def _completion(episode: int, turn: int, message: dict[str, Any], prompt_tokens: int, completion_tokens: int,
-                finish_reason: str) -> dict[str, Any]:
-    return {"id": f"chatcmpl-{episode}-{turn}", "object": "chat.completion", "created": int(time.time()),
-            "model": MODEL_NAME, "choices": [{"index": 0, "message": message, "finish_reason": finish_reason,
-                                              "logprobs": None}],
-            "usage": {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
-                      "total_tokens": prompt_tokens + completion_tokens}}
+def _completion(
+    episode: int, turn: int, message: dict[str, Any], prompt_tokens: int, completion_tokens: int, finish_reason: str
+) -> dict[str, Any]:
+    return {
+        "id": f"chatcmpl-{episode}-{turn}",
+        "object": "chat.completion",
+        "created": int(time.time()),
+        "model": MODEL_NAME,
+        "choices": [{"index": 0, "message": message, "finish_reason": finish_reason, "logprobs": None}],
+        "usage": {
+            "prompt_tokens": prompt_tokens,
+            "completion_tokens": completion_tokens,
+            "total_tokens": prompt_tokens + completion_tokens,
+        },
+    }
 
 
 def _error(message: str, kind: str) -> dict[str, Any]:
@@ -288,8 +320,10 @@ def _handler(episodes: EpisodeServer, max_body_bytes: int) -> type[BaseHTTPReque
             """The server's token, compared in constant time; without it nothing more is read."""
             if hmac.compare_digest(self.headers.get("Authorization", "").encode("latin-1"), expected):
                 return True
-            self._refuse(401, _error("missing or wrong bearer token: the episode's client carries it as api_key",
-                                     "invalid_api_key"))
+            self._refuse(
+                401,
+                _error("missing or wrong bearer token: the episode's client carries it as api_key", "invalid_api_key"),
+            )
             return False
 
         def _body(self) -> bytes | None:
@@ -299,8 +333,13 @@ def _handler(episodes: EpisodeServer, max_body_bytes: int) -> type[BaseHTTPReque
                 self._refuse(411, _error("a chat completion request needs a Content-Length", "invalid_request"))
                 return None
             if int(length) > max_body_bytes:
-                self._refuse(413, _error(f"a request body of {length} bytes is over the endpoint's cap of "
-                                         f"{max_body_bytes}", "invalid_request"))
+                self._refuse(
+                    413,
+                    _error(
+                        f"a request body of {length} bytes is over the endpoint's cap of {max_body_bytes}",
+                        "invalid_request",
+                    ),
+                )
                 return None
             data = self.rfile.read(int(length))
             self.server.deadlines.stop(self.connection)

@@ -17,57 +17,73 @@ if TYPE_CHECKING:
     from rlkit.recipes.schema import RLConfig
 
 LOOPS = ("single_turn", "tool", "env")
-WEAK_SANDBOX_WARNING = (f"{SETTING}=weak: model-written code runs as a plain child process with resource limits "
-                        "only, without a security boundary (it can read and write what this user can and reach "
-                        "the network)")
+WEAK_SANDBOX_WARNING = (
+    f"{SETTING}=weak: model-written code runs as a plain child process with resource limits "
+    "only, without a security boundary (it can read and write what this user can and reach "
+    "the network)"
+)
 
 
 def check_agent(config: RLConfig, tokenizer: Any) -> None:
     """UserError naming the rollout.agent key and the fix, for anything that would fail in the workers."""
     agent, data = config.rollout.agent, config.data
     if agent.loop not in LOOPS and ":" not in agent.loop:
-        raise UserError(f"rollout.agent.loop={agent.loop!r}: choose one of {', '.join(LOOPS)}, or your own "
-                        "`async def rollout(client, row)` as path/file.py:function")
+        raise UserError(
+            f"rollout.agent.loop={agent.loop!r}: choose one of {', '.join(LOOPS)}, or your own "
+            "`async def rollout(client, row)` as path/file.py:function"
+        )
     if agent.loop == "single_turn":
         for key, value in (("env", agent.env), ("tools", agent.tools)):
             if value:
-                raise UserError(f"rollout.agent.{key} is set but rollout.agent.loop=single_turn never uses it; "
-                                f"set rollout.agent.loop={'env' if key == 'env' else 'tool'}")
+                raise UserError(
+                    f"rollout.agent.{key} is set but rollout.agent.loop=single_turn never uses it; "
+                    f"set rollout.agent.loop={'env' if key == 'env' else 'tool'}"
+                )
         return
     if agent.max_tokens_per_turn is not None and agent.max_tokens_per_turn > data.max_response_length:
-        raise UserError(f"rollout.agent.max_tokens_per_turn={agent.max_tokens_per_turn} is more than the whole "
-                        f"response may hold (data.max_response_length={data.max_response_length})")
+        raise UserError(
+            f"rollout.agent.max_tokens_per_turn={agent.max_tokens_per_turn} is more than the whole "
+            f"response may hold (data.max_response_length={data.max_response_length})"
+        )
     tools, role = None, "tool"
     if agent.loop not in LOOPS:  # an agent function: it writes its own messages
         if agent.env or agent.tools:
-            raise UserError("rollout.agent.env and rollout.agent.tools are not used by an agent function "
-                            f"(rollout.agent.loop={agent.loop}); drop them")
+            raise UserError(
+                "rollout.agent.env and rollout.agent.tools are not used by an agent function "
+                f"(rollout.agent.loop={agent.loop}); drop them"
+            )
         agent_function(agent.loop)
     elif agent.loop == "env":
         role = "user"
         if agent.tools:
-            raise UserError("rollout.agent.tools is set but rollout.agent.loop=env never uses it (the environment "
-                            "answers the policy's turns); drop it or set rollout.agent.loop=tool")
+            raise UserError(
+                "rollout.agent.tools is set but rollout.agent.loop=env never uses it (the environment "
+                "answers the policy's turns); drop it or set rollout.agent.loop=tool"
+            )
         if not agent.env:
             raise UserError("rollout.agent.loop=env needs rollout.agent.env=path/file.py:ClassName")
         cls = load_env_class(agent.env)
         try:
             inspect.signature(cls).bind(**agent.env_kwargs)
         except TypeError as exc:
-            raise UserError(f"rollout.agent.env_kwargs={agent.env_kwargs} do not fit {cls.__name__}"
-                            f"{inspect.signature(cls)}: {exc}") from None
+            raise UserError(
+                f"rollout.agent.env_kwargs={agent.env_kwargs} do not fit {cls.__name__}{inspect.signature(cls)}: {exc}"
+            ) from None
     else:
         if not agent.tools:
-            raise UserError("rollout.agent.loop=tool needs rollout.agent.tools: the built-in calculator or python, "
-                            "or your own as path/file.py:function")
+            raise UserError(
+                "rollout.agent.loop=tool needs rollout.agent.tools: the built-in calculator or python, "
+                "or your own as path/file.py:function"
+            )
         tools = [tool.schema for tool in load_tools(agent)]
     try:
         TurnBoundary(tokenizer, tools).delta([{"role": role, "content": "probe"}])
     except Exception as exc:  # noqa: BLE001 - a template can fail in many ways (jinja, a missing role)
-        raise UserError(f"rollout.agent.loop={agent.loop}: the chat template of model.path={config.model.path} cannot "
-                        f"write a {role!r} message ({type(exc).__name__}: {exc}); use a chat model whose template "
-                        "has that role") from None
-
+        raise UserError(
+            f"rollout.agent.loop={agent.loop}: the chat template of model.path={config.model.path} cannot "
+            f"write a {role!r} message ({type(exc).__name__}: {exc}); use a chat model whose template "
+            "has that role"
+        ) from None
 
 
 def uses_sandbox(config: RLConfig, data_sources: set[str]) -> bool:
@@ -88,4 +104,3 @@ def check_sandbox(config: RLConfig, data_sources: set[str]) -> str | None:
         return WEAK_SANDBOX_WARNING
     require_isolation()
     return "sandbox: model code runs isolated (bubblewrap namespaces, an unprivileged uid, no network)"
-

@@ -31,17 +31,23 @@ def episode_metrics(trajectories: list[Trajectory], config: AgentConfig, at: str
         raise EnvironmentFailures(
             f"the environment failed on {len(failed)} of {len(trajectories)} episodes of {at}, more than "
             f"rollout.agent.max_error_rate={config.max_error_rate:g} allows; first on {where(first)}: {last_line} "
-            "(every traceback is in the run's console.log); fix the environment or raise rollout.agent.max_error_rate")
+            "(every traceback is in the run's console.log); fix the environment or raise rollout.agent.max_error_rate"
+        )
     count = max(len(trajectories), 1)
     env_tokens = sum(len(t.loss_mask) - sum(t.loss_mask) for t in trajectories)
-    return {"agent/env_errors": float(len(failed)),
-            "agent/turns_mean": sum(t.info.get("turns", 0) for t in trajectories) / count,
-            "agent/truncated": sum(t.finish_reason == "truncated" for t in trajectories) / count,
-            "agent/env_tokens_mean": env_tokens / count}
+    return {
+        "agent/env_errors": float(len(failed)),
+        "agent/turns_mean": sum(t.info.get("turns", 0) for t in trajectories) / count,
+        "agent/truncated": sum(t.finish_reason == "truncated" for t in trajectories) / count,
+        "agent/env_tokens_mean": env_tokens / count,
+    }
 
 
 def where(t: Trajectory) -> str:
     """An episode's row, as a person finds it in the data."""
     index = (t.row.extra_info or {}).get("index")
-    return (f"row {t.row.index} (data_source {t.row.data_source!r}"
-            + (f", extra_info.index {index}" if index is not None else "") + f", sample group {t.group})")
+    return (
+        f"row {t.row.index} (data_source {t.row.data_source!r}"
+        + (f", extra_info.index {index}" if index is not None else "")
+        + f", sample group {t.group})"
+    )

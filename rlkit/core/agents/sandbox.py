@@ -81,8 +81,13 @@ class Limits:
     disk_mb: int = 64  # the working folder's size (isolation=namespaces)
 
     def rlimits(self, isolated: bool) -> list[str]:
-        limits = {"RLIMIT_CPU": self.cpu_s, "RLIMIT_AS": self.memory_mb << 20, "RLIMIT_FSIZE": self.output_bytes,
-                  "RLIMIT_NOFILE": _OPEN_FILES, "RLIMIT_CORE": 0}
+        limits = {
+            "RLIMIT_CPU": self.cpu_s,
+            "RLIMIT_AS": self.memory_mb << 20,
+            "RLIMIT_FSIZE": self.output_bytes,
+            "RLIMIT_NOFILE": _OPEN_FILES,
+            "RLIMIT_CORE": 0,
+        }
         if isolated:  # outside the sandbox's own uid the count would be every process of the caller's user
             limits["RLIMIT_NPROC"] = self.processes
         return [f"{name}={value}" for name, value in limits.items()]
@@ -144,8 +149,16 @@ class SandboxedProcess:
         self._stderr = os.memfd_create("rlkit-sandbox-stderr")
         self._start = time.perf_counter()
         try:
-            self.process = subprocess.Popen(command, cwd=cwd, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                            stderr=self._stderr, pass_fds=descriptors, start_new_session=True)
+            self.process = subprocess.Popen(
+                command,
+                cwd=cwd,
+                env=env,
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                stderr=self._stderr,
+                pass_fds=descriptors,
+                start_new_session=True,
+            )
         finally:
             for descriptor in descriptors:  # bwrap has its own copies
                 os.close(descriptor)

@@ -72,8 +72,14 @@ class ToolEnv:
         calls = parse_tool_calls(action)
         if not calls:
             return None, None, True
-        return [{"role": "tool", "name": getattr(call, "name", "error"), "content": answer}
-                for call, answer in zip(calls, self.answers(calls))], None, False
+        return (
+            [
+                {"role": "tool", "name": getattr(call, "name", "error"), "content": answer}
+                for call, answer in zip(calls, self.answers(calls))
+            ],
+            None,
+            False,
+        )
 
     def answers(self, calls: list[ToolCall | str]) -> list[str]:
         """Each call's result (or what went wrong) as text for the model."""
@@ -114,4 +120,4 @@ class ToolEnv:
     def cut(self, text: str) -> str:
         if len(text) <= self.output_chars:
             return text
-        return f"{text[:self.output_chars]}\n[... {len(text) - self.output_chars} more characters cut]"
+        return f"{text[: self.output_chars]}\n[... {len(text) - self.output_chars} more characters cut]"

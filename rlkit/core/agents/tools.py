@@ -97,8 +97,10 @@ def function_schema(fn: Callable[..., Any]) -> dict[str, Any]:
         if param.name == ROW_PARAMETER:
             continue
         if param.kind in (param.VAR_POSITIONAL, param.VAR_KEYWORD, param.POSITIONAL_ONLY):
-            raise ToolDefinitionError(f"tool {name!r}: parameter {param.name!r} must be a plain named parameter "
-                                      "(the model passes arguments by name)")
+            raise ToolDefinitionError(
+                f"tool {name!r}: parameter {param.name!r} must be a plain named parameter "
+                "(the model passes arguments by name)"
+            )
         if param.name not in hints:
             raise ToolDefinitionError(f"tool {name!r}: parameter {param.name!r} has no type hint")
         properties[param.name] = json_type(hints[param.name], f"tool {name!r}, parameter {param.name!r}")
@@ -131,20 +133,22 @@ def json_type(hint: Any, where: str) -> dict[str, Any]:
         return {"type": "array", **({"items": json_type(args[0], where)} if args else {})}
     if hint is dict or origin is dict:
         return {"type": "object", **({"additionalProperties": json_type(args[1], where)} if args else {})}
-    raise ToolDefinitionError(f"{where}: type {hint!r} has no JSON equivalent; use str, int, float, bool, list, "
-                              "dict, Literal or Optional of those")
+    raise ToolDefinitionError(
+        f"{where}: type {hint!r} has no JSON equivalent; use str, int, float, bool, list, "
+        "dict, Literal or Optional of those"
+    )
 
 
 def parse_docstring(doc: str) -> tuple[str, dict[str, str]]:
     """(description, {argument: description}) from a Google-style docstring."""
     section = _ARGS_SECTION.search(doc)
-    head = doc[:section.start()] if section else doc
+    head = doc[: section.start()] if section else doc
     description = " ".join(head.strip().split("\n\n")[0].split())
     args: dict[str, str] = {}
     if section is None:
         return description, args
     indent, current = None, None
-    for line in doc[section.end():].splitlines():
+    for line in doc[section.end() :].splitlines():
         if not line.strip():
             continue
         depth = len(line) - len(line.lstrip())

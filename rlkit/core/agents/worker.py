@@ -32,22 +32,35 @@ _TOOL_STEP_MARGIN_S = 5.0
 def build_agent_loop(config: RLConfig, tokenizer: Any) -> AgentLoop | ClientAgentLoop:
     """The loop rollout.agent describes, with its environment factory and limits."""
     agent, data = config.rollout.agent, config.data
-    limits = Limits(max_turns=agent.max_turns,
-                    max_tokens_per_turn=agent.max_tokens_per_turn or data.max_response_length,
-                    max_response_tokens=data.max_response_length, max_prompt_tokens=data.max_prompt_length)
+    limits = Limits(
+        max_turns=agent.max_turns,
+        max_tokens_per_turn=agent.max_tokens_per_turn or data.max_response_length,
+        max_response_tokens=data.max_response_length,
+        max_prompt_tokens=data.max_prompt_length,
+    )
     if agent.loop == "tool":
         tools = load_tools(agent)
         tool_guard = Guard(agent.call_timeout_s)
-        return AgentLoop(tokenizer, lambda: ToolEnv(tools, tool_guard, agent.tool_output_chars), limits,
-                         Guard(agent.call_timeout_s + _TOOL_STEP_MARGIN_S), tools=[t.schema for t in tools])
+        return AgentLoop(
+            tokenizer,
+            lambda: ToolEnv(tools, tool_guard, agent.tool_output_chars),
+            limits,
+            Guard(agent.call_timeout_s + _TOOL_STEP_MARGIN_S),
+            tools=[t.schema for t in tools],
+        )
     if agent.loop == "env":
         make_env = env_factory(load_env_class(agent.env or ""), agent.env_kwargs)
         return AgentLoop(tokenizer, make_env, limits, Guard(agent.call_timeout_s))
     return ClientAgentLoop(tokenizer, agent_function(agent.loop), limits, agent.call_timeout_s)
 
 
-def run_episodes(engine: RolloutEngine, loop: AgentLoop | ClientAgentLoop | None, rows: list[Any],
-                 groups: list[int], sampling: Sampling) -> list[Trajectory]:
+def run_episodes(
+    engine: RolloutEngine,
+    loop: AgentLoop | ClientAgentLoop | None,
+    rows: list[Any],
+    groups: list[int],
+    sampling: Sampling,
+) -> list[Trajectory]:
     """sampling.n episodes per row on `engine`, prompt-major (group: the row's entry in `groups`): the
     agent loop's, or with no loop (rollout.agent.loop=single_turn) one-turn completions."""
     if loop is not None:

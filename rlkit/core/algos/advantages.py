@@ -175,9 +175,7 @@ def rloo(inputs: AdvantageInputs, **_: object) -> tuple[Tensor, Tensor]:
 def remax(inputs: AdvantageInputs, **_: object) -> tuple[Tensor, Tensor]:
     """ReMax (Li et al. 2023): score minus the score of a greedy rollout of the same prompt."""
     if inputs.baseline_scores is None:
-        raise ValueError(
-            "advantage estimator 'remax' needs greedy-rollout scores (AdvantageInputs.baseline_scores)"
-        )
+        raise ValueError("advantage estimator 'remax' needs greedy-rollout scores (AdvantageInputs.baseline_scores)")
     mask, scores = _scores(inputs)
     return _broadcast(scores - inputs.baseline_scores.to(scores.dtype), mask)
 

@@ -22,16 +22,22 @@ from torch import Tensor
 from rlkit.core.algos.tensor_math import TOKEN_LOG_RATIO_BOUND, masked_mean
 
 
-def cispo(log_probs: Tensor, old_log_probs: Tensor, advantages: Tensor, response_mask: Tensor, *,
-          is_clip_low: float = 1.0, is_clip_high: float = 0.28) -> tuple[Tensor, dict[str, Tensor]]:
+def cispo(
+    log_probs: Tensor,
+    old_log_probs: Tensor,
+    advantages: Tensor,
+    response_mask: Tensor,
+    *,
+    is_clip_low: float = 1.0,
+    is_clip_high: float = 0.28,
+) -> tuple[Tensor, dict[str, Tensor]]:
     """Per-token CISPO loss [B,R] (0 on padding) and its metrics."""
     if not (0 <= is_clip_low <= 1 and is_clip_high >= 0):
         raise ValueError(f"CISPO needs 0 <= is_clip_low <= 1 and is_clip_high >= 0, got {is_clip_low}, {is_clip_high}")
     mask = response_mask.bool()
     zeros = torch.zeros_like(log_probs)
     log_probs = torch.where(mask, log_probs, zeros)  # padding may hold garbage (even inf)
-    log_ratio = torch.where(mask, log_probs - old_log_probs, zeros).clamp(-TOKEN_LOG_RATIO_BOUND,
-                                                                           TOKEN_LOG_RATIO_BOUND)
+    log_ratio = torch.where(mask, log_probs - old_log_probs, zeros).clamp(-TOKEN_LOG_RATIO_BOUND, TOKEN_LOG_RATIO_BOUND)
     ratio = log_ratio.exp().detach()
     weight = ratio.clamp(1.0 - is_clip_low, 1.0 + is_clip_high)
     loss = torch.where(mask, -weight * advantages * log_probs, zeros)

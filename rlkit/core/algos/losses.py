@@ -24,7 +24,6 @@ POLICY_LOSSES = Registry("policy loss")
 AGG_MODES = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm")
 
 
-
 def policy_loss(
     name: str,
     log_probs: Tensor,
@@ -45,8 +44,10 @@ def policy_loss(
     loss_fn = POLICY_LOSSES.get(name)
     unknown = sorted(set(options) - set(loss_options(name)))
     if unknown:
-        raise TypeError(f"policy loss {name!r} has no option {', '.join(unknown)} "
-                        f"(its options: {', '.join(loss_options(name)) or 'none'})")
+        raise TypeError(
+            f"policy loss {name!r} has no option {', '.join(unknown)} "
+            f"(its options: {', '.join(loss_options(name)) or 'none'})"
+        )
     return loss_fn(log_probs, old_log_probs, advantages, response_mask, **options)
 
 
@@ -66,16 +67,23 @@ def configured_loss_options(name: str, actor: Any) -> dict[str, Any]:
         if key not in declared:
             close = difflib.get_close_matches(key, declared, n=1)
             hint = f"; did you mean {close[0]!r}?" if close else ""
-            raise ValueError(f"policy loss {name!r} has no option {key!r} (its options: "
-                             f"{', '.join(declared) or 'none'}){hint}")
+            raise ValueError(
+                f"policy loss {name!r} has no option {key!r} (its options: {', '.join(declared) or 'none'}){hint}"
+            )
         if hasattr(actor, key):
             raise ValueError(f"{key!r} is an actor key: set actor.{key}, not actor.policy_loss_options.{key}")
     from_actor = {key: getattr(actor, key) for key in declared if hasattr(actor, key)}
     return {**from_actor, **own}
 
 
-def rollout_importance_weights(old_log_probs: Tensor, rollout_log_probs: Tensor, cap: float, *,
-                               level: str = "token", response_mask: Tensor | None = None) -> Tensor:
+def rollout_importance_weights(
+    old_log_probs: Tensor,
+    rollout_log_probs: Tensor,
+    cap: float,
+    *,
+    level: str = "token",
+    response_mask: Tensor | None = None,
+) -> Tensor:
     """Truncated importance weights of the rollout policy's samples, [B,R], detached.
 
     The engine samples from a policy that differs from the one the update starts from (pi_old):
@@ -156,8 +164,15 @@ def vanilla(
     mask = response_mask.bool()
     log_ratio = torch.where(mask, log_probs - old_log_probs, torch.zeros_like(log_probs))
     log_ratio = log_ratio.clamp(-TOKEN_LOG_RATIO_BOUND, TOKEN_LOG_RATIO_BOUND)
-    return _clipped_surrogate(log_ratio.exp(), log_ratio, advantages, mask, clip_ratio_low=clip_ratio_low,
-                              clip_ratio_high=clip_ratio_high, clip_ratio_c=clip_ratio_c)
+    return _clipped_surrogate(
+        log_ratio.exp(),
+        log_ratio,
+        advantages,
+        mask,
+        clip_ratio_low=clip_ratio_low,
+        clip_ratio_high=clip_ratio_high,
+        clip_ratio_c=clip_ratio_c,
+    )
 
 
 @POLICY_LOSSES.register("gspo")
@@ -186,8 +201,15 @@ def gspo(
     seq_log_ratio = token_log_ratio.sum(-1) / lengths
     log_ratio = log_probs - log_probs.detach() + seq_log_ratio.detach().unsqueeze(-1)
     ratio = log_ratio.clamp(max=SEQ_LOG_RATIO_MAX).exp()
-    loss, metrics = _clipped_surrogate(ratio, token_log_ratio, advantages, mask, clip_ratio_low=clip_ratio_low,
-                                       clip_ratio_high=clip_ratio_high, clip_ratio_c=clip_ratio_c)
+    loss, metrics = _clipped_surrogate(
+        ratio,
+        token_log_ratio,
+        advantages,
+        mask,
+        clip_ratio_low=clip_ratio_low,
+        clip_ratio_high=clip_ratio_high,
+        clip_ratio_c=clip_ratio_c,
+    )
     # The sequence ratio, to read against the paper's tiny clip range (token mean: each token
     # carries its sequence's s_i, so micro-batches and ranks aggregate it like the other metrics).
     metrics["seq_ratio_mean"] = masked_mean(ratio, mask).detach()

@@ -14,8 +14,8 @@ from dataclasses import dataclass
 
 @dataclass(frozen=True)
 class EstimatorNeeds:
-    critic: bool = False           # a value model's per-token values (and its update every step)
-    groups: bool = False           # several samples of each prompt, compared with each other (rollout.n >= 2)
+    critic: bool = False  # a value model's per-token values (and its update every step)
+    groups: bool = False  # several samples of each prompt, compared with each other (rollout.n >= 2)
     greedy_baseline: bool = False  # one more, greedy, sample per prompt, scored as the baseline
     options: tuple[str, ...] = ()  # the algorithm.* keys it reads (set on the command line, any other does nothing)
 
@@ -37,5 +37,6 @@ def estimator_needs(name: str) -> EstimatorNeeds:
 
 def estimators_that(need: str) -> list[str]:
     """The estimators with `need` (an EstimatorNeeds flag, or an option name they read), for messages."""
-    return [name for name, needs in ESTIMATOR_NEEDS.items()
-            if getattr(needs, need, False) is True or need in needs.options]
+    return [
+        name for name, needs in ESTIMATOR_NEEDS.items() if getattr(needs, need, False) is True or need in needs.options
+    ]

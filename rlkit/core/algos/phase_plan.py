@@ -61,32 +61,54 @@ def phase_plan(config: RLConfig) -> PhasePlan:
         "sync": True,
     }
     dynamic = config.algorithm.dynamic_sampling
-    return PhasePlan(tuple(phase for phase in ORDER if wanted[phase]),
-                     critic_warmup_steps=config.critic.warmup_steps if config.critic_enabled else 0,
-                     gen_rounds=dynamic.max_gen_rounds if dynamic.enable else 1)
+    return PhasePlan(
+        tuple(phase for phase in ORDER if wanted[phase]),
+        critic_warmup_steps=config.critic.warmup_steps if config.critic_enabled else 0,
+        gen_rounds=dynamic.max_gen_rounds if dynamic.enable else 1,
+    )
 
 
 def describe(plan: PhasePlan, config: RLConfig) -> list[str]:
     """The plan in words, one line a phase, for `--dry-run`."""
     d, n = config.data, config.samples_per_prompt
-    old = ("old_log_prob: the policy's log-probs before the update" if config.actor.old_log_probs != "rollout"
-           else "old_log_prob: the engine's log-probs are the old ones (actor.old_log_probs=rollout)")
+    old = (
+        "old_log_prob: the policy's log-probs before the update"
+        if config.actor.old_log_probs != "rollout"
+        else "old_log_prob: the engine's log-probs are the old ones (actor.old_log_probs=rollout)"
+    )
     words = {
-        "gen": (f"gen: up to {plan.gen_rounds} rounds of {d.train_batch_size} prompts per step, until "
-                f"{d.train_batch_size} groups with differing scores are found (dynamic sampling)" if plan.gen_rounds > 1
-                else f"gen: {d.train_batch_size} prompts x {n} samples"),
-        "gen_baseline": (f"gen_baseline: {config.algorithm.adv_estimator}: {d.train_batch_size} more greedy samples "
-                         "per step (one per prompt) as baselines"),
+        "gen": (
+            f"gen: up to {plan.gen_rounds} rounds of {d.train_batch_size} prompts per step, until "
+            f"{d.train_batch_size} groups with differing scores are found (dynamic sampling)"
+            if plan.gen_rounds > 1
+            else f"gen: {d.train_batch_size} prompts x {n} samples"
+        ),
+        "gen_baseline": (
+            f"gen_baseline: {config.algorithm.adv_estimator}: {d.train_batch_size} more greedy samples "
+            "per step (one per prompt) as baselines"
+        ),
         "old_log_prob": old,
-        "ref": "ref: the reference's log-probs (" + " and ".join(
-            what for what, on in (("KL loss", config.actor.use_kl_loss),
-                                  ("KL in the reward", config.algorithm.use_kl_in_reward)) if on) + ")",
+        "ref": "ref: the reference's log-probs ("
+        + " and ".join(
+            what
+            for what, on in (
+                ("KL loss", config.actor.use_kl_loss),
+                ("KL in the reward", config.algorithm.use_kl_in_reward),
+            )
+            if on
+        )
+        + ")",
         "values": "values: a critic (value model) beside each worker: one values pass per step",
         "adv": f"adv: {config.algorithm.adv_estimator} advantages in the controller",
         "update_critic": "update_critic: the critic's update, the same mini-batches as the actor's",
-        "update_actor": (f"update_actor: {config.actor.policy_loss} loss, {config.actor.loss_agg_mode}"
-                         + (f"; the first {plan.critic_warmup_steps} step(s) train only the critic"
-                            if plan.critic_warmup_steps else "")),
+        "update_actor": (
+            f"update_actor: {config.actor.policy_loss} loss, {config.actor.loss_agg_mode}"
+            + (
+                f"; the first {plan.critic_warmup_steps} step(s) train only the critic"
+                if plan.critic_warmup_steps
+                else ""
+            )
+        ),
         "sync": f"sync: weights to the rollout engines ({config.rollout.placement} placement, {config.rollout.mode})",
     }
     return ["each step runs: " + " -> ".join(plan.phases)] + [f"  {words[phase]}" for phase in plan.phases]

@@ -45,8 +45,9 @@ class PairLogProbs:
     rejected_tokens: Tensor
 
 
-def preference_loss(pairs: PairLogProbs, loss_type: str, *, beta: float,
-                    label_smoothing: float = 0.0) -> tuple[Tensor, dict[str, Tensor]]:
+def preference_loss(
+    pairs: PairLogProbs, loss_type: str, *, beta: float, label_smoothing: float = 0.0
+) -> tuple[Tensor, dict[str, Tensor]]:
     """Per-pair loss [P] (differentiable through the policy log-probs) and per-pair metrics [P]
     (detached, keys PREFERENCE_METRICS)."""
     if loss_type not in PREFERENCE_LOSSES:
@@ -91,4 +92,3 @@ def pair_log_probs(policy: Tensor, reference: Tensor, tokens: Tensor) -> PairLog
     rows interleaved chosen/rejected, as PairLogProbs."""
     (pc, pr), (rc, rr), (tc, tr) = split_pairs(policy), split_pairs(reference), split_pairs(tokens.to(policy.dtype))
     return PairLogProbs(pc, pr, rc, rr, tc, tr)
-

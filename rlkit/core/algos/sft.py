@@ -14,11 +14,22 @@ import torch
 from rlkit.core.algos.losses import aggregate_loss
 
 
-def sft_loss(log_probs: torch.Tensor, loss_mask: torch.Tensor, mode: str = "token-mean", *,
-             global_num_tokens: float | None = None, global_num_seqs: float | None = None,
-             norm_length: int | None = None) -> torch.Tensor:
+def sft_loss(
+    log_probs: torch.Tensor,
+    loss_mask: torch.Tensor,
+    mode: str = "token-mean",
+    *,
+    global_num_tokens: float | None = None,
+    global_num_seqs: float | None = None,
+    norm_length: int | None = None,
+) -> torch.Tensor:
     """-log p of each trained token [B, R], reduced by `mode` (rlkit.core.algos.losses.aggregate_loss);
     pass the whole mini-batch's counts when this is one micro-batch of it."""
-    return aggregate_loss(-log_probs, loss_mask, mode, global_num_tokens=global_num_tokens,
-                          global_num_seqs=global_num_seqs, norm_length=norm_length)
-
+    return aggregate_loss(
+        -log_probs,
+        loss_mask,
+        mode,
+        global_num_tokens=global_num_tokens,
+        global_num_seqs=global_num_seqs,
+        norm_length=norm_length,
+    )

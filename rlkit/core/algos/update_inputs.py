@@ -22,19 +22,25 @@ class UpdateInputs:
     # updated and its own log-probs, detached, are the old ones (no old-log-prob pass; it reports the
     # pass's entropy, KL and log-prob gap itself). False: `old_log_probs` come with the batch.
     old_log_probs_from_update: bool
-    rollout_log_probs: bool                        # the engine's log-probs of the sampled tokens are in the batch
-    rollout_correction: tuple[str, float] | None   # importance weights pi_old / pi_rollout: (level, cap)
-    reference: bool                                # the reference's log-probs, for the KL loss
+    rollout_log_probs: bool  # the engine's log-probs of the sampled tokens are in the batch
+    rollout_correction: tuple[str, float] | None  # importance weights pi_old / pi_rollout: (level, cap)
+    reference: bool  # the reference's log-probs, for the KL loss
 
     @classmethod
     def for_step(cls, config: RLConfig, step: int) -> UpdateInputs:
         """The inputs of step `step`'s update (the engine returns log-probs on check steps)."""
-        return cls(old_log_probs_from_update=config.old_log_probs_from_update,
-                   rollout_log_probs=config.needs_rollout_log_probs or config.log_prob_check_step(step),
-                   rollout_correction=config.rollout_correction, reference=config.actor.use_kl_loss)
+        return cls(
+            old_log_probs_from_update=config.old_log_probs_from_update,
+            rollout_log_probs=config.needs_rollout_log_probs or config.log_prob_check_step(step),
+            rollout_correction=config.rollout_correction,
+            reference=config.actor.use_kl_loss,
+        )
 
     def keys(self) -> list[str]:
         """The batch keys the update reads."""
-        return [*BASE_KEYS, *([] if self.old_log_probs_from_update else ["old_log_probs"]),
-                *(["rollout_log_probs"] if self.rollout_log_probs else []),
-                *(["ref_log_probs"] if self.reference else [])]
+        return [
+            *BASE_KEYS,
+            *([] if self.old_log_probs_from_update else ["old_log_probs"]),
+            *(["rollout_log_probs"] if self.rollout_log_probs else []),
+            *(["ref_log_probs"] if self.reference else []),
+        ]

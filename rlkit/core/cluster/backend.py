@@ -24,8 +24,14 @@ class Group(Protocol):
     def size(self) -> int:
         """Ranks in the group."""
 
-    def call(self, method: Callable[..., Any], *args: Any, phase: str | None = None,
-             per_rank: Sequence[tuple] | None = None, startup: bool = False) -> list[Any]:
+    def call(
+        self,
+        method: Callable[..., Any],
+        *args: Any,
+        phase: str | None = None,
+        per_rank: Sequence[tuple] | None = None,
+        startup: bool = False,
+    ) -> list[Any]:
         """`method` (a worker class's function, e.g. PolicyWorker.update_actor: never a name as a string) on
         every rank (same args, or per_rank[r]); the results in rank order."""
 
@@ -43,8 +49,15 @@ class Group(Protocol):
 
 
 class Backend(Protocol):
-    def group(self, worker_cls: type, *args: Any, name: str, first: int = 0, count: int | None = None,
-              colocate_with: Group | None = None) -> Group:
+    def group(
+        self,
+        worker_cls: type,
+        *args: Any,
+        name: str,
+        first: int = 0,
+        count: int | None = None,
+        colocate_with: Group | None = None,
+    ) -> Group:
         """Workers of `worker_cls` (constructed with config, *args, rank, world size) on devices
         first .. first + count - 1 of the run (count None: config.world_size), or beside `colocate_with`'s
         ranks, one by one. Not yet set up: the controller calls their `setup`."""

@@ -43,8 +43,13 @@ class DeviceWorker(PhaseReporter):
 
     @in_phase("setup/process-group")
     def _join(self, master_addr: str, master_port: int) -> None:
-        os.environ.update(MASTER_ADDR=master_addr, MASTER_PORT=str(master_port), RANK=str(self.rank),
-                          WORLD_SIZE=str(self.world_size), LOCAL_RANK="0")
+        os.environ.update(
+            MASTER_ADDR=master_addr,
+            MASTER_PORT=str(master_port),
+            RANK=str(self.rank),
+            WORLD_SIZE=str(self.world_size),
+            LOCAL_RANK="0",
+        )
         if self.use_cuda:
             torch.cuda.set_device(self.device)
         dist.init_process_group("nccl" if self.use_cuda else "gloo", rank=self.rank, world_size=self.world_size)

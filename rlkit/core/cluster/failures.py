@@ -27,9 +27,9 @@ class RunFailure(RuntimeError):
 
     def __init__(self, message: str, *, detail: str = "", cause: BaseException | None = None) -> None:
         super().__init__(message)
-        self.detail = detail   # long text kept for bug reports (a worker's traceback)
-        self.cause = cause     # a worker's own exception, when it raised one
-        self.next_step = ""    # how to continue; the run loop fills it in (it knows the run)
+        self.detail = detail  # long text kept for bug reports (a worker's traceback)
+        self.cause = cause  # a worker's own exception, when it raised one
+        self.next_step = ""  # how to continue; the run loop fills it in (it knows the run)
 
 
 class WorkerFailure(RunFailure):
@@ -84,10 +84,14 @@ def with_portable_exceptions(worker_cls: type) -> type:
     plain = {}  # instance methods by name, the most derived class's last (static and class methods stay as they are)
     for klass in reversed(worker_cls.__mro__):
         plain.update({name: member for name, member in vars(klass).items() if isinstance(member, FunctionType)})
-    methods = {name: guarded(member) for name, member in plain.items()
-               if not name.startswith("_") or name == "__init__"}
-    return type(worker_cls.__name__, (worker_cls,),
-                {**methods, "__module__": worker_cls.__module__, "__qualname__": worker_cls.__qualname__})
+    methods = {
+        name: guarded(member) for name, member in plain.items() if not name.startswith("_") or name == "__init__"
+    }
+    return type(
+        worker_cls.__name__,
+        (worker_cls,),
+        {**methods, "__module__": worker_cls.__module__, "__qualname__": worker_cls.__qualname__},
+    )
 
 
 def continue_hint(run_path: Path, run_id: str) -> str:
@@ -98,10 +102,14 @@ def continue_hint(run_path: Path, run_id: str) -> str:
     try:
         ckpt = latest_checkpoint(run_path, warn=False)
     except UserError:
-        return ("No checkpoint was written yet, so there is nothing to resume. Start the run again under the "
-                f"same id with: {restart_command(run_path, run_id)}")
-    return (f"The last complete checkpoint is step {ckpt.step} ({ckpt.path}). "
-            f"Continue with: {resume_command(run_path, run_id)}")
+        return (
+            "No checkpoint was written yet, so there is nothing to resume. Start the run again under the "
+            f"same id with: {restart_command(run_path, run_id)}"
+        )
+    return (
+        f"The last complete checkpoint is step {ckpt.step} ({ckpt.path}). "
+        f"Continue with: {resume_command(run_path, run_id)}"
+    )
 
 
 def resume_command(run_path: Path, run_id: str, command: str = "resume") -> str:
@@ -115,8 +123,9 @@ def restart_command(run_path: Path, run_id: str) -> str:
     """The command that trains a run without checkpoints again from its own resolved config, in the
     same directory (`rlkit train --run-id` reuses a run directory that holds no checkpoint)."""
     parent = _runs_dir_if_not_default(run_path)
-    return (f"rlkit train {Path(run_path) / 'config.yaml'} --run-id {run_id}"
-            + (f" trainer.runs_dir={parent}" if parent else ""))
+    return f"rlkit train {Path(run_path) / 'config.yaml'} --run-id {run_id}" + (
+        f" trainer.runs_dir={parent}" if parent else ""
+    )
 
 
 def _runs_dir_if_not_default(run_path: Path) -> Path | None:
@@ -125,8 +134,9 @@ def _runs_dir_if_not_default(run_path: Path) -> Path | None:
     return None if parent == default else parent
 
 
-def checkpoint_write_failure(tmp: Path, step: int, exc: BaseException,
-                             needed_bytes: int | None = None) -> CheckpointWriteError | None:
+def checkpoint_write_failure(
+    tmp: Path, step: int, exc: BaseException, needed_bytes: int | None = None
+) -> CheckpointWriteError | None:
     """A CheckpointWriteError when `exc` (from writing step `step` into `tmp`) is a filesystem error
     (raised here or by a worker), else None: a dead or hung worker stays a WorkerFailure. A full disk
     is said in words, with the space free there now and `needed_bytes` (the last checkpoint's size)."""
@@ -140,7 +150,8 @@ def checkpoint_write_failure(tmp: Path, step: int, exc: BaseException,
         space = f" (ENOSPC: {_size(free)} free there now{needed})" if free is not None else ""
     return CheckpointWriteError(
         f"could not write the checkpoint of step {step} to {tmp}: {error}{space}. Earlier checkpoints are untouched; "
-        f"free space or fix the permissions there (see {TROUBLESHOOTING}, 'A checkpoint could not be written').")
+        f"free space or fix the permissions there (see {TROUBLESHOOTING}, 'A checkpoint could not be written')."
+    )
 
 
 def _size(n_bytes: int) -> str:
@@ -155,28 +166,39 @@ def describe_worker(rank: int, node: int, place: WorkerPlace | None) -> str:
     return f"rank {rank} ({where})"
 
 
-def worker_died(group: str, rank: int, node: int, call_phase: str, place: WorkerPlace | None,
-                ray_message: str) -> WorkerFailure:
+def worker_died(
+    group: str, rank: int, node: int, call_phase: str, place: WorkerPlace | None, ray_message: str
+) -> WorkerFailure:
     inside = f" in its phase '{place.phase}'" if place and place.phase != call_phase else ""
     return WorkerFailure(
         f"{group} {describe_worker(rank, node, place)} died during '{call_phase}'{inside}: "
         f"{death_cause(ray_message)}. The run stops; it can continue from its last complete checkpoint "
         f"(see {TROUBLESHOOTING}, 'A worker died').",
         # Ray's full text only when it holds the worker's traceback (an error in its __init__).
-        detail=_strip_ansi(ray_message) if "creation task" in ray_message else "")
+        detail=_strip_ansi(ray_message) if "creation task" in ray_message else "",
+    )
 
 
 # Exceptions of other libraries whose message alone does not say what to do: (words in it, the fix).
 KNOWN_CAUSES = [
     # vLLM's sleep mode and memory profiling compare the whole GPU's free memory before and after.
-    (("Memory usage increased after sleeping", "Error in memory profiling"),
-     "vLLM measures the whole GPU's free memory, and another process on this GPU changed its use: give "
-     f"the run its GPUs alone (CUDA_VISIBLE_DEVICES; see {TROUBLESHOOTING}, 'Another process on the GPU')"),
+    (
+        ("Memory usage increased after sleeping", "Error in memory profiling"),
+        "vLLM measures the whole GPU's free memory, and another process on this GPU changed its use: give "
+        f"the run its GPUs alone (CUDA_VISIBLE_DEVICES; see {TROUBLESHOOTING}, 'Another process on the GPU')",
+    ),
 ]
 
 
-def worker_raised(group: str, rank: int, node: int, call_phase: str, place: WorkerPlace | None,
-                  cause: BaseException, traceback_text: str) -> WorkerFailure:
+def worker_raised(
+    group: str,
+    rank: int,
+    node: int,
+    call_phase: str,
+    place: WorkerPlace | None,
+    cause: BaseException,
+    traceback_text: str,
+) -> WorkerFailure:
     inside = f" (worker phase '{place.phase}')" if place and place.phase != call_phase else ""
     type_name = cause.type_name if isinstance(cause, WorkerException) else type(cause).__name__
     message = headline(str(cause))
@@ -185,7 +207,9 @@ def worker_raised(group: str, rank: int, node: int, call_phase: str, place: Work
         message = message.rstrip(".") + "".join(f". {fix}" for fix in fixes)
     return WorkerFailure(
         f"{group} {describe_worker(rank, node, place)} raised {type_name} during '{call_phase}'{inside}: {message}",
-        detail=_strip_ansi(traceback_text), cause=cause)
+        detail=_strip_ansi(traceback_text),
+        cause=cause,
+    )
 
 
 _VALIDATION_TITLE = re.compile(r"^\d+ validation errors? for \S+$")
@@ -202,16 +226,18 @@ def headline(message: str, limit: int = 400) -> str:
         text = f"{lines[0].rstrip(':')}: {lines[1]}"
     else:
         text = lines[0]
-    return text if len(text) <= limit else text[:limit - 3] + "..."
+    return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
-def workers_late(group: str, phase: str, timeout: float, timeout_key: str, late: list[str],
-                 finished: list[int]) -> WorkerFailure:
+def workers_late(
+    group: str, phase: str, timeout: float, timeout_key: str, late: list[str], finished: list[int]
+) -> WorkerFailure:
     done = f"; rank(s) {finished} finished" if finished else ""
     return WorkerFailure(
         f"'{phase}' did not finish within {timeout:g} s ({timeout_key}): {group} {'; '.join(late)}{done}. "
         f"The run stops instead of waiting forever. If this phase is only slow, raise {timeout_key}; "
-        f"if a worker hangs, see {TROUBLESHOOTING}, 'A phase timed out'.")
+        f"if a worker hangs, see {TROUBLESHOOTING}, 'A phase timed out'."
+    )
 
 
 def late_worker(rank: int, node: int, place: WorkerPlace | None) -> str:
@@ -223,7 +249,7 @@ def late_worker(rank: int, node: int, place: WorkerPlace | None) -> str:
 # Ray's "Worker exit type" of a dead actor, in plain words.
 _EXIT_TYPES = {
     "SYSTEM_ERROR": "its process ended unexpectedly: killed by a signal (SIGKILL, the kernel's out-of-memory "
-                    "killer) or crashed (e.g. SIGSEGV)",
+    "killer) or crashed (e.g. SIGSEGV)",
     "NODE_OUT_OF_MEMORY": "Ray killed it because its node ran out of memory",
     "USER_ERROR": "its process exited because of an error",
     "INTENDED_USER_EXIT": "its process exited on request",

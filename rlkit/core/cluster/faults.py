@@ -54,8 +54,10 @@ def parse(spec: str) -> list[Rule]:
         action, _, rest = text.partition(":")
         point, _, occurrence = rest.rpartition(":")
         if not point or not occurrence.isdigit() or not _valid_action(action):
-            raise ValueError(f"{ENV}={spec!r}: rule {text!r} is not ACTION:POINT:N "
-                             "(ACTION one of kill, sleep=SECS, raise, hang, noop)")
+            raise ValueError(
+                f"{ENV}={spec!r}: rule {text!r} is not ACTION:POINT:N "
+                "(ACTION one of kill, sleep=SECS, raise, hang, noop)"
+            )
         rules.append(Rule(action, point, int(occurrence)))
     return rules
 
@@ -63,7 +65,7 @@ def parse(spec: str) -> list[Rule]:
 def _valid_action(action: str) -> bool:
     if action.startswith("sleep="):
         try:
-            return float(action[len("sleep="):]) >= 0
+            return float(action[len("sleep=") :]) >= 0
         except ValueError:
             return False
     return action in ("kill", "raise", "hang", "noop")
@@ -107,4 +109,4 @@ def _act(rule: Rule) -> None:
         while True:
             time.sleep(60)
     else:
-        time.sleep(float(rule.action[len("sleep="):]))
+        time.sleep(float(rule.action[len("sleep=") :]))

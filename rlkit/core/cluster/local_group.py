@@ -78,13 +78,18 @@ class InProcessWorkerGroup:
     def size(self) -> int:
         return len(self.workers)
 
-    def call(self, method: Callable[..., Any], *args: Any, phase: str | None = None,
-             per_rank: Sequence[tuple] | None = None, startup: bool = False) -> list[Any]:
+    def call(
+        self,
+        method: Callable[..., Any],
+        *args: Any,
+        phase: str | None = None,
+        per_rank: Sequence[tuple] | None = None,
+        startup: bool = False,
+    ) -> list[Any]:
         handles = self.submit(method, *args, per_rank=per_rank)
         return self.collect(handles, phase or method.__name__, startup=startup)
 
-    def submit(self, method: Callable[..., Any], *args: Any, per_rank: Sequence[tuple] | None = None
-               ) -> list[Finished]:
+    def submit(self, method: Callable[..., Any], *args: Any, per_rank: Sequence[tuple] | None = None) -> list[Finished]:
         """Run `method` on every rank now; an exception waits in its handle for `collect`, as on Ray."""
         name = method_name(self.worker_cls, method)
         handles = []
@@ -102,8 +107,13 @@ class InProcessWorkerGroup:
         """The results in rank order, or the first rank's failure. No deadline: the calls have already run."""
         results = [self._result(handle, rank, phase) for rank, handle in enumerate(refs)]
         if startup:
-            logger.info("%s: all %d %ss done in %.0f s", phase, len(refs), self.name,
-                        max((handle.seconds for handle in refs), default=0.0))
+            logger.info(
+                "%s: all %d %ss done in %.0f s",
+                phase,
+                len(refs),
+                self.name,
+                max((handle.seconds for handle in refs), default=0.0),
+            )
         return results
 
     def _result(self, handle: Finished, rank: int, phase: str) -> Any:
@@ -127,12 +137,16 @@ class InProcessBackend:
 
     def __init__(self, config: RLConfig) -> None:
         if config.trainer.device == "auto" and torch.cuda.is_available():
-            raise UserError("trainer.workers=in_process runs on the CPU only, and trainer.device=auto would use this "
-                            "machine's GPU; set trainer.device=cpu or use trainer.workers=ray")
+            raise UserError(
+                "trainer.workers=in_process runs on the CPU only, and trainer.device=auto would use this "
+                "machine's GPU; set trainer.device=cpu or use trainer.workers=ray"
+            )
         if dist.is_initialized():
-            raise UserError("trainer.workers=in_process needs this process's torch.distributed for its workers, and "
-                            "it is already initialised (another in-process run that was not closed?); close that run "
-                            "first or use trainer.workers=ray")
+            raise UserError(
+                "trainer.workers=in_process needs this process's torch.distributed for its workers, and "
+                "it is already initialised (another in-process run that was not closed?); close that run "
+                "first or use trainer.workers=ray"
+            )
         self.config = config
         added = {k: v for k, v in worker_env(config).items() if k not in os.environ}  # the caller's settings win
         self.saved_env = {key: os.environ.get(key) for key in (*added, *PROCESS_GROUP_ENV)}
@@ -140,8 +154,15 @@ class InProcessBackend:
         os.environ.update(added)
         self.groups: list[InProcessWorkerGroup] = []
 
-    def group(self, worker_cls: type, *args: Any, name: str, first: int = 0, count: int | None = None,
-              colocate_with: InProcessWorkerGroup | None = None) -> InProcessWorkerGroup:
+    def group(
+        self,
+        worker_cls: type,
+        *args: Any,
+        name: str,
+        first: int = 0,
+        count: int | None = None,
+        colocate_with: InProcessWorkerGroup | None = None,
+    ) -> InProcessWorkerGroup:
         """The group's one worker (first=0, count=1: rlkit.recipes.checks refuses other layouts); a colocated
         group is simply another object in this process."""
         group = InProcessWorkerGroup(worker_cls, self.config, *args, name=name)

@@ -44,8 +44,10 @@ class PhaseBoard:
 
     def read(self) -> dict[int, WorkerPlace]:
         now = time.monotonic()
-        return {rank: WorkerPlace(rank, host, pid, phase, now - since)
-                for rank, (host, pid, phase, since) in self.entries.items()}
+        return {
+            rank: WorkerPlace(rank, host, pid, phase, now - since)
+            for rank, (host, pid, phase, since) in self.entries.items()
+        }
 
 
 Method = TypeVar("Method", bound=Callable[..., Any])
@@ -53,12 +55,15 @@ Method = TypeVar("Method", bound=Callable[..., Any])
 
 def in_phase(name: str) -> Callable[[Method], Method]:
     """A worker method that runs as phase `name` (`PhaseReporter.reporting`): the one way methods mark theirs."""
+
     def decorate(method: Method) -> Method:
         @functools.wraps(method)
         def run(self: PhaseReporter, *args: Any, **kwargs: Any) -> Any:
             with self.reporting(name):
                 return method(self, *args, **kwargs)
+
         return run  # type: ignore[return-value]
+
     return decorate
 
 

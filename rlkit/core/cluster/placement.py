@@ -50,8 +50,13 @@ class Placement:
         self.train = backend.group(PolicyWorker, model_path, name="worker")
         self.split = config.rollout.placement == "split"
         self.broadcast = self.split and config.rollout.weight_sync == "broadcast"
-        self.rollout = backend.group(RolloutWorker, model_path, name="rollout worker", first=config.world_size,
-                                     count=config.rollout.devices) if self.split else self.train
+        self.rollout = (
+            backend.group(
+                RolloutWorker, model_path, name="rollout worker", first=config.world_size, count=config.rollout.devices
+            )
+            if self.split
+            else self.train
+        )
 
     @property
     def rollout_size(self) -> int:
@@ -102,10 +107,13 @@ class Placement:
         if not pending.rollout_refs:
             return {}
         loaded = self.rollout.collect(pending.rollout_refs, "sync_weights (rollout workers load)")
-        return {"sync/bytes": loaded[0]["bytes"], "sync/rollout_load_seconds": max(r["seconds"] for r in loaded),
-                # From the end of the rollout's previous call: waiting for these weights, then loading them.
-                "rollout/wait_for_weights_seconds": max(r["idle_seconds"] + r["seconds"] for r in loaded),
-                **first_change(loaded)}
+        return {
+            "sync/bytes": loaded[0]["bytes"],
+            "sync/rollout_load_seconds": max(r["seconds"] for r in loaded),
+            # From the end of the rollout's previous call: waiting for these weights, then loading them.
+            "rollout/wait_for_weights_seconds": max(r["idle_seconds"] + r["seconds"] for r in loaded),
+            **first_change(loaded),
+        }
 
     def shutdown(self) -> None:
         if self.split:

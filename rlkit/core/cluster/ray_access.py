@@ -71,10 +71,12 @@ def unauthenticated_warning(address: str) -> tuple[str, str] | None:
     """(what is wrong, what to do) about attaching to `address` without token authentication; None: nothing."""
     if address == "auto" or is_loopback(address) or os.environ.get("RAY_AUTH_MODE", "").lower() == "token":
         return None
-    return (f"RAY_ADDRESS={address} is a Ray cluster on another machine and RAY_AUTH_MODE is not 'token' here: if "
-            "the cluster runs without token authentication, whoever reaches its ports can run code on it",
-            "start it with RAY_AUTH_MODE=token (a token: `ray get-auth-token --generate`) and set RAY_AUTH_MODE=token "
-            "and RAY_AUTH_TOKEN (or RAY_AUTH_TOKEN_PATH) to the same token here")
+    return (
+        f"RAY_ADDRESS={address} is a Ray cluster on another machine and RAY_AUTH_MODE is not 'token' here: if "
+        "the cluster runs without token authentication, whoever reaches its ports can run code on it",
+        "start it with RAY_AUTH_MODE=token (a token: `ray get-auth-token --generate`) and set RAY_AUTH_MODE=token "
+        "and RAY_AUTH_TOKEN (or RAY_AUTH_TOKEN_PATH) to the same token here",
+    )
 
 
 def prepare_attach(address: str) -> None:
@@ -95,7 +97,9 @@ def check_cluster(config: RLConfig, nodes: list[dict[str, Any]]) -> None:
     kind = "GPU" if trainer.device == "cuda" or (trainer.device == "auto" and total_gpus > 0) else "CPU"
     sizes = sorted((int(node["Resources"].get(kind, 0)) for node in nodes if node["Alive"]), reverse=True)
     if sum(size >= trainer.n_gpus_per_node for size in sizes) < trainer.nnodes:
-        raise UserError(f"trainer.nnodes={trainer.nnodes} x trainer.n_gpus_per_node={trainer.n_gpus_per_node} "
-                        f"needs {trainer.nnodes} node(s) with {trainer.n_gpus_per_node} {kind}(s) each, but the Ray "
-                        f"cluster at RAY_ADDRESS has {len(sizes)} alive node(s) with {sizes} {kind}(s); lower "
-                        "them or add nodes")
+        raise UserError(
+            f"trainer.nnodes={trainer.nnodes} x trainer.n_gpus_per_node={trainer.n_gpus_per_node} "
+            f"needs {trainer.nnodes} node(s) with {trainer.n_gpus_per_node} {kind}(s) each, but the Ray "
+            f"cluster at RAY_ADDRESS has {len(sizes)} alive node(s) with {sizes} {kind}(s); lower "
+            "them or add nodes"
+        )

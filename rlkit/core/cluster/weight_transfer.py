@@ -74,15 +74,24 @@ def unpack(flat: torch.Tensor, specs: list[TensorSpec]) -> Iterator[tuple[str, t
     """(name, view) for each tensor packed in `flat`, in order."""
     offset = 0
     for spec in specs:
-        yield spec.name, flat[offset:offset + spec.numel].view(spec.shape)
+        yield spec.name, flat[offset : offset + spec.numel].view(spec.shape)
         offset += spec.numel
 
 
 class TransferGroup:
     """The process group of training rank 0 (rank 0) and the rollout workers (ranks 1..R)."""
 
-    def __init__(self, host: str, port: int, rank: int, world_size: int, device: torch.device, *,
-                 handshake_timeout_s: float, transfer_timeout_s: float) -> None:
+    def __init__(
+        self,
+        host: str,
+        port: int,
+        rank: int,
+        world_size: int,
+        device: torch.device,
+        *,
+        handshake_timeout_s: float,
+        transfer_timeout_s: float,
+    ) -> None:
         self.rank, self.world_size, self.device = rank, world_size, device
         self.handshake_timeout_s, self.transfer_timeout_s = handshake_timeout_s, transfer_timeout_s
         # The backend's own timeout is only a backstop behind the polled deadlines below.
@@ -124,15 +133,18 @@ class TransferGroup:
             raise WeightTransferStalled(
                 f"weight transfer #{number}: the {side} waited over {self.handshake_timeout_s:g} s "
                 "(trainer.phase_timeout_s) for the other side to join; is a rollout worker stuck generating, "
-                "or did the trainer stop?") from None
+                "or did the trainer stop?"
+            ) from None
         return time.monotonic() + self.transfer_timeout_s
 
     def stalled(self, side: str, index: int, buckets: int, numel: int, dtype: torch.dtype) -> str:
         mb = numel * torch.empty((), dtype=dtype).element_size() / 2**20
-        return (f"weight transfer #{self.transfers} stalled: the {side} waited over {self.transfer_timeout_s:g} s "
-                f"(rollout.weight_sync_timeout_s) for bucket {index + 1}/{buckets} ({mb:.0f} MB). Check the "
-                "network between the training and rollout devices (NCCL_DEBUG=INFO), raise "
-                "rollout.weight_sync_timeout_s if it is only slow, or use rollout.weight_sync=object_store")
+        return (
+            f"weight transfer #{self.transfers} stalled: the {side} waited over {self.transfer_timeout_s:g} s "
+            f"(rollout.weight_sync_timeout_s) for bucket {index + 1}/{buckets} ({mb:.0f} MB). Check the "
+            "network between the training and rollout devices (NCCL_DEBUG=INFO), raise "
+            "rollout.weight_sync_timeout_s if it is only slow, or use rollout.weight_sync=object_store"
+        )
 
 
 class WeightSender:
@@ -143,21 +155,26 @@ class WeightSender:
         element = torch.empty((), dtype=dtype).element_size()
         self.plan = plan_buckets(specs, max(1, bucket_bytes // element))
         # Allocated once: the next transfer refills them only after the last one has left.
-        self.buckets = [torch.empty(sum(s.numel for s in bucket), dtype=dtype, device=group.device)
-                        for bucket in self.plan]
+        self.buckets = [
+            torch.empty(sum(s.numel for s in bucket), dtype=dtype, device=group.device) for bucket in self.plan
+        ]
         self.thread: threading.Thread | None = None
         self.error: BaseException | None = None
 
     def send(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> int:
         """Stage the tensors (in the specs' order) and start broadcasting them; returns the bytes staged."""
         self.wait()
-        slots = [(bucket, spec, view) for bucket, plan in zip(self.buckets, self.plan)
-                 for spec, (_, view) in zip(plan, unpack(bucket, plan))]
+        slots = [
+            (bucket, spec, view)
+            for bucket, plan in zip(self.buckets, self.plan)
+            for spec, (_, view) in zip(plan, unpack(bucket, plan))
+        ]
         staged = 0
         for (_, spec, view), (name, tensor) in zip(slots, named_tensors, strict=True):
             if name != spec.name or tuple(tensor.shape) != spec.shape:
-                raise RuntimeError(f"weight transfer: got {name} {tuple(tensor.shape)} where the plan has "
-                                   f"{spec.name} {spec.shape}")
+                raise RuntimeError(
+                    f"weight transfer: got {name} {tuple(tensor.shape)} where the plan has {spec.name} {spec.shape}"
+                )
             view.copy_(tensor)
             staged += view.numel() * view.element_size()
         if self.group.device.type == "cuda":
@@ -170,8 +187,11 @@ class WeightSender:
         try:
             deadline = self.group.begin("trainer")
             for index, bucket in enumerate(self.buckets):
-                self.group.broadcast(bucket, deadline, self.group.stalled("trainer", index, len(self.buckets),
-                                                                          bucket.numel(), self.dtype))
+                self.group.broadcast(
+                    bucket,
+                    deadline,
+                    self.group.stalled("trainer", index, len(self.buckets), bucket.numel(), self.dtype),
+                )
         except BaseException as exc:  # noqa: BLE001 - re-raised in the worker's own thread by wait()
             self.error = exc
 
@@ -198,6 +218,11 @@ class WeightReceiver:
         deadline = self.group.begin("rollout worker")
         for index, plan in enumerate(self.plan):
             flat = torch.empty(sum(s.numel for s in plan), dtype=self.dtype, device=self.group.device)
-            self.group.broadcast(flat, deadline, self.group.stalled(f"rollout worker (rank {self.group.rank})", index,
-                                                                    len(self.plan), flat.numel(), self.dtype))
+            self.group.broadcast(
+                flat,
+                deadline,
+                self.group.stalled(
+                    f"rollout worker (rank {self.group.rank})", index, len(self.plan), flat.numel(), self.dtype
+                ),
+            )
             yield from unpack(flat, plan)

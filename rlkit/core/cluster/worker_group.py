@@ -32,9 +32,10 @@ from rlkit.errors import UserError
 from rlkit.recipes.schema import RLConfig
 
 logger = logging.getLogger("rlkit.workers")
-POLL_S = 1.0           # how often a waiting controller looks at the phase board
+POLL_S = 1.0  # how often a waiting controller looks at the phase board
 PROGRESS_EVERY_S = 30  # during start-up, a "still in phase X" line this often
 QUIET_PHASES = ("started", "idle")  # between phases: nothing to report
+
 
 def init_ray(config: RLConfig) -> None:
     if ray.is_initialized():
@@ -44,8 +45,9 @@ def init_ray(config: RLConfig) -> None:
     # Worker output (library warnings, load bars) stays in Ray's log files unless asked for:
     # the console belongs to the live metrics table. Worker exceptions still surface here.
     verbose = os.environ.get("RLKIT_WORKER_LOGS", "0") == "1"
-    kwargs: dict[str, Any] = dict(runtime_env={"env_vars": env}, include_dashboard=False,
-                                  log_to_driver=verbose, logging_level="WARNING")
+    kwargs: dict[str, Any] = dict(
+        runtime_env={"env_vars": env}, include_dashboard=False, log_to_driver=verbose, logging_level="WARNING"
+    )
     if not address:
         # A fresh local cluster ("local" never attaches to another one found on this host),
         # sized so that every CPU worker gets its slot.
@@ -78,17 +80,21 @@ class DeviceReservation:
         trainer = config.trainer
         self.use_gpu = uses_gpus(config)
         bundle = {"CPU": 1, "GPU": 1} if self.use_gpu else {"CPU": 1}
-        self.groups = [placement_group([bundle] * trainer.n_gpus_per_node, strategy="STRICT_PACK")
-                       for _ in range(trainer.nnodes)]
+        self.groups = [
+            placement_group([bundle] * trainer.n_gpus_per_node, strategy="STRICT_PACK") for _ in range(trainer.nnodes)
+        ]
         self.slots = [(node, local) for node in range(trainer.nnodes) for local in range(trainer.n_gpus_per_node)]
-        done, _ = ray.wait([group.ready() for group in self.groups], num_returns=len(self.groups),
-                           timeout=trainer.phase_timeout_s)
+        done, _ = ray.wait(
+            [group.ready() for group in self.groups], num_returns=len(self.groups), timeout=trainer.phase_timeout_s
+        )
         if len(done) < len(self.groups):
-            raise WorkerFailure(f"could not reserve {trainer.nnodes} node(s) x {trainer.n_gpus_per_node} "
-                                f"{'GPU' if self.use_gpu else 'CPU'}(s) within {trainer.phase_timeout_s:g} s "
-                                "(trainer.phase_timeout_s); "
-                                f"the Ray cluster has {ray.cluster_resources()} "
-                                "(check trainer.nnodes / trainer.n_gpus_per_node)")
+            raise WorkerFailure(
+                f"could not reserve {trainer.nnodes} node(s) x {trainer.n_gpus_per_node} "
+                f"{'GPU' if self.use_gpu else 'CPU'}(s) within {trainer.phase_timeout_s:g} s "
+                "(trainer.phase_timeout_s); "
+                f"the Ray cluster has {ray.cluster_resources()} "
+                "(check trainer.nnodes / trainer.n_gpus_per_node)"
+            )
 
     def release(self) -> None:
         for group in self.groups:
@@ -102,24 +108,34 @@ class WorkerGroup:
     critic beside the policy); every group of the run then takes an equal share of each device.
     """
 
-    def __init__(self, worker_cls: type, config: RLConfig, *args: Any, name: str = "worker",
-                 colocate_with: WorkerGroup | None = None, reservation: DeviceReservation | None = None,
-                 slots: Sequence[tuple[int, int]] | None = None) -> None:
+    def __init__(
+        self,
+        worker_cls: type,
+        config: RLConfig,
+        *args: Any,
+        name: str = "worker",
+        colocate_with: WorkerGroup | None = None,
+        reservation: DeviceReservation | None = None,
+        slots: Sequence[tuple[int, int]] | None = None,
+    ) -> None:
         self.config, self.name, self.worker_cls = config, name, worker_cls
         if colocate_with is not None:
             reservation, slots = colocate_with.reservation, colocate_with.slots
         self.owns_reservation = reservation is None
         self.reservation = reservation or DeviceReservation(config)
-        self.slots = list(self.reservation.slots[:config.world_size] if slots is None else slots)
+        self.slots = list(self.reservation.slots[: config.world_size] if slots is None else slots)
         share = 1.0 / groups_per_device(config)
         remote_cls = ray.remote(num_cpus=share, num_gpus=share if self.reservation.use_gpu else 0)(
-            with_portable_exceptions(worker_cls))
+            with_portable_exceptions(worker_cls)
+        )
         self.actors = []
         for rank, (node, local) in enumerate(self.slots):
-            strategy = PlacementGroupSchedulingStrategy(self.reservation.groups[node],
-                                                        placement_group_bundle_index=local)
-            self.actors.append(remote_cls.options(scheduling_strategy=strategy, name=None).remote(
-                config, *args, rank, len(self.slots)))
+            strategy = PlacementGroupSchedulingStrategy(
+                self.reservation.groups[node], placement_group_bundle_index=local
+            )
+            self.actors.append(
+                remote_cls.options(scheduling_strategy=strategy, name=None).remote(config, *args, rank, len(self.slots))
+            )
         self.board: Any = None  # the PhaseBoard, for worker classes that report phases
         if issubclass(worker_cls, PhaseReporter):
             self.board = ray.remote(num_cpus=0)(PhaseBoard).remote()
@@ -129,8 +145,14 @@ class WorkerGroup:
     def size(self) -> int:
         return len(self.actors)
 
-    def call(self, method: Callable[..., Any], *args: Any, phase: str | None = None,
-             per_rank: Sequence[tuple] | None = None, startup: bool = False) -> list[Any]:
+    def call(
+        self,
+        method: Callable[..., Any],
+        *args: Any,
+        phase: str | None = None,
+        per_rank: Sequence[tuple] | None = None,
+        startup: bool = False,
+    ) -> list[Any]:
         """Call `method` on every rank (same args, or per_rank[r]) and gather the results in rank order.
 
         The deadline is trainer.phase_timeout_s, or trainer.setup_timeout_s for start-up calls
@@ -188,8 +210,9 @@ class WorkerGroup:
             cause = exc.cause if exc.cause is not None else exc
             if isinstance(cause, UserError):  # a fixable input the worker was first to see
                 raise UserError(f"{self.name} rank {rank}: {cause}") from None
-            raise worker_raised(self.name, rank, self._node(rank), phase, self.places().get(rank), cause,
-                                str(exc)) from None
+            raise worker_raised(
+                self.name, rank, self._node(rank), phase, self.places().get(rank), cause, str(exc)
+            ) from None
 
     def places(self) -> dict[int, WorkerPlace]:
         """Each rank's host, pid and last reported phase (empty if the board cannot be read)."""
@@ -208,8 +231,14 @@ class WorkerGroup:
                 continue
             shown[rank] = (place.phase, tick)
             if tick:
-                logger.info("%s: %s rank %d still in %s after %.0f s", phase, self.name, rank, place.phase,
-                            place.seconds_in_phase)
+                logger.info(
+                    "%s: %s rank %d still in %s after %.0f s",
+                    phase,
+                    self.name,
+                    rank,
+                    place.phase,
+                    place.seconds_in_phase,
+                )
             else:
                 logger.info("%s: %s rank %d in %s", phase, self.name, rank, place.phase)
 
@@ -228,7 +257,6 @@ def groups_per_device(config: RLConfig) -> int:
     return 2 if config.critic_enabled else 1
 
 
-
 class RayBackend:
     """trainer.workers=ray (rlkit.core.cluster.backend): the Ray cluster (started, or the one at RAY_ADDRESS)
     and every device of the run reserved at once; groups take slices of the reservation."""
@@ -242,12 +270,26 @@ class RayBackend:
             ray.shutdown()
             raise
 
-    def group(self, worker_cls: type, *args: Any, name: str, first: int = 0, count: int | None = None,
-              colocate_with: WorkerGroup | None = None) -> WorkerGroup:
+    def group(
+        self,
+        worker_cls: type,
+        *args: Any,
+        name: str,
+        first: int = 0,
+        count: int | None = None,
+        colocate_with: WorkerGroup | None = None,
+    ) -> WorkerGroup:
         count = self.config.world_size if count is None else count
-        slots = None if colocate_with is not None else self.reservation.slots[first:first + count]
-        return WorkerGroup(worker_cls, self.config, *args, name=name, colocate_with=colocate_with,
-                           reservation=self.reservation, slots=slots)
+        slots = None if colocate_with is not None else self.reservation.slots[first : first + count]
+        return WorkerGroup(
+            worker_cls,
+            self.config,
+            *args,
+            name=name,
+            colocate_with=colocate_with,
+            reservation=self.reservation,
+            slots=slots,
+        )
 
     def shutdown(self) -> None:
         """Every actor of the run ends with the Ray session (the driver's actors die with it)."""

@@ -62,17 +62,22 @@ class Controller:
         self.config, self.run = config, run
         inputs = inputs or check_inputs(config)
         self.model_path, self.tokenizer, self.rows = inputs.model_path, inputs.tokenizer, inputs.rows
-        sampler = PromptSampler(len(self.rows), config.data.train_batch_size, seed=config.trainer.seed,
-                                shuffle=config.data.shuffle)
+        sampler = PromptSampler(
+            len(self.rows), config.data.train_batch_size, seed=config.trainer.seed, shuffle=config.data.shuffle
+        )
         invariants.check_prompts(config, self.tokenizer, self.rows, sampler)  # the first batch, before workers start
-        self.kl_ctrl = (AdaptiveKLController(config.algorithm.kl_ctrl.kl_coef, config.algorithm.kl_ctrl.target_kl,
-                                             config.algorithm.kl_ctrl.horizon)
-                        if config.algorithm.kl_ctrl.type == "adaptive"
-                        else FixedKLController(config.algorithm.kl_ctrl.kl_coef))
+        self.kl_ctrl = (
+            AdaptiveKLController(
+                config.algorithm.kl_ctrl.kl_coef, config.algorithm.kl_ctrl.target_kl, config.algorithm.kl_ctrl.horizon
+            )
+            if config.algorithm.kl_ctrl.type == "adaptive"
+            else FixedKLController(config.algorithm.kl_ctrl.kl_coef)
+        )
         # Every sandbox of the run (reward workers, Ray workers) inherits the mode from this process's environment.
         set_isolation(config.rollout.agent.sandbox.isolation)
-        self.weak_sandbox = (config.rollout.agent.sandbox.isolation == "weak"
-                             and uses_sandbox(config, {row.data_source for row in self.rows}))
+        self.weak_sandbox = config.rollout.agent.sandbox.isolation == "weak" and uses_sandbox(
+            config, {row.data_source for row in self.rows}
+        )
         if self.weak_sandbox:
             logger.warning(WEAK_SANDBOX_WARNING)
         self.scorer = RewardScorer(config.reward)
@@ -127,8 +132,12 @@ class Controller:
         if self.weak_sandbox:  # said on every step, so that no one reads a run's results without knowing
             logger.warning(WEAK_SANDBOX_WARNING)
             metrics["sandbox/weak"] = 1.0
-        metrics = {**self.batch_metrics(batch), **metrics,
-                   **{f"timing/{k}": v for k, v in timing.items()}, **self.throughput(batch, timing["step"])}
+        metrics = {
+            **self.batch_metrics(batch),
+            **metrics,
+            **{f"timing/{k}": v for k, v in timing.items()},
+            **self.throughput(batch, timing["step"]),
+        }
         self.recorder.record(step, batch, metrics)  # the batch the update got, for `rlkit replay` / `inspect`
         return metrics
 
@@ -149,13 +158,25 @@ class Controller:
         token_rewards[torch.arange(len(batch)), last] = batch["scores"]
         out: dict[str, torch.Tensor] = {}
         if cfg.use_kl_in_reward:
-            token_rewards, kl = apply_kl_penalty(token_rewards, batch["old_log_probs"], batch["ref_log_probs"], mask,
-                                                 coef=self.kl_ctrl.value, kind=cfg.kl_penalty)
+            token_rewards, kl = apply_kl_penalty(
+                token_rewards,
+                batch["old_log_probs"],
+                batch["ref_log_probs"],
+                mask,
+                coef=self.kl_ctrl.value,
+                kind=cfg.kl_penalty,
+            )
             self.kl_ctrl.update(float(kl), len(batch))
-        inputs = AdvantageInputs(token_rewards, mask, batch["group_ids"], values=batch.tensors.get("values"),
-                                 baseline_scores=batch.tensors.get("baseline_scores"))
-        adv, returns = compute_advantages(cfg.adv_estimator, inputs, gamma=cfg.gamma, lam=cfg.lam,
-                                          norm_adv_by_std=cfg.norm_adv_by_std)
+        inputs = AdvantageInputs(
+            token_rewards,
+            mask,
+            batch["group_ids"],
+            values=batch.tensors.get("values"),
+            baseline_scores=batch.tensors.get("baseline_scores"),
+        )
+        adv, returns = compute_advantages(
+            cfg.adv_estimator, inputs, gamma=cfg.gamma, lam=cfg.lam, norm_adv_by_std=cfg.norm_adv_by_std
+        )
         out.update(token_rewards=token_rewards, advantages=adv, returns=returns)
         return out
 
@@ -188,12 +209,15 @@ class Controller:
         mask, scores = batch["response_mask"], batch["scores"]
         lengths = mask.sum(-1)
         metrics = {
-            "reward/mean": float(scores.mean()), "reward/std": float(scores.std()) if len(scores) > 1 else 0.0,
-            "reward/max": float(scores.max()), "reward/min": float(scores.min()),
-            "response/length_mean": float(lengths.mean()), "response/length_max": float(lengths.max()),
+            "reward/mean": float(scores.mean()),
+            "reward/std": float(scores.std()) if len(scores) > 1 else 0.0,
+            "reward/max": float(scores.max()),
+            "reward/min": float(scores.min()),
+            "response/length_mean": float(lengths.mean()),
+            "response/length_max": float(lengths.max()),
             "response/clip_frac": float((~batch["finished"]).float().mean()),
             "adv/mean": masked_mean(batch["advantages"], mask),
-            "prompt/length_mean": float(batch["attention_mask"][:, :-mask.shape[1]].sum(-1).float().mean()),
+            "prompt/length_mean": float(batch["attention_mask"][:, : -mask.shape[1]].sum(-1).float().mean()),
         }
         if "entropy" in batch:  # the trainer recomputed the old log-probs; else update_actor measures these
             metrics["actor/entropy"] = masked_mean(batch["entropy"], mask)
@@ -203,23 +227,27 @@ class Controller:
         if "values" in batch:
             values, returns = batch["values"], batch["returns"]
             residual_var = masked_mean((returns - values) ** 2, mask) - masked_mean(returns - values, mask) ** 2
-            returns_var = masked_mean(returns ** 2, mask) - masked_mean(returns, mask) ** 2
-            metrics.update({"critic/values_mean": masked_mean(values, mask),
-                            "critic/returns_mean": masked_mean(returns, mask)})
+            returns_var = masked_mean(returns**2, mask) - masked_mean(returns, mask) ** 2
+            metrics.update(
+                {"critic/values_mean": masked_mean(values, mask), "critic/returns_mean": masked_mean(returns, mask)}
+            )
             if returns_var > 1e-8:  # undefined when every return is the same
                 metrics["critic/explained_var"] = 1.0 - residual_var / returns_var
         if "ref_log_probs" in batch:
             metrics["actor/kl_coef"] = self.kl_ctrl.value
             if "old_log_probs" in batch:  # else update_actor measures it
-                metrics["actor/kl_ref"] = masked_mean(kl_estimate(batch["old_log_probs"], batch["ref_log_probs"], "k1"),
-                                                      mask)
+                metrics["actor/kl_ref"] = masked_mean(
+                    kl_estimate(batch["old_log_probs"], batch["ref_log_probs"], "k1"), mask
+                )
         return metrics
 
     def throughput(self, batch: Batch, seconds: float) -> dict[str, float]:
         tokens = float(batch["attention_mask"].sum())
-        return {"perf/tokens_per_s": tokens / seconds,
-                "perf/tokens_per_s_per_device": tokens / seconds / self.config.world_size,
-                "perf/response_tokens": float(batch["response_mask"].sum())}
+        return {
+            "perf/tokens_per_s": tokens / seconds,
+            "perf/tokens_per_s_per_device": tokens / seconds / self.config.world_size,
+            "perf/response_tokens": float(batch["response_mask"].sum()),
+        }
 
     # -- checkpoints (layout and atomic writes: rlkit.core.state.checkpoint) -------------------
     def checkpoint_groups(self) -> dict[str, Group]:
@@ -228,9 +256,14 @@ class Controller:
 
     def save_checkpoint(self, reason: str) -> Path:
         """Checkpoint the last completed step atomically; `reason` (periodic, final, ...) is recorded."""
-        state = {**self.source.state_dict(), "dataset_rows": len(self.rows),
-                 "kl_coef": self.kl_ctrl.value, "rollout_seed": self.config.trainer.seed,
-                 "world_size": self.config.world_size, "total_steps": self.config.trainer.total_steps}
+        state = {
+            **self.source.state_dict(),
+            "dataset_rows": len(self.rows),
+            "kl_coef": self.kl_ctrl.value,
+            "rollout_seed": self.config.trainer.seed,
+            "world_size": self.config.world_size,
+            "total_steps": self.config.trainer.total_steps,
+        }
         return save_run_checkpoint(self.config, self.run, self.completed_steps, reason, self.checkpoint_groups(), state)
 
     def load_checkpoint(self, ckpt: checkpoint.Checkpoint) -> None:
@@ -251,8 +284,9 @@ class Controller:
         self.backend.shutdown()
 
 
-def save_run_checkpoint(config: RLConfig, run: RunDir, step: int, reason: str, groups: dict[str, Group],
-                        trainer_state: dict[str, Any]) -> Path:
+def save_run_checkpoint(
+    config: RLConfig, run: RunDir, step: int, reason: str, groups: dict[str, Group], trainer_state: dict[str, Any]
+) -> Path:
     """Step `step`'s checkpoint, written atomically: each group's shards in its sub-folder, the
     controller's state and RNG, the config; a failed write names the path and frees its space."""
 
@@ -262,8 +296,15 @@ def save_run_checkpoint(config: RLConfig, run: RunDir, step: int, reason: str, g
 
     try:
         return checkpoint.write_checkpoint(
-            run.path, step, reason=reason, write_shards=write_shards, trainer_state=trainer_state,
-            controller_rng=rng_state(), config_yaml=config_to_yaml(config), keep_last=config.trainer.keep_last)
+            run.path,
+            step,
+            reason=reason,
+            write_shards=write_shards,
+            trainer_state=trainer_state,
+            controller_rng=rng_state(),
+            config_yaml=config_to_yaml(config),
+            keep_last=config.trainer.keep_last,
+        )
     except (OSError, WorkerFailure) as exc:  # disk full, unwritable run dir: name the path, give the space back
         if os_error_behind(exc) is None:
             raise  # a worker that died or hung stays a WorkerFailure
@@ -275,16 +316,19 @@ def save_run_checkpoint(config: RLConfig, run: RunDir, step: int, reason: str, g
 def worker_log_probs(workers: Group, batch: Batch, which: str, world: int) -> dict[str, torch.Tensor]:
     """Per-token log-probs (and entropy) of the batch's responses under the actor or the reference
     (`which`), each of the `world` ranks computing its equal share."""
-    results = workers.call(PolicyWorker.compute_log_probs, per_rank=[(s, which) for s in batch.chunk(world)],
-                           phase=f"{which} log-probs")
+    results = workers.call(
+        PolicyWorker.compute_log_probs, per_rank=[(s, which) for s in batch.chunk(world)], phase=f"{which} log-probs"
+    )
     return {k: torch.cat([r[k] for r in results]) for k in results[0]}
 
 
 def load_worker_shards(ckpt: checkpoint.Checkpoint, dataset_rows: int, groups: dict[str, Group]) -> None:
     """Every group's shards (weights, optimizer, schedule, RNG) from `ckpt`, trained on the same data."""
     if ckpt.state["dataset_rows"] != dataset_rows:
-        raise UserError(f"the training data changed: checkpoint {ckpt.path.name} was trained on "
-                        f"{ckpt.state['dataset_rows']} rows, data.train_files now holds {dataset_rows}; "
-                        "an exact resume needs the same data (start a new run for new data)")
+        raise UserError(
+            f"the training data changed: checkpoint {ckpt.path.name} was trained on "
+            f"{ckpt.state['dataset_rows']} rows, data.train_files now holds {dataset_rows}; "
+            "an exact resume needs the same data (start a new run for new data)"
+        )
     for name, group in groups.items():
         group.call(DeviceWorker.load_checkpoint, str(ckpt.path / name), phase=f"load checkpoint ({name})")

@@ -106,10 +106,15 @@ class StopOnSignal:
         presses = self._deliveries()
         if self.requested is None and self.finishing and presses == 1:
             self.requested = name
-            then = "saving a checkpoint and stopping" if self.save_on_interrupt else \
-                "stopping without a checkpoint (trainer.save_on_interrupt=false)"
-            self.notify(f"{name}: finishing the current step, then {then}; a second Ctrl-C (or SIGTERM) stops "
-                        "at once (the step in flight is lost; the last checkpoint stays)")
+            then = (
+                "saving a checkpoint and stopping"
+                if self.save_on_interrupt
+                else "stopping without a checkpoint (trainer.save_on_interrupt=false)"
+            )
+            self.notify(
+                f"{name}: finishing the current step, then {then}; a second Ctrl-C (or SIGTERM) stops "
+                "at once (the step in flight is lost; the last checkpoint stays)"
+            )
             return
         self.requested = self.requested or name
         raise KeyboardInterrupt(name)
@@ -122,12 +127,15 @@ def stop_after_step(controller: Controller, run: RunDir, stop: StopOnSignal, *, 
         controller.save_checkpoint("interrupt")
         run.write_status("running", step=step, last_checkpoint=step)
     how = "" if stop.save_on_interrupt else " without a checkpoint (trainer.save_on_interrupt=false)"
-    return RunInterrupted(f"stopped by {stop.requested} after step {step}{how}. {continue_hint(run.path, run.run_id)}",
-                          stop.requested)
+    return RunInterrupted(
+        f"stopped by {stop.requested} after step {step}{how}. {continue_hint(run.path, run.run_id)}", stop.requested
+    )
 
 
 def stopped_at_once(run: RunDir, stop: StopOnSignal, completed_steps: int) -> RunInterrupted:
     """A second signal (or one during start-up) abandoned whatever was in flight."""
     where = f"after step {completed_steps}" if stop.finishing else "during start-up"
-    return RunInterrupted(f"stopped at once by {stop.requested or 'Ctrl-C'} {where}. "
-                          f"{continue_hint(run.path, run.run_id)}", stop.requested)
+    return RunInterrupted(
+        f"stopped at once by {stop.requested or 'Ctrl-C'} {where}. {continue_hint(run.path, run.run_id)}",
+        stop.requested,
+    )

@@ -42,16 +42,24 @@ def check_prompts(config: RLConfig, tokenizer: Any, rows: Sequence[PromptRow], s
         row = rows[index]
         lost = row.prompt_text is not None and lost_text_problem(tokenizer, row.prompt_text, row.prompt_token_ids)
         if lost:
-            _violated(config, PROMPT_ROUND_TRIP, f"the prompt of row {row.index} {lost}. The tokenizer of model.path "
-                      "cannot encode them (no byte fallback, no such token): use a tokenizer that can, or clean "
-                      "those characters out of the data's 'prompt' column")
+            _violated(
+                config,
+                PROMPT_ROUND_TRIP,
+                f"the prompt of row {row.index} {lost}. The tokenizer of model.path "
+                "cannot encode them (no byte fallback, no such token): use a tokenizer that can, or clean "
+                "those characters out of the data's 'prompt' column",
+            )
             return
         problem = round_trip_problem(tokenizer, row.prompt_token_ids)
         if problem:
-            _violated(config, PROMPT_ROUND_TRIP, f"the prompt of row {row.index} {problem}; the engine "
-                      "gets these ids, but anything that decodes and re-encodes the text (a reward, a multi-turn "
-                      "environment, another tool) sees other tokens. Check the chat template and the data's "
-                      "'prompt' column")
+            _violated(
+                config,
+                PROMPT_ROUND_TRIP,
+                f"the prompt of row {row.index} {problem}; the engine "
+                "gets these ids, but anything that decodes and re-encodes the text (a reward, a multi-turn "
+                "environment, another tool) sees other tokens. Check the chat template and the data's "
+                "'prompt' column",
+            )
             return
 
 
@@ -82,9 +90,11 @@ def lost_text_problem(tokenizer: Any, text: str, ids: list[int]) -> str | None:
         return None
     normal = unicodedata.normalize("NFKC", text)
     start, became = first
-    return (f"has characters that its token ids lost: {''.join(lost[:10])!r}{' and more' if len(lost) > 10 else ''} "
-            f"(the first at character {start} of its rendered text {normal[max(0, start - 20):start + 10]!r}, where "
-            f"the ids decode as {repr(became) if became else 'nothing'}), so the policy never sees them")
+    return (
+        f"has characters that its token ids lost: {''.join(lost[:10])!r}{' and more' if len(lost) > 10 else ''} "
+        f"(the first at character {start} of its rendered text {normal[max(0, start - 20) : start + 10]!r}, where "
+        f"the ids decode as {repr(became) if became else 'nothing'}), so the policy never sees them"
+    )
 
 
 def round_trip_problem(tokenizer: Any, ids: list[int]) -> str | None:
@@ -94,8 +104,10 @@ def round_trip_problem(tokenizer: Any, ids: list[int]) -> str | None:
     if again == list(ids):
         return None
     at = next((i for i, (a, b) in enumerate(zip(ids, again)) if a != b), min(len(ids), len(again)))
-    return (f"re-encodes to other token ids: {len(ids)} tokens became {len(again)}, first difference at token "
-            f"{at}: {list(ids[at:at + 3])} -> {again[at:at + 3]} (text {text[:60]!r})")
+    return (
+        f"re-encodes to other token ids: {len(ids)} tokens became {len(again)}, first difference at token "
+        f"{at}: {list(ids[at : at + 3])} -> {again[at : at + 3]} (text {text[:60]!r})"
+    )
 
 
 def check_step(config: RLConfig, step: int, metrics: dict[str, float]) -> None:
@@ -106,14 +118,22 @@ def check_step(config: RLConfig, step: int, metrics: dict[str, float]) -> None:
     tolerance = trainer.invariant_tolerance
     kl = metrics.get("actor/kl_ref")
     if config.needs_reference and kl is not None and abs(kl) > tolerance:
-        _violated(config, KL_TO_REFERENCE, f"actor/kl_ref={kl:.4g} at step 1, where the reference is the initial "
-                  f"policy (|KL| <= trainer.invariant_tolerance={tolerance:g} expected): actor and reference load "
-                  "or compute differently (model.path, dtype, a model whose forward is not deterministic)")
+        _violated(
+            config,
+            KL_TO_REFERENCE,
+            f"actor/kl_ref={kl:.4g} at step 1, where the reference is the initial "
+            f"policy (|KL| <= trainer.invariant_tolerance={tolerance:g} expected): actor and reference load "
+            "or compute differently (model.path, dtype, a model whose forward is not deterministic)",
+        )
     gap = metrics.get("rollout/log_prob_diff")
     if gap is not None and exact_sampling(config) and gap > tolerance:
-        _violated(config, LOG_PROB_GAP, f"rollout/log_prob_diff={gap:.4g} nats per token at step 1 "
-                  f"(<= trainer.invariant_tolerance={tolerance:g} expected): the engine samples from another "
-                  "distribution than the trainer computes (weights, dtype, temperature, or an engine bug)")
+        _violated(
+            config,
+            LOG_PROB_GAP,
+            f"rollout/log_prob_diff={gap:.4g} nats per token at step 1 "
+            f"(<= trainer.invariant_tolerance={tolerance:g} expected): the engine samples from another "
+            "distribution than the trainer computes (weights, dtype, temperature, or an engine bug)",
+        )
 
 
 def exact_sampling(config: RLConfig) -> bool:

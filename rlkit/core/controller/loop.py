@@ -55,14 +55,24 @@ def run_training(config: RLConfig, run: RunDir, inputs: RunInputs, resume_from: 
     trainer = config.trainer
     start = resume_from.step if resume_from else 0
     controller = tracker = None
-    with run_log(run.path / CONSOLE_LOG), \
-            StopOnSignal(logger.warning, save_on_interrupt=trainer.save_on_interrupt) as stop:
+    with (
+        run_log(run.path / CONSOLE_LOG),
+        StopOnSignal(logger.warning, save_on_interrupt=trainer.save_on_interrupt) as stop,
+    ):
         if run.restarted:
-            logger.warning("run directory %s held no checkpoint (its run stopped before the first one): "
-                           "starting run %s there again, replacing that attempt's logs and metrics",
-                           run.path, run.run_id)
-        logger.info("%s run %s at step %d of %d", "resuming" if resume_from else "starting", run.run_id, start,
-                    trainer.total_steps)
+            logger.warning(
+                "run directory %s held no checkpoint (its run stopped before the first one): "
+                "starting run %s there again, replacing that attempt's logs and metrics",
+                run.path,
+                run.run_id,
+            )
+        logger.info(
+            "%s run %s at step %d of %d",
+            "resuming" if resume_from else "starting",
+            run.run_id,
+            start,
+            trainer.total_steps,
+        )
         run.write_status("running", step=start, total_steps=trainer.total_steps, error=None)
         # The controller's own draws (checkpointed as controller_rng.pt) start from the seed; a
         # resume then restores them from its checkpoint.
@@ -78,10 +88,17 @@ def run_training(config: RLConfig, run: RunDir, inputs: RunInputs, resume_from: 
                 discard_generations_after(run.path, start)
                 controller.load_checkpoint(resume_from)
             stop.finish_steps()
-            tracker = Tracker(run.path, trainer.logger, total_steps=trainer.total_steps, start_step=start,
-                              project=trainer.project_name, name=trainer.experiment_name or run.run_id,
-                              config=config.model_dump(mode="json"), run_id=run.run_id,
-                              columns=CONSOLE_KEYS_BY_OBJECTIVE[config.objective])
+            tracker = Tracker(
+                run.path,
+                trainer.logger,
+                total_steps=trainer.total_steps,
+                start_step=start,
+                project=trainer.project_name,
+                name=trainer.experiment_name or run.run_id,
+                config=config.model_dump(mode="json"),
+                run_id=run.run_id,
+                columns=CONSOLE_KEYS_BY_OBJECTIVE[config.objective],
+            )
             headline: list[float] = []  # the training metric the summary compares (reward, or the loss)
             val_scores: dict[int, float] = {}  # step -> the validation metric, for the summary
             if validation and trainer.val_before_train and not resume_from:
@@ -138,26 +155,39 @@ def make_controller(config: RLConfig, run: RunDir, inputs: RunInputs) -> Control
     return OfflineController(config, run, inputs) if config.offline else Controller(config, run, inputs)
 
 
-def validation_fn(controller: Controller | OfflineController,
-                  run_path: Path) -> Callable[[int], dict[str, float]] | None:
+def validation_fn(
+    controller: Controller | OfflineController, run_path: Path
+) -> Callable[[int], dict[str, float]] | None:
     """What validates the policy after a step (its `val/...` metrics); None without validation data."""
     if isinstance(controller, OfflineController):
         return controller.validate if controller.val_rows else None
-    evaluator = training_evaluator(controller.config, run_path, controller.tokenizer, controller.scorer,
-                                   controller.placement.rollout)
+    evaluator = training_evaluator(
+        controller.config, run_path, controller.tokenizer, controller.scorer, controller.placement.rollout
+    )
     return functools.partial(validate, evaluator, run_path) if evaluator else None
 
 
-def summary(values: list[float], start: int, run_path: Path, val_scores: dict[int, float],
-            train_key: str = "reward/mean", val_key: str = "val/reward/mean@1") -> str:
+def summary(
+    values: list[float],
+    start: int,
+    run_path: Path,
+    val_scores: dict[int, float],
+    train_key: str = "reward/mean",
+    val_key: str = "val/reward/mean@1",
+) -> str:
     window = min(5, len(values))
     steps = sorted(val_scores)
-    validation = (f"; {val_key} {val_scores[steps[0]]:.3f} (step {steps[0]}) -> {val_scores[steps[-1]]:.3f} "
-                  f"(step {steps[-1]})" if len(steps) > 1 else "")
-    return (f"[bold green]done:[/] steps {start + 1}-{start + len(values)}; {train_key} "
-            f"{sum(values[:window]) / window:.3f} (first {window}) -> {sum(values[-window:]) / window:.3f} "
-            f"(last {window}){validation}; run dir {run_path}\n      curves: rlkit plot {run_path.name} --runs-dir "
-            f"{run_path.parent}  |  model: rlkit export {run_path.name} --runs-dir {run_path.parent} --out DIR")
+    validation = (
+        f"; {val_key} {val_scores[steps[0]]:.3f} (step {steps[0]}) -> {val_scores[steps[-1]]:.3f} (step {steps[-1]})"
+        if len(steps) > 1
+        else ""
+    )
+    return (
+        f"[bold green]done:[/] steps {start + 1}-{start + len(values)}; {train_key} "
+        f"{sum(values[:window]) / window:.3f} (first {window}) -> {sum(values[-window:]) / window:.3f} "
+        f"(last {window}){validation}; run dir {run_path}\n      curves: rlkit plot {run_path.name} --runs-dir "
+        f"{run_path.parent}  |  model: rlkit export {run_path.name} --runs-dir {run_path.parent} --out DIR"
+    )
 
 
 def should_save(step: int, trainer: TrainerConfig) -> bool:
@@ -173,13 +203,11 @@ def run_log(path: Path) -> Iterator[None]:
     other messages above the table. Re-entrant: `rlkit resume` opens it before choosing a checkpoint,
     so its warnings land in the file too.
     """
-    if any(isinstance(h, logging.FileHandler) and Path(h.baseFilename) == path.absolute()
-           for h in logger.handlers):
+    if any(isinstance(h, logging.FileHandler) and Path(h.baseFilename) == path.absolute() for h in logger.handlers):
         yield
         return
     file_handler = logging.FileHandler(path)
-    file_handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s",
-                                                "%Y-%m-%d %H:%M:%S"))
+    file_handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s", "%Y-%m-%d %H:%M:%S"))
     screen = _screen_handler()
     screen.addFilter(lambda record: record.name != step_logger.name)
     previous_level = logger.level

@@ -46,25 +46,33 @@ def check_hub_model(spec: str, key: str = "model.path") -> None:
     try:
         validate_repo_id(spec)
     except HFValidationError:
-        raise UserError(f"{key}={spec}: no such directory (and not a hub id); pass an existing "
-                        "model directory or a hub id such as Qwen/Qwen2.5-0.5B-Instruct") from None
+        raise UserError(
+            f"{key}={spec}: no such directory (and not a hub id); pass an existing "
+            "model directory or a hub id such as Qwen/Qwen2.5-0.5B-Instruct"
+        ) from None
     if isinstance(try_to_load_from_cache(spec, "config.json"), str):
         return
     prefix = f"{key}={spec!r} is not a local directory and not found on the hub"
     if os.environ.get("HF_HUB_OFFLINE", "0").lower() in ("1", "true", "yes", "on"):
-        raise UserError(f"{prefix}: HF_HUB_OFFLINE is set and it is not in the local hub cache; "
-                        "check the spelling, or pass the model's local directory")
+        raise UserError(
+            f"{prefix}: HF_HUB_OFFLINE is set and it is not in the local hub cache; "
+            "check the spelling, or pass the model's local directory"
+        )
     try:
         HfApi().model_info(spec, timeout=HUB_TIMEOUT_S)
     except GatedRepoError:
-        raise UserError(f"{key}={spec!r} is a gated hub model: accept its licence on huggingface.co, "
-                        "then log in (`hf auth login`) or set HF_TOKEN") from None
+        raise UserError(
+            f"{key}={spec!r} is a gated hub model: accept its licence on huggingface.co, "
+            "then log in (`hf auth login`) or set HF_TOKEN"
+        ) from None
     except RepositoryNotFoundError:
         raise UserError(f"{prefix} (check the spelling; a private model needs HF_TOKEN)") from None
     except Exception as exc:  # noqa: BLE001 - any network failure means the same thing here
-        raise UserError(f"{prefix}: the hub could not be reached ({type(exc).__name__}: {exc}); download the "
-                        f"model where there is network (`hf download {spec} --local-dir DIR`) and pass "
-                        "--model DIR") from None
+        raise UserError(
+            f"{prefix}: the hub could not be reached ({type(exc).__name__}: {exc}); download the "
+            f"model where there is network (`hf download {spec} --local-dir DIR`) and pass "
+            "--model DIR"
+        ) from None
 
 
 def load_model_config(model_path: str, spec: str, key: str, *, head: str = "causal_lm") -> Any:
@@ -84,24 +92,29 @@ def load_model_config(model_path: str, spec: str, key: str, *, head: str = "caus
         try:
             raw = json.loads(config_file.read_text())
         except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-            raise UserError(f"{key}={spec}: {config_file} is not valid JSON ({exc}); restore it from "
-                            "the model's source") from None
+            raise UserError(
+                f"{key}={spec}: {config_file} is not valid JSON ({exc}); restore it from the model's source"
+            ) from None
         model_type = raw.get("model_type") if isinstance(raw, dict) else None
         if not model_type:
             raise UserError(f"{key}={spec}: {config_file} has no 'model_type'; restore it from the model's source")
         if model_type not in CONFIG_MAPPING:
-            raise UserError(f"{key}={spec}: config.json has model_type {model_type!r}, which transformers "
-                            f"{transformers.__version__} does not know (a typo, or a model that needs a newer "
-                            "transformers; models with custom code are not supported)")
+            raise UserError(
+                f"{key}={spec}: config.json has model_type {model_type!r}, which transformers "
+                f"{transformers.__version__} does not know (a typo, or a model that needs a newer "
+                "transformers; models with custom code are not supported)"
+            )
     try:
         config = AutoConfig.from_pretrained(model_path)
     except Exception as exc:  # noqa: BLE001 - transformers raises many types for an unusable config
         raise UserError(f"{key}={spec}: its config.json does not load ({_first_line(exc)})") from None
     auto = AutoModelForSequenceClassification if head == "sequence_classification" else AutoModelForCausalLM
     if type(config) not in auto._model_mapping:
-        kind = auto.__name__.removeprefix('AutoModelFor')
-        raise UserError(f"{key}={spec}: model_type {config.model_type!r} has no {kind} "
-                        f"model in transformers, so {auto.__name__} cannot load it")
+        kind = auto.__name__.removeprefix("AutoModelFor")
+        raise UserError(
+            f"{key}={spec}: model_type {config.model_type!r} has no {kind} "
+            f"model in transformers, so {auto.__name__} cannot load it"
+        )
     return config
 
 
@@ -122,14 +135,18 @@ def check_weights(model_path: str, spec: str, key: str) -> str:
     else:
         files = [name for name in ("model.safetensors", "pytorch_model.bin") if (folder / name).is_file()][:1]
     if not files:
-        raise UserError(f"{key}={spec}: no weights in {folder} (expected model.safetensors, sharded "
-                        f"*.safetensors with {SAFETENSORS_INDEX}, or pytorch_model.bin next to config.json); "
-                        "copy or download them there")
+        raise UserError(
+            f"{key}={spec}: no weights in {folder} (expected model.safetensors, sharded "
+            f"*.safetensors with {SAFETENSORS_INDEX}, or pytorch_model.bin next to config.json); "
+            "copy or download them there"
+        )
     for name in files:
         file = folder / name
         if not file.is_file():
-            raise UserError(f"{key}={spec}: the weights index lists {name}, which is missing from {folder} "
-                            "(an incomplete download or copy); download the model again")
+            raise UserError(
+                f"{key}={spec}: the weights index lists {name}, which is missing from {folder} "
+                "(an incomplete download or copy); download the model again"
+            )
         problem = safetensors_problem(file) if name.endswith(".safetensors") else _torch_file_problem(file)
         if problem:
             raise UserError(f"{key}={spec}: {name} {problem}; download or copy the model again")
@@ -141,8 +158,10 @@ def _index_files(index: Path, spec: str, key: str) -> list[str]:
         weight_map = json.loads(index.read_text())["weight_map"]
         return sorted(set(weight_map.values()))
     except (UnicodeDecodeError, json.JSONDecodeError, KeyError, TypeError, AttributeError) as exc:
-        raise UserError(f"{key}={spec}: {index.name} is not a weights index (a JSON object with a "
-                        f"'weight_map'): {type(exc).__name__}: {exc}; download the model again") from None
+        raise UserError(
+            f"{key}={spec}: {index.name} is not a weights index (a JSON object with a "
+            f"'weight_map'): {type(exc).__name__}: {exc}; download the model again"
+        ) from None
 
 
 def safetensors_problem(path: Path) -> str | None:
@@ -158,8 +177,7 @@ def safetensors_problem(path: Path) -> str | None:
             return f"is truncated ({size} bytes, but its header alone claims {header_len})"
         try:
             header = json.loads(handle.read(header_len))
-            end = max((entry["data_offsets"][1] for name, entry in header.items() if name != "__metadata__"),
-                      default=0)
+            end = max((entry["data_offsets"][1] for name, entry in header.items() if name != "__metadata__"), default=0)
         except (UnicodeDecodeError, json.JSONDecodeError, KeyError, TypeError, IndexError, AttributeError):
             return "has an unreadable header (not a safetensors file, or damaged)"
     expected = 8 + header_len + end
@@ -176,16 +194,20 @@ def _torch_file_problem(path: Path) -> str | None:
 def load_tokenizer(model_path: str, spec: str, key: str = "model.path") -> Any:
     from transformers import AutoTokenizer
 
-    fix = ("the model directory needs the tokenizer files (tokenizer.json or tokenizer.model, "
-           "tokenizer_config.json) saved next to the weights")
+    fix = (
+        "the model directory needs the tokenizer files (tokenizer.json or tokenizer.model, "
+        "tokenizer_config.json) saved next to the weights"
+    )
     try:
         tokenizer = AutoTokenizer.from_pretrained(model_path)
     except Exception as exc:  # noqa: BLE001 - transformers raises many types for an unusable tokenizer
         raise UserError(f"{key}={spec}: cannot load its tokenizer ({_first_line(exc)}); {fix}") from None
     # Without its files, transformers 5 builds an empty tokenizer that encodes any text as nothing.
     if not tokenizer("0 a", add_special_tokens=False)["input_ids"]:
-        raise UserError(f"{key}={spec}: cannot load its tokenizer (it loads with {len(tokenizer)} token(s) and "
-                        f"encodes text as nothing); {fix}")
+        raise UserError(
+            f"{key}={spec}: cannot load its tokenizer (it loads with {len(tokenizer)} token(s) and "
+            f"encodes text as nothing); {fix}"
+        )
     return tokenizer
 
 
@@ -205,9 +227,11 @@ def check_context(config: Any, spec: str, max_prompt_length: int, max_response_l
     limit = context_length(config)
     total = max_prompt_length + max_response_length
     if limit is not None and total > limit:
-        raise UserError(f"data.max_prompt_length={max_prompt_length} + data.max_response_length="
-                        f"{max_response_length} = {total} tokens, but model.path={spec} handles at most {limit} "
-                        f"(its config.json); lower the two so that they add up to at most {limit}")
+        raise UserError(
+            f"data.max_prompt_length={max_prompt_length} + data.max_response_length="
+            f"{max_response_length} = {total} tokens, but model.path={spec} handles at most {limit} "
+            f"(its config.json); lower the two so that they add up to at most {limit}"
+        )
     return f"context: {total} of {limit if limit is not None else 'unknown'} tokens"
 
 

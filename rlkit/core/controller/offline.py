@@ -47,8 +47,9 @@ class OfflineController:
         self.rows, self.val_rows = inputs.rows, inputs.val_rows
         self.kind = row_kind(config)
         self.pad_id = self.tokenizer.pad_token_id or 0
-        self.sampler = PromptSampler(len(self.rows), config.data.train_batch_size, seed=config.trainer.seed,
-                                     shuffle=config.data.shuffle)
+        self.sampler = PromptSampler(
+            len(self.rows), config.data.train_batch_size, seed=config.trainer.seed, shuffle=config.data.shuffle
+        )
         backend: Backend | None = None
         try:
             self.backend = backend = start_backend(config)
@@ -76,11 +77,15 @@ class OfflineController:
             with timed(timing, "update"):
                 metrics = self.update(batch)
         tokens = float(batch["attention_mask"].sum())
-        return {**metrics, "data/epoch": float(self.sampler.epoch),
-                "perf/loss_tokens": float(batch["response_mask"].sum()), "perf/tokens": tokens,
-                "perf/tokens_per_s": tokens / timing["step"],
-                "perf/tokens_per_s_per_device": tokens / timing["step"] / self.config.world_size,
-                **{f"timing/{k}": v for k, v in timing.items()}}
+        return {
+            **metrics,
+            "data/epoch": float(self.sampler.epoch),
+            "perf/loss_tokens": float(batch["response_mask"].sum()),
+            "perf/tokens": tokens,
+            "perf/tokens_per_s": tokens / timing["step"],
+            "perf/tokens_per_s_per_device": tokens / timing["step"] / self.config.world_size,
+            **{f"timing/{k}": v for k, v in timing.items()},
+        }
 
     def reference_log_probs(self, batch: Batch) -> torch.Tensor:
         """Per-token log-probs of the batch's responses under the reference (each rank its equal share)."""
@@ -100,8 +105,9 @@ class OfflineController:
         (`step` is the run loop's: the metrics of a fixed set do not depend on it.)"""
         world = self.config.world_size
         # Every rank gets as many rows, and dpo's whole pairs: padded to a multiple of world x rows per pair.
-        batch = pad_to_ranks(Batch(dict(self.kind.batch(self.val_rows, self.pad_id).tensors)),
-                             world * self.config.samples_per_prompt)
+        batch = pad_to_ranks(
+            Batch(dict(self.kind.batch(self.val_rows, self.pad_id).tensors)), world * self.config.samples_per_prompt
+        )
         mask = batch["response_mask"]
         norm = {"num_tokens": float(mask.sum()), "num_seqs": float((mask.sum(-1) > 0).sum())}
         timing: dict[str, float] = {}
@@ -115,10 +121,13 @@ class OfflineController:
     # -- checkpoints (layout and atomic writes: rlkit.core.state.checkpoint) -------------------
     def save_checkpoint(self, reason: str) -> Path:
         """Checkpoint the last completed step atomically; `reason` (periodic, final, ...) is recorded."""
-        state = {"sampler": self.sampler.state_dict(), "dataset_rows": len(self.rows),
-                 "world_size": self.config.world_size, "total_steps": self.config.trainer.total_steps}
-        return save_run_checkpoint(self.config, self.run, self.completed_steps, reason, {"policy": self.workers},
-                                   state)
+        state = {
+            "sampler": self.sampler.state_dict(),
+            "dataset_rows": len(self.rows),
+            "world_size": self.config.world_size,
+            "total_steps": self.config.trainer.total_steps,
+        }
+        return save_run_checkpoint(self.config, self.run, self.completed_steps, reason, {"policy": self.workers}, state)
 
     def load_checkpoint(self, ckpt: checkpoint.Checkpoint) -> None:
         """Restore every worker's shards, optimizer, schedule and RNG, then the data position and step."""

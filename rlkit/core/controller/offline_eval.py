@@ -77,11 +77,19 @@ def resolve_target(target: str, *, step: int | None, overrides: list[str], runs_
             return EvalTarget(f"{run.run_id} (base model)", config, resolve_model_path(config.model.path), 0, run=run)
         ckpt = checkpoint.checkpoint_at(run.path, step)
         config = load_config(str(ckpt.path / checkpoint.CONFIG_FILE), overrides, require_inputs=False)
-        return EvalTarget(f"{run.run_id} step {ckpt.step}", config, resolve_model_path(config.model.path),
-                          ckpt.step, checkpoint=ckpt, run=run)
+        return EvalTarget(
+            f"{run.run_id} step {ckpt.step}",
+            config,
+            resolve_model_path(config.model.path),
+            ckpt.step,
+            checkpoint=ckpt,
+            run=run,
+        )
     if not (path / "config.json").is_file():
-        raise UserError(f"{target!r} is neither a run (none under --runs-dir {runs_dir}) nor a model directory "
-                        "(no config.json); pass a run id, a run directory or an `rlkit export` directory")
+        raise UserError(
+            f"{target!r} is neither a run (none under --runs-dir {runs_dir}) nor a model directory "
+            "(no config.json); pass a run id, a run directory or an `rlkit export` directory"
+        )
     exported = path / EXPORT_CONFIG
     recipe = str(exported) if exported.is_file() else DEFAULT_RECIPE
     config = load_config(recipe, [*overrides, f"model.path={path}"], require_inputs=False)
@@ -90,8 +98,7 @@ def resolve_target(target: str, *, step: int | None, overrides: list[str], runs_
     return EvalTarget(str(path), config, str(path), seed_step)
 
 
-def evaluate_offline(target: EvalTarget, *, data: list[str] | None = None,
-                     out: Path | None = None) -> EvalReport:
+def evaluate_offline(target: EvalTarget, *, data: list[str] | None = None, out: Path | None = None) -> EvalReport:
     """Validate `target` on `data` (default: the run's validation prompts); write every response to `out`
     (default for a run: RUN/validation/eval_step_<N>.jsonl)."""
     from transformers import AutoTokenizer
@@ -108,12 +115,26 @@ def evaluate_offline(target: EvalTarget, *, data: list[str] | None = None,
     settings = ValSettings.from_config(config)
     engine = start_engine(target)
     with RewardScorer(config.reward) as scorer:
-        evaluator = Evaluator(rows, tokenizer, settings, engine_episodes(engine, config, tokenizer),
-                              scorer_score(scorer), config.reward, config.rollout.agent)
+        evaluator = Evaluator(
+            rows,
+            tokenizer,
+            settings,
+            engine_episodes(engine, config, tokenizer),
+            scorer_score(scorer),
+            config.reward,
+            config.rollout.agent,
+        )
         metrics = evaluator.run(target.step, out)
-    return EvalReport(target.label, target.model_path, target.step, files, len(rows), metrics,
-                      str(out) if out else None,
-                      {"val_n": settings.n, "temperature": settings.temperature, "max_tokens": settings.max_tokens})
+    return EvalReport(
+        target.label,
+        target.model_path,
+        target.step,
+        files,
+        len(rows),
+        metrics,
+        str(out) if out else None,
+        {"val_n": settings.n, "temperature": settings.temperature, "max_tokens": settings.max_tokens},
+    )
 
 
 def start_engine(target: EvalTarget) -> RolloutEngine:
@@ -128,8 +149,14 @@ def start_engine(target: EvalTarget) -> RolloutEngine:
         os.environ.setdefault(key, value)
     use_cuda = cfg.trainer.device == "cuda" or (cfg.trainer.device == "auto" and torch.cuda.is_available())
     device = torch.device("cuda", 0) if use_cuda else torch.device("cpu")
-    engine = make_engine(cfg, target.model_path, device=device, dtype=fsdp.compute_dtype(cfg.model.dtype, device),
-                         seed=cfg.trainer.seed, sleep_mode=False)
+    engine = make_engine(
+        cfg,
+        target.model_path,
+        device=device,
+        dtype=fsdp.compute_dtype(cfg.model.dtype, device),
+        seed=cfg.trainer.seed,
+        sleep_mode=False,
+    )
     if target.checkpoint is not None:
         engine.load_weights(_policy_tensors(target.checkpoint, target.model_path, device))
     return engine

@@ -63,10 +63,13 @@ def plot_run(run_path: Path, out: Path) -> Path:
     timings = sorted({k for r in trained for k in r if k.startswith("timing/") and k != "timing/step"})
     ax = axes.flat[len(panels)]
     if timings:  # stacked: the phases add up to (almost all of) the step
-        ax.stackplot([r["step"] for r in trained], *[[_number(r.get(k)) for r in trained] for k in timings],
-                     labels=[k.removeprefix("timing/") for k in timings])
+        ax.stackplot(
+            [r["step"] for r in trained],
+            *[[_number(r.get(k)) for r in trained] for k in timings],
+            labels=[k.removeprefix("timing/") for k in timings],
+        )
     _finish(ax, "phase timings (s, stacked)", len(timings))
-    for ax in axes.flat[len(panels) + 1:]:
+    for ax in axes.flat[len(panels) + 1 :]:
         ax.set_visible(False)
     out.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(out, dpi=100)

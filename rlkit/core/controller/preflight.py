@@ -65,12 +65,17 @@ class Preflight:
         if cfg.reward_model.path and not cfg.offline:
             self.model(cfg.reward_model.path, "reward_model.path")
         if "wandb" in cfg.trainer.logger and importlib.util.find_spec("wandb") is None:
-            raise UserError("trainer.logger lists wandb, but wandb is not installed; "
-                            "`pip install wandb` or drop it from trainer.logger")
+            raise UserError(
+                "trainer.logger lists wandb, but wandb is not installed; "
+                "`pip install wandb` or drop it from trainer.logger"
+            )
         self.devices()
         if self.dry_run:
-            self.skipped.append("loading the weights onto the devices" + ("" if cfg.offline else
-                                " and starting the rollout engine") + " (the workers do that when the run starts)")
+            self.skipped.append(
+                "loading the weights onto the devices"
+                + ("" if cfg.offline else " and starting the rollout engine")
+                + " (the workers do that when the run starts)"
+            )
         return inputs
 
     def model(self, spec: str, key: str) -> tuple[str, Any]:
@@ -83,12 +88,15 @@ class Preflight:
         found = [f"config ({model_config.model_type})", model_checks.check_weights(path, spec, key)]
         if key == "reward_model.path":
             if getattr(model_config, "num_labels", 1) != 1:
-                raise UserError(f"reward_model.path={spec!r} has num_labels={model_config.num_labels}; a reward "
-                                "model gives one score per sequence (num_labels=1)")
+                raise UserError(
+                    f"reward_model.path={spec!r} has num_labels={model_config.num_labels}; a reward "
+                    "model gives one score per sequence (num_labels=1)"
+                )
             self.checked.append(f"{key}={spec}: " + ", ".join(found))
             return path, None
-        found.append(model_checks.check_context(model_config, spec, cfg.data.max_prompt_length,
-                                                cfg.data.max_response_length))
+        found.append(
+            model_checks.check_context(model_config, spec, cfg.data.max_prompt_length, cfg.data.max_response_length)
+        )
         tokenizer = model_checks.load_tokenizer(path, spec, key)
         self.checked.append(f"{key}={spec}: " + ", ".join(found + ["tokenizer"]))
         return path, tokenizer
@@ -108,12 +116,19 @@ class Preflight:
         else:
             generated = synthetic_rows(self.config)
             sources = [(f"data.synthetic_task={data.synthetic_task}", generated)]
-        rows = tokenize_rows(sources, tokenizer, max_prompt_length=data.max_prompt_length,
-                             overlong=data.overlong_prompts, tools=prompt_tools(self.config.rollout.agent))
+        rows = tokenize_rows(
+            sources,
+            tokenizer,
+            max_prompt_length=data.max_prompt_length,
+            overlong=data.overlong_prompts,
+            tools=prompt_tools(self.config.rollout.agent),
+        )
         PromptSampler.check_size(len(rows), data.train_batch_size)
         where = ", ".join(name for name, _ in sources)
-        self.checked.append(f"data: {len(rows)} training prompts of {where}, each within "
-                            f"data.max_prompt_length={data.max_prompt_length}")
+        self.checked.append(
+            f"data: {len(rows)} training prompts of {where}, each within "
+            f"data.max_prompt_length={data.max_prompt_length}"
+        )
         if not self.config.reward_model.path:
             self.checked.append(check_reward_functions(self.config.reward, [r.data_source for r in rows], where))
             if self.dry_run:  # a real run scores rows at step 1 anyway; a dry run has no other chance
@@ -134,9 +149,11 @@ class Preflight:
         rows = kind.load(self.config, data.train_files, "data.train_files", tokenizer)
         PromptSampler.check_size(len(rows), data.train_batch_size)
         val_rows = kind.load(self.config, data.val_files, "data.val_files", tokenizer) if data.val_files else []
-        self.checked.append(f"data: {len(rows)} training and {len(val_rows)} validation {kind.what} of "
-                            f"{', '.join(data.train_files + data.val_files)}, each within data.max_prompt_length + "
-                            f"data.max_response_length = {data.max_prompt_length + data.max_response_length} tokens")
+        self.checked.append(
+            f"data: {len(rows)} training and {len(val_rows)} validation {kind.what} of "
+            f"{', '.join(data.train_files + data.val_files)}, each within data.max_prompt_length + "
+            f"data.max_response_length = {data.max_prompt_length + data.max_response_length} tokens"
+        )
         return RunInputs(model_path, tokenizer, rows, val_rows=val_rows)
 
     def devices(self) -> None:
@@ -148,8 +165,10 @@ class Preflight:
             import torch
 
             if not torch.cuda.device_count():
-                self.skipped.append(f"devices: no GPU is visible here, so trainer.n_gpus_per_node="
-                                    f"{trainer.n_gpus_per_node} is checked when the run starts, on its machine")
+                self.skipped.append(
+                    f"devices: no GPU is visible here, so trainer.n_gpus_per_node="
+                    f"{trainer.n_gpus_per_node} is checked when the run starts, on its machine"
+                )
                 return
         check_devices(self.config)
         self.checked.append(f"devices: {trainer.n_gpus_per_node * trainer.nnodes} worker(s) fit this machine")
@@ -179,9 +198,11 @@ def check_data_file(path: str, key: str, tokenizer: Any, model_spec: str) -> Non
         raise UserError(f"data file {path} ({key}) has no rows")
     first = file.read_row_group(0, columns=["prompt"]).slice(0, 1).to_pylist()[0]["prompt"]
     if isinstance(first, list) and not tokenizer.chat_template:  # other types: tokenize_rows names them
-        raise UserError(f"data file {path} ({key}) holds chat prompts (lists of messages), but the tokenizer of "
-                        f"model.path={model_spec} has no chat template; use a chat/instruct model or a data file "
-                        "whose 'prompt' column holds plain strings")
+        raise UserError(
+            f"data file {path} ({key}) holds chat prompts (lists of messages), but the tokenizer of "
+            f"model.path={model_spec} has no chat template; use a chat/instruct model or a data file "
+            "whose 'prompt' column holds plain strings"
+        )
 
 
 def check_devices(config: RLConfig) -> None:
@@ -199,16 +220,23 @@ def check_devices(config: RLConfig) -> None:
     devices = trainer.n_gpus_per_node * trainer.nnodes
     gpus = torch.cuda.device_count()
     wanted = f"trainer.n_gpus_per_node={trainer.n_gpus_per_node}" + (
-        f" x trainer.nnodes={trainer.nnodes}" if trainer.nnodes > 1 else "")
+        f" x trainer.nnodes={trainer.nnodes}" if trainer.nnodes > 1 else ""
+    )
     if trainer.device == "cuda" and gpus == 0:
-        raise UserError("trainer.device=cuda, but no CUDA device is visible (CUDA_VISIBLE_DEVICES="
-                        f"{os.environ.get('CUDA_VISIBLE_DEVICES', 'unset')}); use trainer.device=auto or cpu")
+        raise UserError(
+            "trainer.device=cuda, but no CUDA device is visible (CUDA_VISIBLE_DEVICES="
+            f"{os.environ.get('CUDA_VISIBLE_DEVICES', 'unset')}); use trainer.device=auto or cpu"
+        )
     if gpus and trainer.device != "cpu":
         if devices > gpus:
-            raise UserError(f"{wanted} asks for {devices} GPUs, but this machine has {gpus} visible GPU(s); "
-                            f"lower trainer.n_gpus_per_node to {gpus}, or set RAY_ADDRESS to a cluster with more")
+            raise UserError(
+                f"{wanted} asks for {devices} GPUs, but this machine has {gpus} visible GPU(s); "
+                f"lower trainer.n_gpus_per_node to {gpus}, or set RAY_ADDRESS to a cluster with more"
+            )
         return
     cores = len(os.sched_getaffinity(0))
     if devices > cores:
-        raise UserError(f"{wanted} asks for {devices} CPU worker processes (no GPU in use), but this machine has "
-                        f"{cores} CPU core(s); lower trainer.n_gpus_per_node to at most {cores}")
+        raise UserError(
+            f"{wanted} asks for {devices} CPU worker processes (no GPU in use), but this machine has "
+            f"{cores} CPU core(s); lower trainer.n_gpus_per_node to at most {cores}"
+        )

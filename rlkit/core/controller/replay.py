@@ -27,13 +27,30 @@ from rlkit.recipes.schema import RLConfig
 
 logger = logging.getLogger("rlkit")
 # The update's metrics a replay compares, first those the docs name: loss, grad norm, KL, clip fraction.
-COMPARED = ("actor/pg_loss", "actor/grad_norm", "actor/kl_loss", "actor/kl_ref", "actor/pg_clipfrac",
-            "actor/pg_clipfrac_lower", "actor/ppo_kl", "actor/entropy", "actor/rollout_is_weight",
-            "rollout/log_prob_diff", "actor/lr")
+COMPARED = (
+    "actor/pg_loss",
+    "actor/grad_norm",
+    "actor/kl_loss",
+    "actor/kl_ref",
+    "actor/pg_clipfrac",
+    "actor/pg_clipfrac_lower",
+    "actor/ppo_kl",
+    "actor/entropy",
+    "actor/rollout_is_weight",
+    "rollout/log_prob_diff",
+    "actor/lr",
+)
 # Overrides a replay can apply: they act on the update itself. The batch (generation, rewards,
 # advantages) is what was recorded, so keys upstream of the update would change nothing.
-REPLAYABLE_PREFIXES = ("actor.", "model.dtype", "model.gradient_checkpointing", "model.compile",
-                       "trainer.phase_timeout_s", "trainer.setup_timeout_s", "trainer.cpu_threads_per_worker")
+REPLAYABLE_PREFIXES = (
+    "actor.",
+    "model.dtype",
+    "model.gradient_checkpointing",
+    "model.compile",
+    "trainer.phase_timeout_s",
+    "trainer.setup_timeout_s",
+    "trainer.cpu_threads_per_worker",
+)
 
 
 @dataclass
@@ -55,27 +72,34 @@ class Replay:
         return out
 
 
-def replay_config(run: RunDir, step: int, overrides: list[str]) -> tuple[RLConfig, checkpoint.Checkpoint | None,
-                                                                           dict[str, tuple[object, object]]]:
+def replay_config(
+    run: RunDir, step: int, overrides: list[str]
+) -> tuple[RLConfig, checkpoint.Checkpoint | None, dict[str, tuple[object, object]]]:
     """The config step `step` trained with, plus `overrides`; the checkpoint to start from (None for step 1)."""
     ckpt = None
     if step > 1:
         try:
             ckpt = checkpoint.checkpoint_at(run.path, step - 1)
         except UserError as exc:
-            raise UserError(f"replaying step {step} needs the checkpoint of step {step - 1}: {exc}. Record with "
-                            "trainer.save_freq=1 and a trainer.keep_last that keeps the steps to replay "
-                            "(docs/replay.md)") from None
+            raise UserError(
+                f"replaying step {step} needs the checkpoint of step {step - 1}: {exc}. Record with "
+                "trainer.save_freq=1 and a trainer.keep_last that keeps the steps to replay "
+                "(docs/replay.md)"
+            ) from None
     source = str((ckpt.path if ckpt else run.path) / checkpoint.CONFIG_FILE)
     saved, config = load_config(source), load_config(source, overrides)
     changed = config_diff(saved, config)
     refused = [k for k in changed if not k.startswith(REPLAYABLE_PREFIXES)]
     if refused:
-        raise UserError(f"a replay re-runs only the update on the recorded batch, so {', '.join(refused)} would "
-                        f"change nothing or break it; replay overrides start with: {', '.join(REPLAYABLE_PREFIXES)}")
+        raise UserError(
+            f"a replay re-runs only the update on the recorded batch, so {', '.join(refused)} would "
+            f"change nothing or break it; replay overrides start with: {', '.join(REPLAYABLE_PREFIXES)}"
+        )
     if not phase_plan(config).runs("update_actor", step):
-        raise UserError(f"step {step} trained only the critic (critic.warmup_steps={config.critic.warmup_steps}); "
-                        "there is no actor update to replay")
+        raise UserError(
+            f"step {step} trained only the critic (critic.warmup_steps={config.critic.warmup_steps}); "
+            "there is no actor update to replay"
+        )
     return config, ckpt, changed
 
 
@@ -91,8 +115,10 @@ def replay_step(run_id: str, step: int, overrides: list[str], runs_dir: str | Pa
     needed += ["rollout_log_probs"] if config.needs_rollout_log_probs else []
     missing = [k for k in needed if k not in record.batch]
     if missing:
-        raise UserError(f"the recorded batch of step {step} has no {', '.join(missing)}, which these settings need "
-                        "(the run did not compute them); replay without the overrides that ask for them")
+        raise UserError(
+            f"the recorded batch of step {step} has no {', '.join(missing)}, which these settings need "
+            "(the run did not compute them); replay without the overrides that ask for them"
+        )
     backend = start_backend(config)
     try:
         group = backend.group(PolicyWorker, resolve_model_path(config.model.path), name="worker")
@@ -106,5 +132,6 @@ def replay_step(run_id: str, step: int, overrides: list[str], runs_dir: str | Pa
     finally:
         backend.shutdown()  # with it the workers
     start = f"checkpoint {ckpt.path.name}" if ckpt else "the base model (step 1)"
-    return Replay(step, {k: v for k, v in record.metrics.items() if k in replayed or k in COMPARED},
-                  replayed, changed, start)
+    return Replay(
+        step, {k: v for k, v in record.metrics.items() if k in replayed or k in COMPARED}, replayed, changed, start
+    )

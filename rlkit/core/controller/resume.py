@@ -64,20 +64,28 @@ def resume_config(run: RunDir, ckpt: checkpoint.Checkpoint, overrides: list[str]
     changed = config_diff(saved, config)
     refused = [f"{key}: {old!r} -> {new!r}" for key, (old, new) in changed.items() if key not in RESUME_SAFE_KEYS]
     if refused:
-        raise UserError("a resume continues the same training, so these overrides are refused: "
-                        + "; ".join(refused) + ". Keys a resume may change: " + ", ".join(RESUME_SAFE_KEYS)
-                        + ". To train with other settings, start a new run, e.g. from an export "
-                        f"(`{resume_command(run.path, run.run_id, 'export')} --out DIR`, then "
-                        "`rlkit train ... --model DIR`)")
+        raise UserError(
+            "a resume continues the same training, so these overrides are refused: "
+            + "; ".join(refused)
+            + ". Keys a resume may change: "
+            + ", ".join(RESUME_SAFE_KEYS)
+            + ". To train with other settings, start a new run, e.g. from an export "
+            f"(`{resume_command(run.path, run.run_id, 'export')} --out DIR`, then "
+            "`rlkit train ... --model DIR`)"
+        )
     total = config.trainer.total_steps
     if "trainer.total_steps" in changed and config.actor.lr_schedule != "constant":
-        raise UserError(f"trainer.total_steps cannot change on resume with actor.lr_schedule="
-                        f"{config.actor.lr_schedule}: the schedule decays over the original "
-                        f"{saved.trainer.total_steps} steps, so the remaining learning rates would change")
+        raise UserError(
+            f"trainer.total_steps cannot change on resume with actor.lr_schedule="
+            f"{config.actor.lr_schedule}: the schedule decays over the original "
+            f"{saved.trainer.total_steps} steps, so the remaining learning rates would change"
+        )
     if total <= ckpt.step:
-        raise UserError(f"run {run.run_id} already trained {ckpt.step} of trainer.total_steps={total} steps "
-                        f"(checkpoint {ckpt.path.name}); pass trainer.total_steps=N with N > {ckpt.step} to train on: "
-                        f"`{resume_command(run.path, run.run_id)} trainer.total_steps={2 * ckpt.step}`")
+        raise UserError(
+            f"run {run.run_id} already trained {ckpt.step} of trainer.total_steps={total} steps "
+            f"(checkpoint {ckpt.path.name}); pass trainer.total_steps=N with N > {ckpt.step} to train on: "
+            f"`{resume_command(run.path, run.run_id)} trainer.total_steps={2 * ckpt.step}`"
+        )
     return config
 
 
@@ -89,19 +97,28 @@ def resume_run(run_id: str, overrides: list[str], runs_dir: str | Path = "runs")
     run = RunDir.open(run_id, runs_dir)
     status = run.read_status()
     if status.get("status") == "running":
-        raise UserError(f"run {run.run_id} is still running (pid {status.get('pid')} on {status.get('host')}); "
-                        "stop it first or wait for it to finish; if that process is gone (its machine went "
-                        f"down), delete {run.path / 'status.json'} and run `{resume_command(run.path, run.run_id)}` "
-                        "again")
+        raise UserError(
+            f"run {run.run_id} is still running (pid {status.get('pid')} on {status.get('host')}); "
+            "stop it first or wait for it to finish; if that process is gone (its machine went "
+            f"down), delete {run.path / 'status.json'} and run `{resume_command(run.path, run.run_id)}` "
+            "again"
+        )
     with run_log(run.path / CONSOLE_LOG):
         try:
             ckpt = checkpoint.verify(checkpoint.latest_checkpoint(run.path))
         except checkpoint.NoCheckpointError as exc:
-            raise UserError(f"{exc}: it stopped before its first one, so there is nothing to resume. Start it "
-                            f"again under the same id with: {restart_command(run.path, run.run_id)}") from None
+            raise UserError(
+                f"{exc}: it stopped before its first one, so there is nothing to resume. Start it "
+                f"again under the same id with: {restart_command(run.path, run.run_id)}"
+            ) from None
         config = resume_config(run, ckpt, overrides)
-        logger.info("resuming %s from checkpoint %s (step %d)%s", run.run_id, ckpt.path.name, ckpt.step,
-                       f" with {' '.join(overrides)}" if overrides else "")
+        logger.info(
+            "resuming %s from checkpoint %s (step %d)%s",
+            run.run_id,
+            ckpt.path.name,
+            ckpt.step,
+            f" with {' '.join(overrides)}" if overrides else "",
+        )
         inputs = check_inputs(config)  # the model and data may have moved since
         provenance.warn_if_changed(ckpt.path, config, run.path)
         (run.path / "config.yaml").write_text(config_to_yaml(config))

@@ -29,22 +29,38 @@ step_logger = logging.getLogger("rlkit.metrics")
 
 # The columns a person watches; everything else goes to the files.
 CONSOLE_KEYS = [
-    ("reward/mean", "reward"), ("val/reward/mean@1", "val"), ("response/length_mean", "resp len"),
+    ("reward/mean", "reward"),
+    ("val/reward/mean@1", "val"),
+    ("response/length_mean", "resp len"),
     ("actor/pg_loss", "pg loss"),
-    ("actor/entropy", "entropy"), ("actor/grad_norm", "grad norm"), ("rollout/log_prob_diff", "|Δlogp|"),
-    ("perf/tokens_per_s", "tok/s"), ("timing/step", "step s"),
+    ("actor/entropy", "entropy"),
+    ("actor/grad_norm", "grad norm"),
+    ("rollout/log_prob_diff", "|Δlogp|"),
+    ("perf/tokens_per_s", "tok/s"),
+    ("timing/step", "step s"),
 ]
 # The same for offline objectives (sft): the loss instead of rewards.
 OFFLINE_CONSOLE_KEYS = [
-    ("actor/loss", "loss"), ("val/loss", "val loss"), ("actor/token_accuracy", "tok acc"),
-    ("actor/grad_norm", "grad norm"), ("actor/lr", "lr"), ("perf/loss_tokens", "tokens"),
-    ("perf/tokens_per_s", "tok/s"), ("timing/step", "step s"),
+    ("actor/loss", "loss"),
+    ("val/loss", "val loss"),
+    ("actor/token_accuracy", "tok acc"),
+    ("actor/grad_norm", "grad norm"),
+    ("actor/lr", "lr"),
+    ("perf/loss_tokens", "tokens"),
+    ("perf/tokens_per_s", "tok/s"),
+    ("timing/step", "step s"),
 ]
 # objective dpo: the preference metrics (TRL's names) next to the loss.
 DPO_CONSOLE_KEYS = [
-    ("actor/loss", "loss"), ("val/loss", "val loss"), ("rewards/accuracies", "acc"),
-    ("val/rewards/accuracies", "val acc"), ("rewards/margins", "margin"), ("rewards/chosen", "chosen"),
-    ("rewards/rejected", "rejected"), ("actor/grad_norm", "grad norm"), ("perf/tokens_per_s", "tok/s"),
+    ("actor/loss", "loss"),
+    ("val/loss", "val loss"),
+    ("rewards/accuracies", "acc"),
+    ("val/rewards/accuracies", "val acc"),
+    ("rewards/margins", "margin"),
+    ("rewards/chosen", "chosen"),
+    ("rewards/rejected", "rejected"),
+    ("actor/grad_norm", "grad norm"),
+    ("perf/tokens_per_s", "tok/s"),
     ("timing/step", "step s"),
 ]
 # config.objective -> columns
@@ -52,9 +68,20 @@ CONSOLE_KEYS_BY_OBJECTIVE = {"rl": CONSOLE_KEYS, "sft": OFFLINE_CONSOLE_KEYS, "d
 
 
 class Tracker:
-    def __init__(self, run_dir: Path, loggers: list[str], *, total_steps: int, start_step: int,
-                 project: str, name: str, config: dict[str, Any], console: Console | None = None,
-                 run_id: str | None = None, columns: list[tuple[str, str]] = CONSOLE_KEYS) -> None:
+    def __init__(
+        self,
+        run_dir: Path,
+        loggers: list[str],
+        *,
+        total_steps: int,
+        start_step: int,
+        project: str,
+        name: str,
+        config: dict[str, Any],
+        console: Console | None = None,
+        run_id: str | None = None,
+        columns: list[tuple[str, str]] = CONSOLE_KEYS,
+    ) -> None:
         """`start_step` > 0 continues a resumed run: sinks drop what was logged after that step.
         `columns`: (metric, title) of the live table and of console.log's step lines."""
         self.loggers, self.columns = loggers, columns
@@ -67,24 +94,33 @@ class Tracker:
             from torch.utils.tensorboard import SummaryWriter
 
             # purge_step hides events a killed run logged after its checkpoint.
-            self.tb = SummaryWriter(log_dir=str(run_dir / "tensorboard"),
-                                    purge_step=start_step + 1 if start_step else None)
+            self.tb = SummaryWriter(
+                log_dir=str(run_dir / "tensorboard"), purge_step=start_step + 1 if start_step else None
+            )
         self.wandb = None
         if "wandb" in loggers:
             try:
                 import wandb  # optional dependency: only when asked for
             except ImportError:
-                raise UserError("trainer.logger lists wandb, but wandb is not installed; "
-                                "`pip install wandb` or drop it from trainer.logger") from None
-            self.wandb = wandb.init(project=project, name=name, config=config, dir=str(run_dir), id=run_id,
-                                    resume="allow")
+                raise UserError(
+                    "trainer.logger lists wandb, but wandb is not installed; "
+                    "`pip install wandb` or drop it from trainer.logger"
+                ) from None
+            self.wandb = wandb.init(
+                project=project, name=name, config=config, dir=str(run_dir), id=run_id, resume="allow"
+            )
         self.console = console or make_console()
         self.rows: list[dict[str, Any]] = []
         self.live = None
         if "console" in loggers:
-            self.progress = Progress(TextColumn("[bold]step {task.completed}/{task.total}"), BarColumn(),
-                                     TimeElapsedColumn(), TextColumn("eta"), TimeRemainingColumn(),
-                                     console=self.console)
+            self.progress = Progress(
+                TextColumn("[bold]step {task.completed}/{task.total}"),
+                BarColumn(),
+                TimeElapsedColumn(),
+                TextColumn("eta"),
+                TimeRemainingColumn(),
+                console=self.console,
+            )
             self.task = self.progress.add_task("train", total=total_steps, completed=start_step)
             self.live = Live(self._render(), console=self.console, refresh_per_second=2, transient=False)
             self.live.start()
@@ -101,8 +137,9 @@ class Tracker:
 
     def log(self, metrics: dict[str, Any], step: int) -> None:
         record = {"step": step, **{k: _plain(v) for k, v in sorted(metrics.items())}}
-        step_logger.info("step %d  %s", step,
-                         "  ".join(f"{title}={_fmt(record.get(key))}" for key, title in self.columns))
+        step_logger.info(
+            "step %d  %s", step, "  ".join(f"{title}={_fmt(record.get(key))}" for key, title in self.columns)
+        )
         if self.jsonl:
             self.jsonl.write(json.dumps(record) + "\n")
             self.jsonl.flush()

@@ -92,21 +92,41 @@ class ValSettings:
     @classmethod
     def from_config(cls, config: RLConfig) -> ValSettings:
         trainer, rollout = config.trainer, config.rollout
-        return cls(n=trainer.val_n, max_tokens=config.data.max_response_length,
-                   temperature=trainer.val_temperature or rollout.temperature, top_p=rollout.top_p,
-                   top_k=rollout.top_k, seed=trainer.seed)
+        return cls(
+            n=trainer.val_n,
+            max_tokens=config.data.max_response_length,
+            temperature=trainer.val_temperature or rollout.temperature,
+            top_p=rollout.top_p,
+            top_k=rollout.top_k,
+            seed=trainer.seed,
+        )
 
     def sampling(self, step: int, *, greedy: bool) -> Sampling:
-        return Sampling(n=1 if greedy else self.n, max_tokens=self.max_tokens, temperature=self.temperature,
-                        top_p=self.top_p, top_k=self.top_k, seed=val_seed(self.seed, step), greedy=greedy,
-                        log_probs=False)
+        return Sampling(
+            n=1 if greedy else self.n,
+            max_tokens=self.max_tokens,
+            temperature=self.temperature,
+            top_p=self.top_p,
+            top_k=self.top_k,
+            seed=val_seed(self.seed, step),
+            greedy=greedy,
+            log_probs=False,
+        )
 
 
 class Evaluator:
     """Runs, scores and summarises the validation prompts' episodes at one step; see the module docstring."""
 
-    def __init__(self, rows: list[PromptRow], tokenizer: Any, settings: ValSettings, generate: GenerateFn,
-                 score: ScoreFn, reward: RewardConfig, agent: AgentConfig) -> None:
+    def __init__(
+        self,
+        rows: list[PromptRow],
+        tokenizer: Any,
+        settings: ValSettings,
+        generate: GenerateFn,
+        score: ScoreFn,
+        reward: RewardConfig,
+        agent: AgentConfig,
+    ) -> None:
         self.rows, self.tokenizer, self.settings = rows, tokenizer, settings
         self.generate, self.score, self.agent = generate, score, agent
         self.answer_fns = {source: answer_extractor(source, reward) for source in {r.data_source for r in rows}}
@@ -123,17 +143,25 @@ class Evaluator:
         for p, row in enumerate(self.rows):
             mine = range(len(greedy) + p * settings.n, len(greedy) + (p + 1) * settings.n)
             extract = self.answer_fns[row.data_source]
-            outcomes.append(RowOutcome(
-                row.data_source, scores[p], len(greedy[p].response_ids), greedy[p].finished,
-                sample_scores=[scores[i] for i in mine],
-                sample_answers=[extract(texts[i]) for i in mine] if extract else None))
+            outcomes.append(
+                RowOutcome(
+                    row.data_source,
+                    scores[p],
+                    len(greedy[p].response_ids),
+                    greedy[p].finished,
+                    sample_scores=[scores[i] for i in mine],
+                    sample_answers=[extract(texts[i]) for i in mine] if extract else None,
+                )
+            )
         metrics = validation_metrics(outcomes, settings.n)
         if self.agent.loop != "single_turn":  # as training reports its episodes (and stops above the error rate)
             agent = episode_metrics(episodes, self.agent, f"step {step}'s validation")
             metrics.update({f"val/{key}": value for key, value in agent.items()})
         if generations is not None:
-            write_generations(generations, [self._record(step, k, e, texts[k], scores[k], len(greedy))
-                                            for k, e in enumerate(episodes)])
+            write_generations(
+                generations,
+                [self._record(step, k, e, texts[k], scores[k], len(greedy)) for k, e in enumerate(episodes)],
+            )
         return metrics
 
     def scores(self, episodes: list[Trajectory], texts: list[str]) -> list[float]:
@@ -146,20 +174,32 @@ class Evaluator:
             scores[k] = score
         return scores  # type: ignore[return-value]  (every None is filled above)
 
-    def _record(self, step: int, k: int, episode: Trajectory, text: str, score: float,
-                num_greedy: int) -> dict[str, Any]:
+    def _record(
+        self, step: int, k: int, episode: Trajectory, text: str, score: float, num_greedy: int
+    ) -> dict[str, Any]:
         row = self.rows[episode.group]
         extract = self.answer_fns[row.data_source]
-        record = {"step": step, "row": episode.group, "data_source": row.data_source,
-                  "kind": "greedy" if k < num_greedy else "sample",
-                  "sample": 0 if k < num_greedy else (k - num_greedy) % self.settings.n,
-                  "prompt": self.tokenizer.decode(episode.prompt_ids), "response": text,
-                  "ground_truth": row.ground_truth, "score": score,
-                  "answer": extract(text) if extract else None,
-                  "length": len(episode.response_ids), "finished": episode.finished}
+        record = {
+            "step": step,
+            "row": episode.group,
+            "data_source": row.data_source,
+            "kind": "greedy" if k < num_greedy else "sample",
+            "sample": 0 if k < num_greedy else (k - num_greedy) % self.settings.n,
+            "prompt": self.tokenizer.decode(episode.prompt_ids),
+            "response": text,
+            "ground_truth": row.ground_truth,
+            "score": score,
+            "answer": extract(text) if extract else None,
+            "length": len(episode.response_ids),
+            "finished": episode.finished,
+        }
         if self.agent.loop != "single_turn":
-            record.update(turns=episode.info.get("turns"), finish_reason=episode.finish_reason,
-                          env_error=episode.info.get("env_error"), conversation=self.conversation(episode))
+            record.update(
+                turns=episode.info.get("turns"),
+                finish_reason=episode.finish_reason,
+                env_error=episode.info.get("env_error"),
+                conversation=self.conversation(episode),
+            )
         return record
 
     def conversation(self, episode: Trajectory) -> list[dict[str, str]]:
@@ -171,8 +211,7 @@ class Evaluator:
                 runs[-1][1].append(token)
             else:
                 runs.append((mask, [token]))
-        return [{"from": "policy" if mask else "environment", "text": self.tokenizer.decode(ids)}
-                for mask, ids in runs]
+        return [{"from": "policy" if mask else "environment", "text": self.tokenizer.decode(ids)} for mask, ids in runs]
 
 
 def validate(evaluator: Evaluator, run_path: Path, step: int) -> dict[str, float]:
@@ -208,8 +247,9 @@ def workers_episodes(group: Group) -> GenerateFn:
     def generate(rows: list[PromptRow], sampling: Sampling) -> list[Trajectory]:
         world = group.size
         bounds = [(len(rows) * r // world, len(rows) * (r + 1) // world) for r in range(world)]
-        per_rank = [(rows[a:b], list(range(a, b)), replace(sampling, seed=sampling.seed + a * sampling.n))
-                    for a, b in bounds]
+        per_rank = [
+            (rows[a:b], list(range(a, b)), replace(sampling, seed=sampling.seed + a * sampling.n)) for a, b in bounds
+        ]
         results = group.call(AgentEpisodes.validation_episodes, per_rank=per_rank, phase="validation")
         return [episode for part in results for episode in part]
 
@@ -229,28 +269,43 @@ def engine_episodes(engine: RolloutEngine, config: RLConfig, tokenizer: Any) -> 
 def validation_rows(files: list[str], config: RLConfig, tokenizer: Any) -> list[PromptRow]:
     """The validation prompts, tokenized as the training prompts are (with the tools of rollout.agent)."""
     data = config.data
-    return load_prompt_dataset(files, tokenizer, max_prompt_length=data.max_prompt_length,
-                               overlong=data.overlong_prompts, tools=prompt_tools(config.rollout.agent))
+    return load_prompt_dataset(
+        files,
+        tokenizer,
+        max_prompt_length=data.max_prompt_length,
+        overlong=data.overlong_prompts,
+        tools=prompt_tools(config.rollout.agent),
+    )
 
 
 def scorer_score(scorer: RewardScorer) -> ScoreFn:
     """Scoring with the run's rule/function reward (a reward model is a training signal, not a test)."""
 
     def score(texts: list[str], rows: list[PromptRow]) -> list[float]:
-        return scorer.score(texts, [r.data_source for r in rows], [r.ground_truth for r in rows],
-                            [r.extra_info for r in rows]).scores
+        return scorer.score(
+            texts, [r.data_source for r in rows], [r.ground_truth for r in rows], [r.extra_info for r in rows]
+        ).scores
 
     return score
 
 
-def training_evaluator(config: RLConfig, run_path: Path, tokenizer: Any, scorer: RewardScorer,
-                       rollout: Group) -> Evaluator | None:
+def training_evaluator(
+    config: RLConfig, run_path: Path, tokenizer: Any, scorer: RewardScorer, rollout: Group
+) -> Evaluator | None:
     """The run's validation over its rollout workers, or None when it has no validation prompts."""
     files = prepare_val_files(config, run_path)
     if not files:
         if config.trainer.val_freq:
-            logger.warning("trainer.val_freq=%d, but there is no data.val_files: no validation",
-                           config.trainer.val_freq)
+            logger.warning(
+                "trainer.val_freq=%d, but there is no data.val_files: no validation", config.trainer.val_freq
+            )
         return None
-    return Evaluator(validation_rows(files, config, tokenizer), tokenizer, ValSettings.from_config(config),
-                     workers_episodes(rollout), scorer_score(scorer), config.reward, config.rollout.agent)
+    return Evaluator(
+        validation_rows(files, config, tokenizer),
+        tokenizer,
+        ValSettings.from_config(config),
+        workers_episodes(rollout),
+        scorer_score(scorer),
+        config.reward,
+        config.rollout.agent,
+    )

@@ -40,29 +40,64 @@ class Step:
     operand: int
 
 
-def _step(rng: random.Random, value: int, person: str, pron: str, item: str, *, max_number: int,
-          max_factor: int, max_value: int, last: bool) -> Step | None:
+def _step(
+    rng: random.Random,
+    value: int,
+    person: str,
+    pron: str,
+    item: str,
+    *,
+    max_number: int,
+    max_factor: int,
+    max_value: int,
+    last: bool,
+) -> Step | None:
     """A random next calculation on `value`, or None when no operation keeps the numbers in range."""
     friend = rng.choice([n for n in NAMES if n != person])
     box = rng.choice(CONTAINERS)
     options = []
     if value < max_value:
         b = rng.randint(1, min(max_number, max_value - value))
-        options += [rng.choice([
-            Step(f"{pron} buys {b} more {item}.", f"After buying more, {pron.lower()} has", "+", b),
-            Step(f"{friend} gives {person} {b} {item}.", f"With {friend}'s {item}, {pron.lower()} has", "+", b),
-            Step(f"{pron} finds {b} more {item}.", f"After finding more, {pron.lower()} has", "+", b)])]
+        options += [
+            rng.choice(
+                [
+                    Step(f"{pron} buys {b} more {item}.", f"After buying more, {pron.lower()} has", "+", b),
+                    Step(f"{friend} gives {person} {b} {item}.", f"With {friend}'s {item}, {pron.lower()} has", "+", b),
+                    Step(f"{pron} finds {b} more {item}.", f"After finding more, {pron.lower()} has", "+", b),
+                ]
+            )
+        ]
     if value > 1:
         b = rng.randint(1, min(max_number, value - 1))
-        options += [rng.choice([
-            Step(f"{pron} gives {b} {item} to {friend}.", f"After giving some to {friend}, {pron.lower()} has", "-", b),
-            Step(f"{pron} loses {b} {item}.", f"After losing some, {pron.lower()} has", "-", b),
-            Step(f"{pron} uses {b} {item}.", f"After using some, {pron.lower()} has", "-", b)])]
+        options += [
+            rng.choice(
+                [
+                    Step(
+                        f"{pron} gives {b} {item} to {friend}.",
+                        f"After giving some to {friend}, {pron.lower()} has",
+                        "-",
+                        b,
+                    ),
+                    Step(f"{pron} loses {b} {item}.", f"After losing some, {pron.lower()} has", "-", b),
+                    Step(f"{pron} uses {b} {item}.", f"After using some, {pron.lower()} has", "-", b),
+                ]
+            )
+        ]
     if max_factor >= 2 and value * 2 <= max_value:
         k = rng.randint(2, min(max_factor, max_value // value))
-        options += [rng.choice([
-            Step(f"{pron} fills {k} {box} with that many {item} each.", f"In {k} {box}, {pron.lower()} has", "*", k),
-            Step(f"{pron} ends up with {k} times as many {item}.", f"{k} times as many is", "*", k)])]
+        options += [
+            rng.choice(
+                [
+                    Step(
+                        f"{pron} fills {k} {box} with that many {item} each.",
+                        f"In {k} {box}, {pron.lower()} has",
+                        "*",
+                        k,
+                    ),
+                    Step(f"{pron} ends up with {k} times as many {item}.", f"{k} times as many is", "*", k),
+                ]
+            )
+        ]
     divisors = [k for k in range(2, max_factor + 1) if value % k == 0]
     if last and divisors:
         k = rng.choice(divisors)
@@ -70,8 +105,15 @@ def _step(rng: random.Random, value: int, person: str, pron: str, item: str, *, 
     return rng.choice(options) if options else None
 
 
-def make_problem(rng: random.Random, *, steps: int, max_number: int, max_factor: int, max_value: int,
-                 calc: Literal["plain", "annotated"] = "plain") -> tuple[str, str, int]:
+def make_problem(
+    rng: random.Random,
+    *,
+    steps: int,
+    max_number: int,
+    max_factor: int,
+    max_value: int,
+    calc: Literal["plain", "annotated"] = "plain",
+) -> tuple[str, str, int]:
     """(question, worked solution ending in '#### N', N) for a chain of `steps` calculations."""
     while True:
         person, item = rng.choice(NAMES), rng.choice(ITEMS)
@@ -79,12 +121,25 @@ def make_problem(rng: random.Random, *, steps: int, max_number: int, max_factor:
         value = rng.randint(2, max_number)
         sentences, lines = [f"{person} has {value} {item}."], []
         for index in range(steps):
-            step = _step(rng, value, person, pron, item, max_number=max_number, max_factor=max_factor,
-                         max_value=max_value, last=index == steps - 1)
+            step = _step(
+                rng,
+                value,
+                person,
+                pron,
+                item,
+                max_number=max_number,
+                max_factor=max_factor,
+                max_value=max_value,
+                last=index == steps - 1,
+            )
             if step is None:
                 break
-            result = {"+": value + step.operand, "-": value - step.operand, "*": value * step.operand,
-                      "/": value // step.operand if step.operand else 0}[step.op]
+            result = {
+                "+": value + step.operand,
+                "-": value - step.operand,
+                "*": value * step.operand,
+                "/": value // step.operand if step.operand else 0,
+            }[step.op]
             expression = f"{value}{step.op}{step.operand}"
             annotated = f"{expression}=<<{expression}={result}>>{result}"
             shown = annotated if calc == "annotated" else f"{expression}={result}"
@@ -97,25 +152,39 @@ def make_problem(rng: random.Random, *, steps: int, max_number: int, max_factor:
 
 
 @DATASET_BUILDERS.register("arithmetic")
-def build_arithmetic(source: str | None = None, *, n_train: int = 20000, n_test: int = 500, min_steps: int = 2,
-                     max_steps: int = 4, max_number: int = 20, max_factor: int = 5, max_value: int = 200,
-                     calc: str = "plain", format: str = "rl", instruction: str = INSTRUCTION,
-                     seed: int = 0) -> dict[str, list[Row]]:
+def build_arithmetic(
+    source: str | None = None,
+    *,
+    n_train: int = 20000,
+    n_test: int = 500,
+    min_steps: int = 2,
+    max_steps: int = 4,
+    max_number: int = 20,
+    max_factor: int = 5,
+    max_value: int = 200,
+    calc: str = "plain",
+    format: str = "rl",
+    instruction: str = INSTRUCTION,
+    seed: int = 0,
+) -> dict[str, list[Row]]:
     """GSM8K-format arithmetic word problems (2-4 steps, worked solutions ending in '#### N'); seeded.
 
     `format`: "rl" (prompt + ground truth) or "sft" (also the worked solution as `response`);
     `calc`: "plain" (12+5=17) or "annotated" (12+5=<<12+5=17>>17, GSM8K's own style).
     """
     if format not in FORMATS:
-        raise UserError(f"arithmetic: format={format!r}; choose one of {', '.join(FORMATS)} (rl: prompt + ground "
-                        "truth; sft: also the worked solution as `response`)")
+        raise UserError(
+            f"arithmetic: format={format!r}; choose one of {', '.join(FORMATS)} (rl: prompt + ground "
+            "truth; sft: also the worked solution as `response`)"
+        )
     if calc not in ("plain", "annotated"):
         raise UserError(f"-o calc={calc!r}: use 'plain' (12+5=17) or 'annotated' (12+5=<<12+5=17>>17)")
     if not 1 <= min_steps <= max_steps:
         raise UserError(f"-o min_steps={min_steps} -o max_steps={max_steps}: need 1 <= min_steps <= max_steps")
     if max_number < 2 or max_value < max_number + 1:
-        raise UserError(f"-o max_number={max_number} -o max_value={max_value}: need max_number >= 2 and "
-                        "max_value > max_number")
+        raise UserError(
+            f"-o max_number={max_number} -o max_value={max_value}: need max_number >= 2 and max_value > max_number"
+        )
     rng, seen = random.Random(seed), set()
     splits: dict[str, list[Row]] = {}
     for split, count in (("train", n_train), ("test", n_test)):
@@ -124,24 +193,31 @@ def build_arithmetic(source: str | None = None, *, n_train: int = 20000, n_test:
             if len(rows) == count:
                 break
             question, solution, answer = make_problem(
-                rng, steps=rng.randint(min_steps, max_steps), max_number=max_number, max_factor=max_factor,
-                max_value=max_value, calc=calc)  # type: ignore[arg-type]
+                rng,
+                steps=rng.randint(min_steps, max_steps),
+                max_number=max_number,
+                max_factor=max_factor,
+                max_value=max_value,
+                calc=calc,
+            )  # type: ignore[arg-type]
             if question in seen:  # a held-out test question is never a train question
                 continue
             seen.add(question)
             rows.append(_row(question, solution, answer, split, len(rows), instruction, format))
         if len(rows) < count:
-            raise UserError(f"only {len(rows)} different {split} problems at these settings (asked {count}); "
-                             "raise max_number/max_steps or ask fewer")
+            raise UserError(
+                f"only {len(rows)} different {split} problems at these settings (asked {count}); "
+                "raise max_number/max_steps or ask fewer"
+            )
         splits[split] = rows
     return splits
 
 
-def _row(question: str, solution: str, answer: int, split: str, index: int, instruction: str,
-         format: str) -> Row:
+def _row(question: str, solution: str, answer: int, split: str, index: int, instruction: str, format: str) -> Row:
     content = f"{question} {instruction}" if instruction else question
-    row = make_row(DATA_SOURCE, content, str(answer), split=split, index=index, ability="math",
-                   question=question, answer=solution)
+    row = make_row(
+        DATA_SOURCE, content, str(answer), split=split, index=index, ability="math", question=question, answer=solution
+    )
     return {**row, "response": solution} if format == "sft" else row
 
 

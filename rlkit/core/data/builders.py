@@ -36,8 +36,9 @@ Builder = Callable[..., dict[str, list["Row | Dropped"]]]
 DATASET_BUILDERS: Registry[Builder] = Registry("dataset builder")
 
 
-def make_row(data_source: str, content: str, ground_truth: str, *, split: str, index: int,
-             ability: str = "math", **extra: Any) -> Row:
+def make_row(
+    data_source: str, content: str, ground_truth: str, *, split: str, index: int, ability: str = "math", **extra: Any
+) -> Row:
     return {
         "data_source": data_source,
         "prompt": [{"role": "user", "content": content}],
@@ -61,8 +62,9 @@ def load_builder(spec: str) -> Builder:
     return load_function(spec, "--builder")
 
 
-def read_source(source: str | None, hub_name: str, hub_config: str | None = None,
-                splits: tuple[str, ...] = ("train", "test")) -> dict[str, list[dict[str, Any]]]:
+def read_source(
+    source: str | None, hub_name: str, hub_config: str | None = None, splits: tuple[str, ...] = ("train", "test")
+) -> dict[str, list[dict[str, Any]]]:
     """Raw records per split: from the local directory `source`, else from the hub via `datasets`.
 
     A local directory holds one file per split: {split}.jsonl, {split}.parquet or
@@ -72,15 +74,23 @@ def read_source(source: str | None, hub_name: str, hub_config: str | None = None
         return _read_hub(hub_name, hub_config, splits)
     directory = Path(source).expanduser()
     if not directory.is_dir():
-        raise UserError(f"--source {source}: not a directory; pass the directory holding "
-                        f"{'/'.join(splits)} files as .jsonl or .parquet")
+        raise UserError(
+            f"--source {source}: not a directory; pass the directory holding "
+            f"{'/'.join(splits)} files as .jsonl or .parquet"
+        )
     records = {}
     for split in splits:
-        files = sorted(p for pattern in (f"{split}.*", f"{split}-*") for p in directory.glob(pattern)
-                       if p.suffix in (".jsonl", ".parquet"))
+        files = sorted(
+            p
+            for pattern in (f"{split}.*", f"{split}-*")
+            for p in directory.glob(pattern)
+            if p.suffix in (".jsonl", ".parquet")
+        )
         if not files:
-            raise UserError(f"--source {source}: no {split}.jsonl or {split}.parquet in it "
-                            f"(found: {sorted(p.name for p in directory.iterdir()) or 'nothing'})")
+            raise UserError(
+                f"--source {source}: no {split}.jsonl or {split}.parquet in it "
+                f"(found: {sorted(p.name for p in directory.iterdir()) or 'nothing'})"
+            )
         records[split] = [record for file in files for record in _read_file(file)]
     return records
 
@@ -106,13 +116,17 @@ def _read_hub(name: str, config: str | None, splits: tuple[str, ...]) -> dict[st
     try:
         import datasets
     except ImportError:
-        raise UserError(f"downloading {name} needs the `datasets` package: pip install 'rlkit[hub]', "
-                        "or pass --source DIR with local train/test .jsonl or .parquet files") from None
+        raise UserError(
+            f"downloading {name} needs the `datasets` package: pip install 'rlkit[hub]', "
+            "or pass --source DIR with local train/test .jsonl or .parquet files"
+        ) from None
     try:
         loaded = datasets.load_dataset(name, config)
     except Exception as exc:  # network, auth, missing dataset: all fixable the same way
-        raise UserError(f"could not load {name} from the Hugging Face hub ({type(exc).__name__}: {exc}); "
-                        "pass --source DIR with local train/test .jsonl or .parquet files") from None
+        raise UserError(
+            f"could not load {name} from the Hugging Face hub ({type(exc).__name__}: {exc}); "
+            "pass --source DIR with local train/test .jsonl or .parquet files"
+        ) from None
     missing = [s for s in splits if s not in loaded]
     if missing:
         raise UserError(f"{name} on the hub has no split(s) {missing} (it has {list(loaded)})")

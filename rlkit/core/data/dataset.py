@@ -40,8 +40,10 @@ def open_parquet(path: str | Path, required: tuple[str, ...] = REQUIRED_COLUMNS)
         raise UserError(f"data file {path} is not a readable parquet file: {exc}") from None
     missing = [c for c in required if c not in file.schema_arrow.names]
     if missing:
-        raise UserError(f"data file {path} lacks column(s) {missing}; rows need {list(required)} "
-                        "(see `rlkit prep-data --help` for the schema)")
+        raise UserError(
+            f"data file {path} lacks column(s) {missing}; rows need {list(required)} "
+            "(see `rlkit prep-data --help` for the schema)"
+        )
     return file
 
 
@@ -90,8 +92,10 @@ def row_problem(raw: dict[str, Any]) -> str | None:
         return f"column 'reward_model' holds {shown(reward_info)}; expected a struct with a 'ground_truth' string"
     truth = (reward_info or {}).get("ground_truth")
     if truth is not None and (isinstance(truth, bool) or not isinstance(truth, (str, int, float))):
-        return (f"column 'reward_model.ground_truth' holds {shown(truth)}; expected a string (encode structured "
-                "answers as JSON text, or put them in 'extra_info')")
+        return (
+            f"column 'reward_model.ground_truth' holds {shown(truth)}; expected a string (encode structured "
+            "answers as JSON text, or put them in 'extra_info')"
+        )
     extra = raw.get("extra_info")
     if extra is not None and not isinstance(extra, dict):
         return f"column 'extra_info' holds {shown(extra)}; expected a struct (a dict) or nothing"
@@ -104,8 +108,10 @@ def render_prompt(tokenizer, messages: Any, tools: list[dict[str, Any]] | None =
     if isinstance(messages, str):
         return messages
     if not tokenizer.chat_template:
-        raise UserError("the tokenizer has no chat template, but the prompts are chat messages; "
-                        "use a model with a chat template or store prompts as plain strings")
+        raise UserError(
+            "the tokenizer has no chat template, but the prompts are chat messages; "
+            "use a model with a chat template or store prompts as plain strings"
+        )
     return tokenizer.apply_chat_template(list(messages), tools=tools, add_generation_prompt=True, tokenize=False)
 
 
@@ -125,16 +131,33 @@ def response_token_ids(tokenizer, text: str) -> list[int]:
     return list(tokenizer(text, add_special_tokens=False)["input_ids"]) + [tokenizer.eos_token_id]
 
 
-def load_prompt_dataset(files: list[str], tokenizer, *, max_prompt_length: int,
-                        overlong: str = "error", tools: list[dict[str, Any]] | None = None) -> list[PromptRow]:
+def load_prompt_dataset(
+    files: list[str],
+    tokenizer,
+    *,
+    max_prompt_length: int,
+    overlong: str = "error",
+    tools: list[dict[str, Any]] | None = None,
+) -> list[PromptRow]:
     """All rows of `files`, tokenized (with the tools the policy may call); prompts longer than
     max_prompt_length error or are dropped."""
-    return tokenize_rows([(file, read_rows(file)) for file in files], tokenizer,
-                         max_prompt_length=max_prompt_length, overlong=overlong, tools=tools)
+    return tokenize_rows(
+        [(file, read_rows(file)) for file in files],
+        tokenizer,
+        max_prompt_length=max_prompt_length,
+        overlong=overlong,
+        tools=tools,
+    )
 
 
-def tokenize_rows(sources: list[tuple[str, list[dict[str, Any]]]], tokenizer, *, max_prompt_length: int,
-                  overlong: str = "error", tools: list[dict[str, Any]] | None = None) -> list[PromptRow]:
+def tokenize_rows(
+    sources: list[tuple[str, list[dict[str, Any]]]],
+    tokenizer,
+    *,
+    max_prompt_length: int,
+    overlong: str = "error",
+    tools: list[dict[str, Any]] | None = None,
+) -> list[PromptRow]:
     """(name, raw rows) per source -> PromptRows (chat prompts with the `tools` the policy may call);
     errors name the source and the row."""
     rows: list[PromptRow] = []
@@ -151,22 +174,30 @@ def tokenize_rows(sources: list[tuple[str, list[dict[str, Any]]]], tokenizer, *,
                 if overlong == "filter":
                     dropped += 1
                     continue
-                raise UserError(f"{where}: prompt has {len(ids)} tokens > data.max_prompt_length="
-                                f"{max_prompt_length}; raise it or set data.overlong_prompts=filter")
+                raise UserError(
+                    f"{where}: prompt has {len(ids)} tokens > data.max_prompt_length="
+                    f"{max_prompt_length}; raise it or set data.overlong_prompts=filter"
+                )
             truth = (raw.get("reward_model") or {}).get("ground_truth")
-            rows.append(PromptRow(
-                index=len(rows),
-                prompt_token_ids=ids,
-                data_source=raw["data_source"],
-                ground_truth="" if truth is None else str(truth),
-                extra_info=dict(raw.get("extra_info") or {}),
-                prompt_text=text,
-            ))
+            rows.append(
+                PromptRow(
+                    index=len(rows),
+                    prompt_token_ids=ids,
+                    data_source=raw["data_source"],
+                    ground_truth="" if truth is None else str(truth),
+                    extra_info=dict(raw.get("extra_info") or {}),
+                    prompt_text=text,
+                )
+            )
     if not rows:
         raise UserError(f"no usable rows in {[name for name, _ in sources]} ({dropped} dropped as too long)")
     if dropped:
-        logger.warning("dropped %d of %d prompts longer than data.max_prompt_length=%d (data.overlong_prompts=filter)",
-                       dropped, dropped + len(rows), max_prompt_length)
+        logger.warning(
+            "dropped %d of %d prompts longer than data.max_prompt_length=%d (data.overlong_prompts=filter)",
+            dropped,
+            dropped + len(rows),
+            max_prompt_length,
+        )
     return rows
 
 
@@ -197,7 +228,7 @@ class PromptSampler:
     def next_batch(self) -> list[int]:
         if self.position + self.batch_size > self.num_rows:
             self.epoch, self.position = self.epoch + 1, 0
-        batch = self._order()[self.position:self.position + self.batch_size]
+        batch = self._order()[self.position : self.position + self.batch_size]
         self.position += self.batch_size
         return batch
 

@@ -24,8 +24,9 @@ CALCULATOR_ANNOTATION = re.compile(r"<<[^<>]*>>")
 
 
 @DATASET_BUILDERS.register("gsm8k")
-def build_gsm8k(source: str | None = None, *, instruction: str = INSTRUCTION,
-                format: str = "rl") -> dict[str, list[Row | Dropped]]:
+def build_gsm8k(
+    source: str | None = None, *, instruction: str = INSTRUCTION, format: str = "rl"
+) -> dict[str, list[Row | Dropped]]:
     """GSM8K math word problems (7,473 train / 1,319 test); ground truth = the number after '####'.
 
     `instruction` is appended to each question ('' for none); records need 'question' and 'answer'.
@@ -34,8 +35,10 @@ def build_gsm8k(source: str | None = None, *, instruction: str = INSTRUCTION,
     """
     if format not in FORMATS:
         raise UserError(f"gsm8k: format={format!r}; choose one of {', '.join(FORMATS)}")
-    return {split: [_row(record, split, index, instruction, format) for index, record in enumerate(records)]
-            for split, records in read_source(source, DATA_SOURCE, "main").items()}
+    return {
+        split: [_row(record, split, index, instruction, format) for index, record in enumerate(records)]
+        for split, records in read_source(source, DATA_SOURCE, "main").items()
+    }
 
 
 def _row(record: dict[str, Any], split: str, index: int, instruction: str, format: str) -> Row | Dropped:
@@ -48,8 +51,9 @@ def _row(record: dict[str, Any], split: str, index: int, instruction: str, forma
     if to_number(ground_truth) is None:
         return Dropped("the text after '####' is not a number")
     content = f"{question} {instruction}" if instruction else question
-    row = make_row(DATA_SOURCE, content, ground_truth, split=split, index=index, ability="math",
-                   question=question, answer=answer)
+    row = make_row(
+        DATA_SOURCE, content, ground_truth, split=split, index=index, ability="math", question=question, answer=answer
+    )
     if format == "sft":
         row["response"] = CALCULATOR_ANNOTATION.sub("", answer).strip()
     return row

@@ -24,15 +24,18 @@ _NUMBER = re.compile(r"(?<![\d.])\d[\d,]*(?:\.\d+)?(?![\d])")
 
 
 @DATASET_BUILDERS.register("gsm8k-pairs")
-def build_gsm8k_pairs(source: str | None = None, *, instruction: str = INSTRUCTION, seed: int = 0,
-                      keep_calculations: bool = False) -> dict[str, list[Row | Dropped]]:
+def build_gsm8k_pairs(
+    source: str | None = None, *, instruction: str = INSTRUCTION, seed: int = 0, keep_calculations: bool = False
+) -> dict[str, list[Row | Dropped]]:
     """GSM8K preference pairs: chosen = the reference solution, rejected = it with a wrong final answer.
 
     `seed` picks each row's wrong answer (deterministic per split and row); `keep_calculations`
     keeps GSM8K's <<a*b=c>> annotations in both responses (dropped by default).
     """
-    return {split: [row if isinstance(row, Dropped) else _pair(row, seed, keep_calculations) for row in rows]
-            for split, rows in build_gsm8k(source, instruction=instruction).items()}
+    return {
+        split: [row if isinstance(row, Dropped) else _pair(row, seed, keep_calculations) for row in rows]
+        for split, rows in build_gsm8k(source, instruction=instruction).items()
+    }
 
 
 def _pair(row: Row, seed: int, keep_calculations: bool) -> Row | Dropped:
@@ -43,8 +46,12 @@ def _pair(row: Row, seed: int, keep_calculations: bool) -> Row | Dropped:
     solution = info["answer"] if keep_calculations else _CALCULATION.sub("", info["answer"])
     wrong = wrong_answer(int(answer), random.Random(f"{seed}:{info['split']}:{info['index']}"))
     # The RL row's columns stay (data_source, reward_model, ...): `rlkit eval` scores a DPO run's generations on them.
-    return {**row, "chosen": solution, "rejected": corrupt_solution(solution, int(answer), wrong),
-            "extra_info": {**info, "wrong_answer": str(wrong)}}
+    return {
+        **row,
+        "chosen": solution,
+        "rejected": corrupt_solution(solution, int(answer), wrong),
+        "extra_info": {**info, "wrong_answer": str(wrong)},
+    }
 
 
 def wrong_answer(answer: int, rng: random.Random) -> int:
@@ -67,6 +74,7 @@ def corrupt_solution(solution: str, answer: int, wrong: int) -> str:
     for i in range(len(lines) - 1, -1, -1):
         if states_answer(lines[i]):
             lines[i] = _NUMBER.sub(
-                lambda m: str(wrong) if Decimal(m.group().replace(",", "")) == answer else m.group(), lines[i])
+                lambda m: str(wrong) if Decimal(m.group().replace(",", "")) == answer else m.group(), lines[i]
+            )
             break
     return "\n".join(lines) + f"\n#### {wrong}"

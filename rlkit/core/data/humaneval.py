@@ -46,5 +46,14 @@ def build_humaneval(
 
 def _row(problem: dict[str, Any], index: int, instruction: str) -> Row:
     content = f"{instruction}\n\n```python\n{problem['prompt']}```" if instruction else problem["prompt"]
-    return make_row(HUMANEVAL, content, problem["test"], split="test", index=index, ability="code",
-                    task_id=problem["task_id"], entry_point=problem["entry_point"], prompt=problem["prompt"])
+    return make_row(
+        HUMANEVAL,
+        content,
+        problem["test"],
+        split="test",
+        index=index,
+        ability="code",
+        task_id=problem["task_id"],
+        entry_point=problem["entry_point"],
+        prompt=problem["prompt"],
+    )

@@ -24,8 +24,10 @@ def build_math(source: str | None = None, *, instruction: str = INSTRUCTION) -> 
     `instruction` is appended to each problem ('' for none); records need 'problem' and
     'solution' ('level' and 'type' are kept in extra_info when present).
     """
-    return {split: [_row(record, split, index, instruction) for index, record in enumerate(records)]
-            for split, records in read_source(source, DATA_SOURCE).items()}
+    return {
+        split: [_row(record, split, index, instruction) for index, record in enumerate(records)]
+        for split, records in read_source(source, DATA_SOURCE).items()
+    }
 
 
 def _row(record: dict[str, Any], split: str, index: int, instruction: str) -> Row | Dropped:
@@ -39,5 +41,14 @@ def _row(record: dict[str, Any], split: str, index: int, instruction: str) -> Ro
         return Dropped("no \\boxed{} answer in 'solution'")
     content = f"{problem} {instruction}" if instruction else problem
     extra = {key: record[key] for key in ("level", "type") if key in record}
-    return make_row(DATA_SOURCE, content, ground_truth, split=split, index=index, ability="math",
-                    question=problem, answer=solution, **extra)
+    return make_row(
+        DATA_SOURCE,
+        content,
+        ground_truth,
+        split=split,
+        index=index,
+        ability="math",
+        question=problem,
+        answer=solution,
+        **extra,
+    )

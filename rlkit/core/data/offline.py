@@ -19,27 +19,37 @@ from rlkit.recipes.schema import RLConfig
 
 def load_sft(config: RLConfig, files: list[str], key: str, tokenizer: Any) -> list[Any]:
     data = config.data
-    return tokenize_sft_rows([(file, read_sft_file(file, key)) for file in files], tokenizer,
-                             max_length=data.max_prompt_length + data.max_response_length,
-                             completion_only=config.sft.completion_only_loss, overlong=data.overlong_prompts)
+    return tokenize_sft_rows(
+        [(file, read_sft_file(file, key)) for file in files],
+        tokenizer,
+        max_length=data.max_prompt_length + data.max_response_length,
+        completion_only=config.sft.completion_only_loss,
+        overlong=data.overlong_prompts,
+    )
 
 
 def load_pairs(config: RLConfig, files: list[str], key: str, tokenizer: Any) -> list[Any]:
     data = config.data
-    return tokenize_pairs([(file, read_pair_rows(file, key)) for file in files], tokenizer,
-                          max_prompt_length=data.max_prompt_length, max_response_length=data.max_response_length,
-                          overlong=data.overlong_prompts)
+    return tokenize_pairs(
+        [(file, read_pair_rows(file, key)) for file in files],
+        tokenizer,
+        max_prompt_length=data.max_prompt_length,
+        max_response_length=data.max_response_length,
+        overlong=data.overlong_prompts,
+    )
 
 
 @dataclass(frozen=True)
 class RowKind:
     load: Callable[[RLConfig, list[str], str, Any], list[Any]]  # (config, files, data key, tokenizer) -> rows
-    batch: Callable[[list[Any], int], Batch]                      # (rows, pad id) -> token batch
-    what: str                                                     # rows, in words (preflight's summary)
+    batch: Callable[[list[Any], int], Batch]  # (rows, pad id) -> token batch
+    what: str  # rows, in words (preflight's summary)
 
 
-ROW_KINDS = {"sft": RowKind(load_sft, sft_batch, "prompt + response / messages rows"),
-             "dpo": RowKind(load_pairs, pair_batch, "preference pairs (prompt, chosen, rejected)")}
+ROW_KINDS = {
+    "sft": RowKind(load_sft, sft_batch, "prompt + response / messages rows"),
+    "dpo": RowKind(load_pairs, pair_batch, "preference pairs (prompt, chosen, rejected)"),
+}
 
 
 def row_kind(config: RLConfig) -> RowKind:

@@ -57,8 +57,14 @@ def pair_problem(raw: dict[str, Any]) -> str | None:
     return prompt_problem(raw["prompt"])
 
 
-def tokenize_pairs(sources: list[tuple[str, list[dict[str, Any]]]], tokenizer: Any, *, max_prompt_length: int,
-                   max_response_length: int, overlong: str = "error") -> list[PairRow]:
+def tokenize_pairs(
+    sources: list[tuple[str, list[dict[str, Any]]]],
+    tokenizer: Any,
+    *,
+    max_prompt_length: int,
+    max_response_length: int,
+    overlong: str = "error",
+) -> list[PairRow]:
     """(file, raw rows) per source -> PairRows. Every bad pair is collected and reported with its file and
     row (UserError, the first SHOWN_PROBLEMS named, the rest counted); a pair whose prompt + longer
     response is over max_prompt_length + max_response_length tokens is one, or with overlong="filter"
@@ -81,20 +87,30 @@ def tokenize_pairs(sources: list[tuple[str, list[dict[str, Any]]]], tokenizer: A
                 if overlong == "filter":
                     dropped += 1
                 else:
-                    problems.append(f"{name}, row {i}: prompt ({len(prompt)} tokens) + the longer response "
-                                    f"({longest - len(prompt)} tokens with EOS) is {longest} tokens > "
-                                    f"data.max_prompt_length + data.max_response_length = {budget}")
+                    problems.append(
+                        f"{name}, row {i}: prompt ({len(prompt)} tokens) + the longer response "
+                        f"({longest - len(prompt)} tokens with EOS) is {longest} tokens > "
+                        f"data.max_prompt_length + data.max_response_length = {budget}"
+                    )
                 continue
             pairs.append(PairRow(len(pairs), prompt, chosen, rejected))
     if problems:
         more = f" (and {len(problems) - SHOWN_PROBLEMS} more)" if len(problems) > SHOWN_PROBLEMS else ""
-        raise UserError(f"{len(problems)} bad pair(s){more}: " + "; ".join(problems[:SHOWN_PROBLEMS])
-                        + ". Fix or remove them; for long pairs raise the lengths or set data.overlong_prompts=filter")
+        raise UserError(
+            f"{len(problems)} bad pair(s){more}: "
+            + "; ".join(problems[:SHOWN_PROBLEMS])
+            + ". Fix or remove them; for long pairs raise the lengths or set data.overlong_prompts=filter"
+        )
     if not pairs:
         raise UserError(f"no usable pairs in {[name for name, _ in sources]} ({dropped} dropped as too long)")
     if dropped:
-        logger.warning("dropped %d of %d pairs longer than data.max_prompt_length + data.max_response_length = %d "
-                       "(data.overlong_prompts=filter)", dropped, dropped + len(pairs), budget)
+        logger.warning(
+            "dropped %d of %d pairs longer than data.max_prompt_length + data.max_response_length = %d "
+            "(data.overlong_prompts=filter)",
+            dropped,
+            dropped + len(pairs),
+            budget,
+        )
     return pairs
 
 

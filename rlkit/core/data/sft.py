@@ -47,13 +47,21 @@ def read_sft_file(path: str, key: str) -> list[dict[str, Any]]:
     file = open_parquet(path, required=())
     names = file.schema_arrow.names
     if not any(all(c in names for c in columns) for columns in FORMATS):
-        raise UserError(f"data file {path} ({key}) has columns {names}; SFT rows need 'prompt' + 'response' "
-                        "or 'messages' (see `rlkit prep-data gsm8k --format sft`)")
+        raise UserError(
+            f"data file {path} ({key}) has columns {names}; SFT rows need 'prompt' + 'response' "
+            "or 'messages' (see `rlkit prep-data gsm8k --format sft`)"
+        )
     return file.read().to_pylist()
 
 
-def tokenize_sft_rows(sources: list[tuple[str, list[dict[str, Any]]]], tokenizer: Any, *, max_length: int,
-                      completion_only: bool = True, overlong: str = "error") -> list[SFTExample]:
+def tokenize_sft_rows(
+    sources: list[tuple[str, list[dict[str, Any]]]],
+    tokenizer: Any,
+    *,
+    max_length: int,
+    completion_only: bool = True,
+    overlong: str = "error",
+) -> list[SFTExample]:
     """(file name, rows) per source -> examples; every bad row is collected and reported with its file
     and row (UserError): no response, nothing to train, or longer than `max_length` tokens (which
     `overlong="filter"` drops instead, with a warning)."""
@@ -71,8 +79,10 @@ def tokenize_sft_rows(sources: list[tuple[str, list[dict[str, Any]]]], tokenizer
                 if overlong == "filter":
                     dropped += 1
                     continue
-                problems.append(f"{name}, row {i}: {len(prompt)} prompt + {len(response)} response tokens > "
-                                f"data.max_prompt_length + data.max_response_length = {max_length}")
+                problems.append(
+                    f"{name}, row {i}: {len(prompt)} prompt + {len(response)} response tokens > "
+                    f"data.max_prompt_length + data.max_response_length = {max_length}"
+                )
                 continue
             if not completion_only:  # every token but the first is a target
                 full = prompt + response
@@ -80,15 +90,25 @@ def tokenize_sft_rows(sources: list[tuple[str, list[dict[str, Any]]]], tokenizer
             examples.append(SFTExample(len(examples), prompt, response, mask))
     if problems:
         more = f" (and {len(problems) - SHOWN_PROBLEMS} more)" if len(problems) > SHOWN_PROBLEMS else ""
-        raise UserError(f"{len(problems)} bad SFT row(s){more}: " + "; ".join(problems[:SHOWN_PROBLEMS])
-                        + ". Fix or drop them; for long rows raise data.max_response_length or set "
-                        "data.overlong_prompts=filter")
+        raise UserError(
+            f"{len(problems)} bad SFT row(s){more}: "
+            + "; ".join(problems[:SHOWN_PROBLEMS])
+            + ". Fix or drop them; for long rows raise data.max_response_length or set "
+            "data.overlong_prompts=filter"
+        )
     if not examples:
-        raise UserError(f"no usable rows in {[name for name, _ in sources]} ({dropped} longer than "
-                        f"data.max_prompt_length + data.max_response_length = {max_length} dropped)")
+        raise UserError(
+            f"no usable rows in {[name for name, _ in sources]} ({dropped} longer than "
+            f"data.max_prompt_length + data.max_response_length = {max_length} dropped)"
+        )
     if dropped:
-        logger.warning("dropped %d of %d SFT rows longer than data.max_prompt_length + data.max_response_length = %d "
-                       "(data.overlong_prompts=filter)", dropped, dropped + len(examples), max_length)
+        logger.warning(
+            "dropped %d of %d SFT rows longer than data.max_prompt_length + data.max_response_length = %d "
+            "(data.overlong_prompts=filter)",
+            dropped,
+            dropped + len(examples),
+            max_length,
+        )
     return examples
 
 
@@ -120,18 +140,21 @@ def _tokenize_messages(messages: list[dict[str, Any]], tokenizer: Any) -> tuple[
     if not turns:
         raise ValueError("'messages' has no assistant message to train on")
     if turns[0] == 0:
-        raise ValueError("'messages' starts with an assistant message; put the system or user message it answers "
-                         "before it")
+        raise ValueError(
+            "'messages' starts with an assistant message; put the system or user message it answers before it"
+        )
     if any(not (m.get("content") or "").strip() for m in messages if m.get("role") == "assistant"):
         raise ValueError("'messages' has an empty assistant message")
     ids: list[int] = []
     mask: list[int] = []
 
     def extend(rendered: list[int], trained: bool) -> None:
-        if rendered[:len(ids)] != ids:
-            raise ValueError("the chat template renders an earlier part of this chat differently once later "
-                             "messages follow, so its turns cannot be cut token-exactly")
-        new = rendered[len(ids):]
+        if rendered[: len(ids)] != ids:
+            raise ValueError(
+                "the chat template renders an earlier part of this chat differently once later "
+                "messages follow, so its turns cannot be cut token-exactly"
+            )
+        new = rendered[len(ids) :]
         if trained:
             end = new.index(tokenizer.eos_token_id) + 1 if tokenizer.eos_token_id in new else len(new)
             mask.extend([1] * end + [0] * (len(new) - end))
@@ -141,7 +164,7 @@ def _tokenize_messages(messages: list[dict[str, Any]], tokenizer: Any) -> tuple[
 
     for turn in turns:
         extend(_render(tokenizer, messages[:turn], generation_prompt=True), trained=False)
-        extend(_render(tokenizer, messages[:turn + 1], generation_prompt=False), trained=True)
+        extend(_render(tokenizer, messages[: turn + 1], generation_prompt=False), trained=True)
     if turns[-1] + 1 < len(messages):
         extend(_render(tokenizer, messages, generation_prompt=False), trained=False)
     prompt_end = mask.index(1)  # the first assistant token: everything before it is context
@@ -151,12 +174,16 @@ def _tokenize_messages(messages: list[dict[str, Any]], tokenizer: Any) -> tuple[
 def _render(tokenizer: Any, messages: list[dict[str, Any]], *, generation_prompt: bool) -> list[int]:
     if not messages:
         return []
-    return list(tokenizer.apply_chat_template(messages, add_generation_prompt=generation_prompt, tokenize=True,
-                                              return_dict=False))
+    return list(
+        tokenizer.apply_chat_template(
+            messages, add_generation_prompt=generation_prompt, tokenize=True, return_dict=False
+        )
+    )
 
 
 def sft_batch(examples: list[SFTExample], pad_id: int) -> Batch:
     """The examples in the rollout batch layout: context left of the response, the loss mask on it."""
-    tensors = padded_tensors([e.prompt_ids for e in examples], [e.response_ids for e in examples],
-                             [e.loss_mask for e in examples], pad_id)
+    tensors = padded_tensors(
+        [e.prompt_ids for e in examples], [e.response_ids for e in examples], [e.loss_mask for e in examples], pad_id
+    )
     return Batch(tensors, {"row_index": [e.index for e in examples]})

@@ -26,6 +26,7 @@ def _task(name: str):
     def decorator(fn):
         TASKS[name] = fn
         return fn
+
     return decorator
 
 
@@ -54,8 +55,9 @@ def _lookup(rng: random.Random) -> tuple[str, str]:
 
 
 @DATASET_BUILDERS.register("synthetic")
-def build_synthetic(source: str | None = None, *, task: str = "echo", n_train: int = 1024,
-                    n_test: int = 128, seed: int = 0, **_: Any) -> dict[str, list[Row]]:
+def build_synthetic(
+    source: str | None = None, *, task: str = "echo", n_train: int = 1024, n_test: int = 128, seed: int = 0, **_: Any
+) -> dict[str, list[Row]]:
     """Rows for `task` ("echo", "succ", "add" or "lookup"); deterministic in `seed`."""
     if task not in TASKS:
         raise ValueError(f"unknown synthetic task {task!r}; choose one of {sorted(TASKS)}")
@@ -65,8 +67,7 @@ def build_synthetic(source: str | None = None, *, task: str = "echo", n_train: i
         rows = []
         for index in range(count):
             content, answer = TASKS[task](rng)
-            rows.append(make_row(f"synthetic/{task}", content, answer, split=split, index=index,
-                                 ability="synthetic"))
+            rows.append(make_row(f"synthetic/{task}", content, answer, split=split, index=index, ability="synthetic"))
         splits[split] = rows
     return splits
 

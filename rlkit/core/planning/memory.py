@@ -34,8 +34,8 @@ from rlkit.recipes.schema import RLConfig
 
 GIB = 2**30
 DEVICE_RESERVE = int(1.5 * GIB)  # CUDA context, NCCL buffers, allocator slack: never available to rlkit
-VLLM_OVERHEAD = 1 * GIB          # vLLM's profiling activations and CUDA graphs inside its share (approximate)
-CPU_KV_CACHE = 1 * GIB           # VLLM_CPU_KVCACHE_SPACE, which rlkit sets for its CPU workers
+VLLM_OVERHEAD = 1 * GIB  # vLLM's profiling activations and CUDA graphs inside its share (approximate)
+CPU_KV_CACHE = 1 * GIB  # VLLM_CPU_KVCACHE_SPACE, which rlkit sets for its CPU workers
 
 
 @dataclass(frozen=True)
@@ -57,17 +57,35 @@ class ActivationBytes:
 # Measured with saved-tensor hooks on the tiny Qwen2 (hidden 128-256, intermediate 256-512, 2-8 layers,
 # 1-4 KV heads), fp32 and bf16 compute: RMSNorm's fp32 upcast makes bf16 more than half of fp32.
 ACTIVATION_BYTES = {
-    4: ActivationBytes(hidden=44, intermediate=16, heads=4, const=8, root_hidden=8, root_head_dim=8, root_const=21,
-                       response_hidden=4, checkpointed_hidden=4),
-    2: ActivationBytes(hidden=26, intermediate=8, heads=4, const=8, root_hidden=6, root_head_dim=4, root_const=21,
-                       response_hidden=2, checkpointed_hidden=2),
+    4: ActivationBytes(
+        hidden=44,
+        intermediate=16,
+        heads=4,
+        const=8,
+        root_hidden=8,
+        root_head_dim=8,
+        root_const=21,
+        response_hidden=4,
+        checkpointed_hidden=4,
+    ),
+    2: ActivationBytes(
+        hidden=26,
+        intermediate=8,
+        heads=4,
+        const=8,
+        root_hidden=6,
+        root_head_dim=4,
+        root_const=21,
+        response_hidden=2,
+        checkpointed_hidden=2,
+    ),
 }
 
 
 @dataclass
 class MicroBatch:
-    tokens: int            # T: real tokens of one update micro-batch on one device (worst case: full lengths)
-    response_tokens: int   # K: the positions that predict a response token
+    tokens: int  # T: real tokens of one update micro-batch on one device (worst case: full lengths)
+    response_tokens: int  # K: the positions that predict a response token
 
 
 @dataclass
@@ -102,8 +120,16 @@ def micro_batch(config: RLConfig, budget: int, world_size: int | None = None) ->
     return MicroBatch(tokens, tokens * data.max_response_length // sequence)
 
 
-def token_budget(config: RLConfig, shape: ModelShape, device_bytes: float, *, on_gpu: bool,
-                 loaded_bytes: float, trainable_params: float, critic_params: float) -> int:
+def token_budget(
+    config: RLConfig,
+    shape: ModelShape,
+    device_bytes: float,
+    *,
+    on_gpu: bool,
+    loaded_bytes: float,
+    trainable_params: float,
+    critic_params: float,
+) -> int:
     """actor.micro_batch_tokens, with "auto" sized as a GPU worker sizes it at start-up
     (rlkit.core.train.fast_paths): from the memory left once its models are loaded, before the
     engine starts (it sleeps during the update)."""
@@ -112,15 +138,26 @@ def token_budget(config: RLConfig, shape: ModelShape, device_bytes: float, *, on
         return budget
     if not on_gpu:
         return fast_paths.CPU_MICRO_BATCH_TOKENS
-    dims = SimpleNamespace(hidden_size=shape.hidden, intermediate_size=shape.intermediate,
-                           num_attention_heads=shape.heads, head_dim=shape.head_dim,
-                           num_key_value_heads=shape.kv_heads, num_hidden_layers=shape.layers, vocab_size=shape.vocab)
-    per_token = fast_paths.activation_bytes_per_token(dims, compute_bytes(config, on_gpu),
-                                                      config.model.gradient_checkpointing)
+    dims = SimpleNamespace(
+        hidden_size=shape.hidden,
+        intermediate_size=shape.intermediate,
+        num_attention_heads=shape.heads,
+        head_dim=shape.head_dim,
+        num_key_value_heads=shape.kv_heads,
+        num_hidden_layers=shape.layers,
+        vocab_size=shape.vocab,
+    )
+    per_token = fast_paths.activation_bytes_per_token(
+        dims, compute_bytes(config, on_gpu), config.model.gradient_checkpointing
+    )
     return fast_paths.auto_micro_batch_tokens(
-        free_bytes=int(device_bytes - DEVICE_RESERVE - loaded_bytes), total_bytes=int(device_bytes),
-        trainable_params=int(trainable_params), critic_params=int(critic_params), bytes_per_token=per_token,
-        longest_sequence=(config.data.max_prompt_length + config.data.max_response_length) * config.micro_batch_group)
+        free_bytes=int(device_bytes - DEVICE_RESERVE - loaded_bytes),
+        total_bytes=int(device_bytes),
+        trainable_params=int(trainable_params),
+        critic_params=int(critic_params),
+        bytes_per_token=per_token,
+        longest_sequence=(config.data.max_prompt_length + config.data.max_response_length) * config.micro_batch_group,
+    )
 
 
 def activation_bytes(shape: ModelShape, batch: MicroBatch, compute: int, checkpointing: bool) -> dict[str, float]:
@@ -145,8 +182,15 @@ def logits_bytes(shape: ModelShape, batch: MicroBatch, compute: int) -> dict[str
     return {"logits": k * v * compute + 8 * k, "logits gradient": k * v * compute, "log-prob chunks": 2 * chunk * v * 4}
 
 
-def training_device(config: RLConfig, shape: ModelShape, device_bytes: float, *, on_gpu: bool,
-                    critic: ModelShape | None = None, reward_model: ModelShape | None = None) -> DeviceMemory:
+def training_device(
+    config: RLConfig,
+    shape: ModelShape,
+    device_bytes: float,
+    *,
+    on_gpu: bool,
+    critic: ModelShape | None = None,
+    reward_model: ModelShape | None = None,
+) -> DeviceMemory:
     """Every part on one training device and the generate / update / sync peaks."""
     world, compute = config.world_size, compute_bytes(config, on_gpu)
     mem = DeviceMemory()
@@ -176,17 +220,28 @@ def training_device(config: RLConfig, shape: ModelShape, device_bytes: float, *,
     copy = shape.params * compute if world == 1 else (2 * shape.layer_params + shape.root_params) * compute
     # What a worker holds when it sizes an auto budget, before its engine starts: the fp32 policy (or frozen
     # base), the reference, the reward model. The critic and the update's own state are terms of the sizing.
-    loaded = 4 * shape.params / world * (2 if separate_reference else 1) \
-        + (4 * reward_model.params if reward_model is not None else 0)
+    loaded = 4 * shape.params / world * (2 if separate_reference else 1) + (
+        4 * reward_model.params if reward_model is not None else 0
+    )
     trainable = shape.lora_params(lora.rank, lora.target_modules) if lora.rank else shape.params
-    batch = micro_batch(config, token_budget(config, shape, device_bytes, on_gpu=on_gpu, loaded_bytes=loaded,
-                                             trainable_params=trainable / world,
-                                             critic_params=critic.params / world if critic else 0))
+    batch = micro_batch(
+        config,
+        token_budget(
+            config,
+            shape,
+            device_bytes,
+            on_gpu=on_gpu,
+            loaded_bytes=loaded,
+            trainable_params=trainable / world,
+            critic_params=critic.params / world if critic else 0,
+        ),
+    )
     mem.micro_batch_tokens = batch.tokens
     parts[f"actor compute copy ({dtype})"] = copy
     activations = activation_bytes(shape, batch, compute, config.model.gradient_checkpointing)
-    parts[f"activations ({batch.tokens} tokens{', checkpointed' if config.model.gradient_checkpointing else ''})"] \
-        = activations["saved"]
+    parts[f"activations ({batch.tokens} tokens{', checkpointed' if config.model.gradient_checkpointing else ''})"] = (
+        activations["saved"]
+    )
     if activations["recomputed"]:
         parts["one layer recomputed in backward"] = activations["recomputed"]
     head = logits_bytes(shape, batch, compute)
@@ -221,5 +276,10 @@ def kv_cache(config: RLConfig, shape: ModelShape, device_bytes: float, on_gpu: b
     engines = config.world_size if config.rollout.placement == "colocated" else config.rollout.devices
     sequences = min(config.rollout.max_num_seqs, -(-config.data.train_batch_size * config.rollout.n // engines))
     wanted = sequences * (config.data.max_prompt_length + config.data.max_response_length)
-    return {"bytes": space, "weights": weights, "tokens": max(space, 0) / per_token, "wanted_tokens": float(wanted),
-            "sequences": float(sequences)}
+    return {
+        "bytes": space,
+        "weights": weights,
+        "tokens": max(space, 0) / per_token,
+        "wanted_tokens": float(wanted),
+        "sequences": float(sequences),
+    }

@@ -55,8 +55,12 @@ def target_device(config: RLConfig, gpu_memory_gib: float | None) -> Device:
         name = f"{timing.CALIBRATION['device']} (assumed: no GPU here)"
         return Device(name, CALIBRATION_GPU_MIB * 2**20, True, False)
     workers = config.trainer.nnodes * config.trainer.n_gpus_per_node
-    return Device(f"CPU worker (1/{workers} of this host's available memory)",
-                  environment.available_memory_bytes() / max(workers, 1), False, True)
+    return Device(
+        f"CPU worker (1/{workers} of this host's available memory)",
+        environment.available_memory_bytes() / max(workers, 1),
+        False,
+        True,
+    )
 
 
 def build_plan(config: RLConfig, *, gpu_memory_gib: float | None = None) -> Plan:
@@ -66,10 +70,18 @@ def build_plan(config: RLConfig, *, gpu_memory_gib: float | None = None) -> Plan
     reward = model_shape(resolve_model_path(config.reward_model.path)) if config.reward_model.path else None
     device = target_device(config, gpu_memory_gib)
     mem = memory.training_device(config, shape, device.bytes, on_gpu=device.on_gpu, critic=critic, reward_model=reward)
-    kv = (memory.kv_cache(config, shape, device.bytes, device.on_gpu)
-          if config.rollout.name == "vllm" and not config.offline else None)
-    time = timing.step_time(config, shape, critic, micro_batch_tokens=mem.micro_batch_tokens,
-                            kv_tokens=kv["tokens"] if kv and device.on_gpu else None)
+    kv = (
+        memory.kv_cache(config, shape, device.bytes, device.on_gpu)
+        if config.rollout.name == "vllm" and not config.offline
+        else None
+    )
+    time = timing.step_time(
+        config,
+        shape,
+        critic,
+        micro_batch_tokens=mem.micro_batch_tokens,
+        kv_tokens=kv["tokens"] if kv and device.on_gpu else None,
+    )
     plan = Plan(config, shape, device, mem, kv, time, fits=False)
     plan.fits = mem.peak <= plan.usable
     if not plan.fits:
@@ -84,14 +96,20 @@ def knobs(plan: Plan, critic: ModelShape | None, reward: ModelShape | None) -> l
     found = []
 
     def fits_with(**changes: dict) -> bool:
-        changed = config.model_copy(update={section: getattr(config, section).model_copy(update=values)
-                                            for section, values in changes.items()})
-        return memory.training_device(changed, plan.shape, plan.device.bytes, on_gpu=plan.device.on_gpu,
-                                      critic=critic, reward_model=reward).phases[mem.peak_phase] <= usable
+        changed = config.model_copy(
+            update={section: getattr(config, section).model_copy(update=values) for section, values in changes.items()}
+        )
+        return (
+            memory.training_device(
+                changed, plan.shape, plan.device.bytes, on_gpu=plan.device.on_gpu, critic=critic, reward_model=reward
+            ).phases[mem.peak_phase]
+            <= usable
+        )
 
     if mem.peak_phase in ("generate", "sync"):  # both hold the engine's whole share
-        state = mem.phases[mem.peak_phase] - memory.engine_bytes(config, plan.shape, plan.device.bytes,
-                                                                 plan.device.on_gpu)
+        state = mem.phases[mem.peak_phase] - memory.engine_bytes(
+            config, plan.shape, plan.device.bytes, plan.device.on_gpu
+        )
         share = (usable - state) / plan.device.bytes
         if share > 0.05:
             now = config.rollout.gpu_memory_utilization
@@ -116,14 +134,18 @@ def engine_warnings(plan: Plan) -> list[str]:
     if kv is None or not plan.device.on_gpu:
         return []
     if kv["bytes"] <= 0:
-        return [f"vLLM's share (rollout.gpu_memory_utilization={config.rollout.gpu_memory_utilization:g}) does not "
-                f"hold its {kv['weights'] / GIB:.1f} GiB of weights plus ~{memory.VLLM_OVERHEAD / GIB:.0f} GiB of "
-                "working memory: its start fails; raise rollout.gpu_memory_utilization"]
+        return [
+            f"vLLM's share (rollout.gpu_memory_utilization={config.rollout.gpu_memory_utilization:g}) does not "
+            f"hold its {kv['weights'] / GIB:.1f} GiB of weights plus ~{memory.VLLM_OVERHEAD / GIB:.0f} GiB of "
+            "working memory: its start fails; raise rollout.gpu_memory_utilization"
+        ]
     if kv["tokens"] < kv["wanted_tokens"]:
         held = int(kv["tokens"] // (config.data.max_prompt_length + config.data.max_response_length))
-        return [f"the KV cache holds ~{int(kv['tokens']):,} tokens: {held} of the {int(kv['sequences'])} sequences "
-                "each engine decodes at once fit at full length, the rest wait (slower, not an error); raise "
-                "rollout.gpu_memory_utilization or lower rollout.max_num_seqs"]
+        return [
+            f"the KV cache holds ~{int(kv['tokens']):,} tokens: {held} of the {int(kv['sequences'])} sequences "
+            "each engine decodes at once fit at full length, the rest wait (slower, not an error); raise "
+            "rollout.gpu_memory_utilization or lower rollout.max_num_seqs"
+        ]
     return []
 
 

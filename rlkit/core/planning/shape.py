@@ -13,9 +13,9 @@ from rlkit.errors import UserError
 
 @dataclass(frozen=True)
 class ModelShape:
-    params: int          # every parameter, tied embeddings counted once
-    layer_params: int    # one decoder layer's
-    root_params: int     # embeddings, final norm, untied head: what is not in a decoder layer
+    params: int  # every parameter, tied embeddings counted once
+    layer_params: int  # one decoder layer's
+    root_params: int  # embeddings, final norm, untied head: what is not in a decoder layer
     hidden: int
     intermediate: int
     layers: int
@@ -33,9 +33,15 @@ class ModelShape:
     def linear_shapes(self) -> dict[str, tuple[int, int]]:
         """(in, out) features of each matrix product in a decoder layer, by its Qwen2/Llama module name."""
         q, kv = self.heads * self.head_dim, self.kv_heads * self.head_dim
-        return {"q_proj": (self.hidden, q), "k_proj": (self.hidden, kv), "v_proj": (self.hidden, kv),
-                "o_proj": (q, self.hidden), "gate_proj": (self.hidden, self.intermediate),
-                "up_proj": (self.hidden, self.intermediate), "down_proj": (self.intermediate, self.hidden)}
+        return {
+            "q_proj": (self.hidden, q),
+            "k_proj": (self.hidden, kv),
+            "v_proj": (self.hidden, kv),
+            "o_proj": (q, self.hidden),
+            "gate_proj": (self.hidden, self.intermediate),
+            "up_proj": (self.hidden, self.intermediate),
+            "down_proj": (self.intermediate, self.hidden),
+        }
 
     def lora_params(self, rank: int, target_modules: str | list[str]) -> int:
         """Parameters of rank-`rank` adapters (A: in x r, B: r x out) on the targeted layers' matrix products;
@@ -67,20 +73,31 @@ def model_shape(model_path: str, *, value_head: bool = False) -> ModelShape:
         config = AutoConfig.from_pretrained(model_path, **({"num_labels": 1} if value_head else {}))
     except Exception as exc:  # noqa: BLE001 - hub, network and parsing errors all mean "no config here"
         first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
-        raise UserError(f"cannot read the config.json of {model_path} ({first[:200]}); pass a local model "
-                        "directory or a hub id in the local cache") from None
+        raise UserError(
+            f"cannot read the config.json of {model_path} ({first[:200]}); pass a local model "
+            "directory or a hub id in the local cache"
+        ) from None
     factory = AutoModelForTokenClassification if value_head else AutoModelForCausalLM
     with torch.device("meta"):
         model = factory.from_config(config)
     layers = getattr(getattr(model, "model", None), "layers", None)
     if layers is None:
-        raise UserError(f"{model_path}: {type(model).__name__} has no decoder stack at model.layers; "
-                        "the plan's memory model covers decoder-only transformers")
+        raise UserError(
+            f"{model_path}: {type(model).__name__} has no decoder stack at model.layers; "
+            "the plan's memory model covers decoder-only transformers"
+        )
     params = sum(p.numel() for p in model.parameters())
     layer_params = sum(p.numel() for p in layers[0].parameters())
     heads = config.num_attention_heads
-    return ModelShape(params=params, layer_params=layer_params, root_params=params - layer_params * len(layers),
-                      hidden=config.hidden_size, intermediate=config.intermediate_size, layers=len(layers),
-                      heads=heads, kv_heads=getattr(config, "num_key_value_heads", None) or heads,
-                      head_dim=getattr(config, "head_dim", None) or config.hidden_size // heads,
-                      vocab=config.vocab_size)
+    return ModelShape(
+        params=params,
+        layer_params=layer_params,
+        root_params=params - layer_params * len(layers),
+        hidden=config.hidden_size,
+        intermediate=config.intermediate_size,
+        layers=len(layers),
+        heads=heads,
+        kv_heads=getattr(config, "num_key_value_heads", None) or heads,
+        head_dim=getattr(config, "head_dim", None) or config.hidden_size // heads,
+        vocab=config.vocab_size,
+    )

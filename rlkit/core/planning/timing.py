@@ -28,19 +28,19 @@ from rlkit.recipes.schema import RLConfig
 # checkpointed, 8192 tokens; bench/plan_time_fit.py holds their numbers and refits.
 CALIBRATION = {
     "device": "NVIDIA H200",
-    "peak_flops": 800e12,              # bf16 matrix-multiply rate measured on the same GPUs (785-818 TFLOP/s)
-    "hbm_bytes_per_s": 4.3e12,         # assumed, not measured: ~90% of the H200's 4.8 TB/s datasheet bandwidth
-    "matmul_efficiency": 0.74,         # fit: share of peak_flops a training pass's matrix products reach
+    "peak_flops": 800e12,  # bf16 matrix-multiply rate measured on the same GPUs (785-818 TFLOP/s)
+    "hbm_bytes_per_s": 4.3e12,  # assumed, not measured: ~90% of the H200's 4.8 TB/s datasheet bandwidth
+    "matmul_efficiency": 0.74,  # fit: share of peak_flops a training pass's matrix products reach
     "forward_s_per_micro_batch": 0.041,  # fit: fixed cost of one micro-batch's forward (ref / old-log-prob)
-    "update_s_per_micro_batch": 0.056,   # fit: the same for each forward-sized pass of the update
-    "decode_s_per_layer": 86e-6,       # fit: fixed cost of a decode step per decoder layer (launches, norms)
+    "update_s_per_micro_batch": 0.056,  # fit: the same for each forward-sized pass of the update
+    "decode_s_per_layer": 86e-6,  # fit: fixed cost of a decode step per decoder layer (launches, norms)
     "decode_s_per_sequence": 11.7e-6,  # fit: per decode step and sequence (sampling over the vocabulary)
-    "log_prob_decode_factor": 0.65,    # decode speed while the engine returns log-probs (session 2: 0.6-0.7x)
-    "sync_s": 0.28,                    # fit: fixed cost of a colocated weight sync
-    "sync_bytes_per_s": 47e9,          # fit: colocated sync rate (4 bytes a parameter, as the sync counts them)
+    "log_prob_decode_factor": 0.65,  # decode speed while the engine returns log-probs (session 2: 0.6-0.7x)
+    "sync_s": 0.28,  # fit: fixed cost of a colocated weight sync
+    "sync_bytes_per_s": 47e9,  # fit: colocated sync rate (4 bytes a parameter, as the sync counts them)
     "split_sync_bytes_per_s": 0.25e9,  # split placement: 0.99 GB of bf16 through Ray's object store in 3.92 s
     "multi_gpu_forward_efficiency": 0.25 / 0.40,  # forward MFU on 2 GPUs / on 1, session 2's bench (25.1% / 40%)
-    "multi_gpu_update_efficiency": 0.31 / 0.38,   # update MFU on 2 GPUs / on 1 (31.0% / 38%)
+    "multi_gpu_update_efficiency": 0.31 / 0.38,  # update MFU on 2 GPUs / on 1 (31.0% / 38%)
     "controller_s_per_sample": 0.19 / 512,  # reward + advantages + batch assembly: ~0.19 s for 512 responses
 }
 
@@ -67,13 +67,15 @@ def micro_batches(sequences: int, sequence_tokens: int, budget: int, group: int 
 def pass_seconds(flops: float, micro: int, passes: float, kind: str, devices: int, cal: dict = CALIBRATION) -> float:
     """`passes` forward-sized passes over `flops` (one forward, whole batch) split over `devices`, `micro`
     micro-batches per device per pass; kind "forward" or "update" picks the fixed cost and the 2-GPU share."""
-    seconds = passes * (flops / devices / (cal["peak_flops"] * cal["matmul_efficiency"])
-                        + micro * cal[f"{kind}_s_per_micro_batch"])
+    seconds = passes * (
+        flops / devices / (cal["peak_flops"] * cal["matmul_efficiency"]) + micro * cal[f"{kind}_s_per_micro_batch"]
+    )
     return seconds / (cal[f"multi_gpu_{kind}_efficiency"] if devices > 1 else 1.0)
 
 
-def decode_step_seconds(shape: ModelShape, concurrent: int, context: float, weight_bytes: int,
-                        cal: dict = CALIBRATION) -> float:
+def decode_step_seconds(
+    shape: ModelShape, concurrent: int, context: float, weight_bytes: int, cal: dict = CALIBRATION
+) -> float:
     """One decode step of `concurrent` sequences with `context` tokens each in the KV cache."""
     kv_per_token = 2 * shape.layers * shape.kv_heads * shape.head_dim * weight_bytes
     read = (weight_bytes * shape.params + concurrent * context * kv_per_token) / cal["hbm_bytes_per_s"]
@@ -81,8 +83,15 @@ def decode_step_seconds(shape: ModelShape, concurrent: int, context: float, weig
     return shape.layers * cal["decode_s_per_layer"] + concurrent * cal["decode_s_per_sequence"] + max(read, compute)
 
 
-def generate_seconds(shape: ModelShape, sequences: int, concurrent: int, prompt: int, response: int,
-                     weight_bytes: int = 2, cal: dict = CALIBRATION) -> float:
+def generate_seconds(
+    shape: ModelShape,
+    sequences: int,
+    concurrent: int,
+    prompt: int,
+    response: int,
+    weight_bytes: int = 2,
+    cal: dict = CALIBRATION,
+) -> float:
     """One engine generating `sequences` responses of `response` tokens, at most `concurrent` at once."""
     prefill = sequences * prompt * 2 * shape.params / (cal["peak_flops"] * cal["matmul_efficiency"])
     rounds = math.ceil(sequences / concurrent)
@@ -90,8 +99,15 @@ def generate_seconds(shape: ModelShape, sequences: int, concurrent: int, prompt:
     return prefill + rounds * response * decode_step_seconds(shape, running, prompt + response / 2, weight_bytes, cal)
 
 
-def step_time(config: RLConfig, shape: ModelShape, critic: ModelShape | None = None, *, micro_batch_tokens: int,
-              kv_tokens: float | None = None, cal: dict = CALIBRATION) -> StepTime:
+def step_time(
+    config: RLConfig,
+    shape: ModelShape,
+    critic: ModelShape | None = None,
+    *,
+    micro_batch_tokens: int,
+    kv_tokens: float | None = None,
+    cal: dict = CALIBRATION,
+) -> StepTime:
     """Seconds per phase of one step. `micro_batch_tokens`: the update's token budget as the memory model
     sized it; `kv_tokens`: what one engine's KV cache holds (fewer full sequences at once when short);
     `cal`: the constants (bench/plan_time_fit.py passes others to fit them)."""
@@ -102,8 +118,9 @@ def step_time(config: RLConfig, shape: ModelShape, critic: ModelShape | None = N
     group = config.micro_batch_group
     whole = micro_batches(math.ceil(samples / world), sequence, micro_batch_tokens, group)  # a log-prob pass
     per_mini = config.actor.mini_batch_size * config.samples_per_prompt
-    update_micro = micro_batches(math.ceil(per_mini / world), sequence, micro_batch_tokens, group) \
-        * math.ceil(samples / per_mini)
+    update_micro = micro_batches(math.ceil(per_mini / world), sequence, micro_batch_tokens, group) * math.ceil(
+        samples / per_mini
+    )
     notes = [f"calibrated on {cal['device']} (docs/benchmarks.md); responses at full length"]
     if world > 2:
         notes.append(f"{world} training devices: the 2-GPU efficiency is assumed (measured on 1 and 2)")
@@ -124,22 +141,36 @@ def step_time(config: RLConfig, shape: ModelShape, critic: ModelShape | None = N
     slowdown = with_log_probs / cal["log_prob_decode_factor"] + (1 - with_log_probs)
     weight_bytes = 4 if config.model.dtype == "float32" else 2
     baseline = math.ceil(data.train_batch_size / engines)  # one greedy sample per prompt
-    critic_forward = samples * critic.forward_flops(data.max_prompt_length, data.max_response_length) \
-        if critic is not None else 0.0
+    critic_forward = (
+        samples * critic.forward_flops(data.max_prompt_length, data.max_response_length) if critic is not None else 0.0
+    )
     prices: dict[str, Callable[[], float]] = {  # each phase of the step's plan (rlkit.core.algos.phase_plan)
-        "gen": lambda: slowdown * generate_seconds(shape, per_engine, concurrent, data.max_prompt_length,
-                                                   data.max_response_length, weight_bytes, cal),
-        "gen_baseline": lambda: generate_seconds(shape, baseline, min(baseline, config.rollout.max_num_seqs),
-                                                 data.max_prompt_length, data.max_response_length, weight_bytes, cal),
+        "gen": lambda: (
+            slowdown
+            * generate_seconds(
+                shape, per_engine, concurrent, data.max_prompt_length, data.max_response_length, weight_bytes, cal
+            )
+        ),
+        "gen_baseline": lambda: generate_seconds(
+            shape,
+            baseline,
+            min(baseline, config.rollout.max_num_seqs),
+            data.max_prompt_length,
+            data.max_response_length,
+            weight_bytes,
+            cal,
+        ),
         "old_log_prob": lambda: reference,
         "ref": lambda: reference,
         "values": lambda: pass_seconds(critic_forward, whole, 1, "forward", world, cal),
         "adv": lambda: samples * cal["controller_s_per_sample"],
         "update_critic": lambda: pass_seconds(critic_forward, update_micro, 3, "update", world, cal),
         "update_actor": lambda: update,
-        "sync": lambda: (cal["sync_s"] + 4 * shape.params / cal["sync_bytes_per_s"]
-                         if config.rollout.placement == "colocated"
-                         else 2 * shape.params / cal["split_sync_bytes_per_s"]),
+        "sync": lambda: (
+            cal["sync_s"] + 4 * shape.params / cal["sync_bytes_per_s"]
+            if config.rollout.placement == "colocated"
+            else 2 * shape.params / cal["split_sync_bytes_per_s"]
+        ),
     }
     phases = {TIMING_KEYS.get(phase, phase): prices[phase]() for phase in phase_plan(config).phases}
     if config.model.gradient_checkpointing:

@@ -21,8 +21,10 @@ def value_problem(value: Any) -> str | None:
     if isinstance(value, dict):
         if "score" not in value:
             return f"returned a dict without a 'score' key (keys: {sorted(map(str, value))})"
-        return next((f"returned key {key!r} = {shown(v)}, not a finite number"
-                     for key, v in value.items() if _not_finite(v)), None)
+        return next(
+            (f"returned key {key!r} = {shown(v)}, not a finite number" for key, v in value.items() if _not_finite(v)),
+            None,
+        )
     return f"returned {shown(value)}, not a finite number" if _not_finite(value) else None
 
 

@@ -79,7 +79,7 @@ class _Channel:
             if not select.select([], [self._in], [], max(0.0, deadline - time.monotonic()))[1]:
                 raise _NoAnswer("it stopped reading its input", late=True)
             try:
-                data = data[os.write(self._in, data):]
+                data = data[os.write(self._in, data) :]
             except BlockingIOError:
                 continue
             except OSError:
@@ -108,10 +108,16 @@ class _Trial:
     def __init__(self, program: str, prompt: str, tests: str, entry_point: str, limits: Limits) -> None:
         self.limits, self.end = limits, time.monotonic() + limits.wall_s
         serve = f"\nserve({entry_point!r})\n"
-        self._candidate_source = (_SOURCES["candidate_server.py"] + serve, limits, {
-            "solution.py": program, "plain_data.py": _SOURCES["plain_data.py"]})
-        self._judge_source = (_SOURCES["judge_server.py"] + serve, limits, {
-            "prompt.py": prompt, "tests.py": tests, "plain_data.py": _SOURCES["plain_data.py"]})
+        self._candidate_source = (
+            _SOURCES["candidate_server.py"] + serve,
+            limits,
+            {"solution.py": program, "plain_data.py": _SOURCES["plain_data.py"]},
+        )
+        self._judge_source = (
+            _SOURCES["judge_server.py"] + serve,
+            limits,
+            {"prompt.py": prompt, "tests.py": tests, "plain_data.py": _SOURCES["plain_data.py"]},
+        )
         self.candidate: _Channel | None = None
         self.judge: _Channel | None = None
         self.statements: list[bool] = []  # per statement of check's body: is it a test
@@ -131,8 +137,13 @@ class _Trial:
             if not ok and not is_test:
                 break  # setup failed: the remaining tests cannot run
         total = sum(self.statements)
-        return {"score": passed / max(total, 1), "passed": float(passed), "tests": float(total), "runs": 1.0,
-                "timed_out": float(timed_out)}
+        return {
+            "score": passed / max(total, 1),
+            "passed": float(passed),
+            "tests": float(total),
+            "runs": 1.0,
+            "timed_out": float(timed_out),
+        }
 
     def close(self) -> None:
         for channel in (self.candidate, self.judge):

@@ -50,8 +50,11 @@ def load_function(spec: str, what: str) -> Callable[..., Any]:
     module = _import_file(path, what)
     fn = getattr(module, name, None)
     if not callable(fn):
-        defined = sorted(k for k, v in vars(module).items()
-                         if callable(v) and not k.startswith("_") and getattr(v, "__module__", None) == module.__name__)
+        defined = sorted(
+            k
+            for k, v in vars(module).items()
+            if callable(v) and not k.startswith("_") and getattr(v, "__module__", None) == module.__name__
+        )
         problem = "is not callable" if fn is not None else "is not defined there"
         raise UserError(f"{what}={spec!r}: {name!r} {problem}; functions in {path.name}: {defined or 'none'}")
     return fn

@@ -33,20 +33,26 @@ def read_responses(path: str | Path, num_rows: int) -> list[list[str]]:
             value = value.get("responses", value.get("response"))
         texts = value if isinstance(value, list) else [value]
         if not texts or not all(isinstance(t, str) for t in texts):
-            raise UserError(f'{path}, line {number}: expected a JSON string, {{"response": "..."}} or '
-                            '{"responses": ["...", ...]}')
+            raise UserError(
+                f'{path}, line {number}: expected a JSON string, {{"response": "..."}} or {{"responses": ["...", ...]}}'
+            )
         if per_row and len(texts) != len(per_row[0]):
-            raise UserError(f"{path}, line {number}: {len(texts)} responses, but line 1 has {len(per_row[0])}; "
-                            "every line needs the same number")
+            raise UserError(
+                f"{path}, line {number}: {len(texts)} responses, but line 1 has {len(per_row[0])}; "
+                "every line needs the same number"
+            )
         per_row.append(texts)
     if len(per_row) != num_rows:
-        raise UserError(f"the data has {num_rows} rows but {path} has {len(per_row)} response lines; "
-                        "it needs one line per data row, in the same order")
+        raise UserError(
+            f"the data has {num_rows} rows but {path} has {len(per_row)} response lines; "
+            "it needs one line per data row, in the same order"
+        )
     return per_row
 
 
-def sample_responses(model_path: str, rows: list[dict[str, Any]], *, n: int, max_new_tokens: int,
-                     temperature: float, seed: int) -> list[list[str]]:
+def sample_responses(
+    model_path: str, rows: list[dict[str, Any]], *, n: int, max_new_tokens: int, temperature: float, seed: int
+) -> list[list[str]]:
     """n sampled responses per row from the model at `model_path` (transformers engine, CPU or GPU)."""
     import torch
     from transformers import AutoTokenizer
@@ -62,11 +68,12 @@ def sample_responses(model_path: str, rows: list[dict[str, Any]], *, n: int, max
         raise UserError(f"--model {model_path}: cannot load a tokenizer ({exc})") from None
     prompts = [tokenize_prompt(tokenizer, row["prompt"]) for row in rows]
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    config = RLConfig(rollout={"name": "hf"},
-                      data={"max_prompt_length": max(map(len, prompts)), "max_response_length": max_new_tokens})
+    config = RLConfig(
+        rollout={"name": "hf"},
+        data={"max_prompt_length": max(map(len, prompts)), "max_response_length": max_new_tokens},
+    )
     engine = make_engine(config, model_path, dtype="float32", seed=seed, device=device, sleep_mode=False)
-    sampling = Sampling(n=n, max_tokens=max_new_tokens, temperature=temperature, seed=seed,
-                        greedy=temperature == 0)
+    sampling = Sampling(n=n, max_tokens=max_new_tokens, temperature=temperature, seed=seed, greedy=temperature == 0)
     responses: list[list[str]] = [[] for _ in rows]
     for sample in engine.generate(prompts, sampling):
         responses[sample.prompt_index].append(tokenizer.decode(sample.token_ids, skip_special_tokens=True))
@@ -84,8 +91,9 @@ def _histogram(scores: list[float]) -> list[dict[str, float]]:
     return [{"low": low + i * width, "high": low + (i + 1) * width, "count": counts[i]} for i in range(10)]
 
 
-def evaluate(rows: list[dict[str, Any]], responses: list[list[str]], config: RewardConfig, *,
-             examples: int = 3) -> dict[str, Any]:
+def evaluate(
+    rows: list[dict[str, Any]], responses: list[list[str]], config: RewardConfig, *, examples: int = 3
+) -> dict[str, Any]:
     """Score every response and summarise: mean, accuracy, histogram, extraction failures, errors and
     invalid scores (with examples), timing, and each row's scores (`per_row`, in response order)."""
     flat = [(i, text) for i, texts in enumerate(responses) for text in texts]
@@ -93,8 +101,12 @@ def evaluate(rows: list[dict[str, Any]], responses: list[list[str]], config: Rew
     extra_infos = [dict(row.get("extra_info") or {}) for row in rows]
     start = time.perf_counter()
     with RewardScorer(config) as scorer:
-        scored = scorer.score([text for _, text in flat], [str(rows[i]["data_source"]) for i, _ in flat],
-                              [ground_truths[i] for i, _ in flat], [extra_infos[i] for i, _ in flat])
+        scored = scorer.score(
+            [text for _, text in flat],
+            [str(rows[i]["data_source"]) for i, _ in flat],
+            [ground_truths[i] for i, _ in flat],
+            [extra_infos[i] for i, _ in flat],
+        )
     seconds = time.perf_counter() - start
     scores = scored.scores
     binary = all(0.0 <= s <= 1.0 for s in scores)
@@ -111,7 +123,8 @@ def evaluate(rows: list[dict[str, Any]], responses: list[list[str]], config: Rew
         "extraction_failures": len(not_found) if reports_extraction else None,
         "extraction_failure_examples": [
             {"row": flat[k][0], "ground_truth": ground_truths[flat[k][0]], "response_tail": flat[k][1][-_TAIL_CHARS:]}
-            for k in not_found[:examples]],
+            for k in not_found[:examples]
+        ],
         "errors": len(scored.errors),
         "error_examples": scored.errors[:examples],
         "invalid": len(scored.invalid),

@@ -44,9 +44,14 @@ def to_number(text: str) -> Decimal | None:
 
 
 @REWARD_FNS.register("openai/gsm8k", "gsm8k")
-def gsm8k_reward(response: str, ground_truth: str, extra_info: dict[str, Any], *,
-                 gsm8k_method: Literal["strict", "flexible"] = "strict",
-                 format_score: float = 0.0) -> dict[str, float]:
+def gsm8k_reward(
+    response: str,
+    ground_truth: str,
+    extra_info: dict[str, Any],
+    *,
+    gsm8k_method: Literal["strict", "flexible"] = "strict",
+    format_score: float = 0.0,
+) -> dict[str, float]:
     """1 for the right number, `format_score` for a wrong one, 0 when no answer is found."""
     expected = to_number(ground_truth)
     if expected is None:

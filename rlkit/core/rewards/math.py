@@ -35,8 +35,9 @@ def last_boxed(text: str) -> str | None:
 
 
 @REWARD_FNS.register("math", "DigitalLearningGmbH/MATH-lighteval", "lighteval/MATH", "hendrycks/competition_math")
-def math_reward(response: str, ground_truth: str, extra_info: dict[str, Any], *,
-                format_score: float = 0.0) -> dict[str, float]:
+def math_reward(
+    response: str, ground_truth: str, extra_info: dict[str, Any], *, format_score: float = 0.0
+) -> dict[str, float]:
     """1 when math-verify finds the response's answer equal to the ground truth, else
     `format_score` when it finds an answer at all, else 0."""
     try:

@@ -24,7 +24,7 @@ def pass_at_k(n: int, c: int, k: int) -> float:
 
 def pass_ks(n: int) -> list[int]:
     """The k of pass@k reported for n samples: powers of two below n, and n."""
-    return [2 ** i for i in range(n.bit_length()) if 2 ** i < n] + [n]
+    return [2**i for i in range(n.bit_length()) if 2**i < n] + [n]
 
 
 def majority_score(answers: list[str | None], scores: list[float]) -> float:
@@ -87,6 +87,7 @@ def group_metrics(rows: list[RowOutcome], n: int, prefix: str) -> dict[str, floa
         for k in pass_ks(n):
             metrics[f"{prefix}reward/pass@{k}"] = sum(pass_at_k(n, c, k) for c in solved) / count
     if all(r.sample_answers is not None for r in rows):
-        metrics[f"{prefix}reward/maj@{n}"] = sum(majority_score(r.sample_answers, r.sample_scores)
-                                                 for r in rows) / count
+        metrics[f"{prefix}reward/maj@{n}"] = (
+            sum(majority_score(r.sample_answers, r.sample_scores) for r in rows) / count
+        )
     return metrics

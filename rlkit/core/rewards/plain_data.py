@@ -58,7 +58,7 @@ def decode(data: Any, depth: int = 0) -> Any:
     if type(data) is list:
         return [decode(item, depth + 1) for item in data]
     if type(data) is dict and len(data) == 1:
-        (tag, body), = data.items()
+        ((tag, body),) = data.items()
         if tag == "bytes" and type(body) is str:
             try:
                 return bytes.fromhex(body)

@@ -46,28 +46,38 @@ def probe_reward(config: RewardConfig, rows: list[PromptRow]) -> str:
     rows = rows[:PROBED_ROWS]
     problem = signature_problem(config)
     if problem:
-        raise UserError(f"reward.function={config.function} cannot be called on training row {rows[0].index}: "
-                        f"it {problem}; `rlkit train --dry-run` calls it as the run will")
+        raise UserError(
+            f"reward.function={config.function} cannot be called on training row {rows[0].index}: "
+            f"it {problem}; `rlkit train --dry-run` calls it as the run will"
+        )
     cases = [(what, row, response(row)) for what, response in RESPONSES for row in rows]
     with RewardScorer(config) as scorer:
-        results = scorer.call_each([row.data_source for _, row, _ in cases], [text for _, _, text in cases],
-                                   [row.ground_truth for _, row, _ in cases], [row.extra_info for _, row, _ in cases],
-                                   CheckedCall)
+        results = scorer.call_each(
+            [row.data_source for _, row, _ in cases],
+            [text for _, _, text in cases],
+            [row.ground_truth for _, row, _ in cases],
+            [row.extra_info for _, row, _ in cases],
+            CheckedCall,
+        )
     for (what, row, _), (name, _, error) in zip(cases, results, strict=True):
         if error:
-            raise UserError(f"reward function {name} failed on training row {row.index} (data_source "
-                            f"{row.data_source!r}, response: {what}): {_plain(error)}; `rlkit train "
-                            "--dry-run` calls it as the run will. Fix the function")
+            raise UserError(
+                f"reward function {name} failed on training row {row.index} (data_source "
+                f"{row.data_source!r}, response: {what}): {_plain(error)}; `rlkit train "
+                "--dry-run` calls it as the run will. Fix the function"
+            )
     scores: dict[str, list[str]] = {what: [] for what, _ in RESPONSES}
     for (what, _, _), (_, score, _) in zip(cases, results, strict=True):
         scores[what].append(f"{score:g}")
     names = ", ".join(sorted({name for name, _, _ in results}))
-    return (f"reward {names} called on training row(s) {', '.join(str(row.index) for row in rows)} within "
-            f"reward.timeout_s={config.timeout_s:g}: " + "; ".join(f"response {what} scores {', '.join(values)}"
-                                                                    for what, values in scores.items()))
+    return (
+        f"reward {names} called on training row(s) {', '.join(str(row.index) for row in rows)} within "
+        f"reward.timeout_s={config.timeout_s:g}: "
+        + "; ".join(f"response {what} scores {', '.join(values)}" for what, values in scores.items())
+    )
 
 
 def _plain(error: str) -> str:
     """A ReturnValueProblem's own words, without the type and the place it was raised (CheckedCall)."""
     prefix = f"{ReturnValueProblem.__name__}: "
-    return error[len(prefix):].rsplit(" (at ", 1)[0] if error.startswith(prefix) else error
+    return error[len(prefix) :].rsplit(" (at ", 1)[0] if error.startswith(prefix) else error

@@ -43,9 +43,11 @@ def answer_fn_for(data_source: str) -> AnswerFn | None:
 def score_range(low: float, high: float) -> Callable[[RewardFn], RewardFn]:
     """Declare a reward function's range (as `@score_range(0.0, 1.0)` above its def, or `fn.score_range = (0, 1)`):
     the scorer clamps its scores into [low, high]. Functions without one are not clamped."""
+
     def declare(fn: RewardFn) -> RewardFn:
         fn.score_range = (float(low), float(high))  # type: ignore[attr-defined]
         return fn
+
     return declare
 
 

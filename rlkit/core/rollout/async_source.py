@@ -51,9 +51,9 @@ if TYPE_CHECKING:
 class InFlight:
     """The batch of one step, from submission until the learner takes it."""
 
-    step: int                              # the step that trains on it
-    generations: list[Generation]          # its calls: the samples', then ReMax's baseline's; [] once collected
-    sync: PendingSync | None = None        # the weight load queued on the rollout workers just before it
+    step: int  # the step that trains on it
+    generations: list[Generation]  # its calls: the samples', then ReMax's baseline's; [] once collected
+    sync: PendingSync | None = None  # the weight load queued on the rollout workers just before it
     trajectories: list[Trajectory] | None = None
     baseline: list[Trajectory] | None = None  # ReMax: one greedy response per prompt, in prompt order
     rollout_metrics: dict[str, float] = field(default_factory=dict)  # the rollout side's timings
@@ -62,14 +62,21 @@ class InFlight:
 class AsyncRolloutSource(SyncRolloutSource):
     """Batches generated ahead on the split rollout workers, at most `lookahead` policy versions old."""
 
-    def __init__(self, config: RLConfig, rows: list[PromptRow], sampler: PromptSampler, tokenizer: Any,
-                 scorer: RewardScorer, placement: Placement) -> None:
+    def __init__(
+        self,
+        config: RLConfig,
+        rows: list[PromptRow],
+        sampler: PromptSampler,
+        tokenizer: Any,
+        scorer: RewardScorer,
+        placement: Placement,
+    ) -> None:
         super().__init__(config, rows, sampler, tokenizer, scorer, placement)
         self.lookahead = 1 if config.rollout.mode == "one_step_off" else config.rollout.max_staleness
-        self.queue: list[InFlight] = []      # submitted, not yet trained on; oldest first
-        self.submitted_through = 0           # the last step whose batch has been submitted
+        self.queue: list[InFlight] = []  # submitted, not yet trained on; oldest first
+        self.submitted_through = 0  # the last step whose batch has been submitted
         self.pending_sync: PendingSync | None = None  # queued after the last submitted batch
-        self.carried_metrics: dict[str, float] = {}   # a drained sync's metrics, for the next batch
+        self.carried_metrics: dict[str, float] = {}  # a drained sync's metrics, for the next batch
         self.taking: InFlight | None = None  # the entry of the step whose batch next_batch is making
 
     # -- the step's batch ---------------------------------------------------------------
@@ -107,8 +114,7 @@ class AsyncRolloutSource(SyncRolloutSource):
             generations = [self.submit_generation(prompts, self.sampling(step), timed=True)]
             if "gen_baseline" in self.plan:  # queued right behind: no weight load between
                 generations.append(self.submit_generation(prompts, self.sampling(step, greedy=True), timed=True))
-            self.queue.append(InFlight(step, generations, sync=self.pending_sync,
-                                       rollout_metrics=self.carried_metrics))
+            self.queue.append(InFlight(step, generations, sync=self.pending_sync, rollout_metrics=self.carried_metrics))
             self.pending_sync, self.carried_metrics = None, {}
             self.submitted_through = step
 
@@ -119,24 +125,33 @@ class AsyncRolloutSource(SyncRolloutSource):
             entry.sync = None
         if not entry.generations:
             return
-        results = [self.placement.rollout.collect(g.refs, f"generate (the batch of step {entry.step})")
-                   for g in entry.generations]
-        entry.trajectories, *baseline = [self.trajectories(g, [out for out, _ in r])
-                                         for g, r in zip(entry.generations, results)]
+        results = [
+            self.placement.rollout.collect(g.refs, f"generate (the batch of step {entry.step})")
+            for g in entry.generations
+        ]
+        entry.trajectories, *baseline = [
+            self.trajectories(g, [out for out, _ in r]) for g, r in zip(entry.generations, results)
+        ]
         entry.baseline = baseline[0] if baseline else None
         per_rank = list(zip(*results))  # per rank: (result, timing) of each call
-        entry.rollout_metrics.update({
-            "rollout/generate_seconds": max(sum(t["seconds"] for _, t in calls) for calls in per_rank),
-            # waiting for the first request (the baseline's is queued right behind it)
-            "rollout/idle_seconds": max(calls[0][1]["idle_seconds"] for calls in per_rank)})
+        entry.rollout_metrics.update(
+            {
+                "rollout/generate_seconds": max(sum(t["seconds"] for _, t in calls) for calls in per_rank),
+                # waiting for the first request (the baseline's is queued right behind it)
+                "rollout/idle_seconds": max(calls[0][1]["idle_seconds"] for calls in per_rank),
+            }
+        )
         entry.generations = []
 
     def staleness_metrics(self, batch: Batch) -> dict[str, float]:
         """Versions behind the policy being updated (the current one), over the batch's samples."""
         versions = batch["policy_version"].to(torch.float64)
         staleness = self.policy_version - versions
-        return {"rollout/staleness_mean": float(staleness.mean()), "rollout/staleness_max": float(staleness.max()),
-                "rollout/policy_version_min": float(versions.min())}
+        return {
+            "rollout/staleness_mean": float(staleness.mean()),
+            "rollout/staleness_max": float(staleness.max()),
+            "rollout/policy_version_min": float(versions.min()),
+        }
 
     # -- weights --------------------------------------------------------------------------
     def sync_weights(self, step: int) -> dict[str, float]:
@@ -156,20 +171,39 @@ class AsyncRolloutSource(SyncRolloutSource):
             self.carried_metrics.update(self.placement.finish_sync(self.pending_sync))
             self.pending_sync = None
         # The rollout side's timings travel along, so a resumed run logs the same metric keys.
-        return {**super().state_dict(), "rollout_submitted_through": self.submitted_through,
-                "rollout_carried_metrics": self.carried_metrics,
-                "rollout_in_flight": [{"step": e.step, "trajectories": [_plain(t) for t in e.trajectories],
-                                       "baseline": None if e.baseline is None else [_plain(t) for t in e.baseline],
-                                       "rollout_metrics": e.rollout_metrics} for e in self.queue]}
+        return {
+            **super().state_dict(),
+            "rollout_submitted_through": self.submitted_through,
+            "rollout_carried_metrics": self.carried_metrics,
+            "rollout_in_flight": [
+                {
+                    "step": e.step,
+                    "trajectories": [_plain(t) for t in e.trajectories],
+                    "baseline": None if e.baseline is None else [_plain(t) for t in e.baseline],
+                    "rollout_metrics": e.rollout_metrics,
+                }
+                for e in self.queue
+            ],
+        }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         super().load_state_dict(state)
         self.submitted_through = state["rollout_submitted_through"]
         self.carried_metrics = dict(state["rollout_carried_metrics"])
-        self.queue = [InFlight(e["step"], [], trajectories=[self._trajectory(t) for t in e["trajectories"]],
-                               baseline=(None if e.get("baseline") is None  # absent in checkpoints before ReMax
-                                         else [self._trajectory(t) for t in e["baseline"]]),
-                               rollout_metrics=dict(e["rollout_metrics"])) for e in state["rollout_in_flight"]]
+        self.queue = [
+            InFlight(
+                e["step"],
+                [],
+                trajectories=[self._trajectory(t) for t in e["trajectories"]],
+                baseline=(
+                    None
+                    if e.get("baseline") is None  # absent in checkpoints before ReMax
+                    else [self._trajectory(t) for t in e["baseline"]]
+                ),
+                rollout_metrics=dict(e["rollout_metrics"]),
+            )
+            for e in state["rollout_in_flight"]
+        ]
 
     def _trajectory(self, plain: dict[str, Any]) -> Trajectory:
         return Trajectory(**{**plain, "row": self.rows[plain["row"]]})

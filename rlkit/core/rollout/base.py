@@ -16,18 +16,18 @@ class Sampling:
     temperature: float = 1.0
     top_p: float = 1.0
     top_k: int = -1
-    seed: int = 0          # makes a call reproducible: sample j of prompt i uses seed + i * n + j
+    seed: int = 0  # makes a call reproducible: sample j of prompt i uses seed + i * n + j
     greedy: bool = False
     ignore_eos: bool = False  # always generate max_tokens (benchmarks: fixed shapes)
-    log_probs: bool = True    # return each sampled token's log-prob (vLLM: a real cost at large batches)
+    log_probs: bool = True  # return each sampled token's log-prob (vLLM: a real cost at large batches)
 
 
 @dataclass
 class RolloutSample:
-    prompt_index: int      # position of the prompt in the call's list
-    token_ids: list[int]   # response tokens, ending with EOS when the model stopped
+    prompt_index: int  # position of the prompt in the call's list
+    token_ids: list[int]  # response tokens, ending with EOS when the model stopped
     log_probs: list[float]  # engine's log-prob of each response token (after temperature); [] if not asked
-    finished: bool         # stopped by EOS (False: cut at max_tokens)
+    finished: bool  # stopped by EOS (False: cut at max_tokens)
 
 
 class RolloutEngine(ABC):

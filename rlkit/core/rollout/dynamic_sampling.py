@@ -46,11 +46,13 @@ class GroupCollector(Generic[T]):
         stopping; they add no gradient under group-relative estimators.
         """
         filled = max(0, self.target - len(self.kept))
-        groups = self.kept[:self.target] + self.dropped[:filled]
+        groups = self.kept[: self.target] + self.dropped[:filled]
         tensors = {k: torch.cat([g[1][k] for g in groups]) for k in groups[0][1]}
-        metrics = {"dapo/gen_rounds": float(self.rounds),
-                   "dapo/groups_dropped": float(len(self.dropped) - filled),
-                   "dapo/groups_filled": float(filled)}
+        metrics = {
+            "dapo/gen_rounds": float(self.rounds),
+            "dapo/groups_dropped": float(len(self.dropped) - filled),
+            "dapo/groups_filled": float(filled),
+        }
         return [g[0] for g in groups], tensors, metrics
 
 

@@ -22,44 +22,65 @@ EngineFactory = Callable[..., RolloutEngine]
 ENGINES: Registry[EngineFactory] = Registry("rollout engine")
 
 
-def make_engine(config: RLConfig, model_path: str, *, device: torch.device, dtype: str, seed: int,
-                sleep_mode: bool) -> RolloutEngine:
+def make_engine(
+    config: RLConfig, model_path: str, *, device: torch.device, dtype: str, seed: int, sleep_mode: bool
+) -> RolloutEngine:
     """The engine `rollout.name` names, for `model_path` on `device`.
 
     `sleep_mode`: the engine shares its device with training and releases memory between rollouts.
     """
-    return ENGINES.get(config.rollout.name)(config, model_path, device=device, dtype=dtype, seed=seed,
-                                            sleep_mode=sleep_mode)
+    return ENGINES.get(config.rollout.name)(
+        config, model_path, device=device, dtype=dtype, seed=seed, sleep_mode=sleep_mode
+    )
 
 
 @ENGINES.register("vllm")
-def _vllm(config: RLConfig, model_path: str, *, device: torch.device, dtype: str, seed: int,
-          sleep_mode: bool) -> RolloutEngine:
+def _vllm(
+    config: RLConfig, model_path: str, *, device: torch.device, dtype: str, seed: int, sleep_mode: bool
+) -> RolloutEngine:
     from rlkit.core.rollout.vllm_engine import VLLMEngine
 
     rollout, options = config.rollout, config.rollout.vllm
-    return VLLMEngine(model_path, dtype=dtype, seed=seed, device=device,
-                      max_model_len=config.data.max_prompt_length + config.data.max_response_length,
-                      gpu_memory_utilization=rollout.gpu_memory_utilization, enforce_eager=options.enforce_eager,
-                      max_num_seqs=rollout.max_num_seqs, sleep_mode=sleep_mode, engine_kwargs=options.engine_kwargs)
+    return VLLMEngine(
+        model_path,
+        dtype=dtype,
+        seed=seed,
+        device=device,
+        max_model_len=config.data.max_prompt_length + config.data.max_response_length,
+        gpu_memory_utilization=rollout.gpu_memory_utilization,
+        enforce_eager=options.enforce_eager,
+        max_num_seqs=rollout.max_num_seqs,
+        sleep_mode=sleep_mode,
+        engine_kwargs=options.engine_kwargs,
+    )
 
 
 @ENGINES.register("sglang")
-def _sglang(config: RLConfig, model_path: str, *, device: torch.device, dtype: str, seed: int,
-            sleep_mode: bool) -> RolloutEngine:
+def _sglang(
+    config: RLConfig, model_path: str, *, device: torch.device, dtype: str, seed: int, sleep_mode: bool
+) -> RolloutEngine:
     from rlkit.core.rollout.sglang_engine import SGLangEngine
 
     rollout, options = config.rollout, config.rollout.sglang
-    return SGLangEngine(model_path, dtype=dtype, seed=seed, device=device,
-                        max_model_len=config.data.max_prompt_length + config.data.max_response_length,
-                        gpu_memory_utilization=rollout.gpu_memory_utilization, max_num_seqs=rollout.max_num_seqs,
-                        sleep_mode=sleep_mode, attention_backend=options.attention_backend,
-                        deterministic=options.deterministic, engine_kwargs=options.engine_kwargs)
+    return SGLangEngine(
+        model_path,
+        dtype=dtype,
+        seed=seed,
+        device=device,
+        max_model_len=config.data.max_prompt_length + config.data.max_response_length,
+        gpu_memory_utilization=rollout.gpu_memory_utilization,
+        max_num_seqs=rollout.max_num_seqs,
+        sleep_mode=sleep_mode,
+        attention_backend=options.attention_backend,
+        deterministic=options.deterministic,
+        engine_kwargs=options.engine_kwargs,
+    )
 
 
 @ENGINES.register("hf")
-def _hf(config: RLConfig, model_path: str, *, device: torch.device, dtype: str, seed: int,
-        sleep_mode: bool) -> RolloutEngine:
+def _hf(
+    config: RLConfig, model_path: str, *, device: torch.device, dtype: str, seed: int, sleep_mode: bool
+) -> RolloutEngine:
     from rlkit.core.rollout.hf_engine import HFEngine
 
     return HFEngine(model_path, dtype=dtype, device=device, batch_size=config.rollout.hf.batch_size)

@@ -30,27 +30,37 @@ class HFEngine(RolloutEngine):
         requests = [(i, prompt) for i, prompt in enumerate(prompts) for _ in range(sampling.n)]
         samples: list[RolloutSample] = []
         for start in range(0, len(requests), self.batch_size):
-            chunk = requests[start:start + self.batch_size]
+            chunk = requests[start : start + self.batch_size]
             seeds = range(sampling.seed + start, sampling.seed + start + len(chunk))
             samples += self._generate_chunk(chunk, seeds, sampling)
         return samples
 
-    def _generate_chunk(self, requests: list[tuple[int, list[int]]], seeds: Iterable[int],
-                        sampling: Sampling) -> list[RolloutSample]:
+    def _generate_chunk(
+        self, requests: list[tuple[int, list[int]]], seeds: Iterable[int], sampling: Sampling
+    ) -> list[RolloutSample]:
         width = max(len(p) for _, p in requests)
         ids = torch.full((len(requests), width), self.pad_id, dtype=torch.long)
         mask = torch.zeros_like(ids)
         for row, (_, prompt) in enumerate(requests):  # left padding: generation continues at the right edge
-            ids[row, width - len(prompt):] = torch.tensor(prompt)
-            mask[row, width - len(prompt):] = 1
+            ids[row, width - len(prompt) :] = torch.tensor(prompt)
+            mask[row, width - len(prompt) :] = 1
         sampler = _SeededSampler(sampling, seeds, self.device)
         # Greedy decoding of the sampler's one-token distributions: generate draws no random
         # number itself, so the worker's global RNG is left alone.
         out = self.model.generate(
-            input_ids=ids.to(self.device), attention_mask=mask.to(self.device), max_new_tokens=sampling.max_tokens,
-            min_new_tokens=sampling.max_tokens if sampling.ignore_eos else None, do_sample=False,
-            temperature=None, top_p=None, top_k=None, logits_processor=LogitsProcessorList([sampler]),
-            pad_token_id=self.pad_id, eos_token_id=list(self.eos_ids), return_dict_in_generate=True)
+            input_ids=ids.to(self.device),
+            attention_mask=mask.to(self.device),
+            max_new_tokens=sampling.max_tokens,
+            min_new_tokens=sampling.max_tokens if sampling.ignore_eos else None,
+            do_sample=False,
+            temperature=None,
+            top_p=None,
+            top_k=None,
+            logits_processor=LogitsProcessorList([sampler]),
+            pad_token_id=self.pad_id,
+            eos_token_id=list(self.eos_ids),
+            return_dict_in_generate=True,
+        )
         new_tokens = out.sequences[:, width:].cpu()
         chosen = sampler.log_probs().cpu()
         samples = []
@@ -58,8 +68,11 @@ class HFEngine(RolloutEngine):
             tokens = new_tokens[row].tolist()
             end = next((k + 1 for k, t in enumerate(tokens) if t in self.eos_ids), len(tokens))
             log_probs = chosen[row, :end].tolist() if sampling.log_probs else []
-            samples.append(RolloutSample(prompt_index, tokens[:end], log_probs,
-                                         finished=end < len(tokens) or tokens[end - 1] in self.eos_ids))
+            samples.append(
+                RolloutSample(
+                    prompt_index, tokens[:end], log_probs, finished=end < len(tokens) or tokens[end - 1] in self.eos_ids
+                )
+            )
         return samples
 
     @torch.no_grad()
@@ -69,7 +82,7 @@ class HFEngine(RolloutEngine):
             ids = torch.tensor([seq], device=self.device)
             log_probs = self.model(input_ids=ids).logits[0, :-1].float().log_softmax(-1)
             picked = log_probs.gather(-1, ids[0, 1:].unsqueeze(-1)).squeeze(-1)
-            out.append(picked[prompt_len - 1:].tolist())
+            out.append(picked[prompt_len - 1 :].tolist())
         return out
 
     @torch.no_grad()
@@ -104,8 +117,9 @@ class _SeededSampler(LogitsProcessor):
             tokens = log_probs.argmax(-1, keepdim=True)
         else:
             probs = log_probs.exp()
-            tokens = torch.cat([torch.multinomial(row, 1, generator=gen)
-                                for row, gen in zip(probs, self.generators, strict=True)])
+            tokens = torch.cat(
+                [torch.multinomial(row, 1, generator=gen) for row, gen in zip(probs, self.generators, strict=True)]
+            )
             tokens = tokens.unsqueeze(-1)
         self.chosen.append(log_probs.gather(-1, tokens).squeeze(-1))
         return torch.full_like(scores, float("-inf")).scatter_(-1, tokens, 0.0)

@@ -31,10 +31,21 @@ logger = logging.getLogger(__name__)
 
 
 class SGLangEngine(RolloutEngine):
-    def __init__(self, model_path: str, *, dtype: str, seed: int, max_model_len: int, device: torch.device,
-                 gpu_memory_utilization: float, max_num_seqs: int, sleep_mode: bool,
-                 attention_backend: str | None, deterministic: bool = True,
-                 engine_kwargs: dict[str, Any] | None = None) -> None:
+    def __init__(
+        self,
+        model_path: str,
+        *,
+        dtype: str,
+        seed: int,
+        max_model_len: int,
+        device: torch.device,
+        gpu_memory_utilization: float,
+        max_num_seqs: int,
+        sleep_mode: bool,
+        attention_backend: str | None,
+        deterministic: bool = True,
+        engine_kwargs: dict[str, Any] | None = None,
+    ) -> None:
         import sglang
 
         on_gpu = device.type == "cuda"
@@ -42,48 +53,75 @@ class SGLangEngine(RolloutEngine):
         self.honors_seeds = on_gpu and deterministic
         if not self.honors_seeds:
             why = "rollout.sglang.deterministic=false" if on_gpu else "on a CPU"
-            logger.warning(f"SGLang {why} ignores per-request seeds: rollouts are not reproducible and a "
-                           "resumed run is not bit-exact (docs/compatibility.md)")
+            logger.warning(
+                f"SGLang {why} ignores per-request seeds: rollouts are not reproducible and a "
+                "resumed run is not bit-exact (docs/compatibility.md)"
+            )
         # Defaults a user may change through rollout.sglang.engine_kwargs: quiet logs, and CUDA graphs
         # wherever they exist ({log_level: info, disable_cuda_graph: true} shows and shortens a slow start).
         options = {"disable_cuda_graph": not on_gpu, "log_level": "error", **(engine_kwargs or {})}
         with _host_logging_kept(sglang_level=options["log_level"]):
             self.engine = sglang.Engine(
-                model_path=model_path, dtype=dtype, random_seed=seed, context_length=max_model_len,
-                device="cuda" if on_gpu else "cpu", base_gpu_id=device.index or 0,
-                mem_fraction_static=gpu_memory_utilization, max_running_requests=max_num_seqs,
+                model_path=model_path,
+                dtype=dtype,
+                random_seed=seed,
+                context_length=max_model_len,
+                device="cuda" if on_gpu else "cpu",
+                base_gpu_id=device.index or 0,
+                mem_fraction_static=gpu_memory_utilization,
+                max_running_requests=max_num_seqs,
                 # On a CPU SGLang sizes its KV cache from free host memory; cap it at what a full batch needs.
                 max_total_tokens=None if on_gpu else max_num_seqs * max_model_len,
                 # CPU: SGLang's native attention (its Xeon kernels need AMX and a source build).
                 attention_backend=attention_backend or (None if on_gpu else "torch_native"),
                 enable_deterministic_inference=self.honors_seeds,  # makes `sampling_seed` count
-                enable_memory_saver=self.sleep_mode, enable_weights_cpu_backup=self.sleep_mode,
-                skip_tokenizer_init=True, disable_radix_cache=True, **options,
+                enable_memory_saver=self.sleep_mode,
+                enable_weights_cpu_backup=self.sleep_mode,
+                skip_tokenizer_init=True,
+                disable_radix_cache=True,
+                **options,
             )
         self.asleep: set[str] = set()  # memory-saver tags released by sleep()
 
     def generate(self, prompts: list[list[int]], sampling: Sampling) -> list[RolloutSample]:
         # One request per sample with its own seed, prompt-major: sample j of prompt i is request i * n + j.
         temperature = 0.0 if sampling.greedy else sampling.temperature
-        params = [{"max_new_tokens": sampling.max_tokens, "temperature": temperature,
-                   "top_p": sampling.top_p, "top_k": sampling.top_k, "ignore_eos": sampling.ignore_eos,
-                   "sampling_seed": sampling.seed + k}
-                  for k in range(len(prompts) * sampling.n)]
-        outputs = self.engine.generate(input_ids=[p for p in prompts for _ in range(sampling.n)],
-                                       sampling_params=params, return_logprob=sampling.log_probs)
+        params = [
+            {
+                "max_new_tokens": sampling.max_tokens,
+                "temperature": temperature,
+                "top_p": sampling.top_p,
+                "top_k": sampling.top_k,
+                "ignore_eos": sampling.ignore_eos,
+                "sampling_seed": sampling.seed + k,
+            }
+            for k in range(len(prompts) * sampling.n)
+        ]
+        outputs = self.engine.generate(
+            input_ids=[p for p in prompts for _ in range(sampling.n)],
+            sampling_params=params,
+            return_logprob=sampling.log_probs,
+        )
         samples = []
         for k, out in enumerate(outputs):
             meta = out["meta_info"]
             log_probs = [entry[0] for entry in meta["output_token_logprobs"]] if sampling.log_probs else []
-            samples.append(RolloutSample(k // sampling.n, list(out["output_ids"]), log_probs,
-                                         meta["finish_reason"]["type"] == "stop"))
+            samples.append(
+                RolloutSample(
+                    k // sampling.n, list(out["output_ids"]), log_probs, meta["finish_reason"]["type"] == "stop"
+                )
+            )
         return samples
 
     def score(self, sequences: list[list[int]], prompt_len: int) -> list[list[float]]:
         # Nothing is generated. SGLang gives the first token from `logprob_start_len` on no log-prob
         # (None), so start one token early and drop it.
-        outputs = self.engine.generate(input_ids=sequences, sampling_params={"max_new_tokens": 0, "temperature": 1.0},
-                                       return_logprob=True, logprob_start_len=prompt_len - 1)
+        outputs = self.engine.generate(
+            input_ids=sequences,
+            sampling_params={"max_new_tokens": 0, "temperature": 1.0},
+            return_logprob=True,
+            logprob_start_len=prompt_len - 1,
+        )
         return [[entry[0] for entry in out["meta_info"]["input_token_logprobs"][1:]] for out in outputs]
 
     def load_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:

@@ -55,16 +55,23 @@ class Generation:
 
     prompts: list[PromptRow]
     parts: list[list[int]]  # per rollout rank: the positions (in `prompts`) of the prompts it generates
-    refs: list[Any]         # per rollout rank: the call's Ray ObjectRef
-    policy_version: int     # the policy the engines hold when the calls run
-    episodes: bool          # agent_episodes calls (they return trajectories), else generate (samples)
+    refs: list[Any]  # per rollout rank: the call's Ray ObjectRef
+    policy_version: int  # the policy the engines hold when the calls run
+    episodes: bool  # agent_episodes calls (they return trajectories), else generate (samples)
 
 
 class SyncRolloutSource:
     """Generates each step's batch on demand with the policy as it is now."""
 
-    def __init__(self, config: RLConfig, rows: list[PromptRow], sampler: PromptSampler, tokenizer: Any,
-                 scorer: RewardScorer, placement: Placement) -> None:
+    def __init__(
+        self,
+        config: RLConfig,
+        rows: list[PromptRow],
+        sampler: PromptSampler,
+        tokenizer: Any,
+        scorer: RewardScorer,
+        placement: Placement,
+    ) -> None:
         self.config, self.rows, self.sampler = config, rows, sampler
         self.tokenizer, self.scorer, self.placement = tokenizer, scorer, placement
         self.pad_id = tokenizer.pad_token_id or 0
@@ -109,8 +116,9 @@ class SyncRolloutSource:
             trajectories, batch, metrics = self.sample_round(step, round_index, timing)
             sampled_scores.append(batch["scores"])
             signal = groups_with_signal(batch["verifier_scores"], batch["group_ids"])
-            collector.add(trajectories, batch["group_ids"], {k: batch[k] for k in ("scores", "verifier_scores")},
-                          signal)
+            collector.add(
+                trajectories, batch["group_ids"], {k: batch[k] for k in ("scores", "verifier_scores")}, signal
+            )
             if collector.full:
                 break
         groups, scores, dapo_metrics = collector.take()
@@ -121,8 +129,9 @@ class SyncRolloutSource:
         metrics.update({"rollout/samples": float(len(sampled)), "dapo/reward_mean_sampled": float(sampled.mean())})
         return build_batch(kept, pad_id=self.pad_id).update(scores), metrics
 
-    def sample_round(self, step: int, round_index: int, timing: dict[str, float]
-                     ) -> tuple[list[Trajectory], Batch, dict[str, float]]:
+    def sample_round(
+        self, step: int, round_index: int, timing: dict[str, float]
+    ) -> tuple[list[Trajectory], Batch, dict[str, float]]:
         """One round's train_batch_size prompt groups, scored: (trajectories, their batch, reward and agent metrics)."""
         trajectories = self.round_trajectories(step, round_index, timing)
         batch = build_batch(trajectories, pad_id=self.pad_id)
@@ -139,8 +148,9 @@ class SyncRolloutSource:
             return self.generate(prompts, self.sampling(step, round_index=round_index))
 
     # -- generation ---------------------------------------------------------------------
-    def sampling(self, step: int, *, round_index: int = 0, greedy: bool = False, n: int | None = None,
-                 stream: int = 0) -> Sampling:
+    def sampling(
+        self, step: int, *, round_index: int = 0, greedy: bool = False, n: int | None = None, stream: int = 0
+    ) -> Sampling:
         """The step's sampling settings; `seed` is the stream's base, each rank and sample derive theirs.
 
         Streams keep seeds apart: training rounds by round_index, other users (validation) by `stream`.
@@ -149,9 +159,17 @@ class SyncRolloutSource:
         log_probs = cfg.needs_rollout_log_probs or (not greedy and cfg.log_prob_check_step(step))
         # Extra dynamic-sampling rounds draw from seed ranges no plausible step count reaches.
         seed = cfg.trainer.seed * 1_000_003 + step + round_index * 10_000_019 + stream * 100_000_007
-        return Sampling(n=1 if greedy else (n or cfg.rollout.n), max_tokens=cfg.data.max_response_length,
-                        temperature=cfg.rollout.temperature, top_p=cfg.rollout.top_p, top_k=cfg.rollout.top_k,
-                        seed=seed, greedy=greedy, ignore_eos=cfg.rollout.ignore_eos, log_probs=log_probs)
+        return Sampling(
+            n=1 if greedy else (n or cfg.rollout.n),
+            max_tokens=cfg.data.max_response_length,
+            temperature=cfg.rollout.temperature,
+            top_p=cfg.rollout.top_p,
+            top_k=cfg.rollout.top_k,
+            seed=seed,
+            greedy=greedy,
+            ignore_eos=cfg.rollout.ignore_eos,
+            log_probs=log_probs,
+        )
 
     def generate(self, prompts: list[PromptRow], sampling: Sampling) -> list[Trajectory]:
         """Spread prompts over the rollout workers; each samples `sampling.n` responses (or episodes) per prompt.
@@ -169,12 +187,16 @@ class SyncRolloutSource:
         parts = [list(range(len(prompts)))[r::world] for r in range(world)]
         episodes = self.config.rollout.agent.loop != "single_turn"
         method = AgentEpisodes.agent_episodes if episodes else RolloutWorker.generate
-        per_rank = [(([prompts[i] for i in part], part) if episodes else ([prompts[i].prompt_token_ids for i in part],))
-                    + (_rank_sampling(sampling, rank),) for rank, part in enumerate(parts)]
+        per_rank = [
+            (([prompts[i] for i in part], part) if episodes else ([prompts[i].prompt_token_ids for i in part],))
+            + (_rank_sampling(sampling, rank),)
+            for rank, part in enumerate(parts)
+        ]
         if timed:
             method, per_rank = RolloutWorker.timed, [(method, *args) for args in per_rank]
-        return Generation(prompts, parts, self.placement.rollout.submit(method, per_rank=per_rank),
-                          self.policy_version, episodes)
+        return Generation(
+            prompts, parts, self.placement.rollout.submit(method, per_rank=per_rank), self.policy_version, episodes
+        )
 
     def trajectories(self, generation: Generation, results: list[Any]) -> list[Trajectory]:
         """The rollout workers' results (per rank: samples, or episodes) as trajectories in prompt-major order."""
@@ -183,9 +205,11 @@ class SyncRolloutSource:
             trajectories = [replace(t, policy_version=version) for rank_part in results for t in rank_part]
         else:
             parts, prompts = generation.parts, generation.prompts
-            trajectories = [Trajectory.single_turn(prompts[part[s.prompt_index]], part[s.prompt_index], s,
-                                                   policy_version=version)
-                            for part, rank_samples in zip(parts, results) for s in rank_samples]
+            trajectories = [
+                Trajectory.single_turn(prompts[part[s.prompt_index]], part[s.prompt_index], s, policy_version=version)
+                for part, rank_samples in zip(parts, results)
+                for s in rank_samples
+            ]
         trajectories.sort(key=lambda t: t.group)  # prompt-major order, group by group (a stable sort)
         return trajectories
 
@@ -197,15 +221,19 @@ class SyncRolloutSource:
         if all(r is not None for r in env_rewards):
             verifier, metrics = torch.tensor(env_rewards, dtype=torch.float32), {}
         else:
-            verifier, metrics = ((self.reward_model_scores(batch), {}) if self.config.reward_model.path
-                                 else self.rule_scores(batch))
+            verifier, metrics = (
+                (self.reward_model_scores(batch), {}) if self.config.reward_model.path else self.rule_scores(batch)
+            )
             verifier = torch.tensor([v if r is None else r for r, v in zip(env_rewards, verifier.tolist())])
         overlong = self.config.reward.overlong_buffer
         if not overlong.enable:
             return {"scores": verifier, "verifier_scores": verifier}, metrics
-        penalty = overlong_penalty(batch["response_mask"].sum(-1),
-                                   max_response_length=self.config.data.max_response_length,
-                                   buffer_length=overlong.length, penalty_factor=overlong.penalty_factor)
+        penalty = overlong_penalty(
+            batch["response_mask"].sum(-1),
+            max_response_length=self.config.data.max_response_length,
+            buffer_length=overlong.length,
+            penalty_factor=overlong.penalty_factor,
+        )
         metrics["reward/overlong_penalty"] = float(penalty.mean())
         return {"scores": verifier + penalty, "verifier_scores": verifier}, metrics
 
@@ -217,16 +245,18 @@ class SyncRolloutSource:
 
     def rule_scores(self, batch: Batch) -> tuple[torch.Tensor, dict[str, float]]:
         texts = self.decode_responses(batch)
-        scored = self.scorer.score(texts, batch.meta["data_source"], batch.meta["ground_truth"],
-                                   batch.meta["extra_info"])
+        scored = self.scorer.score(
+            texts, batch.meta["data_source"], batch.meta["ground_truth"], batch.meta["extra_info"]
+        )
         return torch.tensor(scored.scores, dtype=torch.float32), dict(scored.metrics)
 
     def decode_responses(self, batch: Batch) -> list[str]:
         """The policy's own tokens of each response (a multi-turn episode's tool/environment tokens are not its
         answer)."""
         policy = batch["response_mask"] > 0
-        return self.tokenizer.batch_decode([ids[mask].tolist() for ids, mask in zip(batch["responses"], policy)],
-                                           skip_special_tokens=True)
+        return self.tokenizer.batch_decode(
+            [ids[mask].tolist() for ids, mask in zip(batch["responses"], policy)], skip_special_tokens=True
+        )
 
     def greedy_baseline(self, batch: Batch, step: int) -> dict[str, float]:
         """ReMax: one greedy response per prompt, generated now."""

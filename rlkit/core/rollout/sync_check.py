@@ -65,8 +65,9 @@ class SyncProbe:
         """The next load is measured (the engine must then be awake enough to score)."""
         return not self.done and self.sequence is not None and self.fingerprint is not None
 
-    def load(self, engine: RolloutEngine, tensors: Iterable[tuple[str, torch.Tensor]],
-             dtype: torch.dtype) -> dict[str, float]:
+    def load(
+        self, engine: RolloutEngine, tensors: Iterable[tuple[str, torch.Tensor]], dtype: torch.dtype
+    ) -> dict[str, float]:
         """Load `tensors` into `engine`; while the check is open, also what the load changed.
 
         `dtype` is the engine's: weights that differ only below its precision cannot change its outputs.
@@ -120,26 +121,33 @@ def check_weight_sync(metrics: dict[str, float], rollout: RolloutConfig, step: i
     change = metrics.pop(FIRST_CHANGE_KEY, None)
     problems = []
     if change is not None:
-        logger.info("weight-sync check: the first weight-changing sync moved the engine's log-probs by up to %.3g",
-                    change)
+        logger.info(
+            "weight-sync check: the first weight-changing sync moved the engine's log-probs by up to %.3g", change
+        )
         if change == 0.0:
-            problems.append("a weight sync that changed the weights left the rollout engine's log-probs of a "
-                            "sampled sequence exactly as they were: the engine is not receiving the trained "
-                            "weights, so every rollout would come from the base model")
+            problems.append(
+                "a weight sync that changed the weights left the rollout engine's log-probs of a "
+                "sampled sequence exactly as they were: the engine is not receiving the trained "
+                "weights, so every rollout would come from the base model"
+            )
     gap = metrics.get(GAP_KEY)
     # By design the gap is not the sync's: the engine samples a truncated distribution, or (one_step_off,
     # async) the samples come from an older policy than the trainer's; the first-change probe still runs.
     by_design = rollout.top_p < 1.0 or rollout.top_k > 0 or rollout.mode != "sync"
     if gap is not None and not by_design and gap > rollout.log_prob_tolerance:
-        problems.append(f"the rollout engine's log-probs of the tokens it sampled differ from the trainer's by "
-                        f"{gap:.4g} nats per token ({GAP_KEY}), over rollout.log_prob_tolerance="
-                        f"{rollout.log_prob_tolerance:g}: the engine is not computing with the weights being "
-                        "trained (a failed or partial weight sync), or its numerics differ that much")
+        problems.append(
+            f"the rollout engine's log-probs of the tokens it sampled differ from the trainer's by "
+            f"{gap:.4g} nats per token ({GAP_KEY}), over rollout.log_prob_tolerance="
+            f"{rollout.log_prob_tolerance:g}: the engine is not computing with the weights being "
+            "trained (a failed or partial weight sync), or its numerics differ that much"
+        )
     if not problems:
         return
-    message = (f"weight-sync check failed at step {step}: " + "; and ".join(problems) + ". "
-               f"See {TROUBLESHOOTING}, 'The weight-sync check failed'; rollout.sync_check=warn trains on "
-               "regardless, a larger rollout.log_prob_tolerance accepts a larger gap.")
+    message = (
+        f"weight-sync check failed at step {step}: " + "; and ".join(problems) + ". "
+        f"See {TROUBLESHOOTING}, 'The weight-sync check failed'; rollout.sync_check=warn trains on "
+        "regardless, a larger rollout.log_prob_tolerance accepts a larger gap."
+    )
     if rollout.sync_check == "warn":
         logger.warning(message)
         return

@@ -22,14 +22,14 @@ FINISH_REASONS = ("stop", "length", "truncated", "error")
 
 @dataclass
 class Trajectory:
-    row: PromptRow                 # the prompt's dataset row (data source, ground truth, extra info)
-    group: int                     # the prompt's position among the step's prompts: its samples form a group
-    response_ids: list[int]        # every token after the prompt, policy and environment tokens alike
-    loss_mask: list[int]           # 1 on tokens the policy generated (trained), 0 on the rest
+    row: PromptRow  # the prompt's dataset row (data source, ground truth, extra info)
+    group: int  # the prompt's position among the step's prompts: its samples form a group
+    response_ids: list[int]  # every token after the prompt, policy and environment tokens alike
+    loss_mask: list[int]  # 1 on tokens the policy generated (trained), 0 on the rest
     log_probs: list[float] = field(default_factory=list)  # engine log-prob per response token; [] if not asked
     finish_reason: str = "stop"
-    reward: float | None = None    # set by an environment that scores the episode itself
-    policy_version: int = 0        # the policy (count of weight syncs) that generated it
+    reward: float | None = None  # set by an environment that scores the episode itself
+    policy_version: int = 0  # the policy (count of weight syncs) that generated it
     info: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -57,6 +57,12 @@ class Trajectory:
     @classmethod
     def single_turn(cls, row: PromptRow, group: int, sample: RolloutSample, policy_version: int = 0) -> Trajectory:
         """A one-turn completion: every response token is the policy's."""
-        return cls(row=row, group=group, response_ids=list(sample.token_ids), loss_mask=[1] * len(sample.token_ids),
-                   log_probs=list(sample.log_probs), finish_reason="stop" if sample.finished else "length",
-                   policy_version=policy_version)
+        return cls(
+            row=row,
+            group=group,
+            response_ids=list(sample.token_ids),
+            loss_mask=[1] * len(sample.token_ids),
+            log_probs=list(sample.log_probs),
+            finish_reason="stop" if sample.finished else "length",
+            policy_version=policy_version,
+        )

@@ -16,19 +16,35 @@ from rlkit.core.rollout.base import RolloutEngine, RolloutSample, Sampling
 
 
 class VLLMEngine(RolloutEngine):
-    def __init__(self, model_path: str, *, dtype: str, seed: int, max_model_len: int, device: torch.device,
-                 gpu_memory_utilization: float, enforce_eager: bool | None, max_num_seqs: int, sleep_mode: bool,
-                 engine_kwargs: dict[str, Any] | None = None) -> None:
+    def __init__(
+        self,
+        model_path: str,
+        *,
+        dtype: str,
+        seed: int,
+        max_model_len: int,
+        device: torch.device,
+        gpu_memory_utilization: float,
+        enforce_eager: bool | None,
+        max_num_seqs: int,
+        sleep_mode: bool,
+        engine_kwargs: dict[str, Any] | None = None,
+    ) -> None:
         os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
         self.on_gpu = device.type == "cuda"
         from vllm import LLM
 
         self.sleep_mode = sleep_mode and self.on_gpu
         own = dict(
-            model=model_path, dtype=dtype, seed=seed, max_model_len=max_model_len,
+            model=model_path,
+            dtype=dtype,
+            seed=seed,
+            max_model_len=max_model_len,
             gpu_memory_utilization=gpu_memory_utilization,
             enforce_eager=not self.on_gpu if enforce_eager is None else enforce_eager,
-            max_num_seqs=max_num_seqs, enable_sleep_mode=self.sleep_mode, enable_prefix_caching=False,
+            max_num_seqs=max_num_seqs,
+            enable_sleep_mode=self.sleep_mode,
+            enable_prefix_caching=False,
             # Log-probs of the distribution actually sampled (after temperature), as the trainer computes.
             # No slower than raw ones on vLLM 0.26's GPU model runner (V2): no logits copy, and the
             # FlashInfer sampler it rules out is not used for seeded requests anyway (docs/benchmarks.md).
@@ -60,14 +76,22 @@ class VLLMEngine(RolloutEngine):
         for i, prompt in enumerate(prompts):
             for j in range(sampling.n):
                 requests.append(TokensPrompt(prompt_token_ids=prompt))
-                params.append(SamplingParams(
-                    n=1, max_tokens=sampling.max_tokens, logprobs=0 if sampling.log_probs else None,
-                    temperature=0.0 if sampling.greedy else sampling.temperature,
-                    top_p=sampling.top_p, top_k=sampling.top_k, seed=sampling.seed + i * sampling.n + j,
-                    ignore_eos=sampling.ignore_eos, detokenize=False,
-                    # Flat lists, not a {token: Logprob} dict per token: the dicts outlive the step, so
-                    # Python's garbage collector runs over them (and the whole heap) again and again.
-                    flat_logprobs=True))
+                params.append(
+                    SamplingParams(
+                        n=1,
+                        max_tokens=sampling.max_tokens,
+                        logprobs=0 if sampling.log_probs else None,
+                        temperature=0.0 if sampling.greedy else sampling.temperature,
+                        top_p=sampling.top_p,
+                        top_k=sampling.top_k,
+                        seed=sampling.seed + i * sampling.n + j,
+                        ignore_eos=sampling.ignore_eos,
+                        detokenize=False,
+                        # Flat lists, not a {token: Logprob} dict per token: the dicts outlive the step, so
+                        # Python's garbage collector runs over them (and the whole heap) again and again.
+                        flat_logprobs=True,
+                    )
+                )
         return requests, params
 
     @staticmethod
@@ -87,8 +111,10 @@ class VLLMEngine(RolloutEngine):
 
         params = SamplingParams(max_tokens=1, prompt_logprobs=0, temperature=1.0, detokenize=False)
         outputs = self.llm.generate([TokensPrompt(prompt_token_ids=s) for s in sequences], params, use_tqdm=False)
-        return [[entry[tok].logprob for entry, tok in zip(out.prompt_logprobs[prompt_len:], seq[prompt_len:])]
-                for out, seq in zip(outputs, sequences)]
+        return [
+            [entry[tok].logprob for entry, tok in zip(out.prompt_logprobs[prompt_len:], seq[prompt_len:])]
+            for out, seq in zip(outputs, sequences)
+        ]
 
     def load_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
         self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": named_tensors})

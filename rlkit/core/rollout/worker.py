@@ -33,8 +33,14 @@ class RolloutWorker(DeviceWorker, AgentEpisodes):
         with self.reporting("setup/rollout-engine"):
             # Seeds continue after the training ranks', which seed their own engines when colocated.
             self.dtype = fsdp.compute_dtype(cfg.model.dtype, self.device)
-            self.engine = make_engine(cfg, self.model_path, device=self.device, dtype=self.dtype,
-                                      seed=cfg.trainer.seed + 10_000 + self.rank, sleep_mode=False)
+            self.engine = make_engine(
+                cfg,
+                self.model_path,
+                device=self.device,
+                dtype=self.dtype,
+                seed=cfg.trainer.seed + 10_000 + self.rank,
+                sleep_mode=False,
+            )
             self.sync_probe = SyncProbe()
         self.idle_since = time.perf_counter()  # when the last call ended: the rollout's idle time starts there
         import ray  # a rollout worker is always a Ray actor (split placement); the module is imported without Ray
@@ -60,12 +66,20 @@ class RolloutWorker(DeviceWorker, AgentEpisodes):
         self.idle_since = end
         return timing
 
-    def join_weight_transfer(self, host: str, port: int, world_size: int, specs: list[TensorSpec],
-                             bucket_bytes: int) -> None:
+    def join_weight_transfer(
+        self, host: str, port: int, world_size: int, specs: list[TensorSpec], bucket_bytes: int
+    ) -> None:
         """Join training rank 0's transfer group as rank 1 + this worker's rank."""
         timeouts = self.config.trainer.phase_timeout_s, self.config.rollout.weight_sync_timeout_s
-        group = TransferGroup(host, port, 1 + self.rank, world_size, self.device, handshake_timeout_s=timeouts[0],
-                              transfer_timeout_s=timeouts[1])
+        group = TransferGroup(
+            host,
+            port,
+            1 + self.rank,
+            world_size,
+            self.device,
+            handshake_timeout_s=timeouts[0],
+            transfer_timeout_s=timeouts[1],
+        )
         self.weight_receiver = WeightReceiver(group, specs, fsdp.DTYPES[self.dtype], bucket_bytes)
 
     def receive_weights(self) -> dict[str, float]:
@@ -76,8 +90,9 @@ class RolloutWorker(DeviceWorker, AgentEpisodes):
         """Load the weights training rank 0 put into Ray's object store (rollout.weight_sync=object_store)."""
         import ray
 
-        return self._load("load_weights", ((name, tensor.to(self.device))
-                                           for ref in bucket_refs for name, tensor in ray.get(ref)))
+        return self._load(
+            "load_weights", ((name, tensor.to(self.device)) for ref in bucket_refs for name, tensor in ray.get(ref))
+        )
 
     def _load(self, phase: str, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> dict[str, float]:
         start, moved = time.perf_counter(), 0

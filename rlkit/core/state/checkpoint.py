@@ -83,9 +83,17 @@ def tmp_dir(run_path: Path, step: int) -> Path:
 
 
 # -- writing --------------------------------------------------------------------------------
-def write_checkpoint(run_path: Path, step: int, *, reason: str, write_shards: Callable[[Path], None],
-                     trainer_state: dict[str, Any], controller_rng: dict[str, Any], config_yaml: str,
-                     keep_last: int) -> Path:
+def write_checkpoint(
+    run_path: Path,
+    step: int,
+    *,
+    reason: str,
+    write_shards: Callable[[Path], None],
+    trainer_state: dict[str, Any],
+    controller_rng: dict[str, Any],
+    config_yaml: str,
+    keep_last: int,
+) -> Path:
     """Write step `step` into a temporary folder, mark it complete, rename it into place.
 
     `write_shards(folder)` has the workers write their shards under `folder`. A crash at any
@@ -189,29 +197,39 @@ def verify(ckpt: Checkpoint) -> Checkpoint:
     on_disk = sorted(str(p.relative_to(ckpt.path)) for p in ckpt.path.rglob("*") if p.is_file())
     extra = [name for name in on_disk if name != MARKER and name not in manifest["files"]]
     if extra:
-        raise UserError(f"checkpoint {ckpt.path} holds {ckpt.path / extra[0]}, which its manifest does not list "
-                        "(added after it was written); it was not loaded: remove that file if you trust the rest")
+        raise UserError(
+            f"checkpoint {ckpt.path} holds {ckpt.path / extra[0]}, which its manifest does not list "
+            "(added after it was written); it was not loaded: remove that file if you trust the rest"
+        )
     missing = [name for name in manifest["files"] if name not in on_disk]
     if missing:
         raise UserError(f"checkpoint {ckpt.path} is missing {ckpt.path / missing[0]}; it was not loaded")
     if "sha256" not in manifest:
         if os.environ.get(ACCEPT_UNHASHED_ENV) != "1":
-            raise UserError(f"checkpoint {ckpt.path} has no sha256 manifest (written by an older rlkit), so it cannot "
-                            f"be verified; if you trust where it came from, set {ACCEPT_UNHASHED_ENV}=1 to load it")
-        logger.warning("loading checkpoint %s without verifying it: its manifest has no sha256 (%s=1)",
-                       ckpt.path, ACCEPT_UNHASHED_ENV)
+            raise UserError(
+                f"checkpoint {ckpt.path} has no sha256 manifest (written by an older rlkit), so it cannot "
+                f"be verified; if you trust where it came from, set {ACCEPT_UNHASHED_ENV}=1 to load it"
+            )
+        logger.warning(
+            "loading checkpoint %s without verifying it: its manifest has no sha256 (%s=1)",
+            ckpt.path,
+            ACCEPT_UNHASHED_ENV,
+        )
         return ckpt
     expected: dict[str, str] = manifest["sha256"]
     unhashed = [name for name in manifest["files"] if name not in expected]
     if unhashed:
-        raise UserError(f"checkpoint {ckpt.path}: its manifest has no sha256 for {ckpt.path / unhashed[0]}; "
-                        "it was not loaded")
+        raise UserError(
+            f"checkpoint {ckpt.path}: its manifest has no sha256 for {ckpt.path / unhashed[0]}; it was not loaded"
+        )
     actual = sha256_files(ckpt.path, list(manifest["files"]))  # names all found inside the folder above
     changed = [name for name in actual if actual[name] != expected[name]]
     if changed:
-        raise UserError(f"checkpoint {ckpt.path}: {ckpt.path / changed[0]} does not match the sha256 its manifest "
-                        "recorded (changed or corrupted since it was written); it was not loaded. Delete the "
-                        "checkpoint folder to fall back to the previous one")
+        raise UserError(
+            f"checkpoint {ckpt.path}: {ckpt.path / changed[0]} does not match the sha256 its manifest "
+            "recorded (changed or corrupted since it was written); it was not loaded. Delete the "
+            "checkpoint folder to fall back to the previous one"
+        )
     return ckpt
 
 
@@ -247,18 +265,21 @@ def latest_checkpoint(run_path: Path, *, warn: bool = True) -> Checkpoint:
     found = list_checkpoints(run_path)
     if warn:
         for tmp in interrupted_writes(run_path):
-            logger.warning("ignoring %s: a checkpoint write that never finished (the run stopped while saving)",
-                           tmp.name)
+            logger.warning(
+                "ignoring %s: a checkpoint write that never finished (the run stopped while saving)", tmp.name
+            )
     for ckpt in reversed(found):
         if ckpt.problem is None:
             return ckpt
         if warn:
             logger.warning("skipping checkpoint %s: %s", ckpt.path.name, ckpt.problem)
     if found:
-        raise UserError(f"run {run_path} has no usable checkpoint: "
-                        + "; ".join(f"{c.path.name}: {c.problem}" for c in found))
-    raise NoCheckpointError(f"run {run_path} has no checkpoint (checkpoints are written every "
-                            "trainer.save_freq steps and at the end)")
+        raise UserError(
+            f"run {run_path} has no usable checkpoint: " + "; ".join(f"{c.path.name}: {c.problem}" for c in found)
+        )
+    raise NoCheckpointError(
+        f"run {run_path} has no checkpoint (checkpoints are written every trainer.save_freq steps and at the end)"
+    )
 
 
 def checkpoint_at(run_path: Path, step: int | None) -> Checkpoint:

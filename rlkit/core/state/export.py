@@ -35,8 +35,9 @@ ADAPTER_DIR = "adapter"  # where `lora_format=both` puts the peft adapter, next 
 LORA_FORMATS = ("both", "merged", "adapter")
 
 
-def export_hf(run: RunDir, out: str | Path, *, step: int | None = None, dtype: str = "auto",
-              lora_format: str | None = None) -> Path:
+def export_hf(
+    run: RunDir, out: str | Path, *, step: int | None = None, dtype: str = "auto", lora_format: str | None = None
+) -> Path:
     """Write the policy of `run` at `step` (default: the latest complete checkpoint) to `out`.
 
     Next to the model: EXPORT_INFO (run, step, base model) and EXPORT_CONFIG (the config the
@@ -46,8 +47,10 @@ def export_hf(run: RunDir, out: str | Path, *, step: int | None = None, dtype: s
     """
     out = Path(out).expanduser()
     if out.exists() and not out.is_dir():
-        raise UserError(f"--out {out} is an existing file, not a directory; pick a new directory "
-                        "(the export writes several files into it)")
+        raise UserError(
+            f"--out {out} is an existing file, not a directory; pick a new directory "
+            "(the export writes several files into it)"
+        )
     if out.exists() and any(out.iterdir()):
         raise UserError(f"--out {out} is not empty; pick a new directory")
     if dtype not in ("auto", *DTYPES):
@@ -56,15 +59,22 @@ def export_hf(run: RunDir, out: str | Path, *, step: int | None = None, dtype: s
     config = load_config(str(ckpt.path / checkpoint.CONFIG_FILE))
     lora = config.model.lora if config.model.lora.rank > 0 else None
     if lora_format is not None and lora is None:
-        raise UserError(f"--lora-format {lora_format}: run {run.run_id} trained every weight (model.lora.rank=0), "
-                        "so its export is the full model; leave --lora-format out")
+        raise UserError(
+            f"--lora-format {lora_format}: run {run.run_id} trained every weight (model.lora.rank=0), "
+            "so its export is the full model; leave --lora-format out"
+        )
     lora_format = lora_format or "both"
     if lora_format not in LORA_FORMATS:
         raise UserError(f"--lora-format {lora_format!r}: use {', '.join(LORA_FORMATS)}")
     with _no_progress_bars():  # one line says what was exported; load/save bars would only clutter it
         save_dtype = _write_model(resolve_model_path(config.model.path), ckpt, out, dtype, lora_format=lora_format)
-    info = {"run": run.run_id, "step": ckpt.step, "checkpoint": str(ckpt.path), "base_model": config.model.path,
-            "dtype": str(save_dtype).removeprefix("torch.")}
+    info = {
+        "run": run.run_id,
+        "step": ckpt.step,
+        "checkpoint": str(ckpt.path),
+        "base_model": config.model.path,
+        "dtype": str(save_dtype).removeprefix("torch."),
+    }
     if lora is not None:
         info["lora"] = {"format": lora_format, **lora.model_dump(mode="json")}
     (out / EXPORT_INFO).write_text(json.dumps(info, indent=2))
@@ -142,13 +152,18 @@ def _check_keys(target: dict[str, torch.Tensor], shards: Path) -> None:
     """Every parameter of the base model must be in the checkpoint, with the same shape."""
     metadata = safe_load.read_metadata(shards / safe_load.METADATA_FILE).state_dict_metadata
     prefix = f"{MODEL_KEY}."
-    saved = {k[len(prefix):]: v for k, v in metadata.items() if k.startswith(prefix)}
+    saved = {k[len(prefix) :]: v for k, v in metadata.items() if k.startswith(prefix)}
     missing = [k for k in target if k not in saved]
-    wrong = [f"{k} {tuple(saved[k].size)} vs {tuple(t.shape)}" for k, t in target.items()
-             if k in saved and tuple(saved[k].size) != tuple(t.shape)]
+    wrong = [
+        f"{k} {tuple(saved[k].size)} vs {tuple(t.shape)}"
+        for k, t in target.items()
+        if k in saved and tuple(saved[k].size) != tuple(t.shape)
+    ]
     if missing or wrong:
-        raise UserError(f"checkpoint {shards.parent.parent} does not fit its base model: "
-                        f"missing {missing[:5]}, shape mismatches {wrong[:5]}")
+        raise UserError(
+            f"checkpoint {shards.parent.parent} does not fit its base model: "
+            f"missing {missing[:5]}, shape mismatches {wrong[:5]}"
+        )
 
 
 def _as_dtype(value: torch.dtype | str | None) -> torch.dtype:

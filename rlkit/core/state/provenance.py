@@ -87,8 +87,10 @@ def differences(old: dict[str, Any], new: dict[str, Any]) -> list[str]:
     for file in sorted(set(old_data) | set(new_data)):
         a, b = old_data.get(file), new_data.get(file)
         if a != b:
-            changes.append(f"data file {file} " + ("is new" if a is None else "is gone" if b is None
-                                                      else f"sha256 {a[:12]} -> {b[:12]}"))
+            changes.append(
+                f"data file {file} "
+                + ("is new" if a is None else "is gone" if b is None else f"sha256 {a[:12]} -> {b[:12]}")
+            )
     old_hw, new_hw = old.get("hardware", {}), new.get("hardware", {})
     compare("CPU", old_hw.get("cpu"), new_hw.get("cpu"))
     compare("GPUs", _gpu_summary(old_hw), _gpu_summary(new_hw))
@@ -102,9 +104,12 @@ def warn_if_changed(ckpt_path: Path, config: RLConfig, run_path: Path) -> list[s
         return []
     changes = differences(saved, collect(config, run_path))
     if changes:
-        logger.warning("the environment changed since checkpoint %s was written: %s. The resumed steps may "
-                       "differ from an uninterrupted run's (a resume is exact only in the same environment)",
-                       Path(ckpt_path).name, "; ".join(changes))
+        logger.warning(
+            "the environment changed since checkpoint %s was written: %s. The resumed steps may "
+            "differ from an uninterrupted run's (a resume is exact only in the same environment)",
+            Path(ckpt_path).name,
+            "; ".join(changes),
+        )
     return changes
 
 
@@ -113,12 +118,19 @@ def summary_lines(record: dict[str, Any]) -> list[tuple[str, str]]:
     rlkit = record.get("rlkit", {})
     commit = _commit(record)
     hw = record.get("hardware", {})
-    rows = [("rlkit", f"{rlkit.get('version', '?')}" + (f", commit {commit}" if commit else "")),
-            ("python", str(record.get("python", "?"))),
-            ("packages", ", ".join(f"{k} {v}" for k, v in record.get("packages", {}).items() if v))]
+    rows = [
+        ("rlkit", f"{rlkit.get('version', '?')}" + (f", commit {commit}" if commit else "")),
+        ("python", str(record.get("python", "?"))),
+        ("packages", ", ".join(f"{k} {v}" for k, v in record.get("packages", {}).items() if v)),
+    ]
     rows += [(f"data {Path(f).name}", f"sha256 {h[:16]}  ({f})") for f, h in record.get("data_files", {}).items()]
-    rows.append(("hardware", f"{hw.get('host', '?')}: {hw.get('cpu', '?')} x{hw.get('cpu_count', '?')}, "
-                             f"{hw.get('memory_gib', '?')} GiB; GPUs: {_gpu_summary(hw) or 'none'}"))
+    rows.append(
+        (
+            "hardware",
+            f"{hw.get('host', '?')}: {hw.get('cpu', '?')} x{hw.get('cpu_count', '?')}, "
+            f"{hw.get('memory_gib', '?')} GiB; GPUs: {_gpu_summary(hw) or 'none'}",
+        )
+    )
     rows.append(("recorded", str(record.get("written_at", "?"))))
     return rows
 

@@ -76,8 +76,11 @@ def write_record(path: Path, step: int, batch: Batch, metrics: dict[str, Any]) -
         columns[key] = pa.FixedSizeListArray.from_arrays(flat, values.shape[1]) if values.ndim == 2 else flat
     for key, values in batch.meta.items():
         columns[META_COLUMN + key] = pa.array([json.dumps(v) for v in values])
-    info = {"step": step, "metrics": {k: _plain(v) for k, v in metrics.items()},
-            "dtypes": {k: str(t.dtype).removeprefix("torch.") for k, t in batch.tensors.items()}}
+    info = {
+        "step": step,
+        "metrics": {k: _plain(v) for k, v in metrics.items()},
+        "dtypes": {k: str(t.dtype).removeprefix("torch.") for k, t in batch.tensors.items()},
+    }
     table = pa.table(columns).replace_schema_metadata({METADATA_KEY: json.dumps(info)})
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.tmp")
@@ -93,15 +96,14 @@ def read_record(run_path: Path, step: int | None = None) -> Record:
         raise UserError(f"run {Path(run_path).name} recorded no rollouts; train with trainer.record_rollouts=true")
     step = steps[-1] if step is None else step
     if step not in steps:
-        raise UserError(f"run {Path(run_path).name} has no recorded batch of step {step} (recorded: "
-                        f"{_ranges(steps)})")
+        raise UserError(f"run {Path(run_path).name} has no recorded batch of step {step} (recorded: {_ranges(steps)})")
     table = pq.read_table(record_path(run_path, step))
     info = json.loads(table.schema.metadata[METADATA_KEY])
     tensors, meta = {}, {}
     for name in table.column_names:
         column = table.column(name).combine_chunks()
         if name.startswith(META_COLUMN):
-            meta[name[len(META_COLUMN):]] = [json.loads(v) for v in column.to_pylist()]
+            meta[name[len(META_COLUMN) :]] = [json.loads(v) for v in column.to_pylist()]
             continue
         dtype = getattr(torch, info["dtypes"][name])
         if isinstance(column, pa.FixedSizeListArray):

@@ -23,13 +23,13 @@ SORT_KEYS = ("reward", "advantage", "gap", "length", "index")
 
 @dataclass
 class SampleView:
-    index: int      # row in the recorded batch
-    group: int      # prompt group (GRPO's group)
+    index: int  # row in the recorded batch
+    group: int  # prompt group (GRPO's group)
     prompt: str
     tokens: list[str]  # response tokens, each decoded on its own (environment/tool tokens too)
     trained: list[bool]  # per token: the policy generated it (the loss mask); False for environment tokens
     gaps: list[float | None] | None  # |rollout - trainer| log-prob per policy token (None on the others);
-                                     # None without engine log-probs
+    # None without engine log-probs
     reward: float
     advantage: float  # mean over the response tokens (constant per sequence for GRPO/RLOO)
     finished: bool
@@ -40,8 +40,13 @@ class SampleView:
         return sum(gaps) / len(gaps) if gaps else None
 
     def sort_value(self, key: str) -> float:
-        return {"reward": self.reward, "advantage": self.advantage, "gap": self.mean_gap or 0.0,
-                "length": float(len(self.tokens)), "index": float(self.index)}[key]
+        return {
+            "reward": self.reward,
+            "advantage": self.advantage,
+            "gap": self.mean_gap or 0.0,
+            "length": float(len(self.tokens)),
+            "index": float(self.index),
+        }[key]
 
 
 def trainer_log_probs(record: Record) -> torch.Tensor | None:
@@ -67,11 +72,19 @@ def sample_views(record: Record, tokenizer: Any) -> list[SampleView]:
         row_gaps = None
         if gaps is not None:
             row_gaps = [g if t else None for g, t in zip(gaps[i][real[i]].tolist(), trained)]
-        views.append(SampleView(
-            index=i, group=int(batch["group_ids"][i]), prompt=tokenizer.decode(prompt_ids.tolist()),
-            tokens=[tokenizer.decode([t]) for t in batch["responses"][i][real[i]].tolist()], trained=trained,
-            gaps=row_gaps, reward=float(batch["scores"][i]), advantage=float(advantages[i]),
-            finished=bool(batch["finished"][i])))
+        views.append(
+            SampleView(
+                index=i,
+                group=int(batch["group_ids"][i]),
+                prompt=tokenizer.decode(prompt_ids.tolist()),
+                tokens=[tokenizer.decode([t]) for t in batch["responses"][i][real[i]].tolist()],
+                trained=trained,
+                gaps=row_gaps,
+                reward=float(batch["scores"][i]),
+                advantage=float(advantages[i]),
+                finished=bool(batch["finished"][i]),
+            )
+        )
     return views
 
 
@@ -84,8 +97,13 @@ def sort_views(views: list[SampleView], key: str, descending: bool = True) -> li
 def summary(record: Record, views: list[SampleView]) -> dict[str, float]:
     rewards = [v.reward for v in views]
     gaps = [g for v in views for g in (v.gaps or []) if g is not None]
-    out = {"samples": float(len(views)), "groups": float(len({v.group for v in views})),
-           "reward_mean": sum(rewards) / len(rewards), "reward_max": max(rewards), "reward_min": min(rewards)}
+    out = {
+        "samples": float(len(views)),
+        "groups": float(len({v.group for v in views})),
+        "reward_mean": sum(rewards) / len(rewards),
+        "reward_max": max(rewards),
+        "reward_min": min(rewards),
+    }
     if gaps:
         out.update(gap_mean=sum(gaps) / len(gaps), gap_max=max(gaps))
     return out
@@ -94,14 +112,20 @@ def summary(record: Record, views: list[SampleView]) -> dict[str, float]:
 def markdown(record: Record, views: list[SampleView], limit: int = 8) -> str:
     """The step's summary and its best and worst samples by reward, as TensorBoard text (markdown)."""
     stats = summary(record, views)
-    lines = [f"**step {record.step}**: " + ", ".join(f"{k} {v:.4g}" for k, v in stats.items()), "",
-             "| sample | group | reward | advantage | mean gap | prompt | response |", "|---|---|---|---|---|---|---|"]
+    lines = [
+        f"**step {record.step}**: " + ", ".join(f"{k} {v:.4g}" for k, v in stats.items()),
+        "",
+        "| sample | group | reward | advantage | mean gap | prompt | response |",
+        "|---|---|---|---|---|---|---|",
+    ]
     ranked = sort_views(views, "reward")
-    chosen = ranked if len(ranked) <= limit else ranked[:limit // 2] + ranked[-(limit - limit // 2):]
+    chosen = ranked if len(ranked) <= limit else ranked[: limit // 2] + ranked[-(limit - limit // 2) :]
     for v in chosen:
         gap = f"{v.mean_gap:.3g}" if v.mean_gap is not None else "-"
-        lines.append(f"| {v.index} | {v.group} | {v.reward:.4g} | {v.advantage:+.4g} | {gap} | "
-                     f"{cell(v.prompt)} | {cell(''.join(v.tokens))} |")
+        lines.append(
+            f"| {v.index} | {v.group} | {v.reward:.4g} | {v.advantage:+.4g} | {gap} | "
+            f"{cell(v.prompt)} | {cell(''.join(v.tokens))} |"
+        )
     return "\n".join(lines)
 
 

@@ -79,12 +79,13 @@ class RunDir:
             return "is not a run directory (no config.yaml); pick another --run-id"
         status = self.read_status()
         if status.get("status") == "running":
-            return (f"its run is still running (pid {status.get('pid')} on {status.get('host')}); "
-                    "pick another --run-id")
+            return f"its run is still running (pid {status.get('pid')} on {status.get('host')}); pick another --run-id"
         complete = [c.step for c in list_checkpoints(self.path) if c.problem is None]
         if complete:
-            return (f"holds checkpoints (the last of step {complete[-1]}); continue it with "
-                    f"`{resume_command(self.path, self.run_id)}`, or pick another --run-id")
+            return (
+                f"holds checkpoints (the last of step {complete[-1]}); continue it with "
+                f"`{resume_command(self.path, self.run_id)}`, or pick another --run-id"
+            )
         return None
 
     @classmethod
@@ -96,15 +97,22 @@ class RunDir:
             check_run_id(run)
             known = [r.run_id for r in list_runs(runs_dir)]
             hint = f" (runs there: {', '.join(known[-5:])})" if known else ""
-            raise UserError(f"no run {run!r} in {Path(runs_dir).expanduser()}{hint}; pass --runs-dir "
-                            "or the run directory's path")
+            raise UserError(
+                f"no run {run!r} in {Path(runs_dir).expanduser()}{hint}; pass --runs-dir or the run directory's path"
+            )
         return cls(path.name, path)
 
     def write_status(self, status: str, **fields: Any) -> None:
         """Atomically replace status.json, keeping fields not given (step, last checkpoint, ...)."""
         assert status in STATUSES, status
-        record = {**self._raw_status(), **fields, "status": status, "pid": os.getpid(),
-                  "host": socket.gethostname(), "updated_at": dt.datetime.now().isoformat(timespec="seconds")}
+        record = {
+            **self._raw_status(),
+            **fields,
+            "status": status,
+            "pid": os.getpid(),
+            "host": socket.gethostname(),
+            "updated_at": dt.datetime.now().isoformat(timespec="seconds"),
+        }
         tmp = self.path / f".{STATUS_FILE}.tmp"
         tmp.write_text(json.dumps(record, indent=2))
         os.replace(tmp, self.path / STATUS_FILE)
@@ -112,8 +120,11 @@ class RunDir:
     def read_status(self) -> dict[str, Any]:
         """status.json, with "running" turned into "dead" when its process is gone from this host."""
         record = self._raw_status()
-        if record.get("status") == "running" and record.get("host") == socket.gethostname() \
-                and not _pid_alive(int(record.get("pid", 0))):
+        if (
+            record.get("status") == "running"
+            and record.get("host") == socket.gethostname()
+            and not _pid_alive(int(record.get("pid", 0)))
+        ):
             record["status"] = "dead"
         return record or {"status": "unknown"}
 
@@ -157,7 +168,7 @@ def _pid_alive(pid: int) -> bool:
 def resolve_model_path(spec: str, key: str = "model.path") -> str:
     """'rlkit:tiny-qwen2' builds (once) a tiny offline model; anything else is a path or hub id."""
     if spec.startswith(TINY_PREFIX):
-        name = spec[len(TINY_PREFIX):]
+        name = spec[len(TINY_PREFIX) :]
         if name != "tiny-qwen2":
             raise UserError(f"{key}={spec!r}: the only built-in model is 'rlkit:tiny-qwen2'")
         from rlkit.core.train.tiny import build_tiny_qwen2, is_current

@@ -38,8 +38,10 @@ _ALLOWED = {
     ("torch.serialization", "_get_layout"): torch.serialization._get_layout,  # layout by name, as weights_only allows
     ("torch.distributed.checkpoint.filesystem", "_StorageInfo"): _StorageInfo,  # where each item lies in a file
     ("collections", "OrderedDict"): collections.OrderedDict,
-    **{("pathlib", name): getattr(pathlib, name) for name in ("PosixPath", "WindowsPath", "PurePosixPath",
-                                                               "PureWindowsPath", "Path")},
+    **{
+        ("pathlib", name): getattr(pathlib, name)
+        for name in ("PosixPath", "WindowsPath", "PurePosixPath", "PureWindowsPath", "Path")
+    },
 }
 # The index itself: the dataclasses and enums of DCP's metadata module (plain data, no behaviour on build).
 _METADATA_MODULE = dcp_metadata.__name__
@@ -56,8 +58,11 @@ class _MetadataUnpickler(pickle.Unpickler):
         if module == "torch" and isinstance(getattr(torch, name, None), torch.dtype):
             return getattr(torch, name)
         found = getattr(dcp_metadata, name, None) if module == _METADATA_MODULE else None
-        if isinstance(found, type) and found.__module__ == module and (
-                dataclasses.is_dataclass(found) or issubclass(found, enum.Enum)):
+        if (
+            isinstance(found, type)
+            and found.__module__ == module
+            and (dataclasses.is_dataclass(found) or issubclass(found, enum.Enum))
+        ):
             return found
         raise UnsafeCheckpointError(f"{module}.{name} is not part of a DCP index")
 
@@ -103,5 +108,10 @@ def load(state: dict[str, Any], folder: Path, *, no_dist: bool = False) -> None:
     with warnings.catch_warnings():
         if no_dist:  # "torch.distributed is not initialized": intended, one process reads all
             warnings.simplefilter("ignore", UserWarning)
-        dcp.load(state, checkpoint_id=str(folder), storage_reader=SafeFileSystemReader(str(folder)),
-                 planner=SafeLoadPlanner(), no_dist=no_dist)
+        dcp.load(
+            state,
+            checkpoint_id=str(folder),
+            storage_reader=SafeFileSystemReader(str(folder)),
+            planner=SafeLoadPlanner(),
+            no_dist=no_dist,
+        )

@@ -29,7 +29,7 @@ from rlkit.core.state.disk_errors import disk_full_error
 # this module (RNG states) through the worker classes, and has no use for DCP (~0.7 s to import).
 
 SHARDS_DIR = "shards"
-MODEL_KEY = "model"      # DCP keys are "model.<HF parameter name>" and "optim.<...>"
+MODEL_KEY = "model"  # DCP keys are "model.<HF parameter name>" and "optim.<...>"
 OPTIM_KEY = "optim"
 
 
@@ -63,8 +63,9 @@ def set_rng_state(state: dict[str, Any]) -> None:
         torch.cuda.set_rng_state_all(state["cuda"])
 
 
-def save_shards(folder: str | Path, rank: int, *, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
-                scheduler: Any = None) -> None:
+def save_shards(
+    folder: str | Path, rank: int, *, model: torch.nn.Module, optimizer: torch.optim.Optimizer, scheduler: Any = None
+) -> None:
     """Collective: every rank of the group at once. `scheduler` is None for a constant learning rate."""
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.api import CheckpointException  # a BaseException, not an Exception
@@ -83,8 +84,9 @@ def save_shards(folder: str | Path, rank: int, *, model: torch.nn.Module, optimi
     write_durably(folder / f"rank_{rank}.pt", local)
 
 
-def load_shards(folder: str | Path, rank: int, *, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
-                scheduler: Any = None) -> None:
+def load_shards(
+    folder: str | Path, rank: int, *, model: torch.nn.Module, optimizer: torch.optim.Optimizer, scheduler: Any = None
+) -> None:
     from torch.distributed.checkpoint.state_dict import StateDictOptions, set_state_dict
 
     from rlkit.core.state import safe_load
@@ -95,8 +97,13 @@ def load_shards(folder: str | Path, rank: int, *, model: torch.nn.Module, optimi
     safe_load.load(state, folder / SHARDS_DIR)
     # Frozen weights are not in a checkpoint: they stay what the model was built with.
     strict = not frozen_names(model)
-    set_state_dict(model, optimizer, model_state_dict=state[MODEL_KEY], optim_state_dict=state[OPTIM_KEY],
-                   options=StateDictOptions(strict=strict))
+    set_state_dict(
+        model,
+        optimizer,
+        model_state_dict=state[MODEL_KEY],
+        optim_state_dict=state[OPTIM_KEY],
+        options=StateDictOptions(strict=strict),
+    )
     local = torch.load(folder / f"rank_{rank}.pt", weights_only=True)
     if scheduler is not None:
         scheduler.load_state_dict(local["scheduler"])

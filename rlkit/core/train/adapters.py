@@ -29,8 +29,13 @@ def peft_config(settings: LoraSettings):
     """The peft LoraConfig of `settings` (also written next to an exported adapter)."""
     from peft import LoraConfig
 
-    return LoraConfig(r=settings.rank, lora_alpha=settings.alpha, lora_dropout=settings.dropout,
-                      target_modules=settings.target_modules, task_type="CAUSAL_LM")
+    return LoraConfig(
+        r=settings.rank,
+        lora_alpha=settings.alpha,
+        lora_dropout=settings.dropout,
+        target_modules=settings.target_modules,
+        task_type="CAUSAL_LM",
+    )
 
 
 def add_lora(model: torch.nn.Module, settings: LoraSettings, seed: int) -> torch.nn.Module:
@@ -50,9 +55,11 @@ def add_lora(model: torch.nn.Module, settings: LoraSettings, seed: int) -> torch
             raise ConfigError(f"model.lora.target_modules={settings.target_modules!r}: {exc}") from None
     others = sorted({type(m).__name__ for m in lora_layers(wrapped).values() if not isinstance(m, Linear)})
     if others:
-        raise ConfigError(f"model.lora.target_modules={settings.target_modules!r} reaches {', '.join(others)} "
-                          "layers; rlkit merges adapters of linear layers only: name linear modules "
-                          "(e.g. [q_proj, k_proj, v_proj, o_proj]) or use all-linear")
+        raise ConfigError(
+            f"model.lora.target_modules={settings.target_modules!r} reaches {', '.join(others)} "
+            "layers; rlkit merges adapters of linear layers only: name linear modules "
+            "(e.g. [q_proj, k_proj, v_proj, o_proj]) or use all-linear"
+        )
     return wrapped
 
 

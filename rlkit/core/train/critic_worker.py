@@ -66,15 +66,23 @@ class CriticWorker(DeviceWorker):
         Batches carry `values` (the critic's values at rollout time, the clip's anchor) and
         `returns` (the targets). Metrics are global: summed over micro-batches, all-reduced over ranks.
         """
-        totals = optimize(self.model, minibatches, norms, self._micro_step, grad_clip=self.config.critic.grad_clip,
-                          micro_batch_tokens=self.micro_batch_tokens, per_update=("vf_loss",))
+        totals = optimize(
+            self.model,
+            minibatches,
+            norms,
+            self._micro_step,
+            grad_clip=self.config.critic.grad_clip,
+            micro_batch_tokens=self.micro_batch_tokens,
+            per_update=("vf_loss",),
+        )
         return {f"critic/{k}": v for k, v in totals.items()}
 
     def _micro_step(self, mb: Batch, norm: dict[str, float]) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         values, mb = self._values(mb)
         mask = mb["response_mask"].float()
-        per_token, metrics = value_loss(values, mb["values"], mb["returns"], mask,
-                                        cliprange_value=self.config.critic.cliprange_value)
+        per_token, metrics = value_loss(
+            values, mb["values"], mb["returns"], mask, cliprange_value=self.config.critic.cliprange_value
+        )
         loss = aggregate_loss(per_token, mask, "token-mean", global_num_tokens=norm["num_tokens"])
         tokens = mask.sum()
         return loss, {"vf_loss": loss, "vf_clipfrac": metrics["vf_clipfrac"] * tokens, "tokens": tokens}

@@ -18,13 +18,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-CPU_MICRO_BATCH_TOKENS = 16384   # "auto" on CPU: memory is not the limit there, and this was the default
-MAX_AUTO_TOKENS = 65536          # beyond this a bigger micro-batch no longer speeds up the passes
-TOKEN_GRANULE = 1024             # auto budgets are multiples of this
-RESERVE_FRACTION = 0.10          # of the device's memory, plus RESERVE_BYTES, never planned for activations
+CPU_MICRO_BATCH_TOKENS = 16384  # "auto" on CPU: memory is not the limit there, and this was the default
+MAX_AUTO_TOKENS = 65536  # beyond this a bigger micro-batch no longer speeds up the passes
+TOKEN_GRANULE = 1024  # auto budgets are multiples of this
+RESERVE_FRACTION = 0.10  # of the device's memory, plus RESERVE_BYTES, never planned for activations
 RESERVE_BYTES = 2 << 30
-GRAD_AND_ADAM_BYTES = 12         # per trainable fp32 parameter: gradient 4 + two AdamW moments 8
-CRITIC_BYTES = 16                # per critic parameter: weights, gradient and AdamW moments, fp32
+GRAD_AND_ADAM_BYTES = 12  # per trainable fp32 parameter: gradient 4 + two AdamW moments 8
+CRITIC_BYTES = 16  # per critic parameter: weights, gradient and AdamW moments, fp32
 
 
 def compile_enabled(setting: bool | str, device_type: str) -> bool:
@@ -59,8 +59,15 @@ def activation_bytes_per_token(model_config: Any, dtype_bytes: int, gradient_che
     return body + 2 * dtype_bytes * int(text.vocab_size)
 
 
-def auto_micro_batch_tokens(*, free_bytes: int, total_bytes: int, trainable_params: int, critic_params: int,
-                            bytes_per_token: int, longest_sequence: int) -> int:
+def auto_micro_batch_tokens(
+    *,
+    free_bytes: int,
+    total_bytes: int,
+    trainable_params: int,
+    critic_params: int,
+    bytes_per_token: int,
+    longest_sequence: int,
+) -> int:
     """The token budget that fits what is left of `free_bytes` after the update's own allocations and a
     reserve: a multiple of TOKEN_GRANULE, at most MAX_AUTO_TOKENS, and never below one full-length
     sequence (a sequence always runs whole)."""
@@ -81,15 +88,25 @@ class FastPaths:
     free_gib: float | None = None  # the free memory an auto budget was sized from (GPU)
 
     def describe(self) -> str:
-        graphs = ("CUDA graphs n/a (rollout.name=hf)" if self.cuda_graphs is None else
-                  f"vLLM CUDA graphs {'on' if self.cuda_graphs else 'off'} (rollout.vllm.enforce_eager="
-                  f"{self.settings['rollout.vllm.enforce_eager']})")
+        graphs = (
+            "CUDA graphs n/a (rollout.name=hf)"
+            if self.cuda_graphs is None
+            else f"vLLM CUDA graphs {'on' if self.cuda_graphs else 'off'} (rollout.vllm.enforce_eager="
+            f"{self.settings['rollout.vllm.enforce_eager']})"
+        )
         budget = self.settings["actor.micro_batch_tokens"]
-        sized = (f", sized from {self.free_gib:.0f} GiB free" if self.free_gib is not None
-                 else ", the CPU default" if budget == "auto" else "")
-        return (f"fast paths: torch.compile {'on' if self.compile else 'off'} (model.compile="
-                f"{self.settings['model.compile']}), {graphs}, micro-batches of {self.micro_batch_tokens} tokens "
-                f"(actor.micro_batch_tokens={budget}{sized})")
+        sized = (
+            f", sized from {self.free_gib:.0f} GiB free"
+            if self.free_gib is not None
+            else ", the CPU default"
+            if budget == "auto"
+            else ""
+        )
+        return (
+            f"fast paths: torch.compile {'on' if self.compile else 'off'} (model.compile="
+            f"{self.settings['model.compile']}), {graphs}, micro-batches of {self.micro_batch_tokens} tokens "
+            f"(actor.micro_batch_tokens={budget}{sized})"
+        )
 
 
 def resolve(config: Any, device_type: str, *, sized: tuple[int, float] | None = None) -> FastPaths:
@@ -107,6 +124,10 @@ def resolve(config: Any, device_type: str, *, sized: tuple[int, float] | None = 
         compile=compile_enabled(model.compile, device_type),
         cuda_graphs=cuda_graphs_enabled(rollout.vllm.enforce_eager, device_type) if rollout.name == "vllm" else None,
         micro_batch_tokens=tokens,
-        settings={"model.compile": str(model.compile).lower(), "rollout.vllm.enforce_eager": eager,
-                  "actor.micro_batch_tokens": str(actor.micro_batch_tokens)},
-        free_gib=sized[1] if sized and actor.micro_batch_tokens == "auto" else None)
+        settings={
+            "model.compile": str(model.compile).lower(),
+            "rollout.vllm.enforce_eager": eager,
+            "actor.micro_batch_tokens": str(actor.micro_batch_tokens),
+        },
+        free_gib=sized[1] if sized and actor.micro_batch_tokens == "auto" else None,
+    )

@@ -45,8 +45,9 @@ def load_model(path: str, *, value_head: bool = False, gradient_checkpointing: b
     attention = packed_attention.register()
     if value_head:
         config = AutoConfig.from_pretrained(path, num_labels=1, classifier_dropout=0.0)
-        model = AutoModelForTokenClassification.from_pretrained(path, config=config, dtype=torch.float32,
-                                                                attn_implementation=attention)
+        model = AutoModelForTokenClassification.from_pretrained(
+            path, config=config, dtype=torch.float32, attn_implementation=attention
+        )
     else:
         model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32, attn_implementation=attention)
     if gradient_checkpointing:
@@ -55,8 +56,9 @@ def load_model(path: str, *, value_head: bool = False, gradient_checkpointing: b
     return model
 
 
-def shard_model(model: torch.nn.Module, *, device: torch.device, compute_dtype: str,
-                compile: bool = False) -> torch.nn.Module:
+def shard_model(
+    model: torch.nn.Module, *, device: torch.device, compute_dtype: str, compile: bool = False
+) -> torch.nn.Module:
     """Shard each decoder layer and the root over all ranks (fully_shard, in place); returns `model`.
 
     With one rank nothing is sharded, so layers keep their compute-dtype copy from forward
@@ -110,11 +112,20 @@ def packed_outputs(model: torch.nn.Module, packed: PackedBatch) -> torch.Tensor:
     A causal LM computes its head only at those positions (`logits_to_keep`), which skips
     the vocabulary projection of every prompt token.
     """
-    boundaries = dict(cu_seq_lens_q=packed.cu_seq_lens, cu_seq_lens_k=packed.cu_seq_lens,
-                      max_length_q=packed.max_len, max_length_k=packed.max_len)
+    boundaries = dict(
+        cu_seq_lens_q=packed.cu_seq_lens,
+        cu_seq_lens_k=packed.cu_seq_lens,
+        max_length_q=packed.max_len,
+        max_length_k=packed.max_len,
+    )
     if hasattr(model, "lm_head"):
-        out = model(input_ids=packed.input_ids, position_ids=packed.position_ids, use_cache=False,
-                    logits_to_keep=packed.predict_index, **boundaries)
+        out = model(
+            input_ids=packed.input_ids,
+            position_ids=packed.position_ids,
+            use_cache=False,
+            logits_to_keep=packed.predict_index,
+            **boundaries,
+        )
         return out.logits[0]
     out = model(input_ids=packed.input_ids, position_ids=packed.position_ids, **boundaries)
     return out.logits[0, packed.predict_index]
@@ -128,4 +139,5 @@ def lr_lambda(warmup: int, total: int, schedule: str):
             progress = min(1.0, (step - warmup) / max(1, total - warmup))
             return 0.5 * (1 + math.cos(math.pi * progress))
         return 1.0
+
     return factor

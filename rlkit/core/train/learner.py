@@ -31,13 +31,23 @@ def micro_batches(batch: Batch, budget: int, group: int = 1) -> list[list[int]]:
     rejected rows: its loss needs both); a group over the budget alone is a micro-batch of its own.
     """
     lengths = batch["attention_mask"].sum(-1).view(-1, group).sum(-1).tolist()
-    return [[item * group + j for item in items for j in range(group)]
-            for items in packing.plan_micro_batches(lengths, budget)]
+    return [
+        [item * group + j for item in items for j in range(group)]
+        for items in packing.plan_micro_batches(lengths, budget)
+    ]
 
 
-def optimize(model: TrainableModel, minibatches: list[Batch], norms: list[dict[str, float]], micro_step: MicroStep,
-             *, grad_clip: float, micro_batch_tokens: int, per_update: tuple[str, ...] = (),
-             group: int = 1) -> dict[str, float]:
+def optimize(
+    model: TrainableModel,
+    minibatches: list[Batch],
+    norms: list[dict[str, float]],
+    micro_step: MicroStep,
+    *,
+    grad_clip: float,
+    micro_batch_tokens: int,
+    per_update: tuple[str, ...] = (),
+    group: int = 1,
+) -> dict[str, float]:
     """One optimizer step per mini-batch; returns global metrics (names as `micro_step` gave them).
     `group` consecutive rows share a micro-batch (see `micro_batches`).
 

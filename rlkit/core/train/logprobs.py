@@ -29,9 +29,16 @@ def _stats(logits: torch.Tensor, targets: torch.Tensor, temperature: float, with
     return picked, lse, entropy
 
 
-def _grad_logits(logits: torch.Tensor, targets: torch.Tensor, lse: torch.Tensor, entropy: torch.Tensor,
-                 grad_log_probs: torch.Tensor, grad_entropy: torch.Tensor, temperature: float,
-                 with_entropy: bool) -> torch.Tensor:
+def _grad_logits(
+    logits: torch.Tensor,
+    targets: torch.Tensor,
+    lse: torch.Tensor,
+    entropy: torch.Tensor,
+    grad_log_probs: torch.Tensor,
+    grad_entropy: torch.Tensor,
+    temperature: float,
+    with_entropy: bool,
+) -> torch.Tensor:
     """d(loss)/d(logits) of one chunk; in-place steps keep eager mode at one fp32 buffer."""
     x = logits.float()
     if temperature != 1.0:
@@ -74,8 +81,9 @@ class SelectedLogProbs(torch.autograd.Function):
         lse = logits.new_empty(logits.shape[0], dtype=torch.float32)
         for start in range(0, logits.shape[0], step):
             part = slice(start, start + step)
-            log_probs[part], lse[part], entropy[part] = _kernels["stats"](logits[part], targets[part], temperature,
-                                                                          with_entropy)
+            log_probs[part], lse[part], entropy[part] = _kernels["stats"](
+                logits[part], targets[part], temperature, with_entropy
+            )
         ctx.save_for_backward(logits, targets, lse, entropy)
         ctx.set_materialize_grads(False)  # an entropy the loss leaves out gets None: no entropy term in backward
         ctx.temperature, ctx.with_entropy = temperature, with_entropy
@@ -92,14 +100,22 @@ class SelectedLogProbs(torch.autograd.Function):
         grad_logits = torch.empty_like(logits)
         for start in range(0, logits.shape[0], step):
             part = slice(start, start + step)
-            grad_logits[part] = _kernels["grad"](logits[part], targets[part], lse[part], entropy[part],
-                                                 grad_log_probs[part], grad_entropy[part], ctx.temperature,
-                                                 with_entropy)
+            grad_logits[part] = _kernels["grad"](
+                logits[part],
+                targets[part],
+                lse[part],
+                entropy[part],
+                grad_log_probs[part],
+                grad_entropy[part],
+                ctx.temperature,
+                with_entropy,
+            )
         return grad_logits, None, None, None
 
 
-def selected_log_probs(logits: torch.Tensor, targets: torch.Tensor, temperature: float = 1.0,
-                       with_entropy: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+def selected_log_probs(
+    logits: torch.Tensor, targets: torch.Tensor, temperature: float = 1.0, with_entropy: bool = False
+) -> tuple[torch.Tensor, torch.Tensor]:
     """log softmax(logits / T)[target] and (if asked; zeros otherwise) the entropy, per row, in fp32."""
     if not torch.is_grad_enabled() or not logits.requires_grad:
         with torch.no_grad():

@@ -79,17 +79,21 @@ def build_policy(config: RLConfig, model_path: str, device: torch.device) -> Tra
         model = adapters.add_lora(model, config.model.lora, seed=config.trainer.seed)
     module = fsdp.shard_model(model, device=device, compute_dtype=dtype, compile=compile_layers)
     actor = config.actor
-    optimizer = torch.optim.AdamW([p for p in module.parameters() if p.requires_grad], lr=actor.lr,
-                                  betas=actor.betas, weight_decay=actor.weight_decay)
+    optimizer = torch.optim.AdamW(
+        [p for p in module.parameters() if p.requires_grad],
+        lr=actor.lr,
+        betas=actor.betas,
+        weight_decay=actor.weight_decay,
+    )
     updates_per_step = config.data.train_batch_size // actor.mini_batch_size * actor.ppo_epochs
     # Critic warm-up steps do not update the actor, so they are not in the schedule.
     total_updates = (config.trainer.total_steps - config.critic.warmup_steps) * updates_per_step
     scheduler = torch.optim.lr_scheduler.LambdaLR(
-        optimizer, fsdp.lr_lambda(actor.warmup_steps, total_updates, actor.lr_schedule))
+        optimizer, fsdp.lr_lambda(actor.warmup_steps, total_updates, actor.lr_schedule)
+    )
     base = None
     if config.needs_reference and not lora:  # always the model on disk
-        base = fsdp.shard_model(fsdp.load_model(model_path), device=device, compute_dtype=dtype,
-                                compile=compile_layers)
+        base = fsdp.shard_model(fsdp.load_model(model_path), device=device, compute_dtype=dtype, compile=compile_layers)
         base.eval().requires_grad_(False)
     return TrainableModel(module, optimizer, scheduler, base=base, lora=lora)
 

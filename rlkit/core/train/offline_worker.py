@@ -28,13 +28,15 @@ from rlkit.core.train.preference_step import preference_micro_step
 
 @dataclass(frozen=True)
 class OfflineStep:
-    method: str              # the worker method that computes one micro-batch's loss and metric sums
-    means: tuple[str, ...]   # metric keys that are shares of a mini-batch mean (the rest: token sums)
+    method: str  # the worker method that computes one micro-batch's loss and metric sums
+    means: tuple[str, ...]  # metric keys that are shares of a mini-batch mean (the rest: token sums)
 
 
 # objective -> its micro-step (the rows that must share a micro-batch, a dpo pair: config.micro_batch_group).
-OFFLINE_STEPS = {"sft": OfflineStep("_sft_micro_step", ("loss",)),
-                 "dpo": OfflineStep("_dpo_micro_step", PREFERENCE_METRICS)}
+OFFLINE_STEPS = {
+    "sft": OfflineStep("_sft_micro_step", ("loss",)),
+    "dpo": OfflineStep("_dpo_micro_step", PREFERENCE_METRICS),
+}
 
 
 class OfflineUpdates:
@@ -50,9 +52,16 @@ class OfflineUpdates:
     def update_offline(self, minibatches: list[Batch], norms: list[dict[str, float]]) -> dict[str, float]:
         """One optimizer step per mini-batch; global metrics, the same on every rank."""
         step = OFFLINE_STEPS[self.config.objective]
-        totals = optimize(self.model, minibatches, norms, getattr(self, step.method),
-                          grad_clip=self.config.actor.grad_clip, micro_batch_tokens=self.fast_paths.micro_batch_tokens,
-                          per_update=step.means, group=self.config.micro_batch_group)
+        totals = optimize(
+            self.model,
+            minibatches,
+            norms,
+            getattr(self, step.method),
+            grad_clip=self.config.actor.grad_clip,
+            micro_batch_tokens=self.fast_paths.micro_batch_tokens,
+            per_update=step.means,
+            group=self.config.micro_batch_group,
+        )
         return {k if "/" in k else f"actor/{k}": v for k, v in totals.items()}
 
     @torch.no_grad()
@@ -81,13 +90,29 @@ class OfflineUpdates:
         log_probs = packed.scatter(flat_log_probs)
         correct = packed.scatter((logits.argmax(-1) == packed.targets).float())
         mask = mb["response_mask"].to(self.device).float()
-        loss = sft_loss(log_probs, mask, self.config.actor.loss_agg_mode, global_num_tokens=norm["num_tokens"],
-                        global_num_seqs=norm["num_seqs"], norm_length=self.config.data.max_response_length)
-        return loss, {"loss": loss.detach().cpu(), "token_accuracy": (correct * mask).sum().cpu(),
-                      "tokens": mask.sum().cpu()}
+        loss = sft_loss(
+            log_probs,
+            mask,
+            self.config.actor.loss_agg_mode,
+            global_num_tokens=norm["num_tokens"],
+            global_num_seqs=norm["num_seqs"],
+            norm_length=self.config.data.max_response_length,
+        )
+        return loss, {
+            "loss": loss.detach().cpu(),
+            "token_accuracy": (correct * mask).sum().cpu(),
+            "tokens": mask.sum().cpu(),
+        }
 
     def _dpo_micro_step(self, mb: Batch, norm: dict[str, float]) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         """The preference loss of the micro-batch's pairs against the reference log-probs it carries."""
         dpo = self.config.dpo
-        return preference_micro_step(self.model.module, mb, norm, device=self.device, loss_type=dpo.loss_type,
-                                     beta=dpo.beta, label_smoothing=dpo.label_smoothing)
+        return preference_micro_step(
+            self.model.module,
+            mb,
+            norm,
+            device=self.device,
+            loss_type=dpo.loss_type,
+            beta=dpo.beta,
+            label_smoothing=dpo.label_smoothing,
+        )

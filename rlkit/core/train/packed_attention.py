@@ -37,9 +37,16 @@ def register() -> str:
     return NAME
 
 
-def packed_attention_forward(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor,
-                             value: torch.Tensor, attention_mask: torch.Tensor | None, scaling: float | None = None,
-                             dropout: float = 0.0, **kwargs) -> tuple[torch.Tensor, None]:
+def packed_attention_forward(
+    module: torch.nn.Module,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    attention_mask: torch.Tensor | None,
+    scaling: float | None = None,
+    dropout: float = 0.0,
+    **kwargs,
+) -> tuple[torch.Tensor, None]:
     """query [1, H, T, D], key/value [1, Hkv, T, D] -> [1, T, H, D] (transformers' layout).
 
     Without boundaries (an unpacked call, e.g. a debugging forward over unpadded rows) each
@@ -48,8 +55,13 @@ def packed_attention_forward(module: torch.nn.Module, query: torch.Tensor, key: 
     groups = query.shape[1] // key.shape[1]
     cu_seq_lens = kwargs.get("cu_seq_lens_q")
     if cu_seq_lens is None:
-        out = F.scaled_dot_product_attention(query, key.repeat_interleave(groups, dim=1),
-                                             value.repeat_interleave(groups, dim=1), is_causal=True, scale=scaling)
+        out = F.scaled_dot_product_attention(
+            query,
+            key.repeat_interleave(groups, dim=1),
+            value.repeat_interleave(groups, dim=1),
+            is_causal=True,
+            scale=scaling,
+        )
         return out.transpose(1, 2), None
     if query.shape[0] != 1:
         raise ValueError(f"{NAME} expects one packed row, got a batch of {query.shape[0]}")
@@ -61,15 +73,17 @@ def packed_attention_forward(module: torch.nn.Module, query: torch.Tensor, key: 
     return out.unsqueeze(0), None
 
 
-def _attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seq_lens: torch.Tensor, max_len: int,
-            scale: float | None) -> torch.Tensor:
+def _attend(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seq_lens: torch.Tensor, max_len: int, scale: float | None
+) -> torch.Tensor:
     if q.is_cuda and _kernel_usable(q):
         return _varlen_kernel(q, k, v, cu_seq_lens, max_len, scale)
     return per_sequence_attention(q, k, v, cu_seq_lens, scale)
 
 
-def per_sequence_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seq_lens: torch.Tensor,
-                           scale: float | None) -> torch.Tensor:
+def per_sequence_attention(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seq_lens: torch.Tensor, scale: float | None
+) -> torch.Tensor:
     """Reference path: one causal SDPA call per sequence. q/k/v [T, H, D] -> [T, H, D]."""
     bounds = cu_seq_lens.tolist()
     pieces = []
@@ -79,8 +93,9 @@ def per_sequence_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu
     return torch.cat(pieces)
 
 
-def _varlen_kernel(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seq_lens: torch.Tensor, max_len: int,
-                   scale: float | None) -> torch.Tensor:
+def _varlen_kernel(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seq_lens: torch.Tensor, max_len: int, scale: float | None
+) -> torch.Tensor:
     from torch.nn.attention.varlen import varlen_attn
 
     cu = cu_seq_lens.to(device=q.device, dtype=torch.int32)
@@ -107,12 +122,15 @@ def _kernel_usable(q: torch.Tensor) -> bool:
             leaves = [t.clone().requires_grad_() for t in inputs]
             want = per_sequence_attention(*leaves, cu, None)
             want.float().square().sum().backward()
-        error = max(float((a.float() - b.float()).norm() / b.float().norm())
-                    for a, b in zip([got, *grads], [want, *(t.grad for t in leaves)]))
+        error = max(
+            float((a.float() - b.float()).norm() / b.float().norm())
+            for a, b in zip([got, *grads], [want, *(t.grad for t in leaves)])
+        )
         ok = error < 2e-2
         if not ok:
-            logger.warning("varlen attention kernel disagrees with SDPA (rel. error %.3g); using per-sequence SDPA",
-                           error)
+            logger.warning(
+                "varlen attention kernel disagrees with SDPA (rel. error %.3g); using per-sequence SDPA", error
+            )
     except Exception as exc:  # missing op, unsupported dtype/arch: the reference path still works
         logger.warning("varlen attention kernel unavailable (%s); using per-sequence SDPA", exc)
         ok = False

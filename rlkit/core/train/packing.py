@@ -76,15 +76,15 @@ def split_to_count(members: list[list[int]], lengths: list[int], count: int) -> 
 class PackedBatch:
     """Several sequences as one row of real tokens, plus where their responses sit."""
 
-    input_ids: torch.Tensor       # [1, T] every sequence's prompt + response tokens, end to end
-    position_ids: torch.Tensor    # [1, T] restarting at 0 for each sequence
-    cu_seq_lens: torch.Tensor     # [N + 1] int32 sequence boundaries (attention kernels' layout)
-    max_len: int                  # longest sequence
-    predict_index: torch.Tensor   # [K] positions in T whose output predicts a response token
-    targets: torch.Tensor         # [K] the response tokens themselves
-    rows: torch.Tensor            # [K] row in the padded [b, R] layout of each response token
-    cols: torch.Tensor            # [K] column in that layout
-    shape: tuple[int, int]        # (b, R) of the padded layout
+    input_ids: torch.Tensor  # [1, T] every sequence's prompt + response tokens, end to end
+    position_ids: torch.Tensor  # [1, T] restarting at 0 for each sequence
+    cu_seq_lens: torch.Tensor  # [N + 1] int32 sequence boundaries (attention kernels' layout)
+    max_len: int  # longest sequence
+    predict_index: torch.Tensor  # [K] positions in T whose output predicts a response token
+    targets: torch.Tensor  # [K] the response tokens themselves
+    rows: torch.Tensor  # [K] row in the padded [b, R] layout of each response token
+    cols: torch.Tensor  # [K] column in that layout
+    shape: tuple[int, int]  # (b, R) of the padded layout
 
     def to(self, device: torch.device) -> PackedBatch:
         moved = {k: v.to(device) if isinstance(v, torch.Tensor) else v for k, v in self.__dict__.items()}
@@ -120,7 +120,13 @@ def pack(mb: Batch) -> PackedBatch:
     # one position earlier predicts it.
     predict_index = starts[rows] + prompt_lengths[rows] + cols - 1
     return PackedBatch(
-        input_ids=flat_ids.unsqueeze(0), position_ids=positions.unsqueeze(0),
-        cu_seq_lens=starts.to(torch.int32), max_len=int(lengths.max()),
-        predict_index=predict_index, targets=mb["responses"][rows, cols], rows=rows, cols=cols,
-        shape=tuple(response_mask.shape))
+        input_ids=flat_ids.unsqueeze(0),
+        position_ids=positions.unsqueeze(0),
+        cu_seq_lens=starts.to(torch.int32),
+        max_len=int(lengths.max()),
+        predict_index=predict_index,
+        targets=mb["responses"][rows, cols],
+        rows=rows,
+        cols=cols,
+        shape=tuple(response_mask.shape),
+    )

@@ -50,8 +50,13 @@ class PolicyWorker(DeviceWorker, AgentEpisodes, OfflineUpdates):
     def node_info(self) -> dict[str, Any]:
         import ray
 
-        return {"rank": self.rank, "pid": os.getpid(), "host": socket.gethostname(), "phase": self.phase,
-                "node_id": ray.get_runtime_context().get_node_id()}
+        return {
+            "rank": self.rank,
+            "pid": os.getpid(),
+            "host": socket.gethostname(),
+            "phase": self.phase,
+            "node_id": ray.get_runtime_context().get_node_id(),
+        }
 
     def setup(self, master_addr: str, master_port: int, with_engine: bool = True) -> dict[str, Any]:
         """Load the models and start the rollout engine (`with_engine=False`: `rlkit replay` and offline
@@ -62,16 +67,32 @@ class PolicyWorker(DeviceWorker, AgentEpisodes, OfflineUpdates):
         with self.reporting("setup/load-models"):
             self.dtype = fsdp.compute_dtype(cfg.model.dtype, self.device)
             self.model = build_policy(cfg, self.model_path, self.device)
-            self.reward_model = RewardModel(
-                resolve_model_path(cfg.reward_model.path), device=self.device, max_length=cfg.reward_model.max_length,
-                micro_batch_size=cfg.reward_model.micro_batch_size) if cfg.reward_model.path else None
+            self.reward_model = (
+                RewardModel(
+                    resolve_model_path(cfg.reward_model.path),
+                    device=self.device,
+                    max_length=cfg.reward_model.max_length,
+                    micro_batch_size=cfg.reward_model.micro_batch_size,
+                )
+                if cfg.reward_model.path
+                else None
+            )
             # Sized before the engine takes its share: during the update the engine sleeps.
             self.fast_paths = fast_paths.resolve(cfg, self.device.type, sized=self._size_micro_batches())
         with self.reporting("setup/rollout-engine"):
             # Split placement: rollout workers on other devices hold the engine (rlkit.core.cluster.placement).
-            self.engine = make_engine(cfg, self.model_path, device=self.device, dtype=self.dtype,
-                                      seed=cfg.trainer.seed + self.rank,
-                                      sleep_mode=True) if cfg.rollout.placement == "colocated" and with_engine else None
+            self.engine = (
+                make_engine(
+                    cfg,
+                    self.model_path,
+                    device=self.device,
+                    dtype=self.dtype,
+                    seed=cfg.trainer.seed + self.rank,
+                    sleep_mode=True,
+                )
+                if cfg.rollout.placement == "colocated" and with_engine
+                else None
+            )
             self.sync_probe = SyncProbe()
         return {"rank": self.rank, "shards": fsdp.shard_numels(self.model.module), "fast_paths": self.fast_paths}
 
@@ -84,13 +105,17 @@ class PolicyWorker(DeviceWorker, AgentEpisodes, OfflineUpdates):
         module = self.model.module
         numels = fsdp.shard_numels(module)
         trainable = sum(numels[name][0] for name, param in module.named_parameters() if param.requires_grad)
-        per_token = fast_paths.activation_bytes_per_token(module.config, fsdp.DTYPES[self.dtype].itemsize,
-                                                          cfg.model.gradient_checkpointing)
+        per_token = fast_paths.activation_bytes_per_token(
+            module.config, fsdp.DTYPES[self.dtype].itemsize, cfg.model.gradient_checkpointing
+        )
         tokens = fast_paths.auto_micro_batch_tokens(
-            free_bytes=free, total_bytes=total, trainable_params=trainable,
+            free_bytes=free,
+            total_bytes=total,
+            trainable_params=trainable,
             critic_params=sum(local for local, _ in numels.values()) if cfg.critic_enabled else 0,  # same shape
             bytes_per_token=per_token,
-            longest_sequence=(cfg.data.max_prompt_length + cfg.data.max_response_length) * cfg.micro_batch_group)
+            longest_sequence=(cfg.data.max_prompt_length + cfg.data.max_response_length) * cfg.micro_batch_group,
+        )
         agreed = torch.tensor([tokens], device=packing.collective_device())
         dist.all_reduce(agreed, op=dist.ReduceOp.MIN)  # one budget for the run, the tightest rank's
         return int(agreed.item()), free / (1 << 30)
@@ -152,13 +177,15 @@ class PolicyWorker(DeviceWorker, AgentEpisodes, OfflineUpdates):
         """Every weight's name and full shape, in the order send_weights gathers them (no collective)."""
         return [TensorSpec(name, shape) for name, shape in self.model.engine_weight_shapes()]
 
-    def join_weight_transfer(self, host: str, port: int, world_size: int, specs: list[TensorSpec],
-                             bucket_bytes: int) -> None:
+    def join_weight_transfer(
+        self, host: str, port: int, world_size: int, specs: list[TensorSpec], bucket_bytes: int
+    ) -> None:
         """Rank 0 joins the rollout workers' transfer group (as its rank 0); the other ranks only help gather."""
         if self.rank == 0:
             timeouts = self.config.trainer.phase_timeout_s, self.config.rollout.weight_sync_timeout_s
-            group = TransferGroup(host, port, 0, world_size, self.device, handshake_timeout_s=timeouts[0],
-                                  transfer_timeout_s=timeouts[1])
+            group = TransferGroup(
+                host, port, 0, world_size, self.device, handshake_timeout_s=timeouts[0], transfer_timeout_s=timeouts[1]
+            )
             self.weight_sender = WeightSender(group, specs, fsdp.DTYPES[self.dtype], bucket_bytes)
 
     @in_phase("send_weights")
@@ -192,16 +219,18 @@ class PolicyWorker(DeviceWorker, AgentEpisodes, OfflineUpdates):
                 for rows in micro_batches(batch, self.fast_paths.micro_batch_tokens):
                     packed = packing.pack(batch.select(rows)).to(self.device)
                     logits = fsdp.packed_outputs(model, packed)
-                    lp, ent = selected_log_probs(logits, packed.targets, self.config.log_prob_temperature,
-                                                 with_entropy=which == "actor")
+                    lp, ent = selected_log_probs(
+                        logits, packed.targets, self.config.log_prob_temperature, with_entropy=which == "actor"
+                    )
                     log_probs[rows] = packed.scatter(lp).cpu()
                     entropy[rows] = packed.scatter(ent).cpu()
             mask = batch["response_mask"]
         return {"log_probs": log_probs * mask, "entropy": entropy * mask}
 
     @in_phase("update_actor")
-    def update_actor(self, minibatches: list[Batch], norms: list[dict[str, float]],
-                     inputs: UpdateInputs) -> dict[str, float]:
+    def update_actor(
+        self, minibatches: list[Batch], norms: list[dict[str, float]], inputs: UpdateInputs
+    ) -> dict[str, float]:
         """One optimizer step per mini-batch; `norms` are the whole mini-batch's token/sequence counts;
         `inputs` what the loss reads (rlkit.core.algos.update_inputs).
 
@@ -210,33 +239,47 @@ class PolicyWorker(DeviceWorker, AgentEpisodes, OfflineUpdates):
         cfg = self.config.actor
         options = configured_loss_options(cfg.policy_loss, cfg)  # once per update, not per micro-batch
         micro_step = functools.partial(self._micro_step, inputs=inputs, loss_options=options)
-        totals = optimize(self.model, minibatches, norms, micro_step, grad_clip=cfg.grad_clip,
-                          micro_batch_tokens=self.fast_paths.micro_batch_tokens, per_update=("pg_loss", "kl_loss"))
+        totals = optimize(
+            self.model,
+            minibatches,
+            norms,
+            micro_step,
+            grad_clip=cfg.grad_clip,
+            micro_batch_tokens=self.fast_paths.micro_batch_tokens,
+            per_update=("pg_loss", "kl_loss"),
+        )
         return {k if "/" in k else f"actor/{k}": v for k, v in totals.items()}
 
-    def _micro_step(self, mb: Batch, norm: dict[str, float], *, inputs: UpdateInputs,
-                    loss_options: dict[str, Any]) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    def _micro_step(
+        self, mb: Batch, norm: dict[str, float], *, inputs: UpdateInputs, loss_options: dict[str, Any]
+    ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         """The loss of one micro-batch, and metric sums to aggregate across micro-batches and ranks."""
         cfg = self.config.actor
         packed = packing.pack(mb).to(self.device)
         mb = mb.to(self.device)
         old_from_here = inputs.old_log_probs_from_update
         logits = fsdp.packed_outputs(self.model.module, packed)
-        flat_log_probs, flat_entropy = selected_log_probs(logits, packed.targets, self.config.rollout.temperature,
-                                                          with_entropy=cfg.entropy_coeff > 0 or old_from_here)
+        flat_log_probs, flat_entropy = selected_log_probs(
+            logits, packed.targets, self.config.rollout.temperature, with_entropy=cfg.entropy_coeff > 0 or old_from_here
+        )
         log_probs = packed.scatter(flat_log_probs)
         old_log_probs = log_probs.detach() if old_from_here else mb["old_log_probs"]
         mask = mb["response_mask"].float()
-        per_token, pg_metrics = policy_loss(cfg.policy_loss, log_probs, old_log_probs, mb["advantages"], mask,
-                                            **loss_options)
+        per_token, pg_metrics = policy_loss(
+            cfg.policy_loss, log_probs, old_log_probs, mb["advantages"], mask, **loss_options
+        )
         correction = inputs.rollout_correction  # (level, cap), or None
         if correction is not None:
-            weights = rollout_importance_weights(old_log_probs, mb["rollout_log_probs"], correction[1],
-                                                 level=correction[0], response_mask=mask)
+            weights = rollout_importance_weights(
+                old_log_probs, mb["rollout_log_probs"], correction[1], level=correction[0], response_mask=mask
+            )
             per_token = per_token * weights
             pg_metrics["rollout_is_weight"] = (weights * mask).sum() / mask.sum().clamp(min=1)
-        agg = dict(global_num_tokens=norm["num_tokens"], global_num_seqs=norm["num_seqs"],
-                   norm_length=self.config.data.max_response_length)
+        agg = dict(
+            global_num_tokens=norm["num_tokens"],
+            global_num_seqs=norm["num_seqs"],
+            norm_length=self.config.data.max_response_length,
+        )
         loss = aggregate_loss(per_token, mask, cfg.loss_agg_mode, **agg)
         tokens = mask.sum().detach().cpu()
         sums = {"pg_loss": loss.detach().cpu(), "tokens": tokens}
@@ -251,8 +294,9 @@ class PolicyWorker(DeviceWorker, AgentEpisodes, OfflineUpdates):
         if cfg.entropy_coeff > 0:
             loss = loss - cfg.entropy_coeff * aggregate_loss(entropy, mask, cfg.loss_agg_mode, **agg)
         if inputs.reference:
-            kl_loss = aggregate_loss(kl_estimate(log_probs, mb["ref_log_probs"], cfg.kl_loss_type), mask,
-                                     cfg.loss_agg_mode, **agg)
+            kl_loss = aggregate_loss(
+                kl_estimate(log_probs, mb["ref_log_probs"], cfg.kl_loss_type), mask, cfg.loss_agg_mode, **agg
+            )
             loss = loss + cfg.kl_loss_coef * kl_loss
             sums["kl_loss"] = kl_loss.detach().cpu()
         return loss, sums
@@ -260,14 +304,16 @@ class PolicyWorker(DeviceWorker, AgentEpisodes, OfflineUpdates):
     # -- checkpoints (collective: every rank calls with the same folder) -----------------
     @in_phase("save_checkpoint")
     def save_checkpoint(self, folder: str) -> None:
-        checkpoint_shards.save_shards(folder, self.rank, model=self.model.module, optimizer=self.model.optimizer,
-                                      scheduler=self.model.scheduler)
+        checkpoint_shards.save_shards(
+            folder, self.rank, model=self.model.module, optimizer=self.model.optimizer, scheduler=self.model.scheduler
+        )
 
     @in_phase("load_checkpoint")
     def load_checkpoint(self, folder: str) -> None:
         """The actor, its optimizer, LR schedule and RNG; the reference stays the base model."""
-        checkpoint_shards.load_shards(folder, self.rank, model=self.model.module, optimizer=self.model.optimizer,
-                                      scheduler=self.model.scheduler)
+        checkpoint_shards.load_shards(
+            folder, self.rank, model=self.model.module, optimizer=self.model.optimizer, scheduler=self.model.scheduler
+        )
 
     # -- test and debugging hooks -------------------------------------------------------
     @torch.no_grad()

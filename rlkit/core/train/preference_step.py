@@ -24,9 +24,16 @@ def sequence_log_probs(per_token: torch.Tensor, mask: torch.Tensor) -> torch.Ten
     return (per_token * mask).sum(-1)
 
 
-def preference_micro_step(module: torch.nn.Module, mb: Batch, norm: dict[str, float], *, device: torch.device,
-                          loss_type: str, beta: float,
-                          label_smoothing: float) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+def preference_micro_step(
+    module: torch.nn.Module,
+    mb: Batch,
+    norm: dict[str, float],
+    *,
+    device: torch.device,
+    loss_type: str,
+    beta: float,
+    label_smoothing: float,
+) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """The loss of one micro-batch of whole pairs and metric sums: `tokens` and the preference metrics
     (rlkit.core.algos.preference).
 
@@ -41,8 +48,9 @@ def preference_micro_step(module: torch.nn.Module, mb: Batch, norm: dict[str, fl
     mask = mb["response_mask"].float()
     policy = sequence_log_probs(packed.scatter(flat_log_probs), mask)
     reference = sequence_log_probs(mb["ref_log_probs"], mask)
-    losses, metrics = preference_loss(pair_log_probs(policy, reference, mask.sum(-1)), loss_type, beta=beta,
-                                      label_smoothing=label_smoothing)
+    losses, metrics = preference_loss(
+        pair_log_probs(policy, reference, mask.sum(-1)), loss_type, beta=beta, label_smoothing=label_smoothing
+    )
     # Validation pads its pairs to whole ranks with filler pairs whose loss mask is 0: they count nothing.
     real = (mask.sum(-1)[0::PAIR_ROWS] > 0).to(losses.dtype)
     pairs_in_minibatch = norm["num_seqs"] / PAIR_ROWS

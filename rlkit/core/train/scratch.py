@@ -17,8 +17,10 @@ from typing import Iterable
 
 # What transformers 5 rebuilds any Qwen2 tokenizer with on load (models/qwen2/tokenization_qwen2.py):
 # training with the same pre-tokenizer makes the trained merges and the loaded tokenizer agree.
-QWEN2_PRETOKENIZE_REGEX = (r"""(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*"""
-                           r"""|\s*[\r\n]+|\s+(?!\S)|\s+""")
+QWEN2_PRETOKENIZE_REGEX = (
+    r"""(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*"""
+    r"""|\s*[\r\n]+|\s+(?!\S)|\s+"""
+)
 PAD, IM_START, IM_END = "<|endoftext|>", "<|im_start|>", "<|im_end|>"
 # Qwen2's template without the default system message (every token of a prompt costs on a small model).
 CHAT_TEMPLATE = (
@@ -28,10 +30,10 @@ CHAT_TEMPLATE = (
 ROLE_NAMES = ["system\n", "user\n", "assistant\n"]
 # Named sizes: hidden, layers, intermediate (heads = hidden / 64: vLLM's CPU attention needs head_dim 64).
 SIZES: dict[str, tuple[int, int, int]] = {
-    "tiny": (128, 2, 512),       # ~0.6M parameters with a 512-token vocabulary: CPU tests
-    "small": (256, 4, 1024),     # ~4.3M: CPU, a few minutes
-    "base": (512, 8, 2048),      # ~34M
-    "large": (768, 12, 3072),    # ~114M: the GPU benchmark
+    "tiny": (128, 2, 512),  # ~0.6M parameters with a 512-token vocabulary: CPU tests
+    "small": (256, 4, 1024),  # ~4.3M: CPU, a few minutes
+    "base": (512, 8, 2048),  # ~34M
+    "large": (768, 12, 3072),  # ~114M: the GPU benchmark
 }
 
 
@@ -42,23 +44,32 @@ def build_tokenizer(texts: Iterable[str], out_dir: str | Path, *, vocab_size: in
 
     backend = Tokenizer(models.BPE())
     backend.normalizer = normalizers.NFC()
-    backend.pre_tokenizer = pre_tokenizers.Sequence([
-        pre_tokenizers.Split(Regex(QWEN2_PRETOKENIZE_REGEX), behavior="isolated", invert=False),
-        pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
+    backend.pre_tokenizer = pre_tokenizers.Sequence(
+        [
+            pre_tokenizers.Split(Regex(QWEN2_PRETOKENIZE_REGEX), behavior="isolated", invert=False),
+            pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
+        ]
+    )
     backend.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=[PAD, IM_START, IM_END],
-                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size,
+        special_tokens=[PAD, IM_START, IM_END],
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
     # The chat template's role names, often enough to be merged into whole tokens.
     backend.train_from_iterator(itertools.chain(texts, ROLE_NAMES * 1000), trainer=trainer)
-    tokenizer = PreTrainedTokenizerFast(tokenizer_object=backend, pad_token=PAD, eos_token=IM_END,
-                                        additional_special_tokens=[IM_START])
+    tokenizer = PreTrainedTokenizerFast(
+        tokenizer_object=backend, pad_token=PAD, eos_token=IM_END, additional_special_tokens=[IM_START]
+    )
     tokenizer.chat_template = CHAT_TEMPLATE
     tokenizer.save_pretrained(out_dir)
     return tokenizer
 
 
-def build_model(out_dir: str | Path, tokenizer, *, size: str = "tiny", max_positions: int = 1024,
-                seed: int = 0) -> Path:
+def build_model(
+    out_dir: str | Path, tokenizer, *, size: str = "tiny", max_positions: int = 1024, seed: int = 0
+) -> Path:
     """A randomly initialised Qwen2 of a named size (SIZES) for `tokenizer`, saved to out_dir beside it."""
     import torch
     from transformers import Qwen2Config, Qwen2ForCausalLM
@@ -69,11 +80,22 @@ def build_model(out_dir: str | Path, tokenizer, *, size: str = "tiny", max_posit
     out = Path(out_dir)
     config = Qwen2Config(
         vocab_size=-(-len(tokenizer) // 64) * 64,  # rounded up, like real vocabularies
-        hidden_size=hidden, intermediate_size=intermediate, num_hidden_layers=layers,
-        num_attention_heads=hidden // 64, num_key_value_heads=hidden // 64, head_dim=64,
-        max_position_embeddings=max_positions, rope_theta=10000.0, rms_norm_eps=1e-6, tie_word_embeddings=True,
-        use_sliding_window=False, pad_token_id=tokenizer.pad_token_id, eos_token_id=tokenizer.eos_token_id,
-        bos_token_id=None, torch_dtype="float32")
+        hidden_size=hidden,
+        intermediate_size=intermediate,
+        num_hidden_layers=layers,
+        num_attention_heads=hidden // 64,
+        num_key_value_heads=hidden // 64,
+        head_dim=64,
+        max_position_embeddings=max_positions,
+        rope_theta=10000.0,
+        rms_norm_eps=1e-6,
+        tie_word_embeddings=True,
+        use_sliding_window=False,
+        pad_token_id=tokenizer.pad_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        bos_token_id=None,
+        torch_dtype="float32",
+    )
     torch.manual_seed(seed)
     model = Qwen2ForCausalLM(config)
     model.save_pretrained(out, safe_serialization=True)
@@ -82,8 +104,9 @@ def build_model(out_dir: str | Path, tokenizer, *, size: str = "tiny", max_posit
     return out
 
 
-def build_task_model(texts: Iterable[str], out_dir: str | Path, *, size: str = "tiny", vocab_size: int = 1024,
-                     seed: int = 0) -> Path:
+def build_task_model(
+    texts: Iterable[str], out_dir: str | Path, *, size: str = "tiny", vocab_size: int = 1024, seed: int = 0
+) -> Path:
     """Tokenizer trained on `texts` and a fresh model of `size`, in one directory (a `--model DIR`)."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
