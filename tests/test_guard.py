@@ -1,0 +1,54 @@
+"""rlkit.core.agents.guard: user calls run concurrently in threads that are kept for the next calls."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+from rlkit.core.agents.guard import Guard, _SpareThreads
+
+
+def test_a_batch_of_calls_runs_at_once_and_the_next_batch_reuses_the_threads() -> None:
+    guard = Guard(5.0)
+    started = threading.Barrier(8, timeout=5)  # all 8 calls must be running at the same time to pass it
+
+    def call(i: int) -> tuple[int, int]:
+        started.wait()
+        return i, threading.get_ident()
+
+    first = guard.call_all([(call, (i,)) for i in range(8)])
+    assert [o.value[0] for o in first] == list(range(8)) and all(o.error is None for o in first)
+    threads = {o.value[1] for o in first}
+    assert len(threads) == 8
+    started.reset()
+    second = guard.call_all([(call, (i,)) for i in range(8)])
+    assert {o.value[1] for o in second} == threads  # no new thread was started
+
+
+def test_a_hung_call_keeps_its_thread_and_the_calls_after_it_run_elsewhere() -> None:
+    guard = Guard(0.3)
+    release, hung_thread = threading.Event(), []
+
+    def hang() -> None:
+        hung_thread.append(threading.get_ident())
+        release.wait(10)
+
+    assert "did not return within 0.3 s" in guard.call_all([(hang, ())])[0].error
+    seen = guard.call_all([(threading.get_ident, ()) for _ in range(3)])
+    assert all(o.error is None for o in seen) and hung_thread[0] not in {o.value for o in seen}
+    release.set()
+
+
+def test_a_thread_without_work_exits_after_its_idle_time() -> None:
+    spare = _SpareThreads(idle_s=0.1)
+    done = threading.Event()
+    spare.run(done.set)
+    assert done.wait(5)
+    named = [t for t in threading.enumerate() if t.name == "rlkit-user-call"]
+    deadline = time.monotonic() + 5
+    while any(t.is_alive() for t in named) and spare._waiting and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert spare._waiting == []  # its inbox is gone: the next call starts a new thread
+    again = threading.Event()
+    spare.run(again.set)
+    assert again.wait(5)
