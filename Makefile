@@ -7,6 +7,8 @@ STAMP   := $(VENV)/.installed-$(shell cat pyproject.toml Makefile | cksum | cut 
 export VLLM_ENABLE_V1_MULTIPROCESSING ?= 0
 export TOKENIZERS_PARALLELISM ?= false
 export RAY_DEDUP_LOGS ?= 0
+# pytest-xdist workers for `make test` and `make test-fast` (each worker starts its own Ray head and engines).
+TEST_WORKERS ?= 2
 
 .PHONY: venv demo test test-fast clean
 
@@ -34,10 +36,10 @@ demo: venv
 test: venv
 	$(BIN)/ruff check rlkit
 	$(BIN)/ruff format --check rlkit
-	$(BIN)/python -m pytest -q -ra --durations=15 tests
+	$(BIN)/python -m pytest -q -ra --durations=25 -n $(TEST_WORKERS) tests
 
 test-fast: venv
-	$(BIN)/python -m pytest -q -m "not slow" tests
+	$(BIN)/python -m pytest -q -m "not slow" -n $(TEST_WORKERS) tests
 
 clean:
 	rm -rf $(VENV) runs .pytest_cache
