@@ -43,7 +43,8 @@ class GcTimer:
             gc.callbacks.remove(self._callback)
 
     def summary(self) -> dict[str, Any]:
-        return {"gc_seconds": round(sum(self.seconds), 4), "gc_seconds_by_generation": [round(s, 4) for s in self.seconds],
+        return {"gc_seconds": round(sum(self.seconds), 4),
+                "gc_seconds_by_generation": [round(s, 4) for s in self.seconds],
                 "gc_collections_by_generation": self.counts, "gc_tracked_objects": len(gc.get_objects())}
 
 
@@ -91,12 +92,14 @@ def python_profile(run: Callable[[], Any], rows: int = 30) -> tuple[float, str]:
 def py_spy(output: Path, seconds: float, subprocesses: bool = False) -> Iterator[None]:
     """py-spy sampling this process (and its children) for `seconds` while the block runs: raw
     collapsed stacks in `output`. Does nothing where py-spy is not installed."""
-    exe = shutil.which("py-spy") or next((str(p) for p in (Path.home() / "site" / "bin" / "py-spy",) if p.exists()), None)
+    carried = Path.home() / "site" / "bin" / "py-spy"  # where the GPU machine's carried wheels put it
+    exe = shutil.which("py-spy") or (str(carried) if carried.exists() else None)
     if exe is None:
         yield
         return
     command = [exe, "record", "--pid", str(os.getpid()), "--duration", str(int(seconds) + 1), "--rate", "200",
-               "--format", "raw", "--nonblocking", "--output", str(output)] + (["--subprocesses"] if subprocesses else [])
+               "--format", "raw", "--nonblocking", "--output", str(output)]
+    command += ["--subprocesses"] if subprocesses else []
     spy = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
     time.sleep(0.5)  # attached before the block starts
     try:

@@ -191,8 +191,8 @@ def main() -> None:
 
     os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
     from rlkit.core.controller.controller import Controller
-    from rlkit.core.state.run_dir import RunDir
     from rlkit.core.rollout.sync_check import check_weight_sync
+    from rlkit.core.state.run_dir import RunDir
     from rlkit.recipes.loader import load_config
 
     workload, workdir = prepared(args.workdir, args.tiny, args.shape)

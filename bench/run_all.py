@@ -172,7 +172,8 @@ def table(results: dict) -> str:
         for way, run in res.get("runs", {}).items():  # vllm_rollout.py
             busy = f", GPU busy {100 * run['gpu_busy_fraction']:.0f}%" if "gpu_busy_fraction" in run else ""
             gc_time = f", gc {run['gc_seconds']:.2f} s" if "gc_seconds" in run else ""
-            ratios.append(f"- {name} {way}: {min(run['seconds']):.2f} s, {run['tokens_per_s']:,.0f} tok/s{busy}{gc_time}")
+            ratios.append(f"- {name} {way}: {min(run['seconds']):.2f} s, {run['tokens_per_s']:,.0f} tok/s"
+                          f"{busy}{gc_time}")
     return "\n".join(lines + (["", "Same workload, same run (and rollout probes):"] + ratios if ratios else [])) + "\n"
 
 
