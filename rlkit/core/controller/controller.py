@@ -15,7 +15,8 @@ import torch
 
 from rlkit.core.agents.isolation import set_isolation
 from rlkit.core.agents.preflight import WEAK_SANDBOX_WARNING, uses_sandbox
-from rlkit.core.algos.advantages import AdvantageInputs, compute_advantages
+from rlkit.core.algos.advantages import AdvantageInputs
+from rlkit.core.algos.algorithm import Algorithm
 from rlkit.core.algos.kl import (
     AdaptiveKLController,
     FixedKLController,
@@ -60,6 +61,7 @@ class Controller:
     def __init__(self, config: RLConfig, run: RunDir, inputs: RunInputs | None = None) -> None:
         """`inputs`: what the preflight checks loaded (the run loop passes them; None runs the checks here)."""
         self.config, self.run = config, run
+        self.algorithm = Algorithm.from_config(config)  # what the step needs, its advantage and loss
         inputs = inputs or check_inputs(config)
         self.model_path, self.tokenizer, self.rows = inputs.model_path, inputs.tokenizer, inputs.rows
         sampler = PromptSampler(
@@ -94,13 +96,15 @@ class Controller:
             self.config = config = with_resolved_budget(config, self.fast_paths.micro_batch_tokens)
             self.critic = start_critic_group(config, self.model_path, self.workers, backend)
             source_cls = SyncRolloutSource if config.rollout.mode == "sync" else AsyncRolloutSource
-            self.source = source_cls(config, self.rows, sampler, self.tokenizer, self.scorer, self.placement)
+            self.source = source_cls(
+                config, self.algorithm, self.rows, sampler, self.tokenizer, self.scorer, self.placement
+            )
         except BaseException:  # a worker that died or hung in start-up, or Ctrl-C: stop what did start
             self.scorer.close()
             if backend is not None:
                 backend.shutdown()  # with it every worker this run started
             raise
-        self.plan = phase_plan(config)
+        self.plan = phase_plan(self.algorithm)
         self.completed_steps = 0  # the run loop advances it; a checkpoint saves this step
 
     # -- the step -----------------------------------------------------------------------
@@ -124,8 +128,9 @@ class Controller:
                     metrics.update(self.update_critic(batch))
             if plan.runs("update_actor", step):  # not in the critic's warm-up
                 self.recorder.add_trainer_log_probs(batch, self.log_probs)
+                inputs = UpdateInputs.for_step(self.algorithm, log_prob_check=cfg.log_prob_check_step(step))
                 with timed(timing, "update_actor"):
-                    metrics.update(self.update_actor(batch, UpdateInputs.for_step(cfg, step)))
+                    metrics.update(self.update_actor(batch, inputs))
             if plan.runs("sync", step):  # the source's policy version becomes `step`
                 with timed(timing, "sync"):
                     metrics.update(self.source.sync_weights(step))
@@ -146,37 +151,35 @@ class Controller:
         return worker_log_probs(self.workers, batch, which, self.config.world_size)
 
     def old_log_probs(self, batch: Batch) -> dict[str, torch.Tensor]:
-        if self.config.actor.old_log_probs == "rollout":
+        if self.algorithm.old_log_probs == "rollout":
             return {"old_log_probs": batch["rollout_log_probs"]}
         out = self.log_probs(batch, "actor")
         return {"old_log_probs": out["log_probs"], "entropy": out["entropy"]}
 
     def advantages(self, batch: Batch) -> dict[str, torch.Tensor]:
-        cfg, mask = self.config.algorithm, batch["response_mask"]
+        algorithm, mask = self.algorithm, batch["response_mask"]
         last = (mask > 0).long().cumsum(-1).argmax(-1)  # the policy's last token (a loss mask may have holes)
         token_rewards = torch.zeros_like(mask, dtype=torch.float32)
         token_rewards[torch.arange(len(batch)), last] = batch["scores"]
         out: dict[str, torch.Tensor] = {}
-        if cfg.use_kl_in_reward:
+        if algorithm.kl_in_reward:
             token_rewards, kl = apply_kl_penalty(
                 token_rewards,
                 batch["old_log_probs"],
                 batch["ref_log_probs"],
                 mask,
                 coef=self.kl_ctrl.value,
-                kind=cfg.kl_penalty,
+                kind=self.config.algorithm.kl_penalty,
             )
             self.kl_ctrl.update(float(kl), len(batch))
         inputs = AdvantageInputs(
             token_rewards,
             mask,
             batch["group_ids"],
-            values=batch.tensors.get("values"),
-            baseline_scores=batch.tensors.get("baseline_scores"),
+            values=batch["values"] if algorithm.critic else None,
+            baseline_scores=batch["baseline_scores"] if algorithm.greedy_baseline else None,
         )
-        adv, returns = compute_advantages(
-            cfg.adv_estimator, inputs, gamma=cfg.gamma, lam=cfg.lam, norm_adv_by_std=cfg.norm_adv_by_std
-        )
+        adv, returns = algorithm.advantages(inputs)
         out.update(token_rewards=token_rewards, advantages=adv, returns=returns)
         return out
 

@@ -15,6 +15,7 @@ from typing import Iterator
 
 import torch
 
+from rlkit.core.algos.algorithm import Algorithm
 from rlkit.core.train import adapters, fast_paths, fsdp
 from rlkit.recipes.schema import RLConfig
 
@@ -92,7 +93,7 @@ def build_policy(config: RLConfig, model_path: str, device: torch.device) -> Tra
         optimizer, fsdp.lr_lambda(actor.warmup_steps, total_updates, actor.lr_schedule)
     )
     base = None
-    if config.needs_reference and not lora:  # always the model on disk
+    if Algorithm.from_config(config).reference and not lora:  # always the model on disk
         base = fsdp.shard_model(fsdp.load_model(model_path), device=device, compute_dtype=dtype, compile=compile_layers)
         base.eval().requires_grad_(False)
     return TrainableModel(module, optimizer, scheduler, base=base, lora=lora)
