@@ -109,7 +109,8 @@ class Controller:
 
     # -- the step -----------------------------------------------------------------------
     def step(self, step: int) -> dict[str, Any]:
-        cfg, plan, timing = self.config, self.plan, {}  # the phases: rlkit.core.algos.phase_plan
+        plan, timing = self.plan, {}  # the phases: rlkit.core.algos.phase_plan
+        inputs = UpdateInputs.for_step(self.algorithm, log_prob_check=self.config.log_prob_check_step(step))
         with timed(timing, "step"):
             batch, metrics = self.source.next_batch(step, timing)  # gen (+ gen_baseline), scored: rollout.source
             if plan.runs("old_log_prob", step):  # else the update's own detached log-probs are the old ones
@@ -128,7 +129,6 @@ class Controller:
                     metrics.update(self.update_critic(batch))
             if plan.runs("update_actor", step):  # not in the critic's warm-up
                 self.recorder.add_trainer_log_probs(batch, self.log_probs)
-                inputs = UpdateInputs.for_step(self.algorithm, log_prob_check=cfg.log_prob_check_step(step))
                 with timed(timing, "update_actor"):
                     metrics.update(self.update_actor(batch, inputs))
             if plan.runs("sync", step):  # the source's policy version becomes `step`
@@ -138,7 +138,7 @@ class Controller:
             logger.warning(WEAK_SANDBOX_WARNING)
             metrics["sandbox/weak"] = 1.0
         metrics = {
-            **self.batch_metrics(batch),
+            **self.batch_metrics(batch, inputs),
             **metrics,
             **{f"timing/{k}": v for k, v in timing.items()},
             **self.throughput(batch, timing["step"]),
@@ -208,8 +208,11 @@ class Controller:
         return shard_minibatches(slim, cfg.actor.mini_batch_size * cfg.rollout.n, cfg.world_size, cfg.actor.ppo_epochs)
 
     # -- metrics ------------------------------------------------------------------------
-    def batch_metrics(self, batch: Batch) -> dict[str, float]:
+    def batch_metrics(self, batch: Batch, inputs: UpdateInputs) -> dict[str, float]:
+        """The batch's metrics; what the step computed is stated by the Algorithm and `inputs`, not read
+        from the keys the batch happens to hold."""
         mask, scores = batch["response_mask"], batch["scores"]
+        trainer_pass = self.algorithm.old_log_probs == "trainer"  # the old-log-prob pass, with its entropy
         lengths = mask.sum(-1)
         metrics = {
             "reward/mean": float(scores.mean()),
@@ -222,12 +225,12 @@ class Controller:
             "adv/mean": masked_mean(batch["advantages"], mask),
             "prompt/length_mean": float(batch["attention_mask"][:, : -mask.shape[1]].sum(-1).float().mean()),
         }
-        if "entropy" in batch:  # the trainer recomputed the old log-probs; else update_actor measures these
+        if trainer_pass:  # else update_actor measures these
             metrics["actor/entropy"] = masked_mean(batch["entropy"], mask)
-        if "entropy" in batch and "rollout_log_probs" in batch:
+        if trainer_pass and inputs.rollout_log_probs:  # the engine returned its log-probs this step
             gap = (batch["rollout_log_probs"] - batch["old_log_probs"]).abs()
             metrics["rollout/log_prob_diff"] = masked_mean(gap, mask)
-        if "values" in batch:
+        if self.algorithm.critic:
             values, returns = batch["values"], batch["returns"]
             residual_var = masked_mean((returns - values) ** 2, mask) - masked_mean(returns - values, mask) ** 2
             returns_var = masked_mean(returns**2, mask) - masked_mean(returns, mask) ** 2
@@ -236,9 +239,9 @@ class Controller:
             )
             if returns_var > 1e-8:  # undefined when every return is the same
                 metrics["critic/explained_var"] = 1.0 - residual_var / returns_var
-        if "ref_log_probs" in batch:
+        if self.algorithm.reference:
             metrics["actor/kl_coef"] = self.kl_ctrl.value
-            if "old_log_probs" in batch:  # else update_actor measures it
+            if not inputs.old_log_probs_from_update:  # else update_actor measures it
                 metrics["actor/kl_ref"] = masked_mean(
                     kl_estimate(batch["old_log_probs"], batch["ref_log_probs"], "k1"), mask
                 )
