@@ -106,3 +106,16 @@ def test_the_policy_loss_runs_with_its_options_resolved_once():
 def test_the_algorithm_module_loads_no_torch():
     code = "import sys, rlkit.core.algos.algorithm; print('torch' in sys.modules)"
     assert subprocess.run([sys.executable, "-c", code], capture_output=True, text=True).stdout.strip() == "False"
+
+
+def test_the_kl_terms_come_with_their_estimators_and_coefficients():
+    grpo = algorithm("grpo")  # KL loss, low_var_kl, 0.001 (grpo.yaml)
+    assert (grpo.kl_loss, grpo.kl_loss_type, grpo.kl_loss_coef, grpo.kl_in_reward) == (True, "low_var_kl", 0.001, False)
+    rloo = algorithm("rloo")  # KL in the reward: k1, a fixed coefficient of 0.001 (the schema's defaults)
+    assert (rloo.kl_in_reward, rloo.kl_penalty) == (True, "k1")
+    fixed = rloo.kl_controller()
+    assert type(fixed).__name__ == "FixedKLController" and fixed.value == 0.001
+    adaptive = algorithm("rloo", "algorithm.kl_ctrl.type=adaptive", "algorithm.kl_ctrl.kl_coef=0.2",
+                         "algorithm.kl_ctrl.target_kl=0.5", "algorithm.kl_ctrl.horizon=100").kl_controller()
+    assert type(adaptive).__name__ == "AdaptiveKLController" and (adaptive.value, adaptive.target) == (0.2, 0.5)
+    assert rloo.kl_controller() is not fixed  # a new one each time: its value is the run's state

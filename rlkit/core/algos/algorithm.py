@@ -25,7 +25,8 @@ if TYPE_CHECKING:
     from torch import Tensor
 
     from rlkit.core.algos.advantages import AdvantageInputs
-    from rlkit.recipes.actor_schema import ActorConfig
+    from rlkit.core.algos.kl import AdaptiveKLController, FixedKLController
+    from rlkit.recipes.actor_schema import ActorConfig, KLControlConfig
     from rlkit.recipes.schema import RLConfig
 
 # Where the update's old log-probs (pi_old of the ratio) come from:
@@ -44,7 +45,10 @@ class Algorithm:
     critic_warmup_steps: int  # the first steps train only the critic (0 without a critic)
     reference: bool  # the reference's log-probs: for the KL in the reward or the loss, or dpo's losses
     kl_in_reward: bool  # a per-token KL penalty is subtracted from the rewards before the advantages
+    kl_penalty: str  # the in-reward penalty's KL estimator (algorithm.kl_penalty)
     kl_loss: bool  # a KL-to-reference term in the actor's loss
+    kl_loss_coef: float
+    kl_loss_type: str  # the KL loss's estimator
     old_log_probs: OldLogProbs
     greedy_baseline: bool  # an extra rollout: one greedy sample per prompt, scored as its baseline (ReMax)
     group_filter: bool  # groups whose samples all scored the same are dropped and refilled (DAPO)
@@ -56,6 +60,7 @@ class Algorithm:
     entropy_coeff: float  # the entropy bonus's weight in the actor's loss (0: no term)
     # The section the loss's options are read from (rlkit.core.algos.losses.configured_loss_options).
     actor: ActorConfig = field(repr=False, compare=False)
+    kl_ctrl: KLControlConfig = field(repr=False, compare=False)  # the in-reward penalty's coefficient
 
     @classmethod
     def from_config(cls, config: RLConfig) -> Algorithm:
@@ -81,7 +86,10 @@ class Algorithm:
             critic_warmup_steps=config.critic.warmup_steps if critic else 0,
             reference=config.objective == "dpo" or kl_in_reward or kl_loss,
             kl_in_reward=kl_in_reward,
+            kl_penalty=algo.kl_penalty,
             kl_loss=kl_loss,
+            kl_loss_coef=actor.kl_loss_coef,
+            kl_loss_type=actor.kl_loss_type,
             old_log_probs=old,
             greedy_baseline=rl and needs.greedy_baseline,
             group_filter=group_filter,
@@ -92,6 +100,7 @@ class Algorithm:
             loss_agg_mode=actor.loss_agg_mode,
             entropy_coeff=actor.entropy_coeff,
             actor=actor,
+            kl_ctrl=algo.kl_ctrl,
         )
 
     @property
@@ -110,6 +119,15 @@ class Algorithm:
         from rlkit.core.algos.advantages import compute_advantages
 
         return compute_advantages(self.estimator, inputs, **self.estimator_options)
+
+    def kl_controller(self) -> AdaptiveKLController | FixedKLController:
+        """A new controller of the in-reward KL coefficient (its value is run state: checkpointed)."""
+        from rlkit.core.algos.kl import AdaptiveKLController, FixedKLController
+
+        ctrl = self.kl_ctrl
+        if ctrl.type == "adaptive":
+            return AdaptiveKLController(ctrl.kl_coef, ctrl.target_kl, ctrl.horizon)
+        return FixedKLController(ctrl.kl_coef)
 
     @cached_property
     def loss_options(self) -> dict[str, Any]:

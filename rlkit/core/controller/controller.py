@@ -17,12 +17,7 @@ from rlkit.core.agents.isolation import set_isolation
 from rlkit.core.agents.preflight import WEAK_SANDBOX_WARNING, uses_sandbox
 from rlkit.core.algos.advantages import AdvantageInputs
 from rlkit.core.algos.algorithm import Algorithm
-from rlkit.core.algos.kl import (
-    AdaptiveKLController,
-    FixedKLController,
-    apply_kl_penalty,
-    kl_estimate,
-)
+from rlkit.core.algos.kl import apply_kl_penalty, kl_estimate
 from rlkit.core.algos.phase_plan import phase_plan
 from rlkit.core.algos.update_inputs import UpdateInputs
 from rlkit.core.batch import Batch, shard_minibatches
@@ -68,13 +63,7 @@ class Controller:
             len(self.rows), config.data.train_batch_size, seed=config.trainer.seed, shuffle=config.data.shuffle
         )
         invariants.check_prompts(config, self.tokenizer, self.rows, sampler)  # the first batch, before workers start
-        self.kl_ctrl = (
-            AdaptiveKLController(
-                config.algorithm.kl_ctrl.kl_coef, config.algorithm.kl_ctrl.target_kl, config.algorithm.kl_ctrl.horizon
-            )
-            if config.algorithm.kl_ctrl.type == "adaptive"
-            else FixedKLController(config.algorithm.kl_ctrl.kl_coef)
-        )
+        self.kl_ctrl = self.algorithm.kl_controller()
         # Every sandbox of the run (reward workers, Ray workers) inherits the mode from this process's environment.
         set_isolation(config.rollout.agent.sandbox.isolation)
         self.weak_sandbox = config.rollout.agent.sandbox.isolation == "weak" and uses_sandbox(
@@ -169,7 +158,7 @@ class Controller:
                 batch["ref_log_probs"],
                 mask,
                 coef=self.kl_ctrl.value,
-                kind=self.config.algorithm.kl_penalty,
+                kind=algorithm.kl_penalty,
             )
             self.kl_ctrl.update(float(kl), len(batch))
         inputs = AdvantageInputs(

@@ -88,7 +88,7 @@ def build_policy(config: RLConfig, model_path: str, device: torch.device) -> Tra
     )
     updates_per_step = config.data.train_batch_size // actor.mini_batch_size * actor.ppo_epochs
     # Critic warm-up steps do not update the actor, so they are not in the schedule.
-    total_updates = (config.trainer.total_steps - config.critic.warmup_steps) * updates_per_step
+    total_updates = (config.trainer.total_steps - Algorithm.from_config(config).critic_warmup_steps) * updates_per_step
     scheduler = torch.optim.lr_scheduler.LambdaLR(
         optimizer, fsdp.lr_lambda(actor.warmup_steps, total_updates, actor.lr_schedule)
     )

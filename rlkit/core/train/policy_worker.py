@@ -254,7 +254,7 @@ class PolicyWorker(DeviceWorker, AgentEpisodes, OfflineUpdates):
         self, mb: Batch, norm: dict[str, float], *, inputs: UpdateInputs
     ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         """The loss of one micro-batch, and metric sums to aggregate across micro-batches and ranks."""
-        cfg, algorithm = self.config.actor, self.algorithm
+        algorithm = self.algorithm
         packed = packing.pack(mb).to(self.device)
         mb = mb.to(self.device)
         old_from_here = inputs.old_log_probs_from_update
@@ -293,10 +293,9 @@ class PolicyWorker(DeviceWorker, AgentEpisodes, OfflineUpdates):
         if "entropy" in algorithm.loss_terms:
             loss = loss - algorithm.entropy_coeff * aggregate_loss(entropy, mask, algorithm.loss_agg_mode, **agg)
         if inputs.reference:
-            kl_loss = aggregate_loss(
-                kl_estimate(log_probs, mb["ref_log_probs"], cfg.kl_loss_type), mask, algorithm.loss_agg_mode, **agg
-            )
-            loss = loss + cfg.kl_loss_coef * kl_loss
+            kl = kl_estimate(log_probs, mb["ref_log_probs"], algorithm.kl_loss_type)
+            kl_loss = aggregate_loss(kl, mask, algorithm.loss_agg_mode, **agg)
+            loss = loss + algorithm.kl_loss_coef * kl_loss
             sums["kl_loss"] = kl_loss.detach().cpu()
         return loss, sums
 
