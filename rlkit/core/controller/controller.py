@@ -117,7 +117,7 @@ class Controller:
                 with timed(timing, "update_critic"):
                     metrics.update(self.update_critic(batch))
             if plan.runs("update_actor", step):  # not in the critic's warm-up
-                self.recorder.add_trainer_log_probs(batch, self.log_probs)
+                self.recorder.add_trainer_log_probs(batch, self.log_probs, inputs)
                 with timed(timing, "update_actor"):
                     metrics.update(self.update_actor(batch, inputs))
             if plan.runs("sync", step):  # the source's policy version becomes `step`
