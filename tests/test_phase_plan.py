@@ -53,3 +53,16 @@ def test_the_dry_run_says_each_phase_once():
     lines = describe(plan_of(config), Algorithm.from_config(config), config)
     assert lines[0] == "each step runs: gen -> old_log_prob -> adv -> update_actor -> sync"
     assert lines[1].startswith("  gen: up to 10 rounds of 512 prompts per step")
+
+
+@pytest.mark.parametrize(("recipe", "overrides", "line"), [
+    ("grpo", [], "update_actor: vanilla loss + KL to the reference (low_var_kl) x0.001, token-mean"),
+    ("grpo-agent-demo", [], "update_actor: vanilla loss + entropy bonus x0.05, token-mean"),
+    ("cispo", [], "update_actor: cispo loss, token-mean"),
+    ("ppo", ["critic.warmup_steps=2"],
+     "update_actor: vanilla loss, token-mean; the first 2 step(s) train only the critic"),
+])
+def test_the_dry_run_names_the_loss_and_its_terms(recipe, overrides, line):
+    config = load_config(recipe, [*TINY, *overrides])
+    algorithm = Algorithm.from_config(config)
+    assert f"  {line}" in describe(phase_plan(algorithm), algorithm, config)

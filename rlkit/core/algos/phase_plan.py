@@ -99,7 +99,7 @@ def describe(plan: PhasePlan, algorithm: Algorithm, config: RLConfig) -> list[st
         "adv": f"adv: {algorithm.estimator} advantages in the controller",
         "update_critic": "update_critic: the critic's update, the same mini-batches as the actor's",
         "update_actor": (
-            f"update_actor: {algorithm.loss} loss, {algorithm.loss_agg_mode}"
+            f"update_actor: {algorithm.loss} loss{_extra_terms(algorithm)}, {algorithm.loss_agg_mode}"
             + (
                 f"; the first {plan.critic_warmup_steps} step(s) train only the critic"
                 if plan.critic_warmup_steps
@@ -109,3 +109,12 @@ def describe(plan: PhasePlan, algorithm: Algorithm, config: RLConfig) -> list[st
         "sync": f"sync: weights to the rollout engines ({config.rollout.placement} placement, {config.rollout.mode})",
     }
     return ["each step runs: " + " -> ".join(plan.phases)] + [f"  {words[phase]}" for phase in plan.phases]
+
+
+def _extra_terms(algorithm: Algorithm) -> str:
+    """The actor loss's terms beside the policy loss, with their weights."""
+    words = {
+        "entropy": f"entropy bonus x{algorithm.entropy_coeff:g}",
+        "kl": f"KL to the reference ({algorithm.kl_loss_type}) x{algorithm.kl_loss_coef:g}",
+    }
+    return "".join(f" + {words[term]}" for term in algorithm.loss_terms if term != "policy")
