@@ -4,12 +4,14 @@
 declares, as typed fields, what an RL step must do for them: a reference model, a critic and its
 warm-up, where the update's old log-probs come from, an extra rollout (ReMax's greedy baseline), a group
 filter (DAPO's dynamic sampling), KL in the reward or in the loss, the policy loss and its terms, the
-importance correction. The controller, the rollout source, the phase plan, the planner, the dry run and
-the config checks ask it; none of them tests an estimator's or a loss's name (tests/test_algos_needs.py).
+importance correction. The controller, the rollout sources, the phase plan, the planner, the dry run,
+the config checks, replay and the policy worker ask it; nothing outside rlkit/core/algos/ compares an
+estimator's, a loss's or an algorithm's name (tests/test_algos_needs.py).
 
-It supplies two operations: `advantages` (the configured estimator with its options) and `policy_loss`
-(the registered loss with its options, resolved once). Torch-free at import: the config checks build it;
-the operations import the torch modules when first used.
+It supplies the operations: `advantages` (the configured estimator with its options), `policy_loss`
+(the registered loss with its options, resolved once) and `kl_controller` (the in-reward KL coefficient's
+controller). Torch-free at import: the config checks build it; the operations import the torch modules
+when first used.
 """
 
 from __future__ import annotations
