@@ -10,6 +10,7 @@ import pytest
 from agent_helpers import ScriptedEngine, rows
 from transformers import AutoTokenizer
 
+from rlkit.core.algos.algorithm import Algorithm
 from rlkit.core.agents.report import EnvironmentFailures
 from rlkit.core.agents.worker import build_agent_loop
 from rlkit.core.data.dataset import PromptSampler
@@ -37,7 +38,8 @@ def _source(tokenizer, overrides, policy, answers):
     config = load_config("grpo-agent-demo", ["reward.num_workers=1", "data.train_batch_size=4", "rollout.n=2",
                                              "actor.mini_batch_size=4", *overrides])
     data = rows(tokenizer, ["secret?"] * 4, answers)
-    source = SyncRolloutSource(config, data, PromptSampler(4, 4, seed=0, shuffle=False), tokenizer,
+    sampler = PromptSampler(4, 4, seed=0, shuffle=False)
+    source = SyncRolloutSource(config, Algorithm.from_config(config), data, sampler, tokenizer,
                                RewardScorer(config.reward), _Local(build_agent_loop(config, tokenizer), ScriptedEngine(policy)))
     return source
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from rlkit.core.algos.algorithm import Algorithm
 from rlkit.errors import ConfigError
 from rlkit.recipes.checks import batch_arithmetic
 from rlkit.recipes.loader import load_config
@@ -18,13 +19,13 @@ def load(recipe: str, *overrides: str):
 
 def test_each_recipe_sets_its_algorithm() -> None:
     configs = {name: load(name) for name in ALGORITHM_RECIPES}
-    assert configs["ppo"].algorithm.adv_estimator == "gae" and configs["ppo"].critic_enabled
-    assert not configs["ppo"].needs_reference
-    assert configs["grpo"].needs_reference and configs["grpo"].actor.kl_loss_type == "low_var_kl"
+    assert configs["ppo"].algorithm.adv_estimator == "gae" and Algorithm.from_config(configs["ppo"]).critic
+    assert not Algorithm.from_config(configs["ppo"]).reference
+    assert Algorithm.from_config(configs["grpo"]).reference and configs["grpo"].actor.kl_loss_type == "low_var_kl"
     dapo = configs["dapo"]
     assert (dapo.actor.clip_ratio_low, dapo.actor.clip_ratio_high) == (0.2, 0.28)
     assert dapo.actor.loss_agg_mode == "token-mean" and dapo.algorithm.dynamic_sampling.enable
-    assert dapo.reward.overlong_buffer.enable and not dapo.needs_reference
+    assert dapo.reward.overlong_buffer.enable and not Algorithm.from_config(dapo).reference
     assert configs["rloo"].algorithm.adv_estimator == "rloo" and configs["rloo"].algorithm.use_kl_in_reward
     assert configs["remax"].algorithm.adv_estimator == "remax"
     assert configs["reinforce_pp"].algorithm.adv_estimator == "reinforce_plus_plus"
@@ -33,7 +34,7 @@ def test_each_recipe_sets_its_algorithm() -> None:
     gspo = configs["gspo"]
     assert gspo.actor.policy_loss == "gspo" and gspo.actor.loss_agg_mode == "seq-mean-token-mean"
     for name in ALGORITHM_RECIPES:
-        assert not configs[name].critic_enabled or name == "ppo"
+        assert not Algorithm.from_config(configs[name]).critic or name == "ppo"
     # Dual clip: verl's 3.0 unless the recipe says otherwise (DAPO's script 10; GSPO has none).
     dual_clip = {name: configs[name].actor.clip_ratio_c for name in ALGORITHM_RECIPES}
     assert dual_clip == {**dict.fromkeys(ALGORITHM_RECIPES, 3.0), "dapo": 10.0, "gspo": None}

@@ -1,5 +1,6 @@
 """The estimators' needs table (rlkit/core/algos/needs.py) agrees with their code, and nothing outside
-rlkit/core/algos/ tests an estimator's name: the rest of rlkit asks the table."""
+rlkit/core/algos/ tests an estimator's, a loss's or an algorithm's name: the rest of rlkit asks the Algorithm
+(rlkit/core/algos/algorithm.py) or the table."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ import re
 from pathlib import Path
 
 from rlkit.core.algos.advantages import ADV_ESTIMATORS
+from rlkit.core.algos.losses import POLICY_LOSSES
 from rlkit.core.algos.needs import ESTIMATOR_NEEDS, estimator_needs, estimators_that
 
 RLKIT = Path(__file__).resolve().parents[1] / "rlkit"
@@ -32,13 +34,43 @@ def test_what_the_steps_ask():
     assert estimator_needs("no-such-estimator") == estimator_needs("reinforce_plus_plus").__class__()
 
 
-def test_no_estimator_name_is_tested_outside_algos():
-    names = "|".join(map(re.escape, ESTIMATOR_NEEDS))
-    pattern = re.compile(rf"adv_estimator\s*(==|!=|in\b|not in\b)|==\s*[\"']({names})[\"']|[\"']({names})[\"']\s*==")
-    found = [f"{path.relative_to(RLKIT)}:{number}: {line.strip()}"
+# What rlkit/core/algos/ names: estimators, policy losses, and the algorithms whose parts are switches
+# (dapo: the group filter; ppo: the critic). Outside algos/ code asks the Algorithm, never the name.
+ALGORITHM_NAMES = sorted({*ESTIMATOR_NEEDS, *POLICY_LOSSES.names(), "dapo", "ppo"})
+
+
+def name_comparisons(text: str) -> list[tuple[int, str]]:
+    """Lines of `text` that compare with an algorithm's name: `== "remax"`, `"gae" !=`, `in ("gae", ...)`,
+    or `adv_estimator ==` / `policy_loss in`."""
+    names = "|".join(map(re.escape, ALGORITHM_NAMES))
+    quoted = rf"[\"']({names})[\"']"
+    pattern = re.compile(
+        rf"(==|!=)\s*{quoted}|{quoted}\s*(==|!=)|\bin\s*[(\[{{][^)\]}}]*{quoted}"
+        rf"|(adv_estimator|policy_loss)\s*(==|!=|in\b|not in\b)"
+    )
+    return [(number, line.strip()) for number, line in enumerate(text.splitlines(), 1) if pattern.search(line)]
+
+
+def test_the_scan_sees_each_way_of_testing_a_name():
+    code = """
+        if name == "remax": pass
+        if "gae" != name: pass
+        if name in ("grpo", "rloo"): pass
+        if loss not in {"cispo"}: pass
+        if config.actor.policy_loss == other: pass
+        if algorithm.adv_estimator in names: pass
+        if algorithm.greedy_baseline: pass
+        recipe = "dapo"
+        if recipe == "dapo-demo": pass
+    """
+    assert [number for number, _ in name_comparisons(code)] == [2, 3, 4, 5, 6, 7]
+
+
+def test_no_algorithm_name_is_tested_outside_algos():
+    found = [f"{path.relative_to(RLKIT)}:{number}: {line}"
              for path in RLKIT.rglob("*.py") if "algos" not in path.relative_to(RLKIT).parts[:2]
-             for number, line in enumerate(path.read_text().splitlines(), 1) if pattern.search(line)]
-    assert not found, "ask rlkit.core.algos.needs instead:\n" + "\n".join(found)
+             for number, line in name_comparisons(path.read_text())]
+    assert not found, "ask rlkit.core.algos.algorithm.Algorithm instead:\n" + "\n".join(found)
 
 
 def test_the_schema_reads_the_table_without_loading_torch():

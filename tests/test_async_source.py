@@ -14,6 +14,7 @@ import pytest
 import torch
 from transformers import AutoTokenizer
 
+from rlkit.core.algos.algorithm import Algorithm
 from rlkit.core.cluster.placement import PendingSync
 from rlkit.core.state.run_dir import resolve_model_path
 from rlkit.core.data.dataset import PromptRow, PromptSampler
@@ -79,7 +80,8 @@ def make_source(overrides: list[str], tokenizer, *, shuffle: bool = True, rule_s
     config = load_config("grpo-demo", [*SPLIT, *overrides])
     rows = [PromptRow(i, tokenizer(f"echo {i}")["input_ids"], "synthetic/echo", str(i)) for i in range(8)]
     sampler = PromptSampler(8, config.data.train_batch_size, seed=0, shuffle=shuffle)
-    source = AsyncRolloutSource(config, rows, sampler, tokenizer, RewardScorer(config.reward), ScriptedSplitPlacement())
+    source = AsyncRolloutSource(config, Algorithm.from_config(config), rows, sampler, tokenizer,
+                                RewardScorer(config.reward), ScriptedSplitPlacement())
     if rule_scores is not None:
         source.rule_scores = lambda batch: (rule_scores(batch), {})
     return source

@@ -8,6 +8,7 @@ import sys
 import pytest
 from typer.testing import CliRunner
 
+from rlkit.core.algos.algorithm import Algorithm
 from rlkit.cli.main import app
 from rlkit.errors import ConfigError
 from rlkit.recipes.checks import batch_arithmetic
@@ -83,7 +84,8 @@ def test_bad_config_messages(override, expected):
     (["actor.rollout_is_cap=2.0"], True),                  # importance weights need no separate pass either
 ])
 def test_old_log_probs_come_from_the_update_only_when_it_is_the_batch_only_step(overrides, from_update):
-    assert load_config("grpo-demo", overrides).old_log_probs_from_update is from_update
+    algorithm = Algorithm.from_config(load_config("grpo-demo", overrides))
+    assert algorithm.old_log_probs_from_update is from_update
 
 
 def test_rollout_log_probs_as_old_ones_need_a_single_update():
@@ -219,9 +221,9 @@ def test_recipes_list_and_show():
       "algorithm.rollout_correction.rollout_is_threshold=4"], ("sequence", 4.0), True),
 ])
 def test_rollout_importance_weights_by_mode_and_keys(overrides, correction, every_step):
-    config = load_config("grpo-demo", ["rollout.log_prob_check_freq=0", *overrides])
-    assert config.rollout_correction == correction
-    assert config.needs_rollout_log_probs is every_step  # the engine returns log-probs on every step
+    algorithm = Algorithm.from_config(load_config("grpo-demo", ["rollout.log_prob_check_freq=0", *overrides]))
+    assert algorithm.rollout_correction == correction
+    assert algorithm.rollout_log_probs is every_step  # the engine returns log-probs on every step
 
 
 @pytest.mark.parametrize("overrides, message", [

@@ -14,6 +14,7 @@ import pytest
 import torch
 from transformers import AutoTokenizer
 
+from rlkit.core.algos.algorithm import Algorithm
 from rlkit.core.algos.kl import FixedKLController
 from rlkit.core.controller.controller import Controller
 from rlkit.core.state.run_dir import resolve_model_path
@@ -60,14 +61,15 @@ def make_controller(recipe: str, overrides: list[str], tokenizer, respond) -> tu
     config = load_config(recipe, [*TINY, *overrides])
     controller = Controller.__new__(Controller)  # the phases under test need no Ray workers
     controller.config, controller.tokenizer = config, tokenizer
+    controller.algorithm = Algorithm.from_config(config)
     controller.rows = [PromptRow(i, tokenizer(f"echo {i}")["input_ids"], "synthetic/echo", str(i)) for i in range(8)]
     sampler = PromptSampler(8, config.data.train_batch_size, seed=0, shuffle=False)
     controller.scorer = RewardScorer(config.reward)
     controller.workers = ScriptedWorkers(controller.rows, respond)
     # Colocated placement: the training workers also generate.
     controller.placement = SimpleNamespace(rollout=controller.workers, rollout_size=config.world_size)
-    controller.source = SyncRolloutSource(config, controller.rows, sampler, tokenizer, controller.scorer,
-                                          controller.placement)
+    controller.source = SyncRolloutSource(config, controller.algorithm, controller.rows, sampler, tokenizer,
+                                          controller.scorer, controller.placement)
     controller.kl_ctrl = FixedKLController(config.algorithm.kl_ctrl.kl_coef)
     return controller, controller.workers
 

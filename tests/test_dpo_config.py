@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
+from rlkit.core.algos.algorithm import Algorithm
 from rlkit.cli.main import app
 from rlkit.core.data.builders import write_parquet
 from rlkit.core.data.pairs import PairRow, pair_batch
@@ -20,11 +21,11 @@ SMALL = ["data.max_prompt_length=16", "data.max_response_length=16"]  # the tiny
 
 def test_the_dpo_recipe() -> None:
     config = load_config("dpo", BASE)
-    assert config.objective == "dpo" and config.offline and config.needs_reference
+    assert config.objective == "dpo" and config.offline and Algorithm.from_config(config).reference
     assert (config.dpo.loss_type, config.dpo.beta, config.dpo.label_smoothing) == ("sigmoid", 0.1, 0.0)
     assert config.samples_per_prompt == 2  # a pair is two sequences
     assert config.log_prob_temperature == 1.0  # the data's likelihood, not a sampling temperature
-    assert not config.critic_enabled
+    assert not Algorithm.from_config(config).critic
     ipo = load_config("dpo", [*BASE, "dpo.loss_type=ipo", "dpo.beta=0.5"])
     assert (ipo.dpo.loss_type, ipo.dpo.beta) == ("ipo", 0.5)
 

@@ -8,6 +8,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
+from rlkit.core.algos.algorithm import Algorithm
 from rlkit.core.train import fast_paths
 from rlkit.errors import ConfigError
 from rlkit.recipes.checks import batch_arithmetic
@@ -100,8 +101,8 @@ def test_the_policy_worker_sizes_from_its_gpus_free_memory(monkeypatch):
     model.config = SimpleNamespace(**{**vars(QWEN_05B), "vocab_size": 1000})
     config = load_config("grpo", ["model.path=m", "data.synthetic_task=echo", "data.max_prompt_length=256",
                                   "data.max_response_length=512"])
-    worker = SimpleNamespace(config=config, use_cuda=True, device=torch.device("cuda", 0),
-                             model=SimpleNamespace(module=model), dtype="bfloat16")
+    worker = SimpleNamespace(config=config, algorithm=Algorithm.from_config(config), use_cuda=True,
+                             device=torch.device("cuda", 0), model=SimpleNamespace(module=model), dtype="bfloat16")
     reductions = []
     monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device: (40 * GiB, 80 * GiB))
     monkeypatch.setattr(packing, "collective_device", lambda: torch.device("cpu"))

@@ -13,6 +13,7 @@ import multiprocessing
 import torch
 import torch.distributed as dist
 
+from rlkit.core.algos.algorithm import Algorithm
 from rlkit.core.algos.update_inputs import UpdateInputs
 from rlkit.core.batch import Batch, build_batch
 from rlkit.core.cluster.device_worker import free_port
@@ -66,7 +67,7 @@ def _update_both_ways(folder: str) -> None:
     config = load_config("grpo-demo", ["rollout.name=hf", "actor.use_kl_loss=true", "actor.kl_loss_coef=0.1",
                                        "actor.entropy_coeff=0.01", "data.train_batch_size=4",
                                        "actor.mini_batch_size=4", "rollout.n=2", "actor.micro_batch_tokens=32"])
-    assert config.old_log_probs_from_update
+    assert Algorithm.from_config(config).old_log_probs_from_update
     worker = PolicyWorker(config, str(resolve_model_path("rlkit:tiny-qwen2")), 0, 1)
     worker.setup("127.0.0.1", free_port())
     try:

@@ -5,12 +5,17 @@ from __future__ import annotations
 
 import pytest
 
+from rlkit.core.algos.algorithm import Algorithm
 from rlkit.core.algos.phase_plan import describe, phase_plan
 from rlkit.core.planning.shape import ModelShape
 from rlkit.core.planning.timing import step_time
 from rlkit.recipes.loader import load_config
 
 TINY = ["model.path=rlkit:tiny-qwen2", "data.synthetic_task=echo"]
+
+
+def plan_of(config):
+    return phase_plan(Algorithm.from_config(config))
 
 
 @pytest.mark.parametrize(("recipe", "overrides", "phases"), [
@@ -23,11 +28,11 @@ TINY = ["model.path=rlkit:tiny-qwen2", "data.synthetic_task=echo"]
     ("ppo", [], "gen old_log_prob values adv update_critic update_actor sync"),
 ])
 def test_each_recipe_plans_the_phases_its_algorithm_needs(recipe, overrides, phases):
-    assert " ".join(phase_plan(load_config(recipe, [*TINY, *overrides])).phases) == phases
+    assert " ".join(plan_of(load_config(recipe, [*TINY, *overrides])).phases) == phases
 
 
 def test_critic_warm_up_steps_run_neither_the_actors_update_nor_a_sync():
-    plan = phase_plan(load_config("ppo", [*TINY, "critic.warmup_steps=2"]))
+    plan = plan_of(load_config("ppo", [*TINY, "critic.warmup_steps=2"]))
     assert [plan.runs("update_actor", step) for step in (1, 2, 3)] == [False, False, True]
     assert [plan.runs("sync", step) for step in (1, 2, 3)] == [False, False, True]
     assert plan.runs("update_critic", 1) and not plan.runs("gen_baseline", 1)
@@ -38,13 +43,26 @@ def test_the_planner_prices_exactly_the_planned_phases():
                        vocab=151936, layer_params=20e6, root_params=20e6)
     for recipe in ("grpo", "remax", "ppo"):
         config = load_config(recipe, [*TINY, "data.train_batch_size=16", "actor.mini_batch_size=16"])
-        critic = shape if config.critic_enabled else None
+        critic = shape if Algorithm.from_config(config).critic else None
         priced = set(step_time(config, shape, critic, micro_batch_tokens=8192).phases)
-        assert priced == {"reward+adv" if p == "adv" else p for p in phase_plan(config).phases}, recipe
+        assert priced == {"reward+adv" if p == "adv" else p for p in plan_of(config).phases}, recipe
 
 
 def test_the_dry_run_says_each_phase_once():
     config = load_config("dapo", TINY)
-    lines = describe(phase_plan(config), config)
+    lines = describe(plan_of(config), Algorithm.from_config(config), config)
     assert lines[0] == "each step runs: gen -> old_log_prob -> adv -> update_actor -> sync"
     assert lines[1].startswith("  gen: up to 10 rounds of 512 prompts per step")
+
+
+@pytest.mark.parametrize(("recipe", "overrides", "line"), [
+    ("grpo", [], "update_actor: vanilla loss + KL to the reference (low_var_kl) x0.001, token-mean"),
+    ("grpo-agent-demo", [], "update_actor: vanilla loss + entropy bonus x0.05, token-mean"),
+    ("cispo", [], "update_actor: cispo loss, token-mean"),
+    ("ppo", ["critic.warmup_steps=2"],
+     "update_actor: vanilla loss, token-mean; the first 2 step(s) train only the critic"),
+])
+def test_the_dry_run_names_the_loss_and_its_terms(recipe, overrides, line):
+    config = load_config(recipe, [*TINY, *overrides])
+    algorithm = Algorithm.from_config(config)
+    assert f"  {line}" in describe(phase_plan(algorithm), algorithm, config)

@@ -4,12 +4,14 @@ what `rlkit inspect` computes from a record (per-token gaps, advantages, sorting
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 import torch
 from transformers import AutoTokenizer
 
+from rlkit.core.algos.update_inputs import UpdateInputs
 from rlkit.core.batch import Batch, build_batch
 from rlkit.core.controller.replay import Replay, replay_config
 from rlkit.core.state.run_dir import RunDir, resolve_model_path
@@ -67,15 +69,21 @@ def test_the_recorder_writes_only_when_asked(tmp_path) -> None:
     off = records.RolloutRecorder.for_run(load_config("grpo-demo"), tmp_path)
     batch = recorded_batch()
     del batch.tensors["old_log_probs"]
-    off.add_trainer_log_probs(batch, lambda b, which: pytest.fail("no pass when recording is off"))
+    own_old = UpdateInputs(old_log_probs_from_update=True, rollout_log_probs=True, rollout_correction=None,
+                           reference=False)
+    off.add_trainer_log_probs(batch, lambda b, which: pytest.fail("no pass when recording is off"), own_old)
     assert off.record(1, batch, {}) is None and not (tmp_path / "rollouts").exists()
 
     on = records.RolloutRecorder.for_run(load_config("grpo-demo", ["trainer.record_rollouts=true"]), tmp_path)
     calls = []
-    on.add_trainer_log_probs(batch, lambda b, which: calls.append(which) or {"log_probs": b["rollout_log_probs"] + 1})
+    on.add_trainer_log_probs(batch, lambda b, which: calls.append(which) or {"log_probs": b["rollout_log_probs"] + 1},
+                             own_old)
     assert calls == ["actor"] and torch.equal(batch["trainer_log_probs"], batch["rollout_log_probs"] + 1)
     with_old = recorded_batch()  # the old-log-prob pass already gave the trainer's log-probs
-    on.add_trainer_log_probs(with_old, lambda b, which: pytest.fail("no second pass"))
+    passed_old = replace(own_old, old_log_probs_from_update=False)
+    on.add_trainer_log_probs(with_old, lambda b, which: pytest.fail("no second pass"), passed_old)
+    no_engine = replace(own_old, rollout_log_probs=False)  # the engine gave no log-probs this step
+    on.add_trainer_log_probs(recorded_batch(), lambda b, which: pytest.fail("nothing to compare with"), no_engine)
     assert on.record(3, batch, {"reward/mean": 0.5}) == tmp_path / "rollouts" / "step_00000003.parquet"
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Callable
 
+from rlkit.core.algos.algorithm import Algorithm
 from rlkit.core.algos.needs import estimator_needs, estimators_that
 from rlkit.core.algos.phase_plan import describe, phase_plan
 from rlkit.core.train.fast_paths import CPU_MICRO_BATCH_TOKENS
@@ -60,7 +61,7 @@ def check_config(config: RLConfig, origins: dict[str, str] | None = None, *, req
 
     from rlkit.core.algos.advantages import ADV_ESTIMATORS
     from rlkit.core.algos.kl import KL_ESTIMATORS
-    from rlkit.core.algos.losses import POLICY_LOSSES, configured_loss_options, policy_loss
+    from rlkit.core.algos.losses import POLICY_LOSSES
     from rlkit.core.rollout.engines import ENGINES
 
     origins = origins or {}
@@ -70,7 +71,8 @@ def check_config(config: RLConfig, origins: dict[str, str] | None = None, *, req
         raise ConfigError(f"{key}" + (f" ({where})" if where else "") + f": {message}")
 
     algo, actor, data, rollout = config.algorithm, config.actor, config.data, config.rollout
-    needs = estimator_needs(algo.adv_estimator)
+    algorithm = Algorithm.from_config(config)
+    needs = estimator_needs(algo.adv_estimator)  # the estimator's own, whatever critic.enable says
     for key, name, registry in (
         ("algorithm.adv_estimator", algo.adv_estimator, ADV_ESTIMATORS),
         ("actor.policy_loss", actor.policy_loss, POLICY_LOSSES),
@@ -82,14 +84,7 @@ def check_config(config: RLConfig, origins: dict[str, str] | None = None, *, req
             fail(key, registry.unknown_message(name))
     try:  # the loss itself judges its options' values: one token through it
         token = torch.zeros(1, 1)
-        policy_loss(
-            actor.policy_loss,
-            token,
-            token,
-            token,
-            torch.ones(1, 1),
-            **configured_loss_options(actor.policy_loss, actor),
-        )
+        algorithm.policy_loss(token, token, token, torch.ones(1, 1))
     except ValueError as exc:
         fail("actor.policy_loss_options", str(exc))
     if require_inputs and not config.model.path:
@@ -106,7 +101,7 @@ def check_config(config: RLConfig, origins: dict[str, str] | None = None, *, req
         )
     if config.offline:
         check_offline(config, origins, fail, require_inputs=require_inputs)
-    elif needs.groups and rollout.n < 2:
+    elif algorithm.groups and rollout.n < 2:
         fail(
             "rollout.n",
             f"{algo.adv_estimator} compares samples of one prompt, so it needs rollout.n >= 2 (got {rollout.n})",
@@ -117,7 +112,7 @@ def check_config(config: RLConfig, origins: dict[str, str] | None = None, *, req
             f"algorithm.adv_estimator={algo.adv_estimator} needs a critic; set critic.enable=true "
             "or pick a critic-free estimator (grpo, rloo, ...)",
         )
-    if config.critic_enabled and not needs.critic:
+    if algorithm.critic and not needs.critic:
         fail(
             "critic.enable",
             f"a critic is only used by adv_estimator={'/'.join(estimators_that('critic'))} (got {algo.adv_estimator})",
@@ -170,8 +165,8 @@ def check_config(config: RLConfig, origins: dict[str, str] | None = None, *, req
         )
     if config.offline:  # no rollout, reward or advantage: the rest are RL's
         return
-    check_rollout_mode(config, fail)
-    if config.rollout_correction is not None and actor.old_log_probs == "rollout":
+    check_rollout_mode(config, algorithm, fail)
+    if algorithm.rollout_correction is not None and algorithm.old_log_probs == "rollout":
         fail(
             "actor.rollout_is_cap" if actor.rollout_is_cap is not None else "actor.rollout_is",
             "with actor.old_log_probs=rollout the old and rollout log-probs are the same, "
@@ -193,12 +188,12 @@ def check_config(config: RLConfig, origins: dict[str, str] | None = None, *, req
                 f"rollout.{engine}.engine_kwargs",
                 f"{', '.join(reserved)} is set by rlkit; use its own key instead ({own})",
             )
-    check_algorithm(config, origins, fail)
+    check_algorithm(config, algorithm, origins, fail)
 
 
-def check_rollout_mode(config: RLConfig, fail: Callable[[str, str], None]) -> None:
+def check_rollout_mode(config: RLConfig, algorithm: Algorithm, fail: Callable[[str, str], None]) -> None:
     """rollout.mode one_step_off/async: what overlapping generation with training needs."""
-    rollout, actor, algo = config.rollout, config.actor, config.algorithm
+    rollout = config.rollout
     if rollout.mode == "sync":
         return
     if rollout.placement != "split":
@@ -208,53 +203,55 @@ def check_rollout_mode(config: RLConfig, fail: Callable[[str, str], None]) -> No
             "rollout.placement=split and rollout.devices=N (N of trainer.n_gpus_per_node x trainer.nnodes "
             "devices then only generate), or use rollout.mode=sync",
         )
-    if actor.old_log_probs == "rollout":
+    if algorithm.old_log_probs == "rollout":
         fail(
             "actor.old_log_probs",
             f"with rollout.mode={rollout.mode} the engine's log-probs come from an older "
             "policy than the one the update starts from; use auto or recompute (importance weights, "
             "actor.rollout_is, then correct for the gap)",
         )
-    if algo.dynamic_sampling.enable and estimator_needs(algo.adv_estimator).greedy_baseline:
+    if algorithm.group_filter and algorithm.greedy_baseline:
         # The baseline is generated with its batch, ahead; the extra rounds' groups come later, from another
         # policy version, and would need baselines of their own (docs/async.md).
         fail(
             "algorithm.dynamic_sampling.enable",
-            f"with rollout.mode={rollout.mode}, {algo.adv_estimator}'s greedy "
+            f"with rollout.mode={rollout.mode}, {algorithm.estimator}'s greedy "
             "baseline is generated ahead with the batch, not for the groups of dynamic sampling's extra rounds; "
             "turn one of them off or use rollout.mode=sync",
         )
 
 
-def check_algorithm(config: RLConfig, origins: dict[str, str], fail: Callable[[str, str], None]) -> None:
+def check_algorithm(
+    config: RLConfig, algorithm: Algorithm, origins: dict[str, str], fail: Callable[[str, str], None]
+) -> None:
     """Combinations of algorithm options that cannot work, or would silently do nothing."""
     algo, actor, critic, rollout = config.algorithm, config.actor, config.critic, config.rollout
     overlong = config.reward.overlong_buffer
-    if critic.warmup_steps and not config.critic_enabled:
+    if critic.warmup_steps and not algorithm.critic:
         fail(
             "critic.warmup_steps",
             f"only a critic warms up, and adv_estimator={algo.adv_estimator} uses none; "
-            "remove it or use adv_estimator=gae",
+            f"remove it or use adv_estimator={'/'.join(estimators_that('critic'))}",
         )
-    if config.critic_enabled and critic.warmup_steps >= config.trainer.total_steps:
+    if algorithm.critic and critic.warmup_steps >= config.trainer.total_steps:
         fail(
             "critic.warmup_steps",
             f"{critic.warmup_steps} critic warm-up steps leave none of "
             f"trainer.total_steps={config.trainer.total_steps} for the actor; lower it",
         )
-    if actor.use_kl_loss and actor.kl_loss_coef == 0:
+    if algorithm.kl_loss and actor.kl_loss_coef == 0:
         fail(
             "actor.kl_loss_coef",
             "is 0 with actor.use_kl_loss=true, so a reference model would load for a term "
             "that is always 0; set a coefficient > 0 or actor.use_kl_loss=false",
         )
-    if algo.use_kl_in_reward and algo.kl_ctrl.type == "fixed" and algo.kl_ctrl.kl_coef == 0:
+    if algorithm.kl_in_reward and algo.kl_ctrl.type == "fixed" and algo.kl_ctrl.kl_coef == 0:
         fail(
             "algorithm.kl_ctrl.kl_coef",
             "is 0 with algorithm.use_kl_in_reward=true, so a reference model would "
             "load for a penalty that is always 0; set a coefficient > 0 or use_kl_in_reward=false",
         )
-    if algo.dynamic_sampling.enable and rollout.n < 2:
+    if algorithm.group_filter and rollout.n < 2:
         fail(
             "algorithm.dynamic_sampling.enable",
             "dynamic sampling drops groups whose samples all scored the "
@@ -268,12 +265,12 @@ def check_algorithm(config: RLConfig, origins: dict[str, str], fail: Callable[[s
         )
     # A key given on the command line for a part that is off would silently change nothing.
     inactive = {
-        "critic.": (not config.critic_enabled, f"there is no critic (adv_estimator={algo.adv_estimator})"),
-        "algorithm.kl_ctrl.": (not algo.use_kl_in_reward, "algorithm.use_kl_in_reward is false"),
-        "algorithm.kl_penalty": (not algo.use_kl_in_reward, "algorithm.use_kl_in_reward is false"),
-        "actor.kl_loss_": (not actor.use_kl_loss, "actor.use_kl_loss is false"),
+        "critic.": (not algorithm.critic, f"there is no critic (adv_estimator={algo.adv_estimator})"),
+        "algorithm.kl_ctrl.": (not algorithm.kl_in_reward, "algorithm.use_kl_in_reward is false"),
+        "algorithm.kl_penalty": (not algorithm.kl_in_reward, "algorithm.use_kl_in_reward is false"),
+        "actor.kl_loss_": (not algorithm.kl_loss, "actor.use_kl_loss is false"),
         "algorithm.dynamic_sampling.max_gen_rounds": (
-            not algo.dynamic_sampling.enable,
+            not algorithm.group_filter,
             "algorithm.dynamic_sampling.enable is false",
         ),
         "reward.overlong_buffer.": (not overlong.enable, "reward.overlong_buffer.enable is false"),
@@ -335,7 +332,12 @@ def batch_arithmetic(config: RLConfig) -> list[str]:
         f"each worker takes {per_worker} sequences per optimizer step, {micro}",
         f"{config.trainer.total_steps} steps in all = {config.trainer.total_steps * sequences} "
         f"{'trained' if config.offline else 'sampled'} sequences",
-    ] + ([] if config.offline else describe(phase_plan(config), config))
+    ] + ([] if config.offline else _plan_lines(config))
+
+
+def _plan_lines(config: RLConfig) -> list[str]:
+    algorithm = Algorithm.from_config(config)
+    return describe(phase_plan(algorithm), algorithm, config)
 
 
 def check_in_process(config: RLConfig, fail: Callable[[str, str], None]) -> None:

@@ -10,8 +10,7 @@ from typing import Literal
 
 from pydantic import Field
 
-from rlkit.core.algos.needs import estimator_needs
-from rlkit.recipes.actor_schema import DEFAULT_ROLLOUT_IS_CAP, ActorConfig, AlgorithmConfig, CriticConfig
+from rlkit.recipes.actor_schema import ActorConfig, AlgorithmConfig, CriticConfig
 from rlkit.recipes.model_schema import DataConfig, LoraSettings, ModelConfig
 from rlkit.recipes.reward_schema import RewardConfig, RewardModelConfig
 from rlkit.recipes.rollout_schema import RolloutConfig
@@ -81,51 +80,10 @@ class RLConfig(Section):
         devices = self.trainer.n_gpus_per_node * self.trainer.nnodes
         return devices - self.rollout.devices if self.rollout.placement == "split" else devices
 
-    @property
-    def critic_enabled(self) -> bool:
-        if self.offline:
-            return False
-        if self.critic.enable is not None:
-            return self.critic.enable
-        return estimator_needs(self.algorithm.adv_estimator).critic
-
-    @property
-    def old_log_probs_from_update(self) -> bool:
-        """The policy before the update is the one being updated: no separate old-log-prob pass."""
-        actor = self.actor
-        return (
-            actor.old_log_probs == "auto"
-            and actor.ppo_epochs == 1
-            and actor.mini_batch_size == self.data.train_batch_size
-            and not self.algorithm.use_kl_in_reward
-        )
-
-    @property
-    def rollout_correction(self) -> tuple[str, float] | None:
-        """(level, cap) of the rollout importance weights (actor.rollout_is), or None when they are off."""
-        actor = self.actor
-        if actor.rollout_is is None:
-            return None
-        if actor.rollout_is == "auto" and self.rollout.mode == "sync" and actor.rollout_is_cap is None:
-            return None
-        level = "token" if actor.rollout_is == "auto" else actor.rollout_is
-        return level, actor.rollout_is_cap if actor.rollout_is_cap is not None else DEFAULT_ROLLOUT_IS_CAP
-
-    @property
-    def needs_rollout_log_probs(self) -> bool:
-        """The math (not just the sync check) uses the engine's log-probs, so every step asks for them."""
-        return self.actor.old_log_probs == "rollout" or self.rollout_correction is not None
-
     def log_prob_check_step(self, step: int) -> bool:
         """The engine returns the sampled tokens' log-probs this step, for rollout/log_prob_diff."""
         freq = self.rollout.log_prob_check_freq
         return (freq > 0 and step % freq == 0) or (step == 1 and self.trainer.invariants != "off")
-
-    @property
-    def needs_reference(self) -> bool:
-        if self.objective == "dpo":  # the preference losses compare the policy with it
-            return True
-        return self.objective == "rl" and (self.actor.use_kl_loss or self.algorithm.use_kl_in_reward)
 
     @property
     def log_prob_temperature(self) -> float:

@@ -1,4 +1,4 @@
-"""The phases of one RL step, derived once from the config (its algorithm, placement and rollout mode).
+"""The phases of one RL step, derived once from the run's Algorithm (rlkit.core.algos.algorithm).
 
 One description of the step: the controller runs it (Controller.step asks `plan.runs(phase, step)`),
 `rlkit plan` prices it (rlkit.core.planning.timing prices each phase it lists) and `--dry-run` prints
@@ -22,9 +22,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from rlkit.core.algos.needs import estimator_needs
-
 if TYPE_CHECKING:
+    from rlkit.core.algos.algorithm import Algorithm
     from rlkit.recipes.schema import RLConfig
 
 ORDER = ("gen", "gen_baseline", "old_log_prob", "ref", "values", "adv", "update_critic", "update_actor", "sync")
@@ -46,34 +45,32 @@ class PhasePlan:
         return phase in self.phases and not (phase in ACTOR_PHASES and step <= self.critic_warmup_steps)
 
 
-def phase_plan(config: RLConfig) -> PhasePlan:
-    """The RL step's phases for `config` (objectives sft and dpo have no such step)."""
-    needs = estimator_needs(config.algorithm.adv_estimator)
+def phase_plan(algorithm: Algorithm) -> PhasePlan:
+    """The RL step's phases for `algorithm` (objectives sft and dpo have no such step)."""
     wanted = {
         "gen": True,
-        "gen_baseline": needs.greedy_baseline,
-        "old_log_prob": not config.old_log_probs_from_update,
-        "ref": config.needs_reference,
-        "values": config.critic_enabled,
+        "gen_baseline": algorithm.greedy_baseline,
+        "old_log_prob": not algorithm.old_log_probs_from_update,
+        "ref": algorithm.reference,
+        "values": algorithm.critic,
         "adv": True,
-        "update_critic": config.critic_enabled,
+        "update_critic": algorithm.critic,
         "update_actor": True,
         "sync": True,
     }
-    dynamic = config.algorithm.dynamic_sampling
     return PhasePlan(
         tuple(phase for phase in ORDER if wanted[phase]),
-        critic_warmup_steps=config.critic.warmup_steps if config.critic_enabled else 0,
-        gen_rounds=dynamic.max_gen_rounds if dynamic.enable else 1,
+        critic_warmup_steps=algorithm.critic_warmup_steps,
+        gen_rounds=algorithm.max_gen_rounds,
     )
 
 
-def describe(plan: PhasePlan, config: RLConfig) -> list[str]:
-    """The plan in words, one line a phase, for `--dry-run`."""
+def describe(plan: PhasePlan, algorithm: Algorithm, config: RLConfig) -> list[str]:
+    """The plan in words, one line a phase, for `--dry-run` (`config`: the batch sizes and the placement)."""
     d, n = config.data, config.samples_per_prompt
     old = (
         "old_log_prob: the policy's log-probs before the update"
-        if config.actor.old_log_probs != "rollout"
+        if algorithm.old_log_probs != "rollout"
         else "old_log_prob: the engine's log-probs are the old ones (actor.old_log_probs=rollout)"
     )
     words = {
@@ -84,7 +81,7 @@ def describe(plan: PhasePlan, config: RLConfig) -> list[str]:
             else f"gen: {d.train_batch_size} prompts x {n} samples"
         ),
         "gen_baseline": (
-            f"gen_baseline: {config.algorithm.adv_estimator}: {d.train_batch_size} more greedy samples "
+            f"gen_baseline: {algorithm.estimator}: {d.train_batch_size} more greedy samples "
             "per step (one per prompt) as baselines"
         ),
         "old_log_prob": old,
@@ -92,17 +89,17 @@ def describe(plan: PhasePlan, config: RLConfig) -> list[str]:
         + " and ".join(
             what
             for what, on in (
-                ("KL loss", config.actor.use_kl_loss),
-                ("KL in the reward", config.algorithm.use_kl_in_reward),
+                ("KL loss", algorithm.kl_loss),
+                ("KL in the reward", algorithm.kl_in_reward),
             )
             if on
         )
         + ")",
         "values": "values: a critic (value model) beside each worker: one values pass per step",
-        "adv": f"adv: {config.algorithm.adv_estimator} advantages in the controller",
+        "adv": f"adv: {algorithm.estimator} advantages in the controller",
         "update_critic": "update_critic: the critic's update, the same mini-batches as the actor's",
         "update_actor": (
-            f"update_actor: {config.actor.policy_loss} loss, {config.actor.loss_agg_mode}"
+            f"update_actor: {algorithm.loss} loss{_extra_terms(algorithm)}, {algorithm.loss_agg_mode}"
             + (
                 f"; the first {plan.critic_warmup_steps} step(s) train only the critic"
                 if plan.critic_warmup_steps
@@ -112,3 +109,12 @@ def describe(plan: PhasePlan, config: RLConfig) -> list[str]:
         "sync": f"sync: weights to the rollout engines ({config.rollout.placement} placement, {config.rollout.mode})",
     }
     return ["each step runs: " + " -> ".join(plan.phases)] + [f"  {words[phase]}" for phase in plan.phases]
+
+
+def _extra_terms(algorithm: Algorithm) -> str:
+    """The actor loss's terms beside the policy loss, with their weights."""
+    words = {
+        "entropy": f"entropy bonus x{algorithm.entropy_coeff:g}",
+        "kl": f"KL to the reference ({algorithm.kl_loss_type}) x{algorithm.kl_loss_coef:g}",
+    }
+    return "".join(f" + {words[term]}" for term in algorithm.loss_terms if term != "policy")

@@ -1,4 +1,4 @@
-"""What the actor's update reads, stated once per step from the config: never inferred from the keys a
+"""What the actor's update reads, stated once per step from the run's Algorithm: never inferred from the keys a
 batch happens to hold.
 
 The controller sends the keys `keys()` names and nothing else; the workers' loss reads the same object,
@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from rlkit.recipes.schema import RLConfig
+    from rlkit.core.algos.algorithm import Algorithm
 
 BASE_KEYS = ("input_ids", "attention_mask", "position_ids", "responses", "response_mask", "advantages")
 
@@ -27,13 +27,14 @@ class UpdateInputs:
     reference: bool  # the reference's log-probs, for the KL loss
 
     @classmethod
-    def for_step(cls, config: RLConfig, step: int) -> UpdateInputs:
-        """The inputs of step `step`'s update (the engine returns log-probs on check steps)."""
+    def for_step(cls, algorithm: Algorithm, *, log_prob_check: bool) -> UpdateInputs:
+        """The inputs of a step's update; `log_prob_check`: the engine returned its log-probs this step
+        (RLConfig.log_prob_check_step) although the math does not read them."""
         return cls(
-            old_log_probs_from_update=config.old_log_probs_from_update,
-            rollout_log_probs=config.needs_rollout_log_probs or config.log_prob_check_step(step),
-            rollout_correction=config.rollout_correction,
-            reference=config.actor.use_kl_loss,
+            old_log_probs_from_update=algorithm.old_log_probs_from_update,
+            rollout_log_probs=algorithm.rollout_log_probs or log_prob_check,
+            rollout_correction=algorithm.rollout_correction,
+            reference=algorithm.kl_loss,
         )
 
     def keys(self) -> list[str]:

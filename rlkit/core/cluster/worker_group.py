@@ -16,6 +16,7 @@ import ray
 from ray.util.placement_group import placement_group, remove_placement_group
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
+from rlkit.core.algos.algorithm import Algorithm
 from rlkit.core.cluster.calls import method_name
 from rlkit.core.cluster.failures import (
     WorkerFailure,
@@ -254,7 +255,7 @@ class WorkerGroup:
 
 def groups_per_device(config: RLConfig) -> int:
     """Worker groups sharing each device: the policy group, and the critic group when there is one."""
-    return 2 if config.critic_enabled else 1
+    return 2 if Algorithm.from_config(config).critic else 1
 
 
 class RayBackend:

@@ -15,13 +15,9 @@ import torch
 
 from rlkit.core.agents.isolation import set_isolation
 from rlkit.core.agents.preflight import WEAK_SANDBOX_WARNING, uses_sandbox
-from rlkit.core.algos.advantages import AdvantageInputs, compute_advantages
-from rlkit.core.algos.kl import (
-    AdaptiveKLController,
-    FixedKLController,
-    apply_kl_penalty,
-    kl_estimate,
-)
+from rlkit.core.algos.advantages import AdvantageInputs
+from rlkit.core.algos.algorithm import Algorithm
+from rlkit.core.algos.kl import apply_kl_penalty, kl_estimate
 from rlkit.core.algos.phase_plan import phase_plan
 from rlkit.core.algos.update_inputs import UpdateInputs
 from rlkit.core.batch import Batch, shard_minibatches
@@ -60,19 +56,14 @@ class Controller:
     def __init__(self, config: RLConfig, run: RunDir, inputs: RunInputs | None = None) -> None:
         """`inputs`: what the preflight checks loaded (the run loop passes them; None runs the checks here)."""
         self.config, self.run = config, run
+        self.algorithm = Algorithm.from_config(config)  # what the step needs, its advantage and loss
         inputs = inputs or check_inputs(config)
         self.model_path, self.tokenizer, self.rows = inputs.model_path, inputs.tokenizer, inputs.rows
         sampler = PromptSampler(
             len(self.rows), config.data.train_batch_size, seed=config.trainer.seed, shuffle=config.data.shuffle
         )
         invariants.check_prompts(config, self.tokenizer, self.rows, sampler)  # the first batch, before workers start
-        self.kl_ctrl = (
-            AdaptiveKLController(
-                config.algorithm.kl_ctrl.kl_coef, config.algorithm.kl_ctrl.target_kl, config.algorithm.kl_ctrl.horizon
-            )
-            if config.algorithm.kl_ctrl.type == "adaptive"
-            else FixedKLController(config.algorithm.kl_ctrl.kl_coef)
-        )
+        self.kl_ctrl = self.algorithm.kl_controller()
         # Every sandbox of the run (reward workers, Ray workers) inherits the mode from this process's environment.
         set_isolation(config.rollout.agent.sandbox.isolation)
         self.weak_sandbox = config.rollout.agent.sandbox.isolation == "weak" and uses_sandbox(
@@ -94,18 +85,21 @@ class Controller:
             self.config = config = with_resolved_budget(config, self.fast_paths.micro_batch_tokens)
             self.critic = start_critic_group(config, self.model_path, self.workers, backend)
             source_cls = SyncRolloutSource if config.rollout.mode == "sync" else AsyncRolloutSource
-            self.source = source_cls(config, self.rows, sampler, self.tokenizer, self.scorer, self.placement)
+            self.source = source_cls(
+                config, self.algorithm, self.rows, sampler, self.tokenizer, self.scorer, self.placement
+            )
         except BaseException:  # a worker that died or hung in start-up, or Ctrl-C: stop what did start
             self.scorer.close()
             if backend is not None:
                 backend.shutdown()  # with it every worker this run started
             raise
-        self.plan = phase_plan(config)
+        self.plan = phase_plan(self.algorithm)
         self.completed_steps = 0  # the run loop advances it; a checkpoint saves this step
 
     # -- the step -----------------------------------------------------------------------
     def step(self, step: int) -> dict[str, Any]:
-        cfg, plan, timing = self.config, self.plan, {}  # the phases: rlkit.core.algos.phase_plan
+        plan, timing = self.plan, {}  # the phases: rlkit.core.algos.phase_plan
+        inputs = UpdateInputs.for_step(self.algorithm, log_prob_check=self.config.log_prob_check_step(step))
         with timed(timing, "step"):
             batch, metrics = self.source.next_batch(step, timing)  # gen (+ gen_baseline), scored: rollout.source
             if plan.runs("old_log_prob", step):  # else the update's own detached log-probs are the old ones
@@ -123,9 +117,9 @@ class Controller:
                 with timed(timing, "update_critic"):
                     metrics.update(self.update_critic(batch))
             if plan.runs("update_actor", step):  # not in the critic's warm-up
-                self.recorder.add_trainer_log_probs(batch, self.log_probs)
+                self.recorder.add_trainer_log_probs(batch, self.log_probs, inputs)
                 with timed(timing, "update_actor"):
-                    metrics.update(self.update_actor(batch, UpdateInputs.for_step(cfg, step)))
+                    metrics.update(self.update_actor(batch, inputs))
             if plan.runs("sync", step):  # the source's policy version becomes `step`
                 with timed(timing, "sync"):
                     metrics.update(self.source.sync_weights(step))
@@ -133,7 +127,7 @@ class Controller:
             logger.warning(WEAK_SANDBOX_WARNING)
             metrics["sandbox/weak"] = 1.0
         metrics = {
-            **self.batch_metrics(batch),
+            **self.batch_metrics(batch, inputs),
             **metrics,
             **{f"timing/{k}": v for k, v in timing.items()},
             **self.throughput(batch, timing["step"]),
@@ -146,37 +140,35 @@ class Controller:
         return worker_log_probs(self.workers, batch, which, self.config.world_size)
 
     def old_log_probs(self, batch: Batch) -> dict[str, torch.Tensor]:
-        if self.config.actor.old_log_probs == "rollout":
+        if self.algorithm.old_log_probs == "rollout":
             return {"old_log_probs": batch["rollout_log_probs"]}
         out = self.log_probs(batch, "actor")
         return {"old_log_probs": out["log_probs"], "entropy": out["entropy"]}
 
     def advantages(self, batch: Batch) -> dict[str, torch.Tensor]:
-        cfg, mask = self.config.algorithm, batch["response_mask"]
+        algorithm, mask = self.algorithm, batch["response_mask"]
         last = (mask > 0).long().cumsum(-1).argmax(-1)  # the policy's last token (a loss mask may have holes)
         token_rewards = torch.zeros_like(mask, dtype=torch.float32)
         token_rewards[torch.arange(len(batch)), last] = batch["scores"]
         out: dict[str, torch.Tensor] = {}
-        if cfg.use_kl_in_reward:
+        if algorithm.kl_in_reward:
             token_rewards, kl = apply_kl_penalty(
                 token_rewards,
                 batch["old_log_probs"],
                 batch["ref_log_probs"],
                 mask,
                 coef=self.kl_ctrl.value,
-                kind=cfg.kl_penalty,
+                kind=algorithm.kl_penalty,
             )
             self.kl_ctrl.update(float(kl), len(batch))
         inputs = AdvantageInputs(
             token_rewards,
             mask,
             batch["group_ids"],
-            values=batch.tensors.get("values"),
-            baseline_scores=batch.tensors.get("baseline_scores"),
+            values=batch["values"] if algorithm.critic else None,
+            baseline_scores=batch["baseline_scores"] if algorithm.greedy_baseline else None,
         )
-        adv, returns = compute_advantages(
-            cfg.adv_estimator, inputs, gamma=cfg.gamma, lam=cfg.lam, norm_adv_by_std=cfg.norm_adv_by_std
-        )
+        adv, returns = algorithm.advantages(inputs)
         out.update(token_rewards=token_rewards, advantages=adv, returns=returns)
         return out
 
@@ -205,8 +197,11 @@ class Controller:
         return shard_minibatches(slim, cfg.actor.mini_batch_size * cfg.rollout.n, cfg.world_size, cfg.actor.ppo_epochs)
 
     # -- metrics ------------------------------------------------------------------------
-    def batch_metrics(self, batch: Batch) -> dict[str, float]:
+    def batch_metrics(self, batch: Batch, inputs: UpdateInputs) -> dict[str, float]:
+        """The batch's metrics; what the step computed is stated by the Algorithm and `inputs`, not read
+        from the keys the batch happens to hold."""
         mask, scores = batch["response_mask"], batch["scores"]
+        trainer_pass = self.algorithm.old_log_probs == "trainer"  # the old-log-prob pass, with its entropy
         lengths = mask.sum(-1)
         metrics = {
             "reward/mean": float(scores.mean()),
@@ -219,12 +214,12 @@ class Controller:
             "adv/mean": masked_mean(batch["advantages"], mask),
             "prompt/length_mean": float(batch["attention_mask"][:, : -mask.shape[1]].sum(-1).float().mean()),
         }
-        if "entropy" in batch:  # the trainer recomputed the old log-probs; else update_actor measures these
+        if trainer_pass:  # else update_actor measures these
             metrics["actor/entropy"] = masked_mean(batch["entropy"], mask)
-        if "entropy" in batch and "rollout_log_probs" in batch:
+        if trainer_pass and inputs.rollout_log_probs:  # the engine returned its log-probs this step
             gap = (batch["rollout_log_probs"] - batch["old_log_probs"]).abs()
             metrics["rollout/log_prob_diff"] = masked_mean(gap, mask)
-        if "values" in batch:
+        if self.algorithm.critic:
             values, returns = batch["values"], batch["returns"]
             residual_var = masked_mean((returns - values) ** 2, mask) - masked_mean(returns - values, mask) ** 2
             returns_var = masked_mean(returns**2, mask) - masked_mean(returns, mask) ** 2
@@ -233,9 +228,9 @@ class Controller:
             )
             if returns_var > 1e-8:  # undefined when every return is the same
                 metrics["critic/explained_var"] = 1.0 - residual_var / returns_var
-        if "ref_log_probs" in batch:
+        if self.algorithm.reference:
             metrics["actor/kl_coef"] = self.kl_ctrl.value
-            if "old_log_probs" in batch:  # else update_actor measures it
+            if not inputs.old_log_probs_from_update:  # else update_actor measures it
                 metrics["actor/kl_ref"] = masked_mean(
                     kl_estimate(batch["old_log_probs"], batch["ref_log_probs"], "k1"), mask
                 )

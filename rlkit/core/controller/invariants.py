@@ -18,6 +18,7 @@ import logging
 import unicodedata
 from typing import Any, Sequence
 
+from rlkit.core.algos.algorithm import Algorithm
 from rlkit.core.cluster.failures import TROUBLESHOOTING, RunFailure
 from rlkit.core.data.dataset import PromptRow, PromptSampler
 from rlkit.recipes.schema import RLConfig
@@ -117,7 +118,7 @@ def check_step(config: RLConfig, step: int, metrics: dict[str, float]) -> None:
         return
     tolerance = trainer.invariant_tolerance
     kl = metrics.get("actor/kl_ref")
-    if config.needs_reference and kl is not None and abs(kl) > tolerance:
+    if Algorithm.from_config(config).reference and kl is not None and abs(kl) > tolerance:
         _violated(
             config,
             KL_TO_REFERENCE,

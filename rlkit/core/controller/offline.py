@@ -17,6 +17,7 @@ from typing import Any
 
 import torch
 
+from rlkit.core.algos.algorithm import Algorithm
 from rlkit.core.batch import Batch, pad_to_ranks, shard_minibatches
 from rlkit.core.cluster.backend import Backend, start_backend
 from rlkit.core.cluster.device_worker import DeviceWorker
@@ -43,6 +44,7 @@ class OfflineController:
     def __init__(self, config: RLConfig, run: RunDir, inputs: RunInputs) -> None:
         """`inputs`: the rows the preflight checks loaded and tokenized (rlkit.core.controller.preflight)."""
         self.config, self.run = config, run
+        self.reference = Algorithm.from_config(config).reference  # dpo compares the policy with it
         self.model_path, self.tokenizer = inputs.model_path, inputs.tokenizer
         self.rows, self.val_rows = inputs.rows, inputs.val_rows
         self.kind = row_kind(config)
@@ -71,7 +73,7 @@ class OfflineController:
         with timed(timing, "step"):
             with timed(timing, "data"):
                 batch = self.kind.batch([self.rows[i] for i in self.sampler.next_batch()], self.pad_id)
-            if self.config.needs_reference:  # dpo
+            if self.reference:
                 with timed(timing, "ref"):
                     batch["ref_log_probs"] = self.reference_log_probs(batch)
             with timed(timing, "update"):
@@ -112,7 +114,7 @@ class OfflineController:
         norm = {"num_tokens": float(mask.sum()), "num_seqs": float((mask.sum(-1) > 0).sum())}
         timing: dict[str, float] = {}
         with timed(timing, "val"):
-            if self.config.needs_reference:
+            if self.reference:
                 batch["ref_log_probs"] = self.reference_log_probs(batch)
             per_rank = [(shard, norm) for shard in batch.chunk(world)]
             out = self.workers.call(PolicyWorker.evaluate_offline, per_rank=per_rank, phase="validation")[0]

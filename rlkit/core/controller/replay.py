@@ -14,6 +14,7 @@ import logging
 from dataclasses import dataclass
 from pathlib import Path
 
+from rlkit.core.algos.algorithm import Algorithm
 from rlkit.core.algos.phase_plan import phase_plan
 from rlkit.core.algos.update_inputs import UpdateInputs
 from rlkit.core.cluster.device_worker import DeviceWorker
@@ -95,7 +96,7 @@ def replay_config(
             f"a replay re-runs only the update on the recorded batch, so {', '.join(refused)} would "
             f"change nothing or break it; replay overrides start with: {', '.join(REPLAYABLE_PREFIXES)}"
         )
-    if not phase_plan(config).runs("update_actor", step):
+    if not phase_plan(Algorithm.from_config(config)).runs("update_actor", step):
         raise UserError(
             f"step {step} trained only the critic (critic.warmup_steps={config.critic.warmup_steps}); "
             "there is no actor update to replay"
@@ -111,8 +112,9 @@ def replay_step(run_id: str, step: int, overrides: list[str], runs_dir: str | Pa
     run = RunDir.open(run_id, runs_dir)
     record = records.read_record(run.path, step)
     config, ckpt, changed = replay_config(run, step, overrides)
-    needed = ["ref_log_probs"] if config.actor.use_kl_loss else []
-    needed += ["rollout_log_probs"] if config.needs_rollout_log_probs else []
+    algorithm = Algorithm.from_config(config)
+    needed = ["ref_log_probs"] if algorithm.kl_loss else []
+    needed += ["rollout_log_probs"] if algorithm.rollout_log_probs else []
     missing = [k for k in needed if k not in record.batch]
     if missing:
         raise UserError(
@@ -128,7 +130,8 @@ def replay_step(run_id: str, step: int, overrides: list[str], runs_dir: str | Pa
             group.call(DeviceWorker.load_checkpoint, str(ckpt.path / "policy"), phase="load checkpoint (policy)")
         updater = Controller.__new__(Controller)  # the controller's own update path, without rollout or data
         updater.config, updater.workers = config, group
-        replayed = updater.update_actor(record.batch, UpdateInputs.for_step(config, step))
+        inputs = UpdateInputs.for_step(algorithm, log_prob_check=config.log_prob_check_step(step))
+        replayed = updater.update_actor(record.batch, inputs)
     finally:
         backend.shutdown()  # with it the workers
     start = f"checkpoint {ckpt.path.name}" if ckpt else "the base model (step 1)"

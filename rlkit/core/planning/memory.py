@@ -27,6 +27,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from types import SimpleNamespace
 
+from rlkit.core.algos.algorithm import Algorithm
 from rlkit.core.planning.shape import ModelShape
 from rlkit.core.train import fast_paths
 from rlkit.core.train.logprobs import CHUNK_ELEMENTS
@@ -204,7 +205,7 @@ def training_device(
         parts["actor weights (fp32)"] = 4 * shape.params / world
         parts["actor gradients (fp32)"] = 4 * shape.params / world
         parts["AdamW moments (fp32)"] = 8 * shape.params / world
-    separate_reference = config.needs_reference and not lora.rank
+    separate_reference = Algorithm.from_config(config).reference and not lora.rank
     if separate_reference:
         parts["reference weights (fp32)"] = 4 * shape.params / world
     if critic is not None:

@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from rlkit.core import environment
+from rlkit.core.algos.algorithm import Algorithm
 from rlkit.core.planning import memory, timing
 from rlkit.core.planning.shape import ModelShape, model_shape
 from rlkit.core.state.run_dir import resolve_model_path
@@ -66,7 +67,7 @@ def target_device(config: RLConfig, gpu_memory_gib: float | None) -> Device:
 def build_plan(config: RLConfig, *, gpu_memory_gib: float | None = None) -> Plan:
     path = resolve_model_path(config.model.path)
     shape = model_shape(path)
-    critic = model_shape(path, value_head=True) if config.critic_enabled else None
+    critic = model_shape(path, value_head=True) if Algorithm.from_config(config).critic else None
     reward = model_shape(resolve_model_path(config.reward_model.path)) if config.reward_model.path else None
     device = target_device(config, gpu_memory_gib)
     mem = memory.training_device(config, shape, device.bytes, on_gpu=device.on_gpu, critic=critic, reward_model=reward)
@@ -157,7 +158,7 @@ def checkpoint_bytes(config: RLConfig) -> int | None:
         if path is None:
             return None
         params = model_shape(path).params
-        if config.critic_enabled:
+        if Algorithm.from_config(config).critic:
             params += model_shape(path, value_head=True).params
     except Exception:  # noqa: BLE001 - a disk estimate must not fail doctor
         return None

@@ -18,6 +18,7 @@ import math
 from dataclasses import dataclass
 from typing import Callable
 
+from rlkit.core.algos.algorithm import Algorithm
 from rlkit.core.algos.phase_plan import phase_plan
 from rlkit.core.planning.shape import ModelShape
 from rlkit.recipes.schema import RLConfig
@@ -111,7 +112,7 @@ def step_time(
     """Seconds per phase of one step. `micro_batch_tokens`: the update's token budget as the memory model
     sized it; `kv_tokens`: what one engine's KV cache holds (fewer full sequences at once when short);
     `cal`: the constants (bench/plan_time_fit.py passes others to fit them)."""
-    data, world = config.data, config.world_size
+    data, world, algorithm = config.data, config.world_size, Algorithm.from_config(config)
     samples = data.train_batch_size * config.samples_per_prompt
     sequence = data.max_prompt_length + data.max_response_length
     forward = samples * shape.forward_flops(data.max_prompt_length, data.max_response_length)
@@ -129,7 +130,7 @@ def step_time(
     update = pass_seconds(forward, update_micro, passes * config.actor.ppo_epochs, "update", world, cal)
     reference = pass_seconds(forward, whole, 1, "forward", world, cal)
     if config.offline:  # no generation, weight sync or reward; dpo: the reference's log-prob pass
-        return StepTime({**({"ref": reference} if config.needs_reference else {}), "update": update}, notes)
+        return StepTime({**({"ref": reference} if algorithm.reference else {}), "update": update}, notes)
     engines = world if config.rollout.placement == "colocated" else config.rollout.devices
     per_engine = math.ceil(samples / engines)
     concurrent = min(per_engine, config.rollout.max_num_seqs)
@@ -137,10 +138,10 @@ def step_time(
         concurrent = max(1, int(kv_tokens // sequence))
         notes.append(f"the KV cache holds {concurrent} full-length sequences at once: generation in rounds")
     every = config.rollout.log_prob_check_freq
-    with_log_probs = 1.0 if config.needs_rollout_log_probs else (1.0 / every if every else 0.0)
+    with_log_probs = 1.0 if algorithm.rollout_log_probs else (1.0 / every if every else 0.0)
     slowdown = with_log_probs / cal["log_prob_decode_factor"] + (1 - with_log_probs)
     weight_bytes = 4 if config.model.dtype == "float32" else 2
-    baseline = math.ceil(data.train_batch_size / engines)  # one greedy sample per prompt
+    baseline = math.ceil(data.train_batch_size / engines)  # gen_baseline: one greedy sample per prompt
     critic_forward = (
         samples * critic.forward_flops(data.max_prompt_length, data.max_response_length) if critic is not None else 0.0
     )
@@ -172,7 +173,7 @@ def step_time(
             else 2 * shape.params / cal["split_sync_bytes_per_s"]
         ),
     }
-    phases = {TIMING_KEYS.get(phase, phase): prices[phase]() for phase in phase_plan(config).phases}
+    phases = {TIMING_KEYS.get(phase, phase): prices[phase]() for phase in phase_plan(algorithm).phases}
     if config.model.gradient_checkpointing:
         notes.append("gradient checkpointing: one more forward in the update")
     if lora:

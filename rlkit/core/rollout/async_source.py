@@ -41,6 +41,7 @@ from rlkit.core.rollout.source import Generation, SyncRolloutSource, timed
 from rlkit.core.rollout.trajectory import Trajectory
 
 if TYPE_CHECKING:
+    from rlkit.core.algos.algorithm import Algorithm
     from rlkit.core.cluster.placement import PendingSync, Placement
     from rlkit.core.data.dataset import PromptRow, PromptSampler
     from rlkit.core.rewards.scoring import RewardScorer
@@ -65,13 +66,14 @@ class AsyncRolloutSource(SyncRolloutSource):
     def __init__(
         self,
         config: RLConfig,
+        algorithm: Algorithm,
         rows: list[PromptRow],
         sampler: PromptSampler,
         tokenizer: Any,
         scorer: RewardScorer,
         placement: Placement,
     ) -> None:
-        super().__init__(config, rows, sampler, tokenizer, scorer, placement)
+        super().__init__(config, algorithm, rows, sampler, tokenizer, scorer, placement)
         self.lookahead = 1 if config.rollout.mode == "one_step_off" else config.rollout.max_staleness
         self.queue: list[InFlight] = []  # submitted, not yet trained on; oldest first
         self.submitted_through = 0  # the last step whose batch has been submitted

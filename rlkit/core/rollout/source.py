@@ -29,6 +29,7 @@ from rlkit.core.rollout.worker import RolloutWorker
 from rlkit.core.train.policy_worker import PolicyWorker
 
 if TYPE_CHECKING:
+    from rlkit.core.algos.algorithm import Algorithm
     from rlkit.core.cluster.placement import Placement
     from rlkit.core.data.dataset import PromptRow, PromptSampler
     from rlkit.core.rewards.scoring import RewardScorer
@@ -66,17 +67,18 @@ class SyncRolloutSource:
     def __init__(
         self,
         config: RLConfig,
+        algorithm: Algorithm,
         rows: list[PromptRow],
         sampler: PromptSampler,
         tokenizer: Any,
         scorer: RewardScorer,
         placement: Placement,
     ) -> None:
-        self.config, self.rows, self.sampler = config, rows, sampler
+        self.config, self.algorithm, self.rows, self.sampler = config, algorithm, rows, sampler
         self.tokenizer, self.scorer, self.placement = tokenizer, scorer, placement
         self.pad_id = tokenizer.pad_token_id or 0
         self.policy_version = 0  # the last completed step: its weights are the engines' (0: the base model)
-        self.plan = phase_plan(config)
+        self.plan = phase_plan(algorithm)
 
     def sync_weights(self, step: int) -> dict[str, float]:
         metrics = self.placement.sync_weights()
@@ -95,7 +97,7 @@ class SyncRolloutSource:
         # as they were (critic warm-up, no sync), so versions count steps and staleness never exceeds the schedule.
         self.policy_version = step - 1
         batch, metrics = self.sample(step, timing)  # gen + reward, over several rounds with dynamic sampling
-        if "gen_baseline" in self.plan:  # ReMax
+        if "gen_baseline" in self.plan:  # an extra, greedy rollout (ReMax)
             with timed(timing, "gen_baseline"):
                 metrics.update(self.greedy_baseline(batch, step))
         return batch, metrics
@@ -107,12 +109,12 @@ class SyncRolloutSource:
         more prompts are sampled, round after round, until the batch is full (rlkit.core.rollout.dynamic_sampling).
         """
         cfg = self.config
-        if not cfg.algorithm.dynamic_sampling.enable:
+        if not self.algorithm.group_filter:
             _, batch, metrics = self.sample_round(step, 0, timing)
             return batch, {**metrics, "rollout/samples": float(len(batch))}
         collector: GroupCollector[Trajectory] = GroupCollector(cfg.data.train_batch_size)
         sampled_scores = []
-        for round_index in range(cfg.algorithm.dynamic_sampling.max_gen_rounds):
+        for round_index in range(self.plan.gen_rounds):
             trajectories, batch, metrics = self.sample_round(step, round_index, timing)
             sampled_scores.append(batch["scores"])
             signal = groups_with_signal(batch["verifier_scores"], batch["group_ids"])
@@ -156,7 +158,7 @@ class SyncRolloutSource:
         Streams keep seeds apart: training rounds by round_index, other users (validation) by `stream`.
         """
         cfg = self.config
-        log_probs = cfg.needs_rollout_log_probs or (not greedy and cfg.log_prob_check_step(step))
+        log_probs = self.algorithm.rollout_log_probs or (not greedy and cfg.log_prob_check_step(step))
         # Extra dynamic-sampling rounds draw from seed ranges no plausible step count reaches.
         seed = cfg.trainer.seed * 1_000_003 + step + round_index * 10_000_019 + stream * 100_000_007
         return Sampling(

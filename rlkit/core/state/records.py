@@ -24,6 +24,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import torch
 
+from rlkit.core.algos.update_inputs import UpdateInputs
 from rlkit.core.batch import Batch
 from rlkit.errors import UserError
 from rlkit.recipes.schema import RLConfig
@@ -55,10 +56,12 @@ class RolloutRecorder:
     def for_run(cls, config: RLConfig, run_path: Path) -> RolloutRecorder:
         return cls(run_path if config.trainer.record_rollouts else None)
 
-    def add_trainer_log_probs(self, batch: Batch, log_probs: Callable[[Batch, str], dict[str, torch.Tensor]]) -> None:
-        """Right before the update, on a step with engine log-probs but no old-log-prob pass: keep the
+    def add_trainer_log_probs(
+        self, batch: Batch, log_probs: Callable[[Batch, str], dict[str, torch.Tensor]], inputs: UpdateInputs
+    ) -> None:
+        """Right before the update, on a step with engine log-probs but no old-log-prob pass (`inputs`): keep the
         trainer's per-token log-probs too (`rlkit inspect` shows the gap per token). Not used by the update."""
-        if self.run_path is not None and "rollout_log_probs" in batch and "old_log_probs" not in batch:
+        if self.run_path is not None and inputs.rollout_log_probs and inputs.old_log_probs_from_update:
             batch["trainer_log_probs"] = log_probs(batch, "actor")["log_probs"]
 
     def record(self, step: int, batch: Batch, metrics: dict[str, Any]) -> Path | None:

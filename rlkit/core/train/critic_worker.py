@@ -13,6 +13,7 @@ from typing import Any
 
 import torch
 
+from rlkit.core.algos.algorithm import Algorithm
 from rlkit.core.algos.losses import aggregate_loss, value_loss
 from rlkit.core.batch import Batch
 from rlkit.core.cluster.backend import Backend, Group
@@ -97,7 +98,7 @@ class CriticWorker(DeviceWorker):
 
 def start_critic_group(config: RLConfig, model_path: str, policy: Group, backend: Backend) -> Group | None:
     """The critic workers beside `policy`, set up and ready; None when the run has no critic."""
-    if not config.critic_enabled:
+    if not Algorithm.from_config(config).critic:
         return None
     group = backend.group(CriticWorker, model_path, name="critic", colocate_with=policy)
     master = group.call(CriticWorker.address, phase="critic address")[0]

@@ -15,6 +15,7 @@ from typing import Iterator
 
 import torch
 
+from rlkit.core.algos.algorithm import Algorithm
 from rlkit.core.train import adapters, fast_paths, fsdp
 from rlkit.recipes.schema import RLConfig
 
@@ -87,12 +88,12 @@ def build_policy(config: RLConfig, model_path: str, device: torch.device) -> Tra
     )
     updates_per_step = config.data.train_batch_size // actor.mini_batch_size * actor.ppo_epochs
     # Critic warm-up steps do not update the actor, so they are not in the schedule.
-    total_updates = (config.trainer.total_steps - config.critic.warmup_steps) * updates_per_step
+    total_updates = (config.trainer.total_steps - Algorithm.from_config(config).critic_warmup_steps) * updates_per_step
     scheduler = torch.optim.lr_scheduler.LambdaLR(
         optimizer, fsdp.lr_lambda(actor.warmup_steps, total_updates, actor.lr_schedule)
     )
     base = None
-    if config.needs_reference and not lora:  # always the model on disk
+    if Algorithm.from_config(config).reference and not lora:  # always the model on disk
         base = fsdp.shard_model(fsdp.load_model(model_path), device=device, compute_dtype=dtype, compile=compile_layers)
         base.eval().requires_grad_(False)
     return TrainableModel(module, optimizer, scheduler, base=base, lora=lora)

@@ -16,13 +16,9 @@ import torch
 import torch.distributed as dist
 
 from rlkit.core.agents.worker import AgentEpisodes
+from rlkit.core.algos.algorithm import Algorithm
 from rlkit.core.algos.kl import kl_estimate
-from rlkit.core.algos.losses import (
-    aggregate_loss,
-    configured_loss_options,
-    policy_loss,
-    rollout_importance_weights,
-)
+from rlkit.core.algos.losses import aggregate_loss, rollout_importance_weights
 from rlkit.core.algos.update_inputs import UpdateInputs
 from rlkit.core.batch import Batch
 from rlkit.core.cluster.device_worker import DeviceWorker
@@ -47,6 +43,11 @@ class PolicyWorker(DeviceWorker, AgentEpisodes, OfflineUpdates):
     rlkit.core.train.offline_worker)."""
 
     # -- set-up -------------------------------------------------------------------------
+    @functools.cached_property
+    def algorithm(self) -> Algorithm:
+        """What the update computes: the policy loss with its options, resolved once, and its terms."""
+        return Algorithm.from_config(self.config)
+
     def node_info(self) -> dict[str, Any]:
         import ray
 
@@ -112,7 +113,7 @@ class PolicyWorker(DeviceWorker, AgentEpisodes, OfflineUpdates):
             free_bytes=free,
             total_bytes=total,
             trainable_params=trainable,
-            critic_params=sum(local for local, _ in numels.values()) if cfg.critic_enabled else 0,  # same shape
+            critic_params=sum(local for local, _ in numels.values()) if self.algorithm.critic else 0,  # same shape
             bytes_per_token=per_token,
             longest_sequence=(cfg.data.max_prompt_length + cfg.data.max_response_length) * cfg.micro_batch_group,
         )
@@ -237,8 +238,7 @@ class PolicyWorker(DeviceWorker, AgentEpisodes, OfflineUpdates):
         Metrics are global (rlkit.core.train.learner): every worker returns the same numbers.
         """
         cfg = self.config.actor
-        options = configured_loss_options(cfg.policy_loss, cfg)  # once per update, not per micro-batch
-        micro_step = functools.partial(self._micro_step, inputs=inputs, loss_options=options)
+        micro_step = functools.partial(self._micro_step, inputs=inputs)
         totals = optimize(
             self.model,
             minibatches,
@@ -251,23 +251,22 @@ class PolicyWorker(DeviceWorker, AgentEpisodes, OfflineUpdates):
         return {k if "/" in k else f"actor/{k}": v for k, v in totals.items()}
 
     def _micro_step(
-        self, mb: Batch, norm: dict[str, float], *, inputs: UpdateInputs, loss_options: dict[str, Any]
+        self, mb: Batch, norm: dict[str, float], *, inputs: UpdateInputs
     ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         """The loss of one micro-batch, and metric sums to aggregate across micro-batches and ranks."""
-        cfg = self.config.actor
+        algorithm = self.algorithm
         packed = packing.pack(mb).to(self.device)
         mb = mb.to(self.device)
         old_from_here = inputs.old_log_probs_from_update
         logits = fsdp.packed_outputs(self.model.module, packed)
+        with_entropy = "entropy" in algorithm.loss_terms or old_from_here
         flat_log_probs, flat_entropy = selected_log_probs(
-            logits, packed.targets, self.config.rollout.temperature, with_entropy=cfg.entropy_coeff > 0 or old_from_here
+            logits, packed.targets, self.config.rollout.temperature, with_entropy=with_entropy
         )
         log_probs = packed.scatter(flat_log_probs)
         old_log_probs = log_probs.detach() if old_from_here else mb["old_log_probs"]
         mask = mb["response_mask"].float()
-        per_token, pg_metrics = policy_loss(
-            cfg.policy_loss, log_probs, old_log_probs, mb["advantages"], mask, **loss_options
-        )
+        per_token, pg_metrics = algorithm.policy_loss(log_probs, old_log_probs, mb["advantages"], mask)
         correction = inputs.rollout_correction  # (level, cap), or None
         if correction is not None:
             weights = rollout_importance_weights(
@@ -280,7 +279,7 @@ class PolicyWorker(DeviceWorker, AgentEpisodes, OfflineUpdates):
             global_num_seqs=norm["num_seqs"],
             norm_length=self.config.data.max_response_length,
         )
-        loss = aggregate_loss(per_token, mask, cfg.loss_agg_mode, **agg)
+        loss = aggregate_loss(per_token, mask, algorithm.loss_agg_mode, **agg)
         tokens = mask.sum().detach().cpu()
         sums = {"pg_loss": loss.detach().cpu(), "tokens": tokens}
         sums.update({k: torch.as_tensor(v).detach().cpu() * tokens for k, v in pg_metrics.items()})
@@ -291,13 +290,12 @@ class PolicyWorker(DeviceWorker, AgentEpisodes, OfflineUpdates):
                 sums["rollout/log_prob_diff"] = ((mb["rollout_log_probs"] - old_log_probs).abs() * mask).sum().cpu()
             if inputs.reference:
                 sums["kl_ref"] = (kl_estimate(old_log_probs, mb["ref_log_probs"], "k1") * mask).sum().cpu()
-        if cfg.entropy_coeff > 0:
-            loss = loss - cfg.entropy_coeff * aggregate_loss(entropy, mask, cfg.loss_agg_mode, **agg)
+        if "entropy" in algorithm.loss_terms:
+            loss = loss - algorithm.entropy_coeff * aggregate_loss(entropy, mask, algorithm.loss_agg_mode, **agg)
         if inputs.reference:
-            kl_loss = aggregate_loss(
-                kl_estimate(log_probs, mb["ref_log_probs"], cfg.kl_loss_type), mask, cfg.loss_agg_mode, **agg
-            )
-            loss = loss + cfg.kl_loss_coef * kl_loss
+            kl = kl_estimate(log_probs, mb["ref_log_probs"], algorithm.kl_loss_type)
+            kl_loss = aggregate_loss(kl, mask, algorithm.loss_agg_mode, **agg)
+            loss = loss + algorithm.kl_loss_coef * kl_loss
             sums["kl_loss"] = kl_loss.detach().cpu()
         return loss, sums
 
