@@ -78,7 +78,8 @@ def ray_session():
     from ray import cloudpickle
 
     cloudpickle.register_pickle_by_value(sys.modules[__name__])  # workers cannot import tests/
-    ray.init(num_cpus=3, include_dashboard=False, log_to_driver=False, logging_level="ERROR")
+    # "local": a cluster of its own, never one another test (another pytest-xdist worker) left running here
+    ray.init(address="local", num_cpus=3, include_dashboard=False, log_to_driver=False, logging_level="ERROR")
     yield
     ray.shutdown()
 
