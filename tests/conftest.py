@@ -129,9 +129,8 @@ def run_cli_in_process(*args: str, exit_code: int = 0) -> Result:
         for key in os.environ.keys() - saved.keys():
             del os.environ[key]
         os.environ.update(saved)
-    crash = "".join(traceback.format_exception(*result.exc_info)) if result.exc_info else ""
-    if isinstance(result.exception, SystemExit):
-        crash = ""  # an exit code, which the assertion reports
+    crashed = result.exc_info is not None and not isinstance(result.exception, SystemExit)  # not an exit code
+    crash = "".join(traceback.format_exception(*result.exc_info)) if crashed else ""
     assert result.exit_code == exit_code, (args, result.output[-4000:], crash[-4000:])
     return result
 
