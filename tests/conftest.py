@@ -2,14 +2,16 @@
 
 from __future__ import annotations
 
+import gc
 import importlib.util
 import os
 import sys
+import traceback
 from pathlib import Path
-
 from typing import Iterator
 
 import pytest
+from click.testing import Result
 from ray_head import RayHead, use_session_token
 
 os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
@@ -106,6 +108,47 @@ def sglang_env(monkeypatch) -> Iterator[None]:
 def _isolated_cache(tmp_path_factory, monkeypatch):
     """'rlkit:tiny-qwen2' is built into a per-session cache, never the user's ~/.cache."""
     monkeypatch.setenv("RLKIT_CACHE", str(tmp_path_factory.getbasetemp() / "rlkit-cache"))
+
+
+def run_cli_in_process(*args: str, exit_code: int = 0) -> Result:
+    """`rlkit ARGS` through the real Typer app (rlkit.cli.main.app: its parsing, recipe loading and exit codes)
+    in this process. For commands whose workers are objects in the CLI's process anyway (trainer.workers=
+    in_process, eval, replay), where a subprocess adds only its imports and engine start-up (~15-25 s).
+    Asserts the exit code; returns the result: .stdout, .stderr, and .output (both, interleaved).
+    The environment is put back afterwards, as a subprocess would leave it: `rlkit eval` sets the workers'
+    variables (VLLM_LOGGING_LEVEL, ...) in its own process, and later tests must not inherit them."""
+    from typer.testing import CliRunner
+
+    from rlkit.cli.main import app
+
+    saved = dict(os.environ)
+    try:
+        result = CliRunner().invoke(app, list(args))
+    finally:
+        release_vllm()  # `rlkit eval` leaves its engine to the end of its process
+        for key in os.environ.keys() - saved.keys():
+            del os.environ[key]
+        os.environ.update(saved)
+    crashed = result.exc_info is not None and not isinstance(result.exception, SystemExit)  # not an exit code
+    crash = "".join(traceback.format_exception(*result.exc_info)) if crashed else ""
+    assert result.exit_code == exit_code, (args, result.output[-4000:], crash[-4000:])
+    return result
+
+
+def release_vllm() -> None:
+    """Free what the end of a process would after a vLLM engine ran in it: the engine (reference cycles keep
+    it), and the torch.distributed world vLLM set up, which would make the next in-process run refuse to
+    start. What trainer.workers=in_process does when a run closes (rlkit.core.cluster.local_group)."""
+    gc.collect()
+    if "vllm.distributed.parallel_state" in sys.modules:
+        from vllm.distributed.parallel_state import destroy_distributed_environment, destroy_model_parallel
+
+        destroy_model_parallel()
+        destroy_distributed_environment()
+    import torch.distributed as dist
+
+    if dist.is_initialized():
+        dist.destroy_process_group()
 
 
 def invoke(register, *args: str):

@@ -1,23 +1,23 @@
 """Multi-turn runs through the CLI (controller, FSDP2 worker, vLLM rollout): the tool demo learns,
 an openai-client agent trains, and a failing environment costs episodes, not the run. The worker is an
-object in the CLI's process (trainer.workers=in_process: no Ray, no worker processes)."""
+object in the CLI's process (trainer.workers=in_process: no Ray, no worker processes), so the CLI runs in
+the test's process too (conftest.run_cli_in_process)."""
 
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 
 import pytest
+from click.testing import Result
+from conftest import run_cli_in_process
 
 pytestmark = pytest.mark.slow
 
 
-def _train(tmp_path, run_id: str, *overrides: str, timeout: int = 900) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "rlkit.cli.main", "train", "grpo-agent-demo", *overrides,
-                           "trainer.workers=in_process", "trainer.device=cpu", f"trainer.runs_dir={tmp_path}",
-                           "trainer.logger=[jsonl]", "--run-id", run_id],
-                          capture_output=True, text=True, timeout=timeout)
+def _train(tmp_path, run_id: str, *overrides: str, exit_code: int = 0) -> Result:
+    return run_cli_in_process("train", "grpo-agent-demo", *overrides, "trainer.workers=in_process",
+                              "trainer.device=cpu", f"trainer.runs_dir={tmp_path}", "trainer.logger=[jsonl]",
+                              "--run-id", run_id, exit_code=exit_code)
 
 
 def _metrics(tmp_path, run_id: str) -> list[dict]:
@@ -32,8 +32,7 @@ def test_agent_demo_learns_to_call_the_tool(tmp_path):
     220 of the recipe's 400 steps (constant LR: the same trajectory). Measured on 2 CPU cores, mean
     reward per 10 steps: 0.27-0.30 over steps 41-140, then 0.43, 0.63, 0.79, 0.88, 0.95 (191-200),
     0.98, 0.99 (211-220): the last 10 clear 0.8 with the jump 30 steps later than measured."""
-    proc = _train(tmp_path, "demo", "trainer.total_steps=220")
-    assert proc.returncode == 0, proc.stderr[-3000:]
+    _train(tmp_path, "demo", "trainer.total_steps=220")
     rows = _metrics(tmp_path, "demo")
     rewards = [row["reward/mean"] for row in rows]
     assert sum(rewards[:5]) / 5 < 0.1 and sum(rewards[-10:]) / 10 >= 0.8, rewards
@@ -64,9 +63,8 @@ async def rollout(client, row):
 
 def test_an_openai_client_agent_trains_end_to_end(tmp_path):
     (tmp_path / "agent.py").write_text(AGENT)
-    proc = _train(tmp_path, "client", f"rollout.agent.loop={tmp_path}/agent.py:rollout", "rollout.agent.tools=[]",
-                  "trainer.total_steps=3")
-    assert proc.returncode == 0, proc.stderr[-3000:]
+    _train(tmp_path, "client", f"rollout.agent.loop={tmp_path}/agent.py:rollout", "rollout.agent.tools=[]",
+           "trainer.total_steps=3")
     rows = _metrics(tmp_path, "client")
     assert [row["step"] for row in rows] == [1, 2, 3]
     assert all(0.0 <= row["reward/mean"] <= 1.0 and row["agent/env_errors"] == 0 for row in rows)
@@ -93,14 +91,12 @@ def test_a_failing_environment_costs_episodes_then_stops_the_run_above_the_rate(
     (tmp_path / "env.py").write_text(FLAKY_ENV)
     env = ["rollout.agent.loop=env", f"rollout.agent.env={tmp_path}/env.py:Flaky", "rollout.agent.tools=[]",
            "rollout.agent.call_timeout_s=2", "rollout.agent.max_turns=1"]
-    proc = _train(tmp_path, "flaky", *env, "rollout.agent.max_error_rate=0.9", "trainer.total_steps=2")
-    assert proc.returncode == 0, proc.stderr[-3000:]
+    _train(tmp_path, "flaky", *env, "rollout.agent.max_error_rate=0.9", "trainer.total_steps=2")
     rows = _metrics(tmp_path, "flaky")
     assert len(rows) == 2 and all(row["agent/env_errors"] > 0 for row in rows)
     log = (tmp_path / "flaky" / "console.log").read_text()
     assert "ValueError: cannot handle three" in log and "TimeoutError: did not return within 2 s" in log
     assert "the environment failed on row" in log
 
-    proc = _train(tmp_path, "strict", *env, "rollout.agent.max_error_rate=0")
-    assert proc.returncode == 2, proc.stderr[-3000:]
-    assert "more than rollout.agent.max_error_rate=0 allows" in proc.stderr
+    strict = _train(tmp_path, "strict", *env, "rollout.agent.max_error_rate=0", exit_code=2)
+    assert "more than rollout.agent.max_error_rate=0 allows" in strict.stderr

@@ -3,25 +3,21 @@ run's own numbers and conversations (validation's seeds, one engine in each).
 
 Two steps of `grpo-agent-demo` with an environment that always takes two turns, validating 6
 held-out rows (greedy + 2 samples each) before training and after each step. The run's worker is an
-object in the CLI's process (trainer.workers=in_process: no Ray, no worker processes).
+object in the CLI's process (trainer.workers=in_process: no Ray, no worker processes), so both commands
+run in the test's process (conftest.run_cli_in_process).
 """
 
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
+from conftest import run_cli_in_process as rlkit
 
 from rlkit.core.data.builders import write_parquet
 from rlkit.core.data.synthetic import build_synthetic
 
 pytestmark = pytest.mark.slow
-
-REPO = Path(__file__).resolve().parents[1]
 
 ENV = '''
 class TwoTurns:
@@ -36,14 +32,6 @@ class TwoTurns:
             return "next", None, False
         return None, float(action.strip().isdigit()), True
 '''
-
-
-def rlkit(*args: str) -> subprocess.CompletedProcess:
-    env = {**os.environ, "PYTHONPATH": str(REPO), "VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
-    proc = subprocess.run([sys.executable, "-m", "rlkit.cli.main", *args], cwd=REPO, env=env, capture_output=True,
-                          text=True, timeout=600)
-    assert proc.returncode == 0, (proc.stdout + proc.stderr)[-4000:]
-    return proc
 
 
 def test_agent_validation_runs_episodes_and_eval_reproduces_it(tmp_path, monkeypatch):

@@ -6,13 +6,12 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
-import sys
 from pathlib import Path
 from typing import Iterator
 
 import pytest
 import torch
+from conftest import release_vllm
 
 from rlkit.core.train.policy_worker import PolicyWorker
 from rlkit.core.state.run_dir import RunDir, resolve_model_path
@@ -22,7 +21,6 @@ from rlkit.recipes.loader import load_config
 
 pytestmark = pytest.mark.slow
 
-REPO = Path(__file__).resolve().parents[1]
 # Token ids of the tiny tokenizer: "<|im_start|>echo 7<|im_end|><|im_start|>7"
 PROBE = [1, 26, 24, 29, 36, 21, 10, 2, 1, 10]
 
@@ -82,28 +80,22 @@ def test_transformers_loads_the_export_and_gives_the_trainers_logits(trained) ->
 
 
 def vllm_log_probs(model: Path | str, adapter: Path | None = None) -> torch.Tensor:
-    """vLLM's log-probs of PROBE (in a fresh process, as `vllm serve` would load the model or adapter)."""
-    script = (
-        "import json, sys\n"
-        "from vllm import LLM, SamplingParams\n"
-        "from vllm.inputs import TokensPrompt\n"
-        "from vllm.lora.request import LoRARequest\n"
-        "adapter = sys.argv[3] if len(sys.argv) > 3 else None\n"
-        "llm = LLM(model=sys.argv[1], dtype='float32', enforce_eager=True, max_model_len=64, seed=0,\n"
-        "          gpu_memory_utilization=0.2, enable_lora=adapter is not None, max_lora_rank=8)\n"
-        "params = SamplingParams(max_tokens=1, prompt_logprobs=0, detokenize=False)\n"
-        "lora = LoRARequest('policy', 1, adapter) if adapter else None\n"
-        "out = llm.generate([TokensPrompt(prompt_token_ids=json.loads(sys.argv[2]))], params, use_tqdm=False,\n"
-        "                   lora_request=lora)[0]\n"
-        "ids = json.loads(sys.argv[2])\n"
-        "print('LOGPROBS', json.dumps([e[t].logprob for e, t in zip(out.prompt_logprobs[1:], ids[1:])]))\n"
-    )
-    env = {**os.environ, "PYTHONPATH": str(REPO), "VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
-    args = [sys.executable, "-c", script, str(model), json.dumps(PROBE)] + ([str(adapter)] if adapter else [])
-    done = subprocess.run(args, env=env, capture_output=True, text=True, timeout=300)
-    line = next((x for x in done.stdout.splitlines() if x.startswith("LOGPROBS ")), None)
-    assert line, done.stdout[-2000:] + done.stderr[-4000:]
-    return torch.tensor(json.loads(line.removeprefix("LOGPROBS ")))
+    """vLLM's log-probs of PROBE, the model (or the base and the adapter) loaded from its directory as `vllm serve`
+    would load it; the engine runs in this process and is released after (conftest.release_vllm)."""
+    from vllm import LLM, SamplingParams
+    from vllm.inputs import TokensPrompt
+    from vllm.lora.request import LoRARequest
+
+    llm = LLM(model=str(model), dtype="float32", enforce_eager=True, max_model_len=64, seed=0,
+              gpu_memory_utilization=0.2, enable_lora=adapter is not None, max_lora_rank=8)
+    try:
+        params = SamplingParams(max_tokens=1, prompt_logprobs=0, detokenize=False)
+        lora = LoRARequest("policy", 1, str(adapter)) if adapter else None
+        out = llm.generate([TokensPrompt(prompt_token_ids=PROBE)], params, use_tqdm=False, lora_request=lora)[0]
+    finally:
+        del llm
+        release_vllm()
+    return torch.tensor([entry[token].logprob for entry, token in zip(out.prompt_logprobs[1:], PROBE[1:])])
 
 
 def trainer_log_probs(trained: dict) -> torch.Tensor:

@@ -4,7 +4,8 @@ code and settings gives the logged metrics exactly, a changed clip ratio gives v
 
 The run takes two optimizer steps per RL step, so the second mini-batch's ratio is not 1 and the
 clip ratio matters; a dense custom reward gives every group non-zero advantages. The run's worker, and so
-each replay's, is an object in the CLI's process (trainer.workers=in_process: no Ray, no worker processes).
+each replay's, is an object in the CLI's process (trainer.workers=in_process: no Ray, no worker processes), so
+every command runs in the test's process (conftest.run_cli_in_process).
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ import re
 from pathlib import Path
 
 import pytest
-from test_resume_e2e import run_cli, start
+from conftest import run_cli_in_process
 
 from rlkit.core.data.builders import write_parquet
 from rlkit.core.data.synthetic import build_synthetic
@@ -36,21 +37,19 @@ def run(tmp_path_factory) -> dict:
         data = write_parquet(build_synthetic(task="echo", n_train=12, n_test=1, seed=3)["train"], root / "echo.parquet")
         (root / "reward.py").write_text(REWARD)
         runs = root / "runs"
-        run_cli(["train", "grpo-demo", f"data.train_files=[{data}]", "data.train_batch_size=4",
-                 "data.max_response_length=2", "rollout.name=hf", "rollout.n=4", "actor.mini_batch_size=2",
-                 "actor.use_kl_loss=true", "actor.kl_loss_coef=0.1", "actor.entropy_coeff=0.01",
-                 f"reward.function={root / 'reward.py'}:dense", f"trainer.total_steps={STEPS}", "trainer.save_freq=1",
-                 "trainer.keep_last=5", "trainer.workers=in_process", "trainer.device=cpu", "trainer.logger=[jsonl]",
-                 f"trainer.runs_dir={runs}", "trainer.record_rollouts=true", "--run-id", "recorded"],
-                root / "train.log")
+        run_cli_in_process("train", "grpo-demo", f"data.train_files=[{data}]", "data.train_batch_size=4",
+                           "data.max_response_length=2", "rollout.name=hf", "rollout.n=4", "actor.mini_batch_size=2",
+                           "actor.use_kl_loss=true", "actor.kl_loss_coef=0.1", "actor.entropy_coeff=0.01",
+                           f"reward.function={root / 'reward.py'}:dense", f"trainer.total_steps={STEPS}",
+                           "trainer.save_freq=1", "trainer.keep_last=5", "trainer.workers=in_process",
+                           "trainer.device=cpu", "trainer.logger=[jsonl]", f"trainer.runs_dir={runs}",
+                           "trainer.record_rollouts=true", "--run-id", "recorded")
         yield {"root": root, "runs": runs, "path": runs / "recorded"}
 
 
-def cli(run: dict, *args: str) -> tuple[int, str]:
-    log = run["root"] / "cli.log"
-    proc = start([*args, "--runs-dir", str(run["runs"])], log)
-    code = proc.wait(timeout=240)
-    return code, log.read_text()
+def cli(run: dict, *args: str, exit_code: int = 0) -> str:
+    """The command's output, stdout and stderr interleaved; asserts its exit code."""
+    return run_cli_in_process(*args, "--runs-dir", str(run["runs"]), exit_code=exit_code).output
 
 
 def table(output: str) -> dict[str, tuple[str, str, str]]:
@@ -70,8 +69,7 @@ def test_the_run_recorded_every_step_and_checkpointed_its_provenance(run) -> Non
 
 @pytest.mark.parametrize("step", [1, STEPS])
 def test_replaying_an_unchanged_step_gives_the_logged_metrics_exactly(run, step) -> None:
-    code, output = cli(run, "replay", "recorded", "--step", str(step), "--tolerance", "0")
-    assert code == 0, output[-3000:]
+    output = cli(run, "replay", "recorded", "--step", str(step), "--tolerance", "0")
     assert f"replayed step {step} from " + ("the base model" if step == 1 else f"checkpoint step_0000000{step - 1}") \
         in output
     rows = table(output)
@@ -82,9 +80,8 @@ def test_replaying_an_unchanged_step_gives_the_logged_metrics_exactly(run, step)
 
 
 def test_replaying_with_another_clip_ratio_shows_the_difference(run) -> None:
-    code, output = cli(run, "replay", "recorded", "--step", str(STEPS), "actor.clip_ratio_low=0.001",
-                       "actor.clip_ratio_high=0.001", "--tolerance", "0")
-    assert code == 1, output[-3000:]
+    output = cli(run, "replay", "recorded", "--step", str(STEPS), "actor.clip_ratio_low=0.001",
+                 "actor.clip_ratio_high=0.001", "--tolerance", "0", exit_code=1)
     assert "overrides: actor.clip_ratio_high: 0.2 -> 0.001; actor.clip_ratio_low: 0.2 -> 0.001" in output
     rows = table(output)
     recorded, replayed, diff = rows["actor/pg_clipfrac"]
@@ -94,9 +91,7 @@ def test_replaying_with_another_clip_ratio_shows_the_difference(run) -> None:
 
 
 def test_inspect_shows_the_step_sorted(run) -> None:
-    code, output = cli(run, "inspect", "recorded", "--step", "2", "--sort", "advantage", "--ascending",
-                       "--tensorboard")
-    assert code == 0, output[-3000:]
+    output = cli(run, "inspect", "recorded", "--step", "2", "--sort", "advantage", "--ascending", "--tensorboard")
     assert "step 2 of recorded: samples 16, groups 4" in output and "gap_mean" in output
     advantages = [float(cells[4]) for line in output.splitlines()  # cells: "", #, group, reward, adv, ...
                   if len(cells := [c.strip() for c in line.split("│")]) == 10 and cells[1].isdigit()]

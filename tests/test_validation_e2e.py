@@ -4,32 +4,20 @@ One 3-step `grpo-demo` run validates the echo task's test split (greedy + 4 samp
 training, at step 2 (trainer.val_freq=2) and at the end. `rlkit eval` of its checkpoints, of the
 base model (--step 0) and of an export then gives exactly the metrics and responses the run logged
 for those steps: the same code, the same seeds, one engine in each. The run's worker is an object in
-the CLI's process (trainer.workers=in_process: no Ray, no worker processes).
+the CLI's process (trainer.workers=in_process: no Ray, no worker processes), so every command runs in the
+test's process (conftest.run_cli_in_process).
 """
 
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 from typing import Iterator
 
 import pytest
+from conftest import run_cli_in_process as rlkit
 
 pytestmark = pytest.mark.slow
-
-REPO = Path(__file__).resolve().parents[1]
-TIMEOUT_S = 600
-
-
-def rlkit(*args: str) -> subprocess.CompletedProcess:
-    env = {**os.environ, "PYTHONPATH": str(REPO), "VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
-    proc = subprocess.run([sys.executable, "-m", "rlkit.cli.main", *args], cwd=REPO, env=env, capture_output=True,
-                          text=True, timeout=TIMEOUT_S)
-    assert proc.returncode == 0, (proc.stdout + proc.stderr)[-4000:]
-    return proc
 
 
 @pytest.fixture(scope="module")

@@ -6,17 +6,19 @@ tokens) -> scripts/build_scratch_model.py (a BPE trained on the task, a 0.6M-par
 `rlkit train sft` -> `rlkit export` -> `rlkit train grpo --model EXPORT`. From the base model GRPO
 has nothing to learn from: a random model never writes '#### N' with the right N, every reward is 0
 (measured in docs/learning.md). The README walks through the same commands; here the trainings' workers
-are objects in the CLI's process (trainer.workers=in_process: no Ray, no worker processes).
+are objects in the CLI's process (trainer.workers=in_process: no Ray, no worker processes), so every command,
+and the script, runs in the test's process (conftest.run_cli_in_process).
 """
 
 from __future__ import annotations
 
 import json
-import subprocess
+import runpy
 import sys
 from pathlib import Path
 
 import pytest
+from conftest import run_cli_in_process as rlkit
 
 pytestmark = pytest.mark.slow
 
@@ -27,11 +29,13 @@ SHAPES = ["data.max_prompt_length=128", "data.max_response_length=64", "actor.mi
 IN_PROCESS = ["trainer.workers=in_process", "trainer.device=cpu"]
 
 
-def rlkit(*args: str, timeout: int = 600) -> subprocess.CompletedProcess:
-    proc = subprocess.run([sys.executable, "-m", "rlkit.cli.main", *args], capture_output=True, text=True,
-                          timeout=timeout)
-    assert proc.returncode == 0, (args, proc.stdout[-2000:], proc.stderr[-3000:])
-    return proc
+def build_scratch_model(monkeypatch: pytest.MonkeyPatch, *args: str) -> None:
+    """scripts/build_scratch_model.py ARGS, run as `python scripts/...` runs it, in this process; sys.argv and
+    sys.path (the script puts the repository first) are given back afterwards."""
+    script = REPO / "scripts" / "build_scratch_model.py"
+    monkeypatch.setattr(sys, "argv", [str(script), *args])
+    monkeypatch.setattr(sys, "path", list(sys.path))
+    runpy.run_path(str(script), run_name="__main__")
 
 
 def validations(run_dir: Path) -> dict[int, dict]:
@@ -39,14 +43,12 @@ def validations(run_dir: Path) -> dict[int, dict]:
     return {r["step"]: r for r in records if any(k.startswith("val/") for k in r)}
 
 
-def test_sft_then_grpo_lifts_validation_above_the_sft_score(tmp_path: Path) -> None:
+def test_sft_then_grpo_lifts_validation_above_the_sft_score(tmp_path: Path, monkeypatch) -> None:
     data, runs = tmp_path / "data", tmp_path / "runs"
     rlkit("prep-data", "arithmetic", "--out", str(data / "sft"), *TASK, "--format", "sft")
     rlkit("prep-data", "arithmetic", "--out", str(data / "rl"), *TASK)
-    build = subprocess.run([sys.executable, str(REPO / "scripts" / "build_scratch_model.py"), "--data",
-                            str(data / "sft" / "train.parquet"), "--out", str(tmp_path / "base"), "--size", "tiny"],
-                           capture_output=True, text=True, timeout=300)
-    assert build.returncode == 0, build.stderr[-2000:]
+    build_scratch_model(monkeypatch, "--data", str(data / "sft" / "train.parquet"), "--out", str(tmp_path / "base"),
+                        "--size", "tiny")
 
     rlkit("train", "sft", "--model", str(tmp_path / "base"), f"data.train_files=[{data / 'sft' / 'train.parquet'}]",
           f"data.val_files=[{data / 'sft' / 'test.parquet'}]", "data.train_batch_size=32", "actor.mini_batch_size=32",
@@ -58,11 +60,11 @@ def test_sft_then_grpo_lifts_validation_above_the_sft_score(tmp_path: Path) -> N
     assert sft[0]["val/token_accuracy"] < 0.05 and sft[300]["val/token_accuracy"] > 0.9, sft
     rlkit("export", "sft", "--runs-dir", str(runs), "--out", str(tmp_path / "sft-model"))
 
-    rlkit("train", "grpo", "--model", str(tmp_path / "sft-model"), f"data.train_files=[{data / 'rl' / 'train.parquet'}]",
-          f"data.val_files=[{data / 'rl' / 'test.parquet'}]", "data.train_batch_size=16", "rollout.n=8",
-          "actor.mini_batch_size=16", "actor.lr=3e-4", "actor.use_kl_loss=false", "trainer.total_steps=40",
-          "trainer.val_freq=20", "trainer.val_n=4", *SHAPES, *IN_PROCESS, "reward.num_workers=1",
-          "trainer.logger=[jsonl]", f"trainer.runs_dir={runs}", "--run-id", "grpo")
+    rlkit("train", "grpo", "--model", str(tmp_path / "sft-model"),
+          f"data.train_files=[{data / 'rl' / 'train.parquet'}]", f"data.val_files=[{data / 'rl' / 'test.parquet'}]",
+          "data.train_batch_size=16", "rollout.n=8", "actor.mini_batch_size=16", "actor.lr=3e-4",
+          "actor.use_kl_loss=false", "trainer.total_steps=40", "trainer.val_freq=20", "trainer.val_n=4", *SHAPES,
+          *IN_PROCESS, "reward.num_workers=1", "trainer.logger=[jsonl]", f"trainer.runs_dir={runs}", "--run-id", "grpo")
     grpo = validations(runs / "grpo")
     assert sorted(grpo) == [0, 20, 40]
     start, end = grpo[0], grpo[40]
