@@ -8,6 +8,7 @@ import sys
 
 import pytest
 import torch
+from conftest import run_cli_in_process
 
 pytestmark = pytest.mark.slow
 
@@ -50,18 +51,17 @@ def test_grpo_demo_learns_through_the_cli(tmp_path):
 
 def test_hf_rollout_with_kl_loss_runs_through_the_cli(tmp_path):
     """The transformers fallback engine, the reference policy loaded for a KL loss, and TIS weights; the
-    worker is an object in the CLI's process (trainer.workers=in_process: no Ray, no worker processes)."""
+    worker is an object in the CLI's process (trainer.workers=in_process: no Ray, no worker processes), and
+    the CLI runs in the test's process (conftest.run_cli_in_process)."""
     # A reward with spread in every group, so step 1 has a gradient whatever the samples (echo's
     # 0/1 reward is 0 for all 128 samples about one time in eight, and then nothing moves).
     (tmp_path / "spread.py").write_text("def spread(data_source, response, ground_truth, extra_info):\n"
                                         "    return sum(map(ord, response)) % 10 / 10\n")
-    proc = subprocess.run(
-        [sys.executable, "-m", "rlkit.cli.main", "train", "grpo-demo", "trainer.total_steps=2", "rollout.name=hf",
-         "actor.use_kl_loss=true", "actor.rollout_is_cap=2.0", "rollout.log_prob_check_freq=0",
-         f"reward.function={tmp_path / 'spread.py'}:spread", "trainer.workers=in_process", "trainer.device=cpu",
-         f"trainer.runs_dir={tmp_path}", "trainer.logger=[jsonl]", "--run-id", "hf"],
-        capture_output=True, text=True, timeout=600)
-    assert proc.returncode == 0, proc.stderr[-3000:]
+    run_cli_in_process(
+        "train", "grpo-demo", "trainer.total_steps=2", "rollout.name=hf", "actor.use_kl_loss=true",
+        "actor.rollout_is_cap=2.0", "rollout.log_prob_check_freq=0", f"reward.function={tmp_path / 'spread.py'}:spread",
+        "trainer.workers=in_process", "trainer.device=cpu", f"trainer.runs_dir={tmp_path}", "trainer.logger=[jsonl]",
+        "--run-id", "hf")
     rows, _ = _rewards(tmp_path / "hf")
     assert len(rows) == 2
     assert rows[0]["actor/kl_ref"] == pytest.approx(0.0, abs=1e-6)   # step 1: policy == reference
