@@ -8,6 +8,8 @@ export VLLM_ENABLE_V1_MULTIPROCESSING ?= 0
 export TOKENIZERS_PARALLELISM ?= false
 export RAY_DEDUP_LOGS ?= 0
 # pytest-xdist workers for `make test` and `make test-fast` (each worker starts its own Ray head and engines).
+# --maxschedchunk 1: a worker holds at most two tests at a time (the default hands the first worker an eighth
+# of the suite at once: every slow test, which tests/conftest.py puts first).
 TEST_WORKERS ?= 2
 
 .PHONY: venv demo test test-fast clean
@@ -36,7 +38,7 @@ demo: venv
 test: venv
 	$(BIN)/ruff check rlkit
 	$(BIN)/ruff format --check rlkit
-	$(BIN)/python -m pytest -q -ra --durations=25 -n $(TEST_WORKERS) tests
+	$(BIN)/python -m pytest -q -ra --durations=25 -n $(TEST_WORKERS) --maxschedchunk 1 tests
 
 test-fast: venv
 	$(BIN)/python -m pytest -q -m "not slow" -n $(TEST_WORKERS) tests
