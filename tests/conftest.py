@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import gc
 import importlib.util
 import os
 import sys
@@ -125,7 +124,6 @@ def run_cli_in_process(*args: str, exit_code: int = 0) -> Result:
     try:
         result = CliRunner().invoke(app, list(args))
     finally:
-        release_vllm()  # `rlkit eval` leaves its engine to the end of its process
         for key in os.environ.keys() - saved.keys():
             del os.environ[key]
         os.environ.update(saved)
@@ -136,19 +134,12 @@ def run_cli_in_process(*args: str, exit_code: int = 0) -> Result:
 
 
 def release_vllm() -> None:
-    """Free what the end of a process would after a vLLM engine ran in it: the engine (reference cycles keep
-    it), and the torch.distributed world vLLM set up, which would make the next in-process run refuse to
-    start. What trainer.workers=in_process does when a run closes (rlkit.core.cluster.local_group)."""
-    gc.collect()
-    if "vllm.distributed.parallel_state" in sys.modules:
-        from vllm.distributed.parallel_state import destroy_distributed_environment, destroy_model_parallel
+    """Free what the end of a process would after a vLLM engine ran in it (the engine, and the torch.distributed
+    world vLLM set up, which would make the next in-process run refuse to start): what an in-process run does
+    when it closes (rlkit.core.cluster.local_group.release_engines)."""
+    from rlkit.core.cluster.local_group import release_engines
 
-        destroy_model_parallel()
-        destroy_distributed_environment()
-    import torch.distributed as dist
-
-    if dist.is_initialized():
-        dist.destroy_process_group()
+    release_engines()
 
 
 def invoke(register, *args: str):

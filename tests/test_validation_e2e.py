@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Iterator
 
 import pytest
+import torch
 from conftest import run_cli_in_process as rlkit
 
 pytestmark = pytest.mark.slow
@@ -73,6 +74,8 @@ def test_eval_of_a_checkpoint_gives_the_runs_numbers(run: Path) -> None:
 
     base = evaluate(str(run), "--step", "0")  # the run's directory as the target; 0: before training
     assert base["metrics"] == val_metrics(run)[0]
+    # Eval freed its engine and the torch.distributed world vLLM set up: another run can start in this process.
+    assert not torch.distributed.is_initialized()
 
 
 def test_eval_of_an_export_gives_the_runs_numbers(run: Path) -> None:

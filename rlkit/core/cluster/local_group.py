@@ -174,17 +174,23 @@ class InProcessBackend:
         for group in self.groups:
             group.shutdown()
         self.groups = []
-        gc.collect()  # engines and models whose last reference was a worker
-        if "vllm.distributed.parallel_state" in sys.modules:  # an engine ran: its groups hold the world below
-            from vllm.distributed.parallel_state import destroy_distributed_environment, destroy_model_parallel
-
-            destroy_model_parallel()
-            destroy_distributed_environment()
-        if dist.is_initialized():
-            dist.destroy_process_group()
+        release_engines()
         for key, value in self.saved_env.items():
             if value is None:
                 os.environ.pop(key, None)
             else:
                 os.environ[key] = value
         torch.set_num_threads(self.saved_threads)
+
+
+def release_engines() -> None:
+    """Free what engines that ran in this process hold once nothing references them (their models, and the
+    torch.distributed world vLLM set up), so that another run or engine can start in this process."""
+    gc.collect()  # engines and models whose last reference is gone but sits in a reference cycle
+    if "vllm.distributed.parallel_state" in sys.modules:  # an engine ran: its groups hold the world below
+        from vllm.distributed.parallel_state import destroy_distributed_environment, destroy_model_parallel
+
+        destroy_model_parallel()
+        destroy_distributed_environment()
+    if dist.is_initialized():
+        dist.destroy_process_group()

@@ -17,10 +17,11 @@ import os
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Iterator
+from typing import Any, Iterator
 
 import torch
 
+from rlkit.core.cluster.local_group import release_engines
 from rlkit.core.controller.validation import (
     VALIDATION_DIR,
     Evaluator,
@@ -29,6 +30,7 @@ from rlkit.core.controller.validation import (
     scorer_score,
     validation_rows,
 )
+from rlkit.core.data.dataset import PromptRow
 from rlkit.core.rewards.scoring import RewardScorer
 from rlkit.core.rollout.base import RolloutEngine
 from rlkit.core.state import checkpoint
@@ -113,6 +115,27 @@ def evaluate_offline(target: EvalTarget, *, data: list[str] | None = None, out: 
     if out is None and target.run is not None:
         out = target.run.path / VALIDATION_DIR / f"eval_step_{target.step:08d}.jsonl"
     settings = ValSettings.from_config(config)
+    try:
+        metrics = _evaluate(target, rows, tokenizer, settings, out)
+    finally:  # a library caller may evaluate again, or train, in this process
+        release_engines()
+    return EvalReport(
+        target.label,
+        target.model_path,
+        target.step,
+        files,
+        len(rows),
+        metrics,
+        str(out) if out else None,
+        {"val_n": settings.n, "temperature": settings.temperature, "max_tokens": settings.max_tokens},
+    )
+
+
+def _evaluate(
+    target: EvalTarget, rows: list[PromptRow], tokenizer: Any, settings: ValSettings, out: Path | None
+) -> dict[str, float]:
+    """The validation metrics of `target`'s engine on `rows`; the engine is gone when this returns."""
+    config = target.config
     engine = start_engine(target)
     with RewardScorer(config.reward) as scorer:
         evaluator = Evaluator(
@@ -124,17 +147,7 @@ def evaluate_offline(target: EvalTarget, *, data: list[str] | None = None, out: 
             config.reward,
             config.rollout.agent,
         )
-        metrics = evaluator.run(target.step, out)
-    return EvalReport(
-        target.label,
-        target.model_path,
-        target.step,
-        files,
-        len(rows),
-        metrics,
-        str(out) if out else None,
-        {"val_n": settings.n, "temperature": settings.temperature, "max_tokens": settings.max_tokens},
-    )
+        return evaluator.run(target.step, out)
 
 
 def start_engine(target: EvalTarget) -> RolloutEngine:
