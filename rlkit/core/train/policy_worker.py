@@ -102,27 +102,20 @@ class PolicyWorker(DeviceWorker):
             self.weights = WeightExport(self, cfg, model, self.rank, self.device, dtype)
         with self.reporting("setup/rollout-engine"):
             # Split placement: rollout workers on other devices hold the engine (rlkit.core.cluster.placement).
-            self.generation = (
-                Generator(
+            self.generation = None
+            if cfg.rollout.placement == "colocated" and with_engine:
+                seed, device = cfg.trainer.seed + self.rank, self.device
+                engine = make_engine(cfg, self.model_path, device=device, dtype=dtype, seed=seed, sleep_mode=True)
+                self.generation = Generator(
                     self,
                     cfg,
                     self.model_path,
-                    make_engine(
-                        cfg,
-                        self.model_path,
-                        device=self.device,
-                        dtype=dtype,
-                        seed=cfg.trainer.seed + self.rank,
-                        sleep_mode=True,
-                    ),
-                    device=self.device,
+                    engine,
+                    device=device,
                     dtype=dtype,
                     sleep_mode=True,
                     weights=model.engine_weights,
                 )
-                if cfg.rollout.placement == "colocated" and with_engine
-                else None
-            )
         return {"rank": self.rank, "shards": fsdp.shard_numels(model.module), "fast_paths": paths}
 
     def _size_micro_batches(self, model: TrainableModel, dtype: str) -> tuple[int, float] | None:
