@@ -46,7 +46,7 @@ def _gradients(worker: PolicyWorker, batch: Batch, folder: str) -> dict[str, tor
     worker.update_actor([Batch({k: batch[k] for k in inputs.keys()})],
                         [{"num_tokens": float(mask.sum()), "num_seqs": float((mask.sum(-1) > 0).sum())}], inputs)
     return {name: (p.grad.full_tensor() if hasattr(p.grad, "full_tensor") else p.grad).detach().clone()
-            for name, p in worker.model.module.named_parameters()}
+            for name, p in worker.actor.model.module.named_parameters()}
 
 
 def _run(folder: str) -> None:

@@ -7,11 +7,11 @@ from __future__ import annotations
 import json
 
 import pytest
+import torch
 from agent_helpers import ScriptedEngine, rows
 from transformers import AutoTokenizer
 
 from rlkit.core.agents.report import EnvironmentFailures
-from rlkit.core.agents.worker import AgentEpisodes
 from rlkit.core.controller.validation import (
     Evaluator,
     ValSettings,
@@ -20,7 +20,9 @@ from rlkit.core.controller.validation import (
     val_seed,
     workers_episodes,
 )
+from rlkit.core.cluster.phases import PhaseReporter
 from rlkit.core.rewards.scoring import RewardScorer
+from rlkit.core.rollout.generator import Generator
 from rlkit.core.train.tiny import TOOL_CALL_TOKEN
 from rlkit.recipes.loader import load_config
 
@@ -123,21 +125,21 @@ class _Group:
     """`ranks` workers, each running its share of validation's episodes here on its own scripted engine."""
 
     def __init__(self, ranks: int, config, model_path, policy) -> None:
-        self.workers = [_Worker(config, model_path, ScriptedEngine(policy)) for _ in range(ranks)]
+        self.workers = [_generator(config, model_path, ScriptedEngine(policy)) for _ in range(ranks)]
         self.size = ranks
 
     def call(self, method, *, per_rank, phase):
         return [getattr(worker, method.__name__)(*args) for worker, args in zip(self.workers, per_rank)]
 
 
-class _Worker(AgentEpisodes):
+class _Reporter(PhaseReporter):
     rank = 0  # reported with its phases
 
-    def __init__(self, config, model_path, engine) -> None:
-        self.config, self.model_path, self.engine = config, model_path, engine
 
-    def wake_engine(self) -> None:
-        pass
+def _generator(config, model_path, engine) -> Generator:
+    """A rank's generation role on a scripted engine."""
+    return Generator(_Reporter(), config, model_path, engine, device=torch.device("cpu"), dtype="float32",
+                     sleep_mode=False)
 
 
 def test_episodes_spread_over_ranks_keep_validations_seeds(tok, tiny_model_dir):

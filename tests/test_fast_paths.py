@@ -8,7 +8,6 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from rlkit.core.algos.algorithm import Algorithm
 from rlkit.core.train import fast_paths
 from rlkit.errors import ConfigError
 from rlkit.recipes.checks import batch_arithmetic
@@ -101,19 +100,19 @@ def test_the_policy_worker_sizes_from_its_gpus_free_memory(monkeypatch):
     model.config = SimpleNamespace(**{**vars(QWEN_05B), "vocab_size": 1000})
     config = load_config("grpo", ["model.path=m", "data.synthetic_task=echo", "data.max_prompt_length=256",
                                   "data.max_response_length=512"])
-    worker = SimpleNamespace(config=config, algorithm=Algorithm.from_config(config), use_cuda=True,
-                             device=torch.device("cuda", 0), model=SimpleNamespace(module=model), dtype="bfloat16")
+    worker = SimpleNamespace(config=config, use_cuda=True, device=torch.device("cuda", 0))
+    actor = SimpleNamespace(module=model)
     reductions = []
     monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device: (40 * GiB, 80 * GiB))
     monkeypatch.setattr(packing, "collective_device", lambda: torch.device("cpu"))
     monkeypatch.setattr(torch.distributed, "all_reduce", lambda t, op: reductions.append(op))
-    tokens, free_gib = PolicyWorker._size_micro_batches(worker)
+    tokens, free_gib = PolicyWorker._size_micro_batches(worker, actor, "bfloat16")
     per_token = fast_paths.activation_bytes_per_token(model.config, 2, gradient_checkpointing=False)
     left = 40 * GiB - 12 * 1_001_000 - (8 * GiB + 2 * GiB)
     assert tokens == left // per_token // 1024 * 1024 and free_gib == 40.0
     assert reductions == [torch.distributed.ReduceOp.MIN]
     worker.use_cuda = False
-    assert PolicyWorker._size_micro_batches(worker) is None  # CPU: the fixed default, nothing to size
+    assert PolicyWorker._size_micro_batches(worker, actor, "bfloat16") is None  # CPU: the fixed default, nothing to size
 
 
 def test_dry_run_arithmetic_says_the_budget_is_sized_at_start_up():

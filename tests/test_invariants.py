@@ -164,8 +164,8 @@ def _measure(folder: str) -> None:
     worker.setup("127.0.0.1", free_port())
     try:
         batch = _batch()
-        batch["rollout_log_probs"] = worker.compute_log_probs(batch, "actor")["log_probs"]  # an exact engine
-        batch["ref_log_probs"] = worker.compute_log_probs(batch, "ref")["log_probs"]
+        batch["rollout_log_probs"] = worker.actor_log_probs(batch)["log_probs"]  # an exact engine
+        batch["ref_log_probs"] = worker.reference_log_probs(batch)["log_probs"]
         worker.save_checkpoint(f"{folder}/start")
         keys = FROM_UPDATE  # the update's own old log-probs, measured against the engine's
         correct = _update(worker, batch, keys)
@@ -176,10 +176,10 @@ def _measure(folder: str) -> None:
         worker.load_checkpoint(f"{folder}/start")
         with torch.no_grad():  # a reference that is not the initial policy
             generator = torch.Generator().manual_seed(1)
-            for param in worker.model.base.parameters():
+            for param in worker.actor.model.base.parameters():
                 local = param.to_local() if hasattr(param, "to_local") else param
                 local.add_(torch.randn(local.shape, generator=generator) * 0.5)
-        batch["ref_log_probs"] = worker.compute_log_probs(batch, "ref")["log_probs"]
+        batch["ref_log_probs"] = worker.reference_log_probs(batch)["log_probs"]
         other_reference = _update(worker, batch, keys)
     finally:
         dist.destroy_process_group()

@@ -50,33 +50,33 @@ def full(param: torch.Tensor) -> torch.Tensor:
 
 def base_weights_hash(worker: PolicyWorker) -> str:
     digest = hashlib.sha256()
-    for name, param in worker.model.module.named_parameters():
+    for name, param in worker.actor.model.module.named_parameters():
         if ".lora_" not in name:
             digest.update(name.encode() + full(param).numpy().tobytes())
     return digest.hexdigest()
 
 
 def adapters(worker: PolicyWorker) -> dict[str, torch.Tensor]:
-    return {n: full(p) for n, p in worker.model.module.named_parameters() if ".lora_" in n}
+    return {n: full(p) for n, p in worker.actor.model.module.named_parameters() if ".lora_" in n}
 
 
 def with_reference(worker: PolicyWorker) -> Batch:
     batch = _batch()
-    batch["ref_log_probs"] = worker.compute_log_probs(batch, "ref")["log_probs"]
+    batch["ref_log_probs"] = worker.reference_log_probs(batch)["log_probs"]
     return batch
 
 
 def test_an_update_changes_only_the_adapters(worker: PolicyWorker) -> None:
-    module = worker.model.module
+    module = worker.actor.model.module
     trainable = {n for n, p in module.named_parameters() if p.requires_grad}
     # 2 layers x 7 linear modules x (A, B), and nothing else in the optimizer.
     assert len(trainable) == 28 and all(".lora_" in n for n in trainable)
-    assert sum(len(g["params"]) for g in worker.model.optimizer.param_groups) == 28
+    assert sum(len(g["params"]) for g in worker.actor.model.optimizer.param_groups) == 28
     base_before, adapters_before = base_weights_hash(worker), adapters(worker)
     batch = with_reference(worker)  # a reference pass (adapters off) before each update
     for _ in range(2):
         _update(worker, batch, OWN_OLD)
-        batch["ref_log_probs"] = worker.compute_log_probs(batch, "ref")["log_probs"]
+        batch["ref_log_probs"] = worker.reference_log_probs(batch)["log_probs"]
     assert base_weights_hash(worker) == base_before
     after = adapters(worker)
     assert all(not torch.equal(after[n], adapters_before[n]) for n in after)  # every A and B moved
@@ -87,10 +87,10 @@ def test_the_reference_is_the_base_model_with_adapters_off(worker: PolicyWorker)
 
     batch = with_reference(worker)
     # B starts at zero: before training, the policy is the base model exactly.
-    assert torch.equal(worker.compute_log_probs(batch, "actor")["log_probs"], batch["ref_log_probs"])
+    assert torch.equal(worker.actor_log_probs(batch)["log_probs"], batch["ref_log_probs"])
     _update(worker, batch, OWN_OLD)
-    assert not torch.equal(worker.compute_log_probs(batch, "actor")["log_probs"], batch["ref_log_probs"])
-    assert torch.equal(worker.compute_log_probs(batch, "ref")["log_probs"], batch["ref_log_probs"])
+    assert not torch.equal(worker.actor_log_probs(batch)["log_probs"], batch["ref_log_probs"])
+    assert torch.equal(worker.reference_log_probs(batch)["log_probs"], batch["ref_log_probs"])
     base = AutoModelForCausalLM.from_pretrained(worker.model_path, dtype=torch.float32).eval()
     row, mask = batch["attention_mask"][0].bool(), batch["response_mask"][0].bool()
     ids = batch["input_ids"][0][row]
@@ -106,19 +106,19 @@ def test_the_engine_gets_merged_weights_under_the_base_models_names(worker: Poli
     _update(worker, batch, OWN_OLD)
     synced = worker.sync_weights()
     assert synced[FIRST_CHANGE_KEY] > 0  # the first sync of changed weights changed the engine
-    names = [name for name, _ in worker.model.engine_weights()]
-    assert names == [n for n, _ in worker.engine.model.named_parameters()]  # HF names, same order, no peft parts
-    trainer = worker.compute_log_probs(batch, "actor")["log_probs"]
+    names = [name for name, _ in worker.actor.model.engine_weights()]
+    assert names == [n for n, _ in worker.generation.engine.model.named_parameters()]  # HF names, same order, no peft parts
+    trainer = worker.actor_log_probs(batch)["log_probs"]
     for row in range(len(batch)):
         mask = batch["response_mask"][row].bool()
         sequence = batch["input_ids"][row][batch["attention_mask"][row].bool()].tolist()
-        engine = worker.engine.score([sequence], len(sequence) - int(mask.sum()))[0]
+        engine = worker.generation.engine.score([sequence], len(sequence) - int(mask.sum()))[0]
         torch.testing.assert_close(torch.tensor(engine), trainer[row][mask], rtol=0, atol=1e-5)
     assert samples  # the probe came from this rollout
 
 
 def test_a_sync_that_never_reaches_the_engine_is_caught(worker: PolicyWorker, monkeypatch) -> None:
-    monkeypatch.setattr(worker.engine, "load_weights", lambda tensors: None)  # a broken sync
+    monkeypatch.setattr(worker.generation.engine, "load_weights", lambda tensors: None)  # a broken sync
     worker.generate([[1, 26, 24, 29]], Sampling(n=1, max_tokens=3, seed=1))
     worker.sync_weights()
     _update(worker, with_reference(worker), OWN_OLD)

@@ -53,7 +53,7 @@ def _batch() -> Batch:
 
 def _parameters(worker: PolicyWorker) -> dict[str, torch.Tensor]:
     return {name: (p.full_tensor() if hasattr(p, "full_tensor") else p).detach().clone()
-            for name, p in worker.model.module.named_parameters()}
+            for name, p in worker.actor.model.module.named_parameters()}
 
 
 def _update(worker: PolicyWorker, batch: Batch, inputs: UpdateInputs) -> dict[str, float]:
@@ -72,11 +72,11 @@ def _update_both_ways(folder: str) -> None:
     worker.setup("127.0.0.1", free_port())
     try:
         batch = _batch()
-        batch["ref_log_probs"] = worker.compute_log_probs(batch, "ref")["log_probs"]
+        batch["ref_log_probs"] = worker.reference_log_probs(batch)["log_probs"]
         worker.save_checkpoint(f"{folder}/start")
         before = _parameters(worker)
 
-        recomputed = worker.compute_log_probs(batch, "actor")
+        recomputed = worker.actor_log_probs(batch)
         batch["old_log_probs"] = recomputed["log_probs"]
         with_pass = _update(worker, batch, WITH_PASS)
         after_pass = _parameters(worker)

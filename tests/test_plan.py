@@ -234,12 +234,12 @@ def _measure(overrides: list[str]) -> dict[str, int]:
                    for i in range(16)]
         batch = build_batch(samples, pad_id=0)
         batch["advantages"] = torch.linspace(-1, 1, 16)[:, None] * batch["response_mask"]
-        sharded = {m: _storages(m.parameters()) for m in (worker.model.module, worker.model.base)}  # before any forward
-        batch["ref_log_probs"] = worker.compute_log_probs(batch, "ref")["log_probs"]
-        worker.compute_log_probs(batch, "actor")  # as a step's old-log-prob pass: the actor gathers its copy
+        sharded = {m: _storages(m.parameters()) for m in (worker.actor.model.module, worker.actor.model.base)}  # before any forward
+        batch["ref_log_probs"] = worker.reference_log_probs(batch)["log_probs"]
+        worker.actor_log_probs(batch)  # as a step's old-log-prob pass: the actor gathers its copy
         # With one rank a module keeps its gathered compute-dtype parameters after forward (until its backward).
         copies = {m: {k: v for k, v in _storages(m.parameters()).items() if k not in sharded[m]}
-                  for m in (worker.model.module, worker.model.base)}
+                  for m in (worker.actor.model.module, worker.actor.model.base)}
         keys = ["input_ids", "attention_mask", "position_ids", "responses", "response_mask", "advantages",
                 "ref_log_probs"]
         weights = set().union(*sharded.values(), *copies.values())
@@ -257,8 +257,8 @@ def _measure(overrides: list[str]) -> dict[str, int]:
                                 [{"num_tokens": float(mask.sum()), "num_seqs": float(len(batch))}],
                                 UpdateInputs(old_log_probs_from_update=True, rollout_log_probs=False,
                                              rollout_correction=None, reference=True))
-        actor, reference = worker.model.module, worker.model.base
-        moments = [v for state in worker.model.optimizer.state.values() for v in state.values() if v.dim() > 0]
+        actor, reference = worker.actor.model.module, worker.actor.model.base
+        moments = [v for state in worker.actor.model.optimizer.state.values() for v in state.values() if v.dim() > 0]
         state = {"weights": sum(sharded[actor].values()),
                  "gradients": sum(_storages(p.grad for p in actor.parameters()).values()),
                  "moments": sum(_storages(moments).values()), "actor_copy": sum(copies[actor].values()),

@@ -78,8 +78,8 @@ def reference_loss(model_path: str, batch: Batch, *, train_prompt: bool = False)
 
 def worker_loss(worker: PolicyWorker, batch: Batch) -> torch.Tensor:
     mask = batch["response_mask"]
-    worker.model.module.zero_grad(set_to_none=True)
-    loss, _ = worker._sft_micro_step(batch, {"num_tokens": float(mask.sum()), "num_seqs": float(len(batch))})
+    worker.actor.model.module.zero_grad(set_to_none=True)
+    loss, _ = worker.actor._sft_micro_step(batch, {"num_tokens": float(mask.sum()), "num_seqs": float(len(batch))})
     loss.backward()
     return loss.detach()
 
@@ -95,7 +95,7 @@ def test_the_micro_step_is_transformers_loss_with_the_prompt_ignored(worker: Pol
     reference, model = reference_loss(worker.model_path, batch)
     reference.backward()
     assert loss.item() == pytest.approx(reference.item(), rel=1e-5)
-    torch.testing.assert_close(embedding_grad(worker.model.module), embedding_grad(model), rtol=1e-4, atol=1e-6)
+    torch.testing.assert_close(embedding_grad(worker.actor.model.module), embedding_grad(model), rtol=1e-4, atol=1e-6)
     # Had the prompt been trained, the loss would differ: the prompt tokens are really left out.
     with_prompt, _ = reference_loss(worker.model_path, batch, train_prompt=True)
     assert abs(with_prompt.item() - loss.item()) > 1e-2
@@ -104,13 +104,13 @@ def test_the_micro_step_is_transformers_loss_with_the_prompt_ignored(worker: Pol
 def test_masked_targets_get_no_gradient(worker: PolicyWorker) -> None:
     batch = two_sequences()
     loss = worker_loss(worker, batch)
-    grads = [p.grad.full_tensor().clone() for p in worker.model.module.parameters()]
+    grads = [p.grad.full_tensor().clone() for p in worker.actor.model.module.parameters()]
     # Change the targets under loss mask 0 (not the input tokens): nothing may move.
     perturbed = Batch(dict(batch.tensors), batch.meta)
     perturbed["responses"] = batch["responses"].clone()
     perturbed["responses"][1, 1:3] = torch.tensor([30, 31])
     assert worker_loss(worker, perturbed).item() == loss.item()
-    for before, param in zip(grads, worker.model.module.parameters()):
+    for before, param in zip(grads, worker.actor.model.module.parameters()):
         assert torch.equal(param.grad.full_tensor(), before)
     # A trained target does count.
     perturbed["responses"][1, 3] = 30

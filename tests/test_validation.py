@@ -10,7 +10,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from rlkit.core.agents.worker import AgentEpisodes, run_episodes
+from rlkit.core.agents.worker import run_episodes
+from rlkit.core.cluster.phases import PhaseReporter
 from rlkit.core.controller.validation import (
     Evaluator,
     GenerateFn,
@@ -25,6 +26,7 @@ from rlkit.core.controller.validation import (
 from rlkit.core.data.dataset import PromptRow
 from rlkit.core.rewards.scoring import RewardScorer
 from rlkit.core.rollout.base import RolloutSample, Sampling
+from rlkit.core.rollout.generator import Generator
 from rlkit.errors import ConfigError
 from rlkit.recipes.agent_schema import AgentConfig
 from rlkit.recipes.loader import load_config
@@ -143,19 +145,23 @@ def test_validation_episodes_put_the_workers_rng_back() -> None:
         def sleep(self) -> None:
             pass
 
-    class Worker(AgentEpisodes):
-        config, engine, rank = load_config("grpo-demo"), Engine(), 0
-
-        def wake_engine(self) -> None:
+        def wake_up(self, weights_only: bool = False) -> None:
             pass
+
+    class Reporter(PhaseReporter):
+        rank = 0
+
+    def generator() -> Generator:
+        return Generator(Reporter(), load_config("grpo-demo"), "unused", Engine(), device=torch.device("cpu"),
+                         dtype="float32", sleep_mode=False)
 
     torch.manual_seed(7)
     random.seed(7)
     expected = (torch.rand(3), random.random())
     torch.manual_seed(7)
     random.seed(7)
-    assert len(Worker().validation_episodes(echo_rows([1]), [0], Sampling(seed=99))) == 1
-    assert Worker().validation_episodes([], [], Sampling(seed=99)) == []
+    assert len(generator().validation_episodes(echo_rows([1]), [0], Sampling(seed=99))) == 1
+    assert generator().validation_episodes([], [], Sampling(seed=99)) == []
     got = (torch.rand(3), random.random())
     assert torch.equal(got[0], expected[0]) and got[1] == expected[1]
 

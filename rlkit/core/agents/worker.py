@@ -1,10 +1,10 @@
-"""The workers' side of multi-turn rollout: the agent loop, built once per worker, next to its engine.
+"""The workers' side of multi-turn rollout: the agent loop that rollout.agent describes, and episodes on an engine.
 
-Policy workers (colocated placement) and rollout workers (split placement) both hold an engine;
-`AgentEpisodes` gives either the `agent_episodes` call the rollout source makes instead of
-`generate` when rollout.agent.loop is not single_turn, and `validation_episodes`, validation's
-call (rlkit.core.controller.validation): the same episodes, or one-turn completions without an
-agent loop, through `run_episodes`, which `rlkit eval` runs on its own engine too.
+The generation role (rlkit.core.rollout.generator) builds the loop once per worker, next to its
+engine, for its `agent_episodes` (the rollout source's call instead of `generate` when
+rollout.agent.loop is not single_turn) and `validation_episodes` (validation's: the same
+episodes, or one-turn completions without an agent loop, through `run_episodes`, which
+`rlkit eval` runs on its own engine too).
 """
 
 from __future__ import annotations
@@ -16,9 +16,7 @@ from rlkit.core.agents.envs import env_factory, load_env_class
 from rlkit.core.agents.guard import Guard
 from rlkit.core.agents.loop import AgentLoop, Limits
 from rlkit.core.agents.tool_env import ToolEnv, load_tools
-from rlkit.core.cluster.phases import PhaseReporter, in_phase
 from rlkit.core.rollout.trajectory import Trajectory
-from rlkit.core.state.shards import rng_state, set_rng_state
 
 if TYPE_CHECKING:
     from rlkit.core.rollout.base import RolloutEngine, Sampling
@@ -67,41 +65,3 @@ def run_episodes(
         return loop.run(engine, rows, groups, sampling)
     samples = engine.generate([row.prompt_token_ids for row in rows], sampling)
     return [Trajectory.single_turn(rows[s.prompt_index], groups[s.prompt_index], s) for s in samples]
-
-
-class AgentEpisodes(PhaseReporter):
-    """Mixed into a worker that has `engine`, `config`, `model_path` and `rank`."""
-
-    _agent_loop: AgentLoop | ClientAgentLoop | None = None
-
-    @in_phase("generate/agent")
-    def agent_episodes(self, rows: list[Any], groups: list[int], sampling: Sampling) -> list[Trajectory]:
-        """sampling.n episodes per row, run turn by turn on this worker's engine."""
-        self.wake_engine()  # type: ignore[attr-defined]
-        trajectories = self.agent_loop().run(self.engine, rows, groups, sampling)
-        self.engine.sleep()
-        return trajectories
-
-    def validation_episodes(self, rows: list[Any], groups: list[int], sampling: Sampling) -> list[Trajectory]:
-        """Validation's episodes on this worker's engine: the agent loop's (rollout.agent), or one-turn
-        completions. This process's RNG states are put back afterwards (an engine may reseed them;
-        the HF engine does), so validating never shifts what training draws next."""
-        if not rows:  # fewer validation prompts than ranks
-            return []
-        state = rng_state()
-        with self.reporting("validation"):
-            self.wake_engine()  # type: ignore[attr-defined]
-            try:
-                loop = None if self.config.rollout.agent.loop == "single_turn" else self.agent_loop()
-                return run_episodes(self.engine, loop, rows, groups, sampling)
-            finally:
-                self.engine.sleep()
-                set_rng_state(state)
-
-    def agent_loop(self) -> AgentLoop | ClientAgentLoop:
-        """This worker's agent loop, built on first use."""
-        if self._agent_loop is None:
-            from transformers import AutoTokenizer
-
-            self._agent_loop = build_agent_loop(self.config, AutoTokenizer.from_pretrained(self.model_path))
-        return self._agent_loop

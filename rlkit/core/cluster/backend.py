@@ -32,7 +32,7 @@ class Group(Protocol):
         per_rank: Sequence[tuple] | None = None,
         startup: bool = False,
     ) -> list[Any]:
-        """`method` (a worker class's function, e.g. PolicyWorker.update_actor: never a name as a string) on
+        """`method` (a worker class's function, e.g. Actor.update_actor: never a name as a string) on
         every rank (same args, or per_rank[r]); the results in rank order."""
 
     def submit(self, method: Callable[..., Any], *args: Any, per_rank: Sequence[tuple] | None = None) -> list[Any]:

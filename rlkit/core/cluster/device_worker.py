@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import os
 import socket
+from typing import Any
 
 import torch
 import torch.distributed as dist
 
 from rlkit.core.cluster.phases import PhaseReporter, in_phase
+from rlkit.core.cluster.roles import check_served_names
 from rlkit.recipes.schema import RLConfig
 
 
@@ -19,7 +21,12 @@ def free_port() -> int:
 
 
 class DeviceWorker(PhaseReporter):
-    """Rank `rank` of `world_size` on one device: Ray's GPU (visible as cuda:0) or the CPU."""
+    """Rank `rank` of `world_size` on one device: Ray's GPU (visible as cuda:0) or the CPU. A subclass composes
+    the roles that work there (rlkit.core.cluster.roles) and lists the calls each serves."""
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        check_served_names(cls)
 
     def __init__(self, config: RLConfig, model_path: str, rank: int, world_size: int) -> None:
         self.config, self.model_path, self.rank, self.world_size = config, model_path, rank, world_size
@@ -61,14 +68,3 @@ class DeviceWorker(PhaseReporter):
     def load_checkpoint(self, folder: str) -> None:
         """This rank's sharded state from `folder`, as save_checkpoint wrote it."""
         raise NotImplementedError(f"{type(self).__name__} keeps no checkpointed state")
-
-    def wake_engine(self, weights_only: bool = False) -> None:
-        """Wake this worker's rollout engine, first handing back what PyTorch's allocator cached.
-
-        The allocator keeps the training passes' freed blocks (the update's activations: ~45 GiB
-        at 32k micro-batch tokens on a 0.5B model, measured on an H200), and a colocated engine
-        would otherwise generate next to them; the next update allocates them again.
-        """
-        if self.use_cuda:
-            torch.cuda.empty_cache()
-        self.engine.wake_up(weights_only=weights_only)  # type: ignore[attr-defined]

@@ -7,7 +7,7 @@ points that pass their step. Unset, every hook is a no-op.
 Points:
   worker<RANK>.<PHASE>      a worker entering a phase (N-th arrival; for the once-a-step phases
                             that is step N), e.g. worker1.update_actor, worker0.generate,
-                            worker0.setup/rollout-engine (the phases in `rlkit.core.train.policy_worker`)
+                            worker0.setup/rollout-engine (the phases of `rlkit.core.train.policy_worker` and its roles)
   checkpoint-before-marker  the controller saving step N: shards and state written, the
                             COMPLETE marker and the rename not yet (a write killed midway)
   engine-load               the N-th weight load into a rollout engine, in each worker process

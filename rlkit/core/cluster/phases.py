@@ -54,11 +54,12 @@ Method = TypeVar("Method", bound=Callable[..., Any])
 
 
 def in_phase(name: str) -> Callable[[Method], Method]:
-    """A worker method that runs as phase `name` (`PhaseReporter.reporting`): the one way methods mark theirs."""
+    """A worker or role method that runs as phase `name` (`PhaseReporter.reporting`, which a role passes on to
+    its worker: rlkit.core.cluster.roles): the one way methods mark theirs."""
 
     def decorate(method: Method) -> Method:
         @functools.wraps(method)
-        def run(self: PhaseReporter, *args: Any, **kwargs: Any) -> Any:
+        def run(self: Any, *args: Any, **kwargs: Any) -> Any:
             with self.reporting(name):
                 return method(self, *args, **kwargs)
 

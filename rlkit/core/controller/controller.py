@@ -36,8 +36,9 @@ from rlkit.core.state.disk_errors import os_error_behind
 from rlkit.core.state.records import RolloutRecorder
 from rlkit.core.state.run_dir import RunDir
 from rlkit.core.state.shards import rng_state, set_rng_state
+from rlkit.core.train.actor import Actor
 from rlkit.core.train.critic_worker import VALUE_INPUT_KEYS, CriticWorker, start_critic_group
-from rlkit.core.train.policy_worker import PolicyWorker
+from rlkit.core.train.scoring import Scoring
 from rlkit.errors import UserError
 from rlkit.recipes.loader import config_to_yaml
 from rlkit.recipes.schema import RLConfig, with_resolved_budget
@@ -174,7 +175,7 @@ class Controller:
 
     def update_actor(self, batch: Batch, inputs: UpdateInputs) -> dict[str, float]:
         per_rank = [(shards, norms, inputs) for shards, norms in self.minibatches(batch, inputs.keys())]
-        return self.workers.call(PolicyWorker.update_actor, per_rank=per_rank, phase="update_actor")[0]
+        return self.workers.call(Actor.update_actor, per_rank=per_rank, phase="update_actor")[0]
 
     def values(self, batch: Batch) -> torch.Tensor:
         shards = Batch({k: batch[k] for k in VALUE_INPUT_KEYS}).chunk(self.config.world_size)
@@ -311,9 +312,8 @@ def save_run_checkpoint(
 def worker_log_probs(workers: Group, batch: Batch, which: str, world: int) -> dict[str, torch.Tensor]:
     """Per-token log-probs (and entropy) of the batch's responses under the actor or the reference
     (`which`), each of the `world` ranks computing its equal share."""
-    results = workers.call(
-        PolicyWorker.compute_log_probs, per_rank=[(s, which) for s in batch.chunk(world)], phase=f"{which} log-probs"
-    )
+    pass_ = Actor.actor_log_probs if which == "actor" else Scoring.reference_log_probs
+    results = workers.call(pass_, per_rank=[(s,) for s in batch.chunk(world)], phase=f"{which} log-probs")
     return {k: torch.cat([r[k] for r in results]) for k in results[0]}
 
 

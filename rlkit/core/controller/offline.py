@@ -33,6 +33,7 @@ from rlkit.core.rollout.source import timed
 from rlkit.core.state import checkpoint
 from rlkit.core.state.run_dir import RunDir
 from rlkit.core.state.shards import set_rng_state
+from rlkit.core.train.actor import Actor
 from rlkit.core.train.policy_worker import PolicyWorker
 from rlkit.recipes.schema import RLConfig, with_resolved_budget
 
@@ -98,7 +99,7 @@ class OfflineController:
         cfg = self.config
         tensors = Batch(dict(batch.tensors))  # the row kind's tensors travel (dpo: with ref_log_probs); meta stays here
         per_rank = shard_minibatches(tensors, cfg.actor.mini_batch_size * cfg.samples_per_prompt, cfg.world_size)
-        return self.workers.call(PolicyWorker.update_offline, per_rank=per_rank, phase="update_offline")[0]
+        return self.workers.call(Actor.update_offline, per_rank=per_rank, phase="update_offline")[0]
 
     # -- validation ---------------------------------------------------------------------
     def validate(self, step: int) -> dict[str, float]:
@@ -117,7 +118,7 @@ class OfflineController:
             if self.reference:
                 batch["ref_log_probs"] = self.reference_log_probs(batch)
             per_rank = [(shard, norm) for shard in batch.chunk(world)]
-            out = self.workers.call(PolicyWorker.evaluate_offline, per_rank=per_rank, phase="validation")[0]
+            out = self.workers.call(Actor.evaluate_offline, per_rank=per_rank, phase="validation")[0]
         return {**{f"val/{k}": v for k, v in out.items()}, "timing/val": timing["val"]}
 
     # -- checkpoints (layout and atomic writes: rlkit.core.state.checkpoint) -------------------

@@ -32,12 +32,13 @@ from typing import TYPE_CHECKING, Any, Callable
 
 from rlkit.core.agents.report import episode_metrics
 from rlkit.core.agents.tool_env import prompt_tools
-from rlkit.core.agents.worker import AgentEpisodes, build_agent_loop, run_episodes
+from rlkit.core.agents.worker import build_agent_loop, run_episodes
 from rlkit.core.data.dataset import PromptRow, load_prompt_dataset
 from rlkit.core.rewards.metrics import RowOutcome, validation_metrics
 from rlkit.core.rewards.registry import answer_fn_for
 from rlkit.core.rewards.scoring import RULE_OPTIONS, RewardScorer
 from rlkit.core.rollout.base import Sampling
+from rlkit.core.rollout.generator import Generator
 from rlkit.core.rollout.trajectory import Trajectory
 from rlkit.core.state.run_dir import prepare_val_files
 from rlkit.recipes.agent_schema import AgentConfig
@@ -250,7 +251,7 @@ def workers_episodes(group: Group) -> GenerateFn:
         per_rank = [
             (rows[a:b], list(range(a, b)), replace(sampling, seed=sampling.seed + a * sampling.n)) for a, b in bounds
         ]
-        results = group.call(AgentEpisodes.validation_episodes, per_rank=per_rank, phase="validation")
+        results = group.call(Generator.validation_episodes, per_rank=per_rank, phase="validation")
         return [episode for part in results for episode in part]
 
     return generate

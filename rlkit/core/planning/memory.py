@@ -18,8 +18,8 @@ What lives on a training device (FSDP2 over W = config.world_size ranks):
                (measured: waking only its weights did not lower the peak)
 Peaks: generate = state + vLLM share; update = state + compute copy + activations + logits;
 sync = state + vLLM share + one gathered fp32 tensor. PyTorch's cached blocks are handed back
-before the engine wakes (DeviceWorker.wake_engine), so the update's activations are not in the
-generate or sync peaks.
+before the engine wakes (Generator.wake_engine, rlkit.core.rollout.generator), so the update's
+activations are not in the generate or sync peaks.
 """
 
 from __future__ import annotations

@@ -18,15 +18,15 @@ from typing import TYPE_CHECKING, Any, Iterator, Protocol
 import torch
 
 from rlkit.core.agents.report import episode_metrics
-from rlkit.core.agents.worker import AgentEpisodes
 from rlkit.core.algos.dapo import groups_with_signal, overlong_penalty
 from rlkit.core.algos.phase_plan import phase_plan
 from rlkit.core.batch import Batch, build_batch
 from rlkit.core.rollout.base import Sampling
 from rlkit.core.rollout.dynamic_sampling import GroupCollector, group_rows
+from rlkit.core.rollout.generator import Generator
 from rlkit.core.rollout.trajectory import Trajectory
 from rlkit.core.rollout.worker import RolloutWorker
-from rlkit.core.train.policy_worker import PolicyWorker
+from rlkit.core.train.scoring import Scoring
 
 if TYPE_CHECKING:
     from rlkit.core.algos.algorithm import Algorithm
@@ -188,7 +188,7 @@ class SyncRolloutSource:
         world = self.placement.rollout_size
         parts = [list(range(len(prompts)))[r::world] for r in range(world)]
         episodes = self.config.rollout.agent.loop != "single_turn"
-        method = AgentEpisodes.agent_episodes if episodes else RolloutWorker.generate
+        method = Generator.agent_episodes if episodes else Generator.generate
         per_rank = [
             (([prompts[i] for i in part], part) if episodes else ([prompts[i].prompt_token_ids for i in part],))
             + (_rank_sampling(sampling, rank),)
@@ -242,7 +242,7 @@ class SyncRolloutSource:
     def reward_model_scores(self, batch: Batch) -> torch.Tensor:
         parts = torch.arange(len(batch)).tensor_split(self.config.world_size)
         per_rank = [(batch.select(p.tolist()),) for p in parts]
-        results = self.placement.train.call(PolicyWorker.reward_model_scores, per_rank=per_rank, phase="reward model")
+        results = self.placement.train.call(Scoring.reward_model_scores, per_rank=per_rank, phase="reward model")
         return torch.cat(results)
 
     def rule_scores(self, batch: Batch) -> tuple[torch.Tensor, dict[str, float]]:

@@ -1,9 +1,10 @@
-"""A rollout-only worker (split placement): one Ray actor per rollout device, holding an engine.
+"""A rollout-only worker (split placement): one Ray actor per rollout device, composing a generation role.
 
-It trains nothing; after each update it loads the weights training rank 0 sends: over a
-collective of their own (rlkit.core.cluster.weight_transfer), or bucket by bucket from Ray's
-object store (rollout.weight_sync). Its calls run one at a time in the order they were
-submitted, so a weight load queued behind a generation waits for it (asynchronous rollout).
+It trains nothing; after each update it loads the weights training rank 0 sends (the weight-export
+role, rlkit.core.train.weight_export): over a collective of their own
+(rlkit.core.cluster.weight_transfer), or bucket by bucket from Ray's object store
+(rollout.weight_sync). Its calls run one at a time in the order they were submitted, so a weight
+load queued behind a generation waits for it (asynchronous rollout).
 """
 
 from __future__ import annotations
@@ -13,27 +14,33 @@ from typing import Any, Callable, Iterable
 
 import torch
 
-from rlkit.core.agents.worker import AgentEpisodes
 from rlkit.core.cluster.calls import method_name
 from rlkit.core.cluster.device_worker import DeviceWorker
-from rlkit.core.cluster.phases import in_phase
+from rlkit.core.cluster.roles import serve
 from rlkit.core.cluster.weight_transfer import TensorSpec, TransferGroup, WeightReceiver
-from rlkit.core.rollout.base import RolloutSample, Sampling
 from rlkit.core.rollout.engines import make_engine
-from rlkit.core.rollout.sync_check import SyncProbe
+from rlkit.core.rollout.generator import Generator
 from rlkit.core.train import fsdp
 
 
-class RolloutWorker(DeviceWorker, AgentEpisodes):
-    """A rollout-only rank (split placement): an engine on its own device, fed weights by the trainer
-    (`agent_episodes`: multi-turn rollout, rlkit.core.agents.worker)."""
+class RolloutWorker(DeviceWorker):
+    """A rollout-only rank (split placement): an engine on its own device (`generation`), fed weights by the
+    trainer."""
+
+    generation: Generator
+
+    generate = serve("generation", Generator.generate)
+    agent_episodes = serve("generation", Generator.agent_episodes)
+    validation_episodes = serve("generation", Generator.validation_episodes)
+    engine_log_probs = serve("generation", Generator.engine_log_probs)
 
     def setup(self) -> dict[str, Any]:
         cfg = self.config
         with self.reporting("setup/rollout-engine"):
             # Seeds continue after the training ranks', which seed their own engines when colocated.
             self.dtype = fsdp.compute_dtype(cfg.model.dtype, self.device)
-            self.engine = make_engine(
+            # The engine has this device to itself: it never sleeps.
+            engine = make_engine(
                 cfg,
                 self.model_path,
                 device=self.device,
@@ -41,17 +48,13 @@ class RolloutWorker(DeviceWorker, AgentEpisodes):
                 seed=cfg.trainer.seed + 10_000 + self.rank,
                 sleep_mode=False,
             )
-            self.sync_probe = SyncProbe()
+            self.generation = Generator(
+                self, cfg, self.model_path, engine, device=self.device, dtype=self.dtype, sleep_mode=False
+            )
         self.idle_since = time.perf_counter()  # when the last call ended: the rollout's idle time starts there
         import ray  # a rollout worker is always a Ray actor (split placement); the module is imported without Ray
 
         return {"rank": self.rank, "node_id": ray.get_runtime_context().get_node_id()}
-
-    @in_phase("generate")
-    def generate(self, prompts: list[list[int]], sampling: Sampling) -> list[RolloutSample]:
-        samples = self.engine.generate(prompts, sampling)
-        self.sync_probe.record(prompts, samples)
-        return samples
 
     def timed(self, method: Callable[..., Any], *args: Any) -> tuple[Any, dict[str, float]]:
         """`method`'s result (generate, agent_episodes), and how long this worker sat idle before the call and
@@ -95,17 +98,7 @@ class RolloutWorker(DeviceWorker, AgentEpisodes):
         )
 
     def _load(self, phase: str, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> dict[str, float]:
-        start, moved = time.perf_counter(), 0
-
-        def counted():
-            nonlocal moved
-            for name, tensor in named_tensors:
-                moved += tensor.numel() * tensor.element_size()
-                yield name, tensor
-
+        start = time.perf_counter()
         with self.reporting(phase):
-            checked = self.sync_probe.load(self.engine, counted(), fsdp.DTYPES[self.dtype])
-        return {"bytes": float(moved), **self._timing(start), **checked}
-
-    def engine_log_probs(self, sequences: list[list[int]], prompt_len: int) -> list[list[float]]:
-        return self.engine.score(sequences, prompt_len)
+            moved, checked = self.generation.load(named_tensors)
+        return {"bytes": moved, **self._timing(start), **checked}

@@ -1,4 +1,4 @@
-"""The policy worker's updates on rows of a data set (objectives sft, dpo): no rollout, no engine.
+"""The actor's updates on rows of a data set (objectives sft, dpo): no rollout, no engine.
 
 `update_offline` is the RL update's twin: the same mini-batches with the whole mini-batch's
 counts (`norms`), the same optimize loop (micro-batches packed to actor.micro_batch_tokens,
@@ -40,13 +40,13 @@ OFFLINE_STEPS = {
 
 
 class OfflineUpdates:
-    """Mixed into PolicyWorker (which holds `config`, `model`, `device`, `fast_paths`, `phase`)."""
+    """Mixed into the actor role (rlkit.core.train.actor), which holds `config`, `model`, `device`, `fast_paths`
+    and reports its phases (`reporting`)."""
 
     config: Any
     model: Any
     device: torch.device
     fast_paths: Any
-    phase: str
 
     @in_phase("update_offline")
     def update_offline(self, minibatches: list[Batch], norms: list[dict[str, float]]) -> dict[str, float]:

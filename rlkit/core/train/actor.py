@@ -1,0 +1,181 @@
+"""The actor role: the policy's FSDP2 shard with its optimizer and schedule, and what reads or writes them.
+
+Its log-probs (the old-log-prob pass), the RL update (`update_actor`, one optimizer step per
+mini-batch through rlkit.core.train.learner), the offline objectives' updates
+(rlkit.core.train.offline_worker) and the sharded checkpoint. The checkpoint belongs here: what
+it saves is exactly this role's state (the weights, the optimizer, the schedule, and the
+process's RNG), so a role of its own would hold the same three references and nothing else.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import torch
+
+from rlkit.core.algos.algorithm import Algorithm
+from rlkit.core.algos.kl import kl_estimate
+from rlkit.core.algos.losses import aggregate_loss, rollout_importance_weights
+from rlkit.core.algos.update_inputs import UpdateInputs
+from rlkit.core.batch import Batch
+from rlkit.core.cluster.phases import PhaseReporter, in_phase
+from rlkit.core.cluster.roles import Role
+from rlkit.core.state import shards as checkpoint_shards
+from rlkit.core.train import fsdp, packing
+from rlkit.core.train.fast_paths import FastPaths
+from rlkit.core.train.learner import micro_batches, optimize
+from rlkit.core.train.logprobs import selected_log_probs
+from rlkit.core.train.model import TrainableModel
+from rlkit.core.train.offline_worker import OfflineUpdates
+from rlkit.recipes.schema import RLConfig
+
+
+def response_log_probs(
+    module: torch.nn.Module,
+    batch: Batch,
+    *,
+    device: torch.device,
+    micro_batch_tokens: int,
+    temperature: float,
+    with_entropy: bool,
+) -> dict[str, torch.Tensor]:
+    """Per-token log-probs (and entropy, or zeros) of the batch's responses under `module`, packed
+    micro-batch by micro-batch; 0 on padding."""
+    log_probs = torch.zeros(batch["responses"].shape)
+    entropy = torch.zeros(batch["responses"].shape)
+    for rows in micro_batches(batch, micro_batch_tokens):
+        packed = packing.pack(batch.select(rows)).to(device)
+        logits = fsdp.packed_outputs(module, packed)
+        lp, ent = selected_log_probs(logits, packed.targets, temperature, with_entropy=with_entropy)
+        log_probs[rows] = packed.scatter(lp).cpu()
+        entropy[rows] = packed.scatter(ent).cpu()
+    mask = batch["response_mask"]
+    return {"log_probs": log_probs * mask, "entropy": entropy * mask}
+
+
+class Actor(Role, OfflineUpdates):
+    """Rank `rank`'s shard of the actor (`model`), on `device`, passes packed to `fast_paths`' budget."""
+
+    def __init__(
+        self,
+        phases: PhaseReporter,
+        config: RLConfig,
+        model: TrainableModel,
+        rank: int,
+        device: torch.device,
+        fast_paths: FastPaths,
+    ) -> None:
+        super().__init__(phases)
+        self.config, self.model, self.rank, self.device, self.fast_paths = config, model, rank, device, fast_paths
+
+    @functools.cached_property
+    def algorithm(self) -> Algorithm:
+        """What the update computes: the policy loss with its options, resolved once, and its terms."""
+        return Algorithm.from_config(self.config)
+
+    @torch.no_grad()
+    @in_phase("log_probs/actor")
+    def actor_log_probs(self, batch: Batch) -> dict[str, torch.Tensor]:
+        """Per-token log-probs and entropy of the batch's responses under the actor."""
+        self.model.module.eval()  # the update switches it back to train()
+        return response_log_probs(
+            self.model.module,
+            batch,
+            device=self.device,
+            micro_batch_tokens=self.fast_paths.micro_batch_tokens,
+            temperature=self.config.log_prob_temperature,
+            with_entropy=True,
+        )
+
+    @in_phase("update_actor")
+    def update_actor(
+        self, minibatches: list[Batch], norms: list[dict[str, float]], inputs: UpdateInputs
+    ) -> dict[str, float]:
+        """One optimizer step per mini-batch; `norms` are the whole mini-batch's token/sequence counts;
+        `inputs` what the loss reads (rlkit.core.algos.update_inputs).
+
+        Metrics are global (rlkit.core.train.learner): every worker returns the same numbers.
+        """
+        cfg = self.config.actor
+        micro_step = functools.partial(self._micro_step, inputs=inputs)
+        totals = optimize(
+            self.model,
+            minibatches,
+            norms,
+            micro_step,
+            grad_clip=cfg.grad_clip,
+            micro_batch_tokens=self.fast_paths.micro_batch_tokens,
+            per_update=("pg_loss", "kl_loss"),
+        )
+        return {k if "/" in k else f"actor/{k}": v for k, v in totals.items()}
+
+    def _micro_step(
+        self, mb: Batch, norm: dict[str, float], *, inputs: UpdateInputs
+    ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        """The loss of one micro-batch, and metric sums to aggregate across micro-batches and ranks."""
+        algorithm = self.algorithm
+        packed = packing.pack(mb).to(self.device)
+        mb = mb.to(self.device)
+        old_from_here = inputs.old_log_probs_from_update
+        logits = fsdp.packed_outputs(self.model.module, packed)
+        with_entropy = "entropy" in algorithm.loss_terms or old_from_here
+        flat_log_probs, flat_entropy = selected_log_probs(
+            logits, packed.targets, self.config.rollout.temperature, with_entropy=with_entropy
+        )
+        log_probs = packed.scatter(flat_log_probs)
+        old_log_probs = log_probs.detach() if old_from_here else mb["old_log_probs"]
+        mask = mb["response_mask"].float()
+        per_token, pg_metrics = algorithm.policy_loss(log_probs, old_log_probs, mb["advantages"], mask)
+        correction = inputs.rollout_correction  # (level, cap), or None
+        if correction is not None:
+            weights = rollout_importance_weights(
+                old_log_probs, mb["rollout_log_probs"], correction[1], level=correction[0], response_mask=mask
+            )
+            per_token = per_token * weights
+            pg_metrics["rollout_is_weight"] = (weights * mask).sum() / mask.sum().clamp(min=1)
+        agg = dict(
+            global_num_tokens=norm["num_tokens"],
+            global_num_seqs=norm["num_seqs"],
+            norm_length=self.config.data.max_response_length,
+        )
+        loss = aggregate_loss(per_token, mask, algorithm.loss_agg_mode, **agg)
+        tokens = mask.sum().detach().cpu()
+        sums = {"pg_loss": loss.detach().cpu(), "tokens": tokens}
+        sums.update({k: torch.as_tensor(v).detach().cpu() * tokens for k, v in pg_metrics.items()})
+        entropy = packed.scatter(flat_entropy)
+        if old_from_here:  # what the old-log-prob pass would have reported, token sums
+            sums["entropy"] = (entropy.detach() * mask).sum().cpu()
+            if inputs.rollout_log_probs:  # the engine returned them this step (rollout.log_prob_check_freq)
+                sums["rollout/log_prob_diff"] = ((mb["rollout_log_probs"] - old_log_probs).abs() * mask).sum().cpu()
+            if inputs.reference:
+                sums["kl_ref"] = (kl_estimate(old_log_probs, mb["ref_log_probs"], "k1") * mask).sum().cpu()
+        if "entropy" in algorithm.loss_terms:
+            loss = loss - algorithm.entropy_coeff * aggregate_loss(entropy, mask, algorithm.loss_agg_mode, **agg)
+        if inputs.reference:
+            kl = kl_estimate(log_probs, mb["ref_log_probs"], algorithm.kl_loss_type)
+            kl_loss = aggregate_loss(kl, mask, algorithm.loss_agg_mode, **agg)
+            loss = loss + algorithm.kl_loss_coef * kl_loss
+            sums["kl_loss"] = kl_loss.detach().cpu()
+        return loss, sums
+
+    # -- checkpoint (collective: every rank calls with the same folder) ------------------
+    @in_phase("save_checkpoint")
+    def save_checkpoint(self, folder: str) -> None:
+        """The actor, its optimizer, LR schedule and RNG (the reference is the base model: nothing to save)."""
+        checkpoint_shards.save_shards(
+            folder, self.rank, model=self.model.module, optimizer=self.model.optimizer, scheduler=self.model.scheduler
+        )
+
+    @in_phase("load_checkpoint")
+    def load_checkpoint(self, folder: str) -> None:
+        """The actor, its optimizer, LR schedule and RNG; the reference stays the base model."""
+        checkpoint_shards.load_shards(
+            folder, self.rank, model=self.model.module, optimizer=self.model.optimizer, scheduler=self.model.scheduler
+        )
+
+    # -- test and debugging hooks -------------------------------------------------------
+    @torch.no_grad()
+    def policy_logits(self, input_ids: torch.Tensor) -> torch.Tensor:
+        """The actor's full logits for `input_ids` (for checking exported weights)."""
+        self.model.module.eval()
+        return self.model.module(input_ids=input_ids.to(self.device), use_cache=False).logits.float().cpu()

@@ -1,0 +1,83 @@
+"""The weight-export role (split placement): the actor's full weights, out to rollout workers on other devices.
+
+Gathering a full tensor from its FSDP2 shards is a collective, so every training rank takes part;
+training rank 0 alone sends: into Ray's object store in buckets (rollout.weight_sync=object_store,
+`export_weights`), or over a transfer group it shares with the rollout workers (broadcast,
+`join_weight_transfer` once, then `send_weights` after every update; rlkit.core.cluster.weight_transfer).
+The rollout workers load what arrives into their generation role (rlkit.core.rollout.worker).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from rlkit.core.cluster.phases import PhaseReporter, in_phase
+from rlkit.core.cluster.roles import Role
+from rlkit.core.cluster.weight_transfer import TensorSpec, TransferGroup, WeightSender
+from rlkit.core.train import fsdp
+from rlkit.core.train.model import TrainableModel
+from rlkit.recipes.schema import RLConfig
+
+
+class WeightExport(Role):
+    """Rank `rank`'s part in sending `model`'s weights, in the rollout dtype `dtype`."""
+
+    def __init__(
+        self,
+        phases: PhaseReporter,
+        config: RLConfig,
+        model: TrainableModel,
+        rank: int,
+        device: torch.device,
+        dtype: str,
+    ) -> None:
+        super().__init__(phases)
+        self.config, self.model, self.rank, self.device, self.dtype = config, model, rank, device, dtype
+        self.weight_sender: WeightSender | None = None  # rank 0, once it joined the transfer group
+
+    @in_phase("export_weights")
+    def export_weights(self, bucket_bytes: int) -> list | None:
+        """Full tensors in the rollout dtype, in object-store buckets (rank 0 returns their refs).
+
+        Every rank must take part (gathering a full tensor is a collective); rollout workers
+        then fetch the buckets straight from the object store.
+        """
+        import ray
+
+        refs, bucket, size = [], [], 0
+        for name, tensor in self.model.engine_weights():
+            if self.rank == 0:
+                bucket.append((name, tensor.to(fsdp.DTYPES[self.dtype]).cpu()))
+                size += bucket[-1][1].numel() * bucket[-1][1].element_size()
+                if size >= bucket_bytes:
+                    refs.append(ray.put(bucket))
+                    bucket, size = [], 0
+        if bucket:
+            refs.append(ray.put(bucket))
+        return refs if self.rank == 0 else None
+
+    # -- over a collective of its own ---------------------------------------------------
+    def weight_specs(self) -> list[TensorSpec]:
+        """Every weight's name and full shape, in the order send_weights gathers them (no collective)."""
+        return [TensorSpec(name, shape) for name, shape in self.model.engine_weight_shapes()]
+
+    def join_weight_transfer(
+        self, host: str, port: int, world_size: int, specs: list[TensorSpec], bucket_bytes: int
+    ) -> None:
+        """Rank 0 joins the rollout workers' transfer group (as its rank 0); the other ranks only help gather."""
+        if self.rank == 0:
+            timeouts = self.config.trainer.phase_timeout_s, self.config.rollout.weight_sync_timeout_s
+            group = TransferGroup(
+                host, port, 0, world_size, self.device, handshake_timeout_s=timeouts[0], transfer_timeout_s=timeouts[1]
+            )
+            self.weight_sender = WeightSender(group, specs, fsdp.DTYPES[self.dtype], bucket_bytes)
+
+    @in_phase("send_weights")
+    def send_weights(self) -> None:
+        """Gather the full tensors (every rank); rank 0 stages them and broadcasts them in the background."""
+        items = self.model.engine_weights()
+        if self.rank == 0:
+            self.weight_sender.send(items)  # type: ignore[union-attr]
+        else:
+            for _ in items:  # each gather is a collective: every rank takes part
+                pass
