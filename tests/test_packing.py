@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 from rlkit.core.batch import Batch
@@ -51,16 +52,41 @@ def test_pack_lays_real_tokens_end_to_end():
     assert packed.gather(packed.scatter(values)).tolist() == values.tolist()
 
 
-def test_per_sequence_attention_matches_a_block_diagonal_causal_mask():
+def _block_diagonal_causal(q, k, v, segment):
+    allowed = (segment[:, None] == segment[None, :]) & torch.ones(len(segment), len(segment), dtype=torch.bool).tril()
+    scores = torch.einsum("qhd,khd->hqk", q, k) / q.shape[-1] ** 0.5
+    return torch.einsum("hqk,khd->qhd", scores.masked_fill(~allowed, float("-inf")).softmax(-1), v)
+
+
+@pytest.mark.parametrize("path", ["per_sequence", "padded"])
+def test_cpu_attention_paths_match_a_block_diagonal_causal_mask_values_and_gradients(path):
     torch.manual_seed(0)
-    q, k, v = (torch.randn(7, 2, 8, dtype=torch.float64) for _ in range(3))
-    cu = torch.tensor([0, 3, 7], dtype=torch.int32)
-    got = packed_attention.per_sequence_attention(q, k, v, cu, None)
-    segment = torch.tensor([0, 0, 0, 1, 1, 1, 1])
-    allowed = (segment[:, None] == segment[None, :]) & torch.ones(7, 7, dtype=torch.bool).tril()
-    scores = torch.einsum("qhd,khd->hqk", q, k) / 8 ** 0.5
-    want = torch.einsum("hqk,khd->qhd", scores.masked_fill(~allowed, float("-inf")).softmax(-1), v)
+    leaves = [torch.randn(7, 2, 8, dtype=torch.float64, requires_grad=True) for _ in range(3)]
+    cu = torch.tensor([0, 3, 7], dtype=torch.int32)  # sequences of 3 and 4 tokens: the first is padded to 4
+    if path == "padded":
+        got = packed_attention.padded_attention(*leaves, cu, 4, None)
+    else:
+        got = packed_attention.per_sequence_attention(*leaves, cu, None)
+    want = _block_diagonal_causal(*leaves, torch.tensor([0, 0, 0, 1, 1, 1, 1]))
     assert torch.allclose(got, want, atol=1e-12)
+    weights = torch.randn(7, 2, 8, dtype=torch.float64)
+    grads = torch.autograd.grad((got * weights).sum(), leaves)
+    want_grads = torch.autograd.grad((want * weights).sum(), leaves)
+    assert all(torch.allclose(g, w, atol=1e-12) for g, w in zip(grads, want_grads))
+
+
+def test_cpu_attention_pads_a_small_batch_and_loops_over_a_large_one(monkeypatch):
+    calls = []
+    monkeypatch.setattr(packed_attention, "padded_attention", lambda *a: calls.append("padded"))
+    monkeypatch.setattr(packed_attention, "per_sequence_attention", lambda *a: calls.append("per_sequence"))
+    q = torch.zeros(7, 2, 8)
+    cu = torch.tensor([0, 3, 7])
+    # 2 sequences x 2 heads x 4^2 scores x 4 bytes = 256 bytes.
+    monkeypatch.setattr(packed_attention, "PADDED_SCORES_MAX_BYTES", 256)
+    packed_attention._attend(q, q, q, cu, 4, None)
+    monkeypatch.setattr(packed_attention, "PADDED_SCORES_MAX_BYTES", 255)
+    packed_attention._attend(q, q, q, cu, 4, None)
+    assert calls == ["padded", "per_sequence"]
 
 
 def test_packed_forward_gives_the_padded_forward_log_probs(tiny_model_dir):

@@ -4,8 +4,9 @@ transformers builds no mask for an attention implementation it does not know, an
 the model's extra forward keywords down to it; rlkit passes the packed batch's boundaries
 (`cu_seq_lens_q`, `max_length_q`). On CUDA the boundaries go to PyTorch's variable-length
 flash-attention kernel (`torch.nn.attention.varlen.varlen_attn`); elsewhere, or where
-that kernel is missing or fails its first self-check, each sequence runs through
-`scaled_dot_product_attention` in turn. Both attend only within a sequence.
+that kernel is missing or fails its first self-check, the sequences are laid out as a padded
+batch for one causal `scaled_dot_product_attention` call (one call per sequence when that
+batch would be too large). All attend only within a sequence.
 """
 
 from __future__ import annotations
@@ -19,6 +20,9 @@ import torch.nn.functional as F
 NAME = "rlkit_varlen"
 logger = logging.getLogger(__name__)
 _kernel_ok: dict[torch.device, bool] = {}
+# The padded batch's attention scores (sequences x heads x longest^2, fp32) above this take one call per sequence:
+# padding a few long sequences' batch to their length would cost more than the loop.
+PADDED_SCORES_MAX_BYTES = 256 << 20
 
 
 def register() -> str:
@@ -78,7 +82,29 @@ def _attend(
 ) -> torch.Tensor:
     if q.is_cuda and _kernel_usable(q):
         return _varlen_kernel(q, k, v, cu_seq_lens, max_len, scale)
+    if (len(cu_seq_lens) - 1) * q.shape[1] * max_len * max_len * 4 <= PADDED_SCORES_MAX_BYTES:
+        return padded_attention(q, k, v, cu_seq_lens, max_len, scale)
     return per_sequence_attention(q, k, v, cu_seq_lens, scale)
+
+
+def padded_attention(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seq_lens: torch.Tensor, max_len: int, scale: float | None
+) -> torch.Tensor:
+    """One causal SDPA call over the sequences laid out as a batch [sequences, H, max_len, D], each padded at
+    its end. q/k/v [T, H, D] -> [T, H, D]. Causality keeps every real query from seeing the padding after it,
+    so each sequence's rows are its own attention; the padding's rows are dropped. On a CPU a packed step of
+    128 short sequences ran ~25x faster than one call per sequence (the loop's autograd nodes dominate)."""
+    lengths = cu_seq_lens[1:] - cu_seq_lens[:-1]
+    sequence = torch.repeat_interleave(torch.arange(len(lengths), device=q.device), lengths.to(q.device))
+    position = torch.arange(q.shape[0], device=q.device) - cu_seq_lens.to(q.device)[:-1][sequence]
+
+    def padded(t: torch.Tensor) -> torch.Tensor:
+        batch = t.new_zeros(len(lengths), max_len, *t.shape[1:])
+        batch[sequence, position] = t
+        return batch.transpose(1, 2)  # [sequences, H, max_len, D]
+
+    out = F.scaled_dot_product_attention(padded(q), padded(k), padded(v), is_causal=True, scale=scale)
+    return out.transpose(1, 2)[sequence, position]
 
 
 def per_sequence_attention(
