@@ -8,9 +8,12 @@ export VLLM_ENABLE_V1_MULTIPROCESSING ?= 0
 export TOKENIZERS_PARALLELISM ?= false
 export RAY_DEDUP_LOGS ?= 0
 # pytest-xdist workers for `make test` and `make test-fast` (each worker starts its own Ray head and engines).
-# --maxschedchunk 1: a worker holds at most two tests at a time (the default hands the first worker an eighth
-# of the suite at once: every slow test, which tests/conftest.py puts first).
+# --dist loadgroup: a worker takes one test at a time, or a whole `xdist_group` (a file whose tests share a
+# module fixture, e.g. a reference run: split over two workers, each would run it); --no-loadscope-reorder
+# keeps tests/conftest.py's order, the longest first (xdist's `load` default hands the first worker an
+# eighth of the suite at once: every slow test).
 TEST_WORKERS ?= 2
+XDIST   := -n $(TEST_WORKERS) --dist loadgroup --no-loadscope-reorder
 
 .PHONY: venv demo test test-fast clean
 
@@ -38,10 +41,10 @@ demo: venv
 test: venv
 	$(BIN)/ruff check rlkit
 	$(BIN)/ruff format --check rlkit
-	$(BIN)/python -m pytest -q -ra --durations=25 -n $(TEST_WORKERS) --maxschedchunk 1 tests
+	$(BIN)/python -m pytest -q -ra --durations=25 $(XDIST) tests
 
 test-fast: venv
-	$(BIN)/python -m pytest -q -m "not slow" -n $(TEST_WORKERS) tests
+	$(BIN)/python -m pytest -q -m "not slow" $(XDIST) tests
 
 clean:
 	rm -rf $(VENV) runs .pytest_cache
