@@ -8,7 +8,8 @@ from typing import Literal, Optional
 
 import pytest
 
-from rlkit.core.agents.builtin_tools import BUILTIN_TOOLS, calculator
+from rlkit.core.agents.builtin_tools import calculator
+from rlkit.core.registrations import BUILTIN_TOOLS
 from rlkit.core.agents.guard import Guard
 from rlkit.core.agents.tool_env import ToolEnv, load_tools
 from rlkit.core.agents.tools import (

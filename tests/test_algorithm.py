@@ -1,5 +1,6 @@
 """The Algorithm (rlkit/core/algos/algorithm.py): what each built-in recipe's step needs, by hand from its
-YAML and the schema's defaults, and the two operations it supplies (advantages, policy loss)."""
+YAML and the schema's defaults, and the operations it supplies (advantage inputs with the in-reward KL,
+advantages, policy loss)."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ import torch
 
 from rlkit.core.algos.advantages import AdvantageInputs
 from rlkit.core.algos.algorithm import Algorithm
+from rlkit.core.batch import Batch
 from rlkit.recipes.loader import load_config
 
 BASE = ["model.path=some/model", "data.synthetic_task=echo"]
@@ -89,6 +91,40 @@ def test_advantages_use_the_estimator_with_its_options():
     grpo, _ = algorithm("grpo").advantages(inputs)  # / (unbiased std sqrt(0.5) + 1e-6)
     assert grpo.squeeze(-1).tolist() == pytest.approx([0.5 / (math.sqrt(0.5) + 1e-6), -0.5 / (math.sqrt(0.5) + 1e-6),
                                                        0.0, 0.0])
+
+
+def scored_batch(**extra: torch.Tensor) -> Batch:
+    """Two responses of 3 tokens: the first with a hole in its loss mask, the second one token of padding."""
+    return Batch({"response_mask": torch.tensor([[1.0, 0.0, 1.0], [1.0, 1.0, 0.0]]),
+                  "scores": torch.tensor([1.0, 0.5]), "group_ids": torch.tensor([0, 0]), **extra})
+
+
+def test_the_in_reward_kl_penalty_is_the_algorithms():
+    rloo = algorithm("rloo", "algorithm.kl_ctrl.type=adaptive", "algorithm.kl_ctrl.kl_coef=0.2",
+                     "algorithm.kl_ctrl.target_kl=0.25", "algorithm.kl_ctrl.horizon=100")
+    ctrl = rloo.kl_controller()
+    # k1 = old - ref = [[0.5, 0, 1], [0, 0.5, -2]]; masked: [[0.5, 0, 1], [0, 0.5, 0]].
+    batch = scored_batch(old_log_probs=torch.tensor([[-1.0, -2.0, -1.0], [-1.0, -1.0, -3.0]]),
+                         ref_log_probs=torch.tensor([[-1.5, -2.0, -2.0], [-1.0, -1.5, -1.0]]))
+    inputs = rloo.advantage_inputs(batch, ctrl)
+    # Scores on the last policy token (index 2, index 1), less 0.2 * KL on every policy token.
+    assert inputs.token_rewards.flatten().tolist() == pytest.approx([-0.1, 0.0, 0.8, 0.0, 0.4, 0.0])
+    assert (inputs.values, inputs.baseline_scores) == (None, None)
+    # Batch KL: mean of per-sequence token means (1.5 / 2, 0.5 / 2) = 0.5, twice the target: the error is
+    # clipped to 0.2, and the coefficient moves by 1 + 0.2 * 2 samples / 100.
+    assert ctrl.value == pytest.approx(0.2 * 1.004)
+
+
+def test_without_the_in_reward_kl_the_scores_are_the_rewards():
+    grpo = algorithm("grpo")  # KL in the loss, not the reward: no reference log-probs are read
+    ctrl = grpo.kl_controller()
+    inputs = grpo.advantage_inputs(scored_batch(), ctrl)
+    assert inputs.token_rewards.tolist() == [[0.0, 0.0, 1.0], [0.0, 0.5, 0.0]] and ctrl.value == 0.001
+    values = torch.tensor([[0.1, 0.2, 0.3], [0.4, 0.5, 0.6]])
+    assert algorithm("ppo").advantage_inputs(scored_batch(values=values), ctrl).values is values
+    remax = algorithm("remax", "algorithm.use_kl_in_reward=false")
+    baseline = torch.tensor([0.25, 0.25])
+    assert remax.advantage_inputs(scored_batch(baseline_scores=baseline), ctrl).baseline_scores is baseline
 
 
 def test_the_policy_loss_runs_with_its_options_resolved_once():

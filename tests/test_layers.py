@@ -26,16 +26,13 @@ KNOWN_UPWARD = {
     ("rlkit.core.cluster.placement", "rlkit.core.rollout.worker"),
     ("rlkit.core.cluster.placement", "rlkit.core.rollout.sync_check"),
     ("rlkit.core.cluster.placement", "rlkit.core.train.policy_worker"),
-    # recipes' checks ask the engine registry and the fast-path defaults (component configs would own them)
-    ("rlkit.recipes.checks", "rlkit.core.rollout.engines"),
+    # recipes' checks ask the fast-path defaults (component configs would own them)
     ("rlkit.recipes.checks", "rlkit.core.train.fast_paths"),
     # code rewards run in the agents' sandbox (the sandbox belongs a layer lower, beside rewards)
     ("rlkit.core.rewards.code", "rlkit.core.agents.sandbox"),
     # eval-reward generates with an engine: a command, not a reward (it belongs in the controller layer)
     ("rlkit.core.rewards.evaluate", "rlkit.core.rollout.base"),
     ("rlkit.core.rewards.evaluate", "rlkit.core.rollout.engines"),
-    # the synthetic agent task names its built-in tool
-    ("rlkit.core.data.synthetic", "rlkit.core.agents.builtin_tools"),
     # export merges LoRA and casts with the trainer's helpers; run dirs build the tiny model
     ("rlkit.core.state.export", "rlkit.core.train.adapters"),
     ("rlkit.core.state.export", "rlkit.core.train.fsdp"),

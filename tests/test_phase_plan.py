@@ -1,12 +1,13 @@
 """The step's phase plan (rlkit/core/algos/phase_plan.py): one description that the controller runs, the
-planner prices and the dry run prints."""
+planner prices (time and memory) and the dry run prints."""
 
 from __future__ import annotations
 
 import pytest
 
 from rlkit.core.algos.algorithm import Algorithm
-from rlkit.core.algos.phase_plan import describe, phase_plan
+from rlkit.core.algos.phase_plan import PhasePlan, describe, phase_plan
+from rlkit.core.planning import memory
 from rlkit.core.planning.shape import ModelShape
 from rlkit.core.planning.timing import step_time
 from rlkit.recipes.loader import load_config
@@ -46,6 +47,43 @@ def test_the_planner_prices_exactly_the_planned_phases():
         critic = shape if Algorithm.from_config(config).critic else None
         priced = set(step_time(config, shape, critic, micro_batch_tokens=8192).phases)
         assert priced == {"reward+adv" if p == "adv" else p for p in plan_of(config).phases}, recipe
+
+
+RL_RECIPES = ("grpo", "drgrpo", "dapo", "remax", "rloo", "reinforce_pp", "cispo", "gspo", "ppo", "grpo-demo",
+              "grpo-agent-demo")
+SPLIT = ["rollout.placement=split", "rollout.devices=1", "trainer.n_gpus_per_node=2"]
+SMALL = ModelShape(params=1000, layers=2, hidden=8, intermediate=16, heads=2, kv_heads=1, head_dim=4, vocab=32,
+                   layer_params=400, root_params=200)
+
+
+@pytest.mark.parametrize("placement", [[], SPLIT])
+@pytest.mark.parametrize("recipe", RL_RECIPES)
+def test_the_memory_model_prices_the_planned_phases_that_use_memory(recipe, placement):
+    config = load_config(recipe, [*TINY, *placement])
+    plan, algorithm = plan_of(config), Algorithm.from_config(config)
+    mem = memory.training_device(config, SMALL, 2**33, on_gpu=False, critic=SMALL if algorithm.critic else None)
+    reached = {memory.PEAK_OF_PHASE[phase] for phase in plan.phases}
+    assert list(mem.phases) == [p for p in memory.PEAKS if p in reached and (not placement or p == "update")]
+    # Every RL step generates, updates and syncs; on a split placement the engine is on its own devices.
+    assert list(mem.phases) == (["update"] if placement else ["update", "generate", "sync"])
+    assert ("reference weights (fp32)" in mem.parts) is ("ref" in plan.phases)
+    assert ("critic weights, gradients, AdamW" in mem.parts) is ("update_critic" in plan.phases)
+
+
+def test_the_memory_model_walks_the_plan(monkeypatch):
+    config = load_config("grpo", [*TINY, "rollout.name=hf", "model.dtype=float32"])  # a reference, a KL loss
+    whole = memory.training_device(config, SMALL, 2**33, on_gpu=False)
+    assert whole.parts["reference weights (fp32)"] == 4 * 1000  # with the plan's ref phase
+    # A plan of gen, adv and the update: no reference, no sync. State: fp32 weights, gradients, AdamW = 16 bytes a
+    # parameter; the hf engine holds its fp32 weights: generate = 16,000 + 4,000.
+    monkeypatch.setattr(memory, "phase_plan", lambda algorithm: PhasePlan(("gen", "adv", "update_actor")))
+    mem = memory.training_device(config, SMALL, 2**33, on_gpu=False)
+    assert list(mem.phases) == ["update", "generate"] and mem.phases["generate"] == 20_000
+    assert not any(part.startswith("reference") for part in mem.parts)
+    # A phase the memory model has no price for fails the plan, as the time model's does.
+    monkeypatch.setattr(memory, "phase_plan", lambda algorithm: PhasePlan(("gen", "judge", "update_actor")))
+    with pytest.raises(KeyError, match="judge"):
+        memory.training_device(config, SMALL, 2**33, on_gpu=False)
 
 
 def test_the_dry_run_says_each_phase_once():

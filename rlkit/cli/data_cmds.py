@@ -16,20 +16,14 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
 from rich.table import Table
 
 from rlkit.cli.common import console, user_errors
-from rlkit.core.data import arithmetic as _arithmetic  # noqa: F401  (registers the builder)
-from rlkit.core.data import gsm8k as _gsm8k  # noqa: F401
-from rlkit.core.data import gsm8k_pairs as _gsm8k_pairs  # noqa: F401
-from rlkit.core.data import humaneval as _humaneval  # noqa: F401
-from rlkit.core.data import math as _math  # noqa: F401
-from rlkit.core.data import synthetic as _synthetic  # noqa: F401
 from rlkit.core.data.builders import (
-    DATASET_BUILDERS,
     Builder,
     Dropped,
     load_builder,
     write_parquet,
 )
 from rlkit.core.data.validate import row_problem
+from rlkit.core.registrations import DATASET_BUILDERS
 from rlkit.errors import UserError
 from rlkit.recipes.reward_schema import RewardConfig
 

@@ -7,6 +7,7 @@ from typing import Callable
 from rlkit.core.algos.algorithm import Algorithm
 from rlkit.core.algos.needs import estimator_needs, estimators_that
 from rlkit.core.algos.phase_plan import describe, phase_plan
+from rlkit.core.registrations import ADV_ESTIMATORS, ENGINES, KL_ESTIMATORS, POLICY_LOSSES
 from rlkit.core.train.fast_paths import CPU_MICRO_BATCH_TOKENS
 from rlkit.errors import ConfigError
 from rlkit.recipes.offline_checks import check_offline
@@ -58,11 +59,6 @@ OWN_KEY = {
 def check_config(config: RLConfig, origins: dict[str, str] | None = None, *, require_inputs: bool = True) -> None:
     """Raise ConfigError for inconsistent settings; `require_inputs` also demands a model and data."""
     import torch
-
-    from rlkit.core.algos.advantages import ADV_ESTIMATORS
-    from rlkit.core.algos.kl import KL_ESTIMATORS
-    from rlkit.core.algos.losses import POLICY_LOSSES
-    from rlkit.core.rollout.engines import ENGINES
 
     origins = origins or {}
 

@@ -7,13 +7,9 @@ import operator
 from typing import TYPE_CHECKING, Any, Callable
 
 from rlkit.core.agents.sandbox import Limits, run_python
-from rlkit.core.registry import Registry
 
 if TYPE_CHECKING:
     from rlkit.recipes.agent_schema import AgentConfig
-
-# name -> factory(config) -> the tool function (a factory, so a tool can read its limits from the config)
-BUILTIN_TOOLS: Registry[Callable[["AgentConfig"], Callable[..., Any]]] = Registry("built-in tool")
 
 _BINARY = {
     ast.Add: operator.add,
@@ -51,13 +47,11 @@ def _evaluate(node: ast.AST) -> int | float:
     raise ValueError(f"not arithmetic: {ast.unparse(node)!r}")
 
 
-@BUILTIN_TOOLS.register("calculator")
-def _calculator(config: AgentConfig) -> Callable[..., Any]:
+def calculator_tool(config: AgentConfig) -> Callable[..., Any]:
     return calculator
 
 
-@BUILTIN_TOOLS.register("python")
-def _python(config: AgentConfig) -> Callable[..., Any]:
+def python_tool(config: AgentConfig) -> Callable[..., Any]:
     sandbox = config.sandbox
     limits = Limits(
         wall_s=sandbox.wall_s,

@@ -16,10 +16,9 @@ import inspect
 import math
 from typing import Any, Callable
 
-from rlkit.core.registry import Registry
+from rlkit.core.registrations import ENVIRONMENTS
 from rlkit.errors import UserError
 
-ENVIRONMENTS: Registry[type] = Registry("environment")
 Message = dict[str, Any]
 
 

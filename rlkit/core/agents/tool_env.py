@@ -7,7 +7,6 @@ import inspect
 import json
 from typing import TYPE_CHECKING, Any
 
-from rlkit.core.agents.builtin_tools import BUILTIN_TOOLS
 from rlkit.core.agents.guard import Guard
 from rlkit.core.agents.tools import (
     ROW_PARAMETER,
@@ -16,6 +15,7 @@ from rlkit.core.agents.tools import (
     ToolDefinitionError,
     parse_tool_calls,
 )
+from rlkit.core.registrations import BUILTIN_TOOLS
 from rlkit.errors import UserError
 
 if TYPE_CHECKING:
@@ -26,7 +26,6 @@ KEY = "rollout.agent.tools"
 
 def load_tools(config: AgentConfig) -> list[Tool]:
     """The tools `rollout.agent.tools` names, each with its schema; UserError for a bad one."""
-    from rlkit.core.data import synthetic  # noqa: F401  (registers the tiny tool-calling demo's `lookup`)
     from rlkit.core.rewards.custom import load_function
 
     tools = []

@@ -1,6 +1,6 @@
 """Advantage estimators: turn per-token rewards into per-token advantages and returns.
 
-Every estimator is registered by name in ``ADV_ESTIMATORS`` and called through
+Every estimator is named in ``ADV_ESTIMATORS`` (rlkit.core.registrations) and called through
 :func:`compute_advantages`, so a recipe picks one with a string. Layout is response-only:
 ``[B, R]`` tensors, right padded, ``response_mask`` 1 on real response tokens. Semantics follow
 verl (``verl/trainer/ppo/core_algos.py``); docs/algorithms.md lists formulas and differences.
@@ -13,9 +13,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from rlkit.core.registry import Registry
-
-ADV_ESTIMATORS = Registry("advantage estimator")
+from rlkit.core.registrations import ADV_ESTIMATORS
 
 # Variance epsilon used when whitening (verl's masked_whiten uses rsqrt(var + 1e-8)).
 WHITEN_EPS = 1e-8
@@ -114,7 +112,6 @@ def _broadcast(seq_adv: Tensor, mask: Tensor) -> tuple[Tensor, Tensor]:
 # --------------------------------------------------------------------------- estimators
 
 
-@ADV_ESTIMATORS.register("gae")
 def gae(inputs: AdvantageInputs, *, gamma: float, lam: float, **_: object) -> tuple[Tensor, Tensor]:
     """Generalised Advantage Estimation (Schulman et al. 2016) with a critic.
 
@@ -142,7 +139,6 @@ def gae(inputs: AdvantageInputs, *, gamma: float, lam: float, **_: object) -> tu
     return masked_whiten(adv, mask), returns
 
 
-@ADV_ESTIMATORS.register("grpo")
 def grpo(inputs: AdvantageInputs, *, norm_adv_by_std: bool, eps: float, **_: object) -> tuple[Tensor, Tensor]:
     """GRPO (Shao et al. 2024): (score - group mean) / (group std + eps).
 
@@ -156,7 +152,6 @@ def grpo(inputs: AdvantageInputs, *, norm_adv_by_std: bool, eps: float, **_: obj
     return _broadcast(adv.to(scores.dtype), mask)
 
 
-@ADV_ESTIMATORS.register("rloo")
 def rloo(inputs: AdvantageInputs, **_: object) -> tuple[Tensor, Tensor]:
     """RLOO (Ahmadian et al. 2024): score minus the mean score of the *other* samples of the group.
 
@@ -171,7 +166,6 @@ def rloo(inputs: AdvantageInputs, **_: object) -> tuple[Tensor, Tensor]:
     return _broadcast(adv.to(scores.dtype), mask)
 
 
-@ADV_ESTIMATORS.register("remax")
 def remax(inputs: AdvantageInputs, **_: object) -> tuple[Tensor, Tensor]:
     """ReMax (Li et al. 2023): score minus the score of a greedy rollout of the same prompt."""
     if inputs.baseline_scores is None:
@@ -180,7 +174,6 @@ def remax(inputs: AdvantageInputs, **_: object) -> tuple[Tensor, Tensor]:
     return _broadcast(scores - inputs.baseline_scores.to(scores.dtype), mask)
 
 
-@ADV_ESTIMATORS.register("reinforce_plus_plus")
 def reinforce_plus_plus(inputs: AdvantageInputs, *, gamma: float, **_: object) -> tuple[Tensor, Tensor]:
     """REINFORCE++ (Hu 2025): discounted return-to-go per token, whitened over the whole batch.
 
@@ -198,7 +191,6 @@ def reinforce_plus_plus(inputs: AdvantageInputs, *, gamma: float, **_: object) -
     return masked_whiten(returns, mask), returns
 
 
-@ADV_ESTIMATORS.register("reinforce_plus_plus_baseline")
 def reinforce_plus_plus_baseline(inputs: AdvantageInputs, **_: object) -> tuple[Tensor, Tensor]:
     """REINFORCE++-baseline: score minus group mean (size-1 groups: mean 0), whitened over the batch.
 

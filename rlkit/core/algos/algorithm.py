@@ -8,7 +8,8 @@ importance correction. The controller, the rollout sources, the phase plan, the 
 the config checks, replay and the policy worker ask it; nothing outside rlkit/core/algos/ compares an
 estimator's, a loss's or an algorithm's name (tests/test_algos_needs.py).
 
-It supplies the operations: `advantages` (the configured estimator with its options), `policy_loss`
+It supplies the operations: `advantage_inputs` (what the estimator reads of a scored batch, the in-reward
+KL penalty applied when it is on), `advantages` (the configured estimator with its options), `policy_loss`
 (the registered loss with its options, resolved once) and `kl_controller` (the in-reward KL coefficient's
 controller). Torch-free at import: the config checks build it; the operations import the torch modules
 when first used.
@@ -28,6 +29,7 @@ if TYPE_CHECKING:
 
     from rlkit.core.algos.advantages import AdvantageInputs
     from rlkit.core.algos.kl import AdaptiveKLController, FixedKLController
+    from rlkit.core.batch import Batch
     from rlkit.recipes.actor_schema import ActorConfig, KLControlConfig
     from rlkit.recipes.schema import RLConfig
 
@@ -116,6 +118,31 @@ class Algorithm:
         return ("policy", *(["entropy"] if self.entropy_coeff > 0 else []), *(["kl"] if self.kl_loss else []))
 
     # -- the operations (torch) -------------------------------------------------------------
+    def advantage_inputs(self, batch: Batch, kl_ctrl: AdaptiveKLController | FixedKLController) -> AdvantageInputs:
+        """What the estimator reads of a scored batch: each score on its response's last policy token, less the
+        in-reward KL penalty when it is on (coefficient `kl_ctrl.value`; the batch's KL then moves `kl_ctrl`),
+        the critic's values and the greedy baseline's scores when the algorithm has them."""
+        import torch
+
+        from rlkit.core.algos.advantages import AdvantageInputs
+        from rlkit.core.algos.kl import apply_kl_penalty
+
+        mask = batch["response_mask"]
+        last = (mask > 0).long().cumsum(-1).argmax(-1)  # the policy's last token (a loss mask may have holes)
+        token_rewards = torch.zeros_like(mask, dtype=torch.float32)
+        token_rewards[torch.arange(len(batch)), last] = batch["scores"]
+        if self.kl_in_reward:
+            old, ref, coef = batch["old_log_probs"], batch["ref_log_probs"], kl_ctrl.value
+            token_rewards, kl = apply_kl_penalty(token_rewards, old, ref, mask, coef=coef, kind=self.kl_penalty)
+            kl_ctrl.update(float(kl), len(batch))
+        return AdvantageInputs(
+            token_rewards,
+            mask,
+            batch["group_ids"],
+            values=batch["values"] if self.critic else None,
+            baseline_scores=batch["baseline_scores"] if self.greedy_baseline else None,
+        )
+
     def advantages(self, inputs: AdvantageInputs) -> tuple[Tensor, Tensor]:
         """(advantages, returns) of `inputs` by the configured estimator, [B,R] each."""
         from rlkit.core.algos.advantages import compute_advantages

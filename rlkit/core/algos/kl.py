@@ -2,7 +2,7 @@
 
 Only per-token log-probs of the sampled tokens are available (not full distributions), so KL
 is estimated from the log-ratio d = logp - ref_logp of the sampled token (Schulman, "Approximating
-KL divergence", 2020). Estimators are registered by name in ``KL_ESTIMATORS``.
+KL divergence", 2020). Estimators are named in ``KL_ESTIMATORS`` (rlkit.core.registrations).
 """
 
 from __future__ import annotations
@@ -10,9 +10,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from rlkit.core.registry import Registry
-
-KL_ESTIMATORS = Registry("kl estimator")
+from rlkit.core.registrations import KL_ESTIMATORS
 
 # k3 bounds, as verl's low_var_kl: exp() input is kept finite, the estimate itself bounded.
 K3_LOG_RATIO_BOUND = 20.0
@@ -24,20 +22,17 @@ def kl_estimate(log_probs: Tensor, ref_log_probs: Tensor, kind: str) -> Tensor:
     return KL_ESTIMATORS.get(kind)(log_probs, ref_log_probs)
 
 
-@KL_ESTIMATORS.register("k1", "kl")
 def k1(log_probs: Tensor, ref_log_probs: Tensor) -> Tensor:
     """k1 = logp - ref: unbiased for KL(pi || ref) under samples from pi, but high variance
     and negative on individual tokens."""
     return log_probs - ref_log_probs
 
 
-@KL_ESTIMATORS.register("k2", "mse")
 def k2(log_probs: Tensor, ref_log_probs: Tensor) -> Tensor:
     """k2 = 0.5 * (logp - ref)^2: biased but non-negative and low variance."""
     return 0.5 * (log_probs - ref_log_probs) ** 2
 
 
-@KL_ESTIMATORS.register("k3", "low_var_kl")
 def k3(log_probs: Tensor, ref_log_probs: Tensor) -> Tensor:
     """k3 = exp(ref - logp) - (ref - logp) - 1: unbiased, always >= 0, lower variance than k1.
 
@@ -48,7 +43,6 @@ def k3(log_probs: Tensor, ref_log_probs: Tensor) -> Tensor:
     return (log_ratio.exp() - log_ratio - 1).clamp(-K3_VALUE_BOUND, K3_VALUE_BOUND)
 
 
-@KL_ESTIMATORS.register("abs")
 def abs_kl(log_probs: Tensor, ref_log_probs: Tensor) -> Tensor:
     """abs = |logp - ref|: non-negative, linear in the log-ratio."""
     return (log_probs - ref_log_probs).abs()

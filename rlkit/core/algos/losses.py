@@ -15,11 +15,8 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from rlkit.core.algos.cispo import cispo
 from rlkit.core.algos.tensor_math import SEQ_LOG_RATIO_MAX, TOKEN_LOG_RATIO_BOUND, masked_mean
-from rlkit.core.registry import Registry
-
-POLICY_LOSSES = Registry("policy loss")
+from rlkit.core.registrations import POLICY_LOSSES
 
 AGG_MODES = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm")
 
@@ -145,7 +142,6 @@ def _clipped_surrogate(
     return loss, metrics
 
 
-@POLICY_LOSSES.register("vanilla")
 def vanilla(
     log_probs: Tensor,
     old_log_probs: Tensor,
@@ -175,7 +171,6 @@ def vanilla(
     )
 
 
-@POLICY_LOSSES.register("gspo")
 def gspo(
     log_probs: Tensor,
     old_log_probs: Tensor,
@@ -214,9 +209,6 @@ def gspo(
     # carries its sequence's s_i, so micro-batches and ranks aggregate it like the other metrics).
     metrics["seq_ratio_mean"] = masked_mean(ratio, mask).detach()
     return loss, metrics
-
-
-POLICY_LOSSES.register("cispo")(cispo)  # a loss in a module of its own: its one registration line
 
 
 def aggregate_loss(

@@ -2,7 +2,7 @@
 rlkit/core/algos/ tests an estimator's name: the config's checks, the rollout (a greedy baseline), the
 planner and the dry run ask this table. Torch-free: the config schema reads it.
 
-A new estimator is its function in advantages.py (registered there) and one line here;
+A new estimator is its function in advantages.py, its line in rlkit.core.registrations and one line here;
 tests/test_algos_needs.py checks that the table and the registry name the same estimators and that
 `options` are exactly the keyword-only parameters each estimator reads.
 """

@@ -1,8 +1,9 @@
 """The phases of one RL step, derived once from the run's Algorithm (rlkit.core.algos.algorithm).
 
 One description of the step: the controller runs it (Controller.step asks `plan.runs(phase, step)`),
-`rlkit plan` prices it (rlkit.core.planning.timing prices each phase it lists) and `--dry-run` prints
-it (`describe`). A new phase is one entry here, its price there, and its code in the controller.
+`rlkit plan` prices it (rlkit.core.planning.timing prices each phase it lists, rlkit.core.planning.memory
+the peak each reaches) and `--dry-run` prints it (`describe`). A new phase is one entry here, its prices
+there (a time, a memory peak or none), and its code in the controller.
 Torch-free: the config layer builds it.
 
 The phases, in the order a step runs them (the names are the `timing/<phase>` metrics'):
@@ -11,7 +12,7 @@ The phases, in the order a step runs them (the names are the `timing/<phase>` me
   old_log_prob   the policy's log-probs before the update (skipped when the update's own are the old ones)
   ref            the reference's log-probs (a KL term in the loss or the reward)
   values         the critic's values
-  adv            rewards (less in-reward KL) -> advantages, in the controller
+  adv            rewards (less in-reward KL) -> advantages, in the controller, by the Algorithm
   update_critic  the critic's update
   update_actor   the actor's update (not during the critic's warm-up)
   sync           the new weights to the rollout engines (with the actor's update)

@@ -15,9 +15,8 @@ import torch
 
 from rlkit.core.agents.isolation import set_isolation
 from rlkit.core.agents.preflight import WEAK_SANDBOX_WARNING, uses_sandbox
-from rlkit.core.algos.advantages import AdvantageInputs
 from rlkit.core.algos.algorithm import Algorithm
-from rlkit.core.algos.kl import apply_kl_penalty, kl_estimate
+from rlkit.core.algos.kl import kl_estimate
 from rlkit.core.algos.phase_plan import phase_plan
 from rlkit.core.algos.update_inputs import UpdateInputs
 from rlkit.core.batch import Batch, shard_minibatches
@@ -147,31 +146,9 @@ class Controller:
         return {"old_log_probs": out["log_probs"], "entropy": out["entropy"]}
 
     def advantages(self, batch: Batch) -> dict[str, torch.Tensor]:
-        algorithm, mask = self.algorithm, batch["response_mask"]
-        last = (mask > 0).long().cumsum(-1).argmax(-1)  # the policy's last token (a loss mask may have holes)
-        token_rewards = torch.zeros_like(mask, dtype=torch.float32)
-        token_rewards[torch.arange(len(batch)), last] = batch["scores"]
-        out: dict[str, torch.Tensor] = {}
-        if algorithm.kl_in_reward:
-            token_rewards, kl = apply_kl_penalty(
-                token_rewards,
-                batch["old_log_probs"],
-                batch["ref_log_probs"],
-                mask,
-                coef=self.kl_ctrl.value,
-                kind=algorithm.kl_penalty,
-            )
-            self.kl_ctrl.update(float(kl), len(batch))
-        inputs = AdvantageInputs(
-            token_rewards,
-            mask,
-            batch["group_ids"],
-            values=batch["values"] if algorithm.critic else None,
-            baseline_scores=batch["baseline_scores"] if algorithm.greedy_baseline else None,
-        )
-        adv, returns = algorithm.advantages(inputs)
-        out.update(token_rewards=token_rewards, advantages=adv, returns=returns)
-        return out
+        inputs = self.algorithm.advantage_inputs(batch, self.kl_ctrl)  # moves the in-reward KL coefficient
+        adv, returns = self.algorithm.advantages(inputs)
+        return {"token_rewards": inputs.token_rewards, "advantages": adv, "returns": returns}
 
     def update_actor(self, batch: Batch, inputs: UpdateInputs) -> dict[str, float]:
         per_rank = [(shards, norms, inputs) for shards, norms in self.minibatches(batch, inputs.keys())]

@@ -19,7 +19,7 @@ import random
 from dataclasses import dataclass
 from typing import Literal
 
-from rlkit.core.data.builders import DATASET_BUILDERS, Row, make_row
+from rlkit.core.data.builders import Row, make_row
 from rlkit.core.data.gsm8k import FORMATS, INSTRUCTION
 from rlkit.errors import UserError
 
@@ -151,7 +151,6 @@ def make_problem(
             return " ".join(sentences + [ask]), "\n".join(lines + [f"#### {value}"]), value
 
 
-@DATASET_BUILDERS.register("arithmetic")
 def build_arithmetic(
     source: str | None = None,
     *,

@@ -18,7 +18,6 @@ from typing import Any, Callable
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from rlkit.core.registry import Registry
 from rlkit.errors import UserError
 
 Row = dict[str, Any]
@@ -33,7 +32,6 @@ class Dropped:
 
 # fn(source: str | None, **options) -> {"train": rows, "test": rows}; rows may include Dropped
 Builder = Callable[..., dict[str, list["Row | Dropped"]]]
-DATASET_BUILDERS: Registry[Builder] = Registry("dataset builder")
 
 
 def make_row(

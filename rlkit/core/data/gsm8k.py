@@ -6,7 +6,6 @@ import re
 from typing import Any
 
 from rlkit.core.data.builders import (
-    DATASET_BUILDERS,
     Dropped,
     Row,
     make_row,
@@ -23,7 +22,6 @@ FORMATS = ("rl", "sft")
 CALCULATOR_ANNOTATION = re.compile(r"<<[^<>]*>>")
 
 
-@DATASET_BUILDERS.register("gsm8k")
 def build_gsm8k(
     source: str | None = None, *, instruction: str = INSTRUCTION, format: str = "rl"
 ) -> dict[str, list[Row | Dropped]]:

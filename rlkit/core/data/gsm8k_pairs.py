@@ -14,7 +14,7 @@ import random
 import re
 from decimal import Decimal
 
-from rlkit.core.data.builders import DATASET_BUILDERS, Dropped, Row
+from rlkit.core.data.builders import Dropped, Row
 from rlkit.core.data.gsm8k import INSTRUCTION, build_gsm8k
 from rlkit.core.rewards.gsm8k import to_number
 
@@ -23,7 +23,6 @@ _CALCULATION = re.compile(r"<<[^<>]*>>")
 _NUMBER = re.compile(r"(?<![\d.])\d[\d,]*(?:\.\d+)?(?![\d])")
 
 
-@DATASET_BUILDERS.register("gsm8k-pairs")
 def build_gsm8k_pairs(
     source: str | None = None, *, instruction: str = INSTRUCTION, seed: int = 0, keep_calculations: bool = False
 ) -> dict[str, list[Row | Dropped]]:

@@ -11,7 +11,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from rlkit.core.data.builders import DATASET_BUILDERS, Row, make_row
+from rlkit.core.data.builders import Row, make_row
 from rlkit.core.rewards.code import HUMANEVAL
 from rlkit.errors import UserError
 
@@ -28,7 +28,6 @@ def problems() -> list[dict[str, Any]]:
         return [json.loads(line) for line in handle if line.strip()]
 
 
-@DATASET_BUILDERS.register("humaneval")
 def build_humaneval(
     source: str | None = None, *, instruction: str = INSTRUCTION, n_train: int = 0
 ) -> dict[str, list[Row]]:

@@ -5,7 +5,6 @@ from __future__ import annotations
 from typing import Any
 
 from rlkit.core.data.builders import (
-    DATASET_BUILDERS,
     Dropped,
     Row,
     make_row,
@@ -17,7 +16,6 @@ DATA_SOURCE = "DigitalLearningGmbH/MATH-lighteval"
 INSTRUCTION = "Let's think step by step and output the final answer within \\boxed{}."
 
 
-@DATASET_BUILDERS.register("math")
 def build_math(source: str | None = None, *, instruction: str = INSTRUCTION) -> dict[str, list[Row | Dropped]]:
     """MATH problems (7,500 train / 5,000 test); ground truth = the last \\boxed{} of the solution.
 

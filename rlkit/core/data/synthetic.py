@@ -12,9 +12,7 @@ import random
 from pathlib import Path
 from typing import Any, Callable
 
-from rlkit.core.agents.builtin_tools import BUILTIN_TOOLS
-from rlkit.core.data.builders import DATASET_BUILDERS, Row, make_row
-from rlkit.core.rewards.registry import ANSWER_FNS, REWARD_FNS
+from rlkit.core.data.builders import Row, make_row
 
 # name -> fn(rng) -> (prompt text, answer)
 # Where a run directory keeps the prompts a synthetic task generated for it.
@@ -54,7 +52,6 @@ def _lookup(rng: random.Random) -> tuple[str, str]:
     return "secret?", str(rng.randrange(10))
 
 
-@DATASET_BUILDERS.register("synthetic")
 def build_synthetic(
     source: str | None = None, *, task: str = "echo", n_train: int = 1024, n_test: int = 128, seed: int = 0, **_: Any
 ) -> dict[str, list[Row]]:
@@ -72,18 +69,15 @@ def build_synthetic(
     return splits
 
 
-@REWARD_FNS.register("synthetic")
 def exact_match_reward(response: str, ground_truth: str, extra_info: dict[str, Any]) -> float:
     return 1.0 if response.strip() == ground_truth.strip() else 0.0
 
 
-@ANSWER_FNS.register("synthetic")
 def synthetic_answer(response: str) -> str | None:
     """The whole stripped response is the answer (what exact match grades)."""
     return response.strip() or None
 
 
-@REWARD_FNS.register("synthetic/lookup")
 def lookup_reward(response: str, ground_truth: str, extra_info: dict[str, Any]) -> float:
     """1 for the secret digit answered after a `lookup` call; 0.2 for a call and a wrong digit;
     0 without a call (an answer without it is a guess) or without a digit after the last call."""
@@ -95,7 +89,6 @@ def lookup_reward(response: str, ground_truth: str, extra_info: dict[str, Any]) 
     return 0.2 if answer.isdigit() else 0.0
 
 
-@ANSWER_FNS.register("synthetic/lookup")
 def lookup_answer(response: str) -> str | None:
     """What follows the last tool call (None without a call, an answer without it being a guess, or
     without anything after it)."""
@@ -104,8 +97,7 @@ def lookup_answer(response: str) -> str | None:
     return response.rsplit("</tool_call>", 1)[1].strip() or None
 
 
-@BUILTIN_TOOLS.register("lookup")
-def _lookup_tool(config: Any) -> Callable[..., Any]:
+def lookup_tool(config: Any) -> Callable[..., Any]:
     return lookup
 
 

@@ -20,6 +20,12 @@ Peaks: generate = state + vLLM share; update = state + compute copy + activation
 sync = state + vLLM share + one gathered fp32 tensor. PyTorch's cached blocks are handed back
 before the engine wakes (Generator.wake_engine, rlkit.core.rollout.generator), so the update's
 activations are not in the generate or sync peaks.
+
+What is resident and which peaks a step reaches are read from the step's phases: the RL step's plan
+(rlkit.core.algos.phase_plan, the phases rlkit.core.planning.timing prices), or an sft / dpo step's.
+The reference's weights are there when the plan has `ref`, the critic's when it has `update_critic`;
+each phase names the peak it reaches in PEAK_OF_PHASE, and a phase missing there fails the plan
+(KeyError) until it is priced.
 """
 
 from __future__ import annotations
@@ -28,6 +34,7 @@ from dataclasses import dataclass, field
 from types import SimpleNamespace
 
 from rlkit.core.algos.algorithm import Algorithm
+from rlkit.core.algos.phase_plan import phase_plan
 from rlkit.core.planning.shape import ModelShape
 from rlkit.core.train import fast_paths
 from rlkit.core.train.logprobs import CHUNK_ELEMENTS
@@ -37,6 +44,25 @@ GIB = 2**30
 DEVICE_RESERVE = int(1.5 * GIB)  # CUDA context, NCCL buffers, allocator slack: never available to rlkit
 VLLM_OVERHEAD = 1 * GIB  # vLLM's profiling activations and CUDA graphs inside its share (approximate)
 CPU_KV_CACHE = 1 * GIB  # VLLM_CPU_KVCACHE_SPACE, which rlkit sets for its CPU workers
+
+# The memory peak each phase of a step reaches on a training device. None: the phase has no peak of its
+# own, below the update's: a log-prob or value pass (old_log_prob, ref, values) runs forward only and saves
+# nothing for backward; the critic's update is the actor's without the vocabulary's logits (its head has one
+# output); adv is the controller's arithmetic. generate and sync are the engine's: on a training device only
+# when it is colocated.
+PEAK_OF_PHASE: dict[str, str | None] = {
+    "gen": "generate",
+    "gen_baseline": "generate",
+    "old_log_prob": None,
+    "ref": None,
+    "values": None,
+    "adv": None,
+    "update_critic": None,
+    "update_actor": "update",
+    "sync": "sync",
+}
+PEAKS = ("update", "generate", "sync")  # the order `rlkit plan` lists them
+ENGINE_PEAKS = ("generate", "sync")
 
 
 @dataclass(frozen=True)
@@ -91,7 +117,7 @@ class MicroBatch:
 
 @dataclass
 class DeviceMemory:
-    """Bytes on one training device: named parts, and the three phase peaks built from them."""
+    """Bytes on one training device: named parts, and the peaks (update, generate, sync) built from them."""
 
     parts: dict[str, float] = field(default_factory=dict)
     phases: dict[str, float] = field(default_factory=dict)
@@ -105,6 +131,14 @@ class DeviceMemory:
     @property
     def peak(self) -> float:
         return self.phases[self.peak_phase]
+
+
+def step_phases(config: RLConfig, algorithm: Algorithm) -> tuple[str, ...]:
+    """The phases of one step: the RL step's plan, or an sft / dpo step's (dpo: the reference's log-probs,
+    then the update; neither generates nor syncs)."""
+    if config.offline:
+        return (*(["ref"] if algorithm.reference else []), "update_actor")
+    return phase_plan(algorithm).phases
 
 
 def compute_bytes(config: RLConfig, on_gpu: bool) -> int:
@@ -192,8 +226,16 @@ def training_device(
     critic: ModelShape | None = None,
     reward_model: ModelShape | None = None,
 ) -> DeviceMemory:
-    """Every part on one training device and the generate / update / sync peaks."""
+    """Every part on one training device and the peaks its step's phases reach (update, generate, sync).
+    `critic`: the value model's shape, which a step with a critic needs."""
     world, compute = config.world_size, compute_bytes(config, on_gpu)
+    phases = step_phases(config, Algorithm.from_config(config))
+    peaks = {PEAK_OF_PHASE[phase] for phase in phases}
+    if config.rollout.placement != "colocated":  # the engine generates on its own devices
+        peaks -= set(ENGINE_PEAKS)
+    if "update_critic" in phases and critic is None:
+        raise ValueError("the step updates a critic: pass its shape (critic=)")
+    critic = critic if "update_critic" in phases else None
     mem = DeviceMemory()
     parts = mem.parts
     lora = config.model.lora
@@ -205,7 +247,7 @@ def training_device(
         parts["actor weights (fp32)"] = 4 * shape.params / world
         parts["actor gradients (fp32)"] = 4 * shape.params / world
         parts["AdamW moments (fp32)"] = 8 * shape.params / world
-    separate_reference = Algorithm.from_config(config).reference and not lora.rank
+    separate_reference = "ref" in phases and not lora.rank
     if separate_reference:
         parts["reference weights (fp32)"] = 4 * shape.params / world
     if critic is not None:
@@ -247,16 +289,20 @@ def training_device(
         parts["one layer recomputed in backward"] = activations["recomputed"]
     head = logits_bytes(shape, batch, compute)
     parts.update({f"{k} ({batch.response_tokens} response tokens)": b for k, b in head.items()})
-    mem.phases["update"] = state + copy + sum(activations.values()) + sum(head.values())
-    if config.rollout.placement == "colocated" and not config.offline:  # objective sft starts no engine
+    engine = 0.0
+    if peaks & set(ENGINE_PEAKS):
         engine = engine_bytes(config, shape, device_bytes, on_gpu)
         parts["vLLM share while generating" if on_gpu else "rollout engine (CPU: weights + KV cache)"] = engine
-        mem.phases["generate"] = state + engine
-        largest = max(shape.vocab, shape.intermediate) * shape.hidden * 4  # one gathered fp32 tensor
+        mem.notes.append("vLLM sleeps while training (weights on the host, KV cache freed): ~0 in update")
+    largest = max(shape.vocab, shape.intermediate) * shape.hidden * 4  # one gathered fp32 tensor
+    price = {
+        "update": lambda: state + copy + sum(activations.values()) + sum(head.values()),
+        "generate": lambda: state + engine,
         # The sync wakes only the engine's weights, yet on an H200 (vLLM 0.26) its peak was the
         # generate phase's: the engine's whole share is counted (docs/benchmarks.md, calibration).
-        mem.phases["sync"] = state + max(engine, shape.params * compute) + largest
-        mem.notes.append("vLLM sleeps while training (weights on the host, KV cache freed): ~0 in update")
+        "sync": lambda: state + max(engine, shape.params * compute) + largest,
+    }
+    mem.phases = {peak: price[peak]() for peak in PEAKS if peak in peaks}
     return mem
 
 

@@ -45,7 +45,7 @@ from typing import Any
 
 from rlkit.core.agents.sandbox import Limits, SandboxedProcess, start_python
 from rlkit.core.rewards import plain_data
-from rlkit.core.rewards.registry import REWARD_FNS, score_range
+from rlkit.core.rewards.registry import score_range
 
 HUMANEVAL = "openai/humaneval"
 PER_TEST_S = 3.0  # each statement of `check`, the candidate's calls included
@@ -242,7 +242,6 @@ def run_tests(program: str, prompt: str, tests: str, entry_point: str, limits: L
         trial.close()
 
 
-@REWARD_FNS.register(HUMANEVAL)
 @score_range(0.0, 1.0)
 def humaneval_reward(response: str, ground_truth: str, extra_info: dict[str, Any]) -> dict[str, float]:
     """Share of the problem's tests passed; ground_truth holds its `check` function, extra_info

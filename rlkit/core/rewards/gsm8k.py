@@ -11,8 +11,6 @@ import re
 from decimal import Decimal, InvalidOperation
 from typing import Any, Literal
 
-from rlkit.core.rewards.registry import ANSWER_FNS, REWARD_FNS
-
 # A number: a minus not glued to a word ('3-5' is 3 and 5), an optional '$', digits in
 # comma groups of three or plain, optional decimals. Linear time: no nested repeats.
 _NUMBER = r"(?:(?<![\w)])-)?\$?(?:[0-9]{1,3}(?:,[0-9]{3})+(?![0-9])|[0-9]+)(?:\.[0-9]+)?"
@@ -43,7 +41,6 @@ def to_number(text: str) -> Decimal | None:
     return value if value.is_finite() else None
 
 
-@REWARD_FNS.register("openai/gsm8k", "gsm8k")
 def gsm8k_reward(
     response: str,
     ground_truth: str,
@@ -63,7 +60,6 @@ def gsm8k_reward(
     return {"score": score, "answer_found": float(found)}
 
 
-@ANSWER_FNS.register("openai/gsm8k", "gsm8k")
 def gsm8k_answer(response: str, *, gsm8k_method: Literal["strict", "flexible"] = "strict") -> str | None:
     """The number the reward would grade, by value ('72.0', '$72' and '72' are one answer)."""
     answer = extract_answer(response, gsm8k_method)

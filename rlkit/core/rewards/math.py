@@ -10,8 +10,6 @@ from __future__ import annotations
 import threading
 from typing import Any
 
-from rlkit.core.rewards.registry import ANSWER_FNS, REWARD_FNS
-
 # math-verify's own per-parse timeout (seconds); it uses SIGALRM, so only in the main thread.
 _MATH_VERIFY_TIMEOUT = 5
 
@@ -34,7 +32,6 @@ def last_boxed(text: str) -> str | None:
     return None  # unbalanced braces
 
 
-@REWARD_FNS.register("math", "DigitalLearningGmbH/MATH-lighteval", "lighteval/MATH", "hendrycks/competition_math")
 def math_reward(
     response: str, ground_truth: str, extra_info: dict[str, Any], *, format_score: float = 0.0
 ) -> dict[str, float]:
@@ -54,7 +51,6 @@ def math_reward(
     return {"score": 1.0 if correct else (format_score if found else 0.0), "answer_found": float(found)}
 
 
-@ANSWER_FNS.register("math", "DigitalLearningGmbH/MATH-lighteval", "lighteval/MATH", "hendrycks/competition_math")
 def math_answer(response: str) -> str | None:
     """The last \\boxed{} content without spaces: a textual key, so '1/2' and '0.5' count as two answers."""
     boxed = last_boxed(response)

@@ -12,13 +12,12 @@ from __future__ import annotations
 import math
 from typing import Any, Callable
 
+from rlkit.core.registrations import ANSWER_FNS, REWARD_FNS
 from rlkit.core.registry import Registry
 from rlkit.errors import UserError
 
 RewardFn = Callable[[str, str, dict[str, Any]], "float | dict[str, float]"]
-REWARD_FNS: Registry[RewardFn] = Registry("reward function for data_source")
 AnswerFn = Callable[..., "str | None"]  # fn(response, **reward options it declares) -> answer or None
-ANSWER_FNS: Registry[AnswerFn] = Registry("answer extractor for data_source")
 
 
 def _lookup_name(registry: Registry, data_source: str) -> str:

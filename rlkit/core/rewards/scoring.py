@@ -25,10 +25,6 @@ import inspect
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-import rlkit.core.data.synthetic  # noqa: F401  (registers the synthetic tasks' reward)
-import rlkit.core.rewards.code  # noqa: F401  (registers HumanEval's tests)
-import rlkit.core.rewards.gsm8k  # noqa: F401  (registers gsm8k)
-import rlkit.core.rewards.math  # noqa: F401  (registers math)
 from rlkit.core.rewards.custom import FileFunction, load_function
 from rlkit.core.rewards.registry import clamp, declared_range, reward_fn_for
 from rlkit.core.rewards.worker_pool import Outcome, RewardError, WorkerPool

@@ -3,7 +3,7 @@
 Every engine is built here, from the run's config, by one path: the policy workers
 (colocated) and the rollout workers (split placement) call `make_engine` alike. An engine's
 own options live under `rollout.<name>.*` (rlkit.recipes.schema); a new engine is a module
-with a `RolloutEngine` subclass plus a factory registered below.
+with a `RolloutEngine` subclass plus a factory below, named in rlkit.core.registrations.
 """
 
 from __future__ import annotations
@@ -12,14 +12,13 @@ from typing import TYPE_CHECKING, Callable
 
 import torch
 
-from rlkit.core.registry import Registry
+from rlkit.core.registrations import ENGINES
 from rlkit.core.rollout.base import RolloutEngine
 
 if TYPE_CHECKING:
     from rlkit.recipes.schema import RLConfig
 
 EngineFactory = Callable[..., RolloutEngine]
-ENGINES: Registry[EngineFactory] = Registry("rollout engine")
 
 
 def make_engine(
@@ -34,8 +33,7 @@ def make_engine(
     )
 
 
-@ENGINES.register("vllm")
-def _vllm(
+def vllm_engine(
     config: RLConfig, model_path: str, *, device: torch.device, dtype: str, seed: int, sleep_mode: bool
 ) -> RolloutEngine:
     from rlkit.core.rollout.vllm_engine import VLLMEngine
@@ -55,8 +53,7 @@ def _vllm(
     )
 
 
-@ENGINES.register("sglang")
-def _sglang(
+def sglang_engine(
     config: RLConfig, model_path: str, *, device: torch.device, dtype: str, seed: int, sleep_mode: bool
 ) -> RolloutEngine:
     from rlkit.core.rollout.sglang_engine import SGLangEngine
@@ -77,8 +74,7 @@ def _sglang(
     )
 
 
-@ENGINES.register("hf")
-def _hf(
+def hf_engine(
     config: RLConfig, model_path: str, *, device: torch.device, dtype: str, seed: int, sleep_mode: bool
 ) -> RolloutEngine:
     from rlkit.core.rollout.hf_engine import HFEngine
