@@ -41,8 +41,9 @@ class RolloutWorker(DeviceWorker):
             self.dtype = fsdp.compute_dtype(cfg.model.dtype, self.device)
             # The engine has this device to itself: it never sleeps.
             engine = make_engine(
-                cfg,
+                cfg.rollout,
                 self.model_path,
+                max_model_len=cfg.data.max_prompt_length + cfg.data.max_response_length,
                 device=self.device,
                 dtype=self.dtype,
                 seed=cfg.trainer.seed + 10_000 + self.rank,

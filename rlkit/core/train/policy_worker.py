@@ -105,7 +105,15 @@ class PolicyWorker(DeviceWorker):
             self.generation = None
             if cfg.rollout.placement == "colocated" and with_engine:
                 seed, device = cfg.trainer.seed + self.rank, self.device
-                engine = make_engine(cfg, self.model_path, device=device, dtype=dtype, seed=seed, sleep_mode=True)
+                engine = make_engine(
+                    cfg.rollout,
+                    self.model_path,
+                    max_model_len=cfg.data.max_prompt_length + cfg.data.max_response_length,
+                    device=device,
+                    dtype=dtype,
+                    seed=seed,
+                    sleep_mode=True,
+                )
                 self.generation = Generator(
                     self,
                     cfg,
