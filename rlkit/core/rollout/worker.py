@@ -50,7 +50,14 @@ class RolloutWorker(DeviceWorker):
                 sleep_mode=False,
             )
             self.generation = Generator(
-                self, cfg, self.model_path, engine, device=self.device, dtype=self.dtype, sleep_mode=False
+                self,
+                cfg.rollout.agent,
+                cfg.data,
+                self.model_path,
+                engine,
+                device=self.device,
+                dtype=self.dtype,
+                sleep_mode=False,
             )
         self.idle_since = time.perf_counter()  # when the last call ended: the rollout's idle time starts there
         import ray  # a rollout worker is always a Ray actor (split placement); the module is imported without Ray
