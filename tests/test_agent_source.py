@@ -39,8 +39,9 @@ def _source(tokenizer, overrides, policy, answers):
                                              "actor.mini_batch_size=4", *overrides])
     data = rows(tokenizer, ["secret?"] * 4, answers)
     sampler = PromptSampler(4, 4, seed=0, shuffle=False)
+    loop = build_agent_loop(config.rollout.agent, config.data, tokenizer)
     source = SyncRolloutSource(config, Algorithm.from_config(config), data, sampler, tokenizer,
-                               RewardScorer(config.reward), _Local(build_agent_loop(config, tokenizer), ScriptedEngine(policy)))
+                               RewardScorer(config.reward), _Local(loop, ScriptedEngine(policy)))
     return source
 
 

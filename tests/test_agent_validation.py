@@ -138,8 +138,8 @@ class _Reporter(PhaseReporter):
 
 def _generator(config, model_path, engine) -> Generator:
     """A rank's generation role on a scripted engine."""
-    return Generator(_Reporter(), config, model_path, engine, device=torch.device("cpu"), dtype="float32",
-                     sleep_mode=False)
+    return Generator(_Reporter(), config.rollout.agent, config.data, model_path, engine, device=torch.device("cpu"),
+                     dtype="float32", sleep_mode=False)
 
 
 def test_episodes_spread_over_ranks_keep_validations_seeds(tok, tiny_model_dir):

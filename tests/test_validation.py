@@ -152,7 +152,8 @@ def test_validation_episodes_put_the_workers_rng_back() -> None:
         rank = 0
 
     def generator() -> Generator:
-        return Generator(Reporter(), load_config("grpo-demo"), "unused", Engine(), device=torch.device("cpu"),
+        config = load_config("grpo-demo")
+        return Generator(Reporter(), config.rollout.agent, config.data, "unused", Engine(), device=torch.device("cpu"),
                          dtype="float32", sleep_mode=False)
 
     torch.manual_seed(7)

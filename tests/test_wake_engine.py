@@ -34,7 +34,8 @@ class Reporter(PhaseReporter):
 
 def generation(device: str, sleep_mode: bool, calls: list[str]) -> Generator:
     engine = RecordingEngine(calls)
-    return Generator(Reporter(), load_config("grpo-demo"), "unused", engine, device=torch.device(device),
+    config = load_config("grpo-demo")
+    return Generator(Reporter(), config.rollout.agent, config.data, "unused", engine, device=torch.device(device),
                      dtype="float32", sleep_mode=sleep_mode)
 
 

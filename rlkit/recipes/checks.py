@@ -333,7 +333,7 @@ def batch_arithmetic(config: RLConfig) -> list[str]:
 
 def _plan_lines(config: RLConfig) -> list[str]:
     algorithm = Algorithm.from_config(config)
-    return describe(phase_plan(algorithm), algorithm, config)
+    return describe(phase_plan(algorithm), algorithm, config.rollout, train_batch_size=config.data.train_batch_size)
 
 
 def check_in_process(config: RLConfig, fail: Callable[[str, str], None]) -> None:

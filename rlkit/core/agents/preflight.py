@@ -14,7 +14,8 @@ from rlkit.core.agents.tool_env import load_tools
 from rlkit.errors import UserError
 
 if TYPE_CHECKING:
-    from rlkit.recipes.schema import RLConfig
+    from rlkit.recipes.agent_schema import AgentConfig
+    from rlkit.recipes.reward_schema import RewardConfig, RewardModelConfig
 
 LOOPS = ("single_turn", "tool", "env")
 WEAK_SANDBOX_WARNING = (
@@ -24,9 +25,10 @@ WEAK_SANDBOX_WARNING = (
 )
 
 
-def check_agent(config: RLConfig, tokenizer: Any) -> None:
-    """UserError naming the rollout.agent key and the fix, for anything that would fail in the workers."""
-    agent, data = config.rollout.agent, config.data
+def check_agent(agent: AgentConfig, tokenizer: Any, *, max_response_length: int, model_path: str) -> None:
+    """UserError naming the rollout.agent key and the fix, for anything that would fail in the workers
+    (`max_response_length`: data.max_response_length; `model_path`: model.path, named when its tokenizer's chat
+    template cannot write the loop's messages)."""
     if agent.loop not in LOOPS and ":" not in agent.loop:
         raise UserError(
             f"rollout.agent.loop={agent.loop!r}: choose one of {', '.join(LOOPS)}, or your own "
@@ -40,10 +42,10 @@ def check_agent(config: RLConfig, tokenizer: Any) -> None:
                     f"set rollout.agent.loop={'env' if key == 'env' else 'tool'}"
                 )
         return
-    if agent.max_tokens_per_turn is not None and agent.max_tokens_per_turn > data.max_response_length:
+    if agent.max_tokens_per_turn is not None and agent.max_tokens_per_turn > max_response_length:
         raise UserError(
             f"rollout.agent.max_tokens_per_turn={agent.max_tokens_per_turn} is more than the whole "
-            f"response may hold (data.max_response_length={data.max_response_length})"
+            f"response may hold (data.max_response_length={max_response_length})"
         )
     tools, role = None, "tool"
     if agent.loop not in LOOPS:  # an agent function: it writes its own messages
@@ -80,27 +82,31 @@ def check_agent(config: RLConfig, tokenizer: Any) -> None:
         TurnBoundary(tokenizer, tools).delta([{"role": role, "content": "probe"}])
     except Exception as exc:  # noqa: BLE001 - a template can fail in many ways (jinja, a missing role)
         raise UserError(
-            f"rollout.agent.loop={agent.loop}: the chat template of model.path={config.model.path} cannot "
+            f"rollout.agent.loop={agent.loop}: the chat template of model.path={model_path} cannot "
             f"write a {role!r} message ({type(exc).__name__}: {exc}); use a chat model whose template "
             "has that role"
         ) from None
 
 
-def uses_sandbox(config: RLConfig, data_sources: set[str]) -> bool:
-    """Whether the run starts sandboxes: the python tool, or HumanEval's tests scored by their rule."""
+def uses_sandbox(
+    agent: AgentConfig, reward: RewardConfig, reward_model: RewardModelConfig, data_sources: set[str]
+) -> bool:
+    """Whether the run starts sandboxes: the python tool, or HumanEval's tests scored by their rule (no
+    reward model, no reward function of the user's)."""
     from rlkit.core.rewards.code import HUMANEVAL
 
-    agent = config.rollout.agent
-    scored_by_rule = not config.reward_model.path and not config.reward.function
+    scored_by_rule = not reward_model.path and not reward.function
     return (agent.loop == "tool" and "python" in agent.tools) or (scored_by_rule and HUMANEVAL in data_sources)
 
 
-def check_sandbox(config: RLConfig, data_sources: set[str]) -> str | None:
+def check_sandbox(
+    agent: AgentConfig, reward: RewardConfig, reward_model: RewardModelConfig, data_sources: set[str]
+) -> str | None:
     """How the run's sandbox isolates (None: it uses none); SandboxUnavailable, one line naming
     rollout.agent.sandbox.isolation, where isolation is asked for and this machine cannot build it."""
-    if not uses_sandbox(config, data_sources):
+    if not uses_sandbox(agent, reward, reward_model, data_sources):
         return None
-    if config.rollout.agent.sandbox.isolation == "weak":
+    if agent.sandbox.isolation == "weak":
         return WEAK_SANDBOX_WARNING
     require_isolation()
     return "sandbox: model code runs isolated (bubblewrap namespaces, an unprivileged uid, no network)"

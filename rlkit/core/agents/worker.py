@@ -20,16 +20,17 @@ from rlkit.core.rollout.trajectory import Trajectory
 
 if TYPE_CHECKING:
     from rlkit.core.rollout.base import RolloutEngine, Sampling
-    from rlkit.recipes.schema import RLConfig
+    from rlkit.recipes.agent_schema import AgentConfig
+    from rlkit.recipes.model_schema import DataConfig
 
 # A tool turn's step waits for its tool calls, which run at once, each with call_timeout_s:
 # the step itself gets this much more before it counts as hung.
 _TOOL_STEP_MARGIN_S = 5.0
 
 
-def build_agent_loop(config: RLConfig, tokenizer: Any) -> AgentLoop | ClientAgentLoop:
-    """The loop rollout.agent describes, with its environment factory and limits."""
-    agent, data = config.rollout.agent, config.data
+def build_agent_loop(agent: AgentConfig, data: DataConfig, tokenizer: Any) -> AgentLoop | ClientAgentLoop:
+    """The loop `agent` (rollout.agent) describes, with its environment factory and limits (per turn, and the
+    prompt and response lengths of `data`)."""
     limits = Limits(
         max_turns=agent.max_turns,
         max_tokens_per_turn=agent.max_tokens_per_turn or data.max_response_length,

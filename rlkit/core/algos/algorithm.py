@@ -1,7 +1,8 @@
 """The algorithm of a run, built once from its config: what a step needs, and the advantage and loss it uses.
 
-`Algorithm.from_config(config)` reads the recipe's algorithm, actor, critic and rollout settings and
-declares, as typed fields, what an RL step must do for them: a reference model, a critic and its
+`Algorithm.from_sections(...)` reads the algorithm, actor and critic sections, the objective, rollout.mode
+and data.train_batch_size (`from_config(config)`: the same, from a whole config, for the composition roots
+that hold one) and declares, as typed fields, what an RL step must do for them: a reference model, a critic and its
 warm-up, where the update's old log-probs come from, an extra rollout (ReMax's greedy baseline), a group
 filter (DAPO's dynamic sampling), KL in the reward or in the loss, the policy loss and its terms, the
 importance correction. The controller, the rollout sources, the phase plan, the planner, the dry run,
@@ -30,7 +31,7 @@ if TYPE_CHECKING:
     from rlkit.core.algos.advantages import AdvantageInputs
     from rlkit.core.algos.kl import AdaptiveKLController, FixedKLController
     from rlkit.core.batch import Batch
-    from rlkit.recipes.actor_schema import ActorConfig, KLControlConfig
+    from rlkit.recipes.actor_schema import ActorConfig, AlgorithmConfig, CriticConfig, KLControlConfig
     from rlkit.recipes.schema import RLConfig
 
 # Where the update's old log-probs (pi_old of the ratio) come from:
@@ -68,14 +69,36 @@ class Algorithm:
 
     @classmethod
     def from_config(cls, config: RLConfig) -> Algorithm:
-        """The algorithm of `config` (objectives sft and dpo: no rollout, critic or advantage; dpo compares
-        the policy with the reference)."""
-        algo, actor, rl = config.algorithm, config.actor, config.objective == "rl"
+        """The algorithm of a whole config: `from_sections` with the sections it reads."""
+        return cls.from_sections(
+            algorithm=config.algorithm,
+            actor=config.actor,
+            critic=config.critic,
+            objective=config.objective,
+            rollout_mode=config.rollout.mode,
+            train_batch_size=config.data.train_batch_size,
+        )
+
+    @classmethod
+    def from_sections(
+        cls,
+        *,
+        algorithm: AlgorithmConfig,
+        actor: ActorConfig,
+        critic: CriticConfig,
+        objective: str,
+        rollout_mode: str,
+        train_batch_size: int,
+    ) -> Algorithm:
+        """The algorithm of these sections (objectives sft and dpo: no rollout, critic or advantage; dpo
+        compares the policy with the reference). `rollout_mode` (rollout.mode) decides the default importance
+        correction, `train_batch_size` (data.train_batch_size) whether the update is the batch's only step."""
+        algo, rl = algorithm, objective == "rl"
         needs = estimator_needs(algo.adv_estimator)
-        critic = rl and (config.critic.enable if config.critic.enable is not None else needs.critic)
+        has_critic = rl and (critic.enable if critic.enable is not None else needs.critic)
         kl_in_reward, kl_loss = rl and algo.use_kl_in_reward, rl and actor.use_kl_loss
-        correction = _rollout_correction(actor, config.rollout.mode)
-        one_update = actor.ppo_epochs == 1 and actor.mini_batch_size == config.data.train_batch_size
+        correction = _rollout_correction(actor, rollout_mode)
+        one_update = actor.ppo_epochs == 1 and actor.mini_batch_size == train_batch_size
         old: OldLogProbs = "trainer"
         if actor.old_log_probs == "rollout":
             old = "rollout"
@@ -86,9 +109,9 @@ class Algorithm:
             estimator=algo.adv_estimator,
             estimator_options={"gamma": algo.gamma, "lam": algo.lam, "norm_adv_by_std": algo.norm_adv_by_std},
             groups=rl and needs.groups,
-            critic=critic,
-            critic_warmup_steps=config.critic.warmup_steps if critic else 0,
-            reference=config.objective == "dpo" or kl_in_reward or kl_loss,
+            critic=has_critic,
+            critic_warmup_steps=critic.warmup_steps if has_critic else 0,
+            reference=objective == "dpo" or kl_in_reward or kl_loss,
             kl_in_reward=kl_in_reward,
             kl_penalty=algo.kl_penalty,
             kl_loss=kl_loss,

@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from rlkit.core.algos.algorithm import Algorithm
-    from rlkit.recipes.schema import RLConfig
+    from rlkit.recipes.rollout_schema import RolloutConfig
 
 ORDER = ("gen", "gen_baseline", "old_log_prob", "ref", "values", "adv", "update_critic", "update_actor", "sync")
 ACTOR_PHASES = ("update_actor", "sync")  # what a critic warm-up step leaves out
@@ -66,9 +66,10 @@ def phase_plan(algorithm: Algorithm) -> PhasePlan:
     )
 
 
-def describe(plan: PhasePlan, algorithm: Algorithm, config: RLConfig) -> list[str]:
-    """The plan in words, one line a phase, for `--dry-run` (`config`: the batch sizes and the placement)."""
-    d, n = config.data, config.samples_per_prompt
+def describe(plan: PhasePlan, algorithm: Algorithm, rollout: RolloutConfig, *, train_batch_size: int) -> list[str]:
+    """The plan in words, one line a phase, for `--dry-run` (`rollout`: the samples per prompt, the placement
+    and the mode; `train_batch_size`: data.train_batch_size, the prompts of a step)."""
+    prompts, n = train_batch_size, rollout.n
     old = (
         "old_log_prob: the policy's log-probs before the update"
         if algorithm.old_log_probs != "rollout"
@@ -76,14 +77,13 @@ def describe(plan: PhasePlan, algorithm: Algorithm, config: RLConfig) -> list[st
     )
     words = {
         "gen": (
-            f"gen: up to {plan.gen_rounds} rounds of {d.train_batch_size} prompts per step, until "
-            f"{d.train_batch_size} groups with differing scores are found (dynamic sampling)"
+            f"gen: up to {plan.gen_rounds} rounds of {prompts} prompts per step, until "
+            f"{prompts} groups with differing scores are found (dynamic sampling)"
             if plan.gen_rounds > 1
-            else f"gen: {d.train_batch_size} prompts x {n} samples"
+            else f"gen: {prompts} prompts x {n} samples"
         ),
         "gen_baseline": (
-            f"gen_baseline: {algorithm.estimator}: {d.train_batch_size} more greedy samples "
-            "per step (one per prompt) as baselines"
+            f"gen_baseline: {algorithm.estimator}: {prompts} more greedy samples per step (one per prompt) as baselines"
         ),
         "old_log_prob": old,
         "ref": "ref: the reference's log-probs ("
@@ -107,7 +107,7 @@ def describe(plan: PhasePlan, algorithm: Algorithm, config: RLConfig) -> list[st
                 else ""
             )
         ),
-        "sync": f"sync: weights to the rollout engines ({config.rollout.placement} placement, {config.rollout.mode})",
+        "sync": f"sync: weights to the rollout engines ({rollout.placement} placement, {rollout.mode})",
     }
     return ["each step runs: " + " -> ".join(plan.phases)] + [f"  {words[phase]}" for phase in plan.phases]
 

@@ -29,7 +29,7 @@ class UpdateInputs:
     @classmethod
     def for_step(cls, algorithm: Algorithm, *, log_prob_check: bool) -> UpdateInputs:
         """The inputs of a step's update; `log_prob_check`: the engine returned its log-probs this step
-        (RLConfig.log_prob_check_step) although the math does not read them."""
+        (rollout.log_prob_check_freq, or step 1 under trainer.invariants) although the math does not read them."""
         return cls(
             old_log_probs_from_update=algorithm.old_log_probs_from_update,
             rollout_log_probs=algorithm.rollout_log_probs or log_prob_check,

@@ -67,7 +67,7 @@ class Controller:
         # Every sandbox of the run (reward workers, Ray workers) inherits the mode from this process's environment.
         set_isolation(config.rollout.agent.sandbox.isolation)
         self.weak_sandbox = config.rollout.agent.sandbox.isolation == "weak" and uses_sandbox(
-            config, {row.data_source for row in self.rows}
+            config.rollout.agent, config.reward, config.reward_model, {row.data_source for row in self.rows}
         )
         if self.weak_sandbox:
             logger.warning(WEAK_SANDBOX_WARNING)

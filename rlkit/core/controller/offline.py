@@ -48,7 +48,7 @@ class OfflineController:
         self.reference = Algorithm.from_config(config).reference  # dpo compares the policy with it
         self.model_path, self.tokenizer = inputs.model_path, inputs.tokenizer
         self.rows, self.val_rows = inputs.rows, inputs.val_rows
-        self.kind = row_kind(config)
+        self.kind = row_kind(config.objective, config.data, config.sft)
         self.pad_id = self.tokenizer.pad_token_id or 0
         self.sampler = PromptSampler(
             len(self.rows), config.data.train_batch_size, seed=config.trainer.seed, shuffle=config.data.shuffle

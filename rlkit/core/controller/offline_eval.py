@@ -163,8 +163,9 @@ def start_engine(target: EvalTarget) -> RolloutEngine:
     use_cuda = cfg.trainer.device == "cuda" or (cfg.trainer.device == "auto" and torch.cuda.is_available())
     device = torch.device("cuda", 0) if use_cuda else torch.device("cpu")
     engine = make_engine(
-        cfg,
+        cfg.rollout,
         target.model_path,
+        max_model_len=cfg.data.max_prompt_length + cfg.data.max_response_length,
         device=device,
         dtype=fsdp.compute_dtype(cfg.model.dtype, device),
         seed=cfg.trainer.seed,

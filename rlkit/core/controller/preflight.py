@@ -58,7 +58,13 @@ class Preflight:
                 inputs = self.offline_data(model_path, tokenizer)
             else:
                 inputs = self.training_data(model_path, tokenizer)
-                check_agent(cfg, tokenizer)  # rollout.agent: the user's environment, tools or agent function
+                # rollout.agent: the user's environment, tools or agent function
+                check_agent(
+                    cfg.rollout.agent,
+                    tokenizer,
+                    max_response_length=cfg.data.max_response_length,
+                    model_path=cfg.model.path,
+                )
                 self.checked.append(f"rollout.agent.loop={cfg.rollout.agent.loop}")
         else:  # only a dry run gets here: the config check demands a model otherwise
             self.skipped.append("the model, its tokenizer and the training prompts (no model.path given)")
@@ -133,7 +139,8 @@ class Preflight:
             self.checked.append(check_reward_functions(self.config.reward, [r.data_source for r in rows], where))
             if self.dry_run:  # a real run scores rows at step 1 anyway; a dry run has no other chance
                 self.checked.append(probe_reward(self.config.reward, rows))
-        sandbox = check_sandbox(self.config, {row.data_source for row in rows})
+        cfg = self.config
+        sandbox = check_sandbox(cfg.rollout.agent, cfg.reward, cfg.reward_model, {row.data_source for row in rows})
         if sandbox:
             self.checked.append(sandbox)
         for file in data.val_files:
@@ -145,10 +152,11 @@ class Preflight:
         data.max_response_length (every bad row named with its file and row), enough for one batch."""
         from rlkit.core.data.offline import row_kind
 
-        data, kind = self.config.data, row_kind(self.config)
-        rows = kind.load(self.config, data.train_files, "data.train_files", tokenizer)
+        data = self.config.data
+        kind = row_kind(self.config.objective, data, self.config.sft)
+        rows = kind.load(data.train_files, "data.train_files", tokenizer)
         PromptSampler.check_size(len(rows), data.train_batch_size)
-        val_rows = kind.load(self.config, data.val_files, "data.val_files", tokenizer) if data.val_files else []
+        val_rows = kind.load(data.val_files, "data.val_files", tokenizer) if data.val_files else []
         self.checked.append(
             f"data: {len(rows)} training and {len(val_rows)} validation {kind.what} of "
             f"{', '.join(data.train_files + data.val_files)}, each within data.max_prompt_length + "

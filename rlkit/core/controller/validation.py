@@ -259,7 +259,8 @@ def workers_episodes(group: Group) -> GenerateFn:
 
 def engine_episodes(engine: RolloutEngine, config: RLConfig, tokenizer: Any) -> GenerateFn:
     """Episodes on one engine in this process (`rlkit eval`), with the run's agent loop (rollout.agent)."""
-    loop = None if config.rollout.agent.loop == "single_turn" else build_agent_loop(config, tokenizer)
+    agent = config.rollout.agent
+    loop = None if agent.loop == "single_turn" else build_agent_loop(agent, config.data, tokenizer)
 
     def generate(rows: list[PromptRow], sampling: Sampling) -> list[Trajectory]:
         return run_episodes(engine, loop, rows, list(range(len(rows))), sampling)

@@ -60,7 +60,7 @@ def sample_responses(
     from rlkit.core.data.dataset import tokenize_prompt
     from rlkit.core.rollout.base import Sampling
     from rlkit.core.rollout.engines import make_engine
-    from rlkit.recipes.schema import RLConfig
+    from rlkit.recipes.rollout_schema import RolloutConfig
 
     try:
         tokenizer = AutoTokenizer.from_pretrained(model_path)
@@ -68,11 +68,15 @@ def sample_responses(
         raise UserError(f"--model {model_path}: cannot load a tokenizer ({exc})") from None
     prompts = [tokenize_prompt(tokenizer, row["prompt"]) for row in rows]
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    config = RLConfig(
-        rollout={"name": "hf"},
-        data={"max_prompt_length": max(map(len, prompts)), "max_response_length": max_new_tokens},
+    engine = make_engine(
+        RolloutConfig(name="hf"),
+        model_path,
+        max_model_len=max(map(len, prompts)) + max_new_tokens,
+        dtype="float32",
+        seed=seed,
+        device=device,
+        sleep_mode=False,
     )
-    engine = make_engine(config, model_path, dtype="float32", seed=seed, device=device, sleep_mode=False)
     sampling = Sampling(n=n, max_tokens=max_new_tokens, temperature=temperature, seed=seed, greedy=temperature == 0)
     responses: list[list[str]] = [[] for _ in rows]
     for sample in engine.generate(prompts, sampling):

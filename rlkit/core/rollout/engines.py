@@ -1,9 +1,11 @@
 """The rollout-engine registry: `rollout.name` picks one; its module is imported only when chosen.
 
-Every engine is built here, from the run's config, by one path: the policy workers
+Every engine is built here, from the run's rollout section, by one path: the policy workers
 (colocated) and the rollout workers (split placement) call `make_engine` alike. An engine's
-own options live under `rollout.<name>.*` (rlkit.recipes.schema); a new engine is a module
-with a `RolloutEngine` subclass plus a factory below, named in rlkit.core.registrations.
+own options live under `rollout.<name>.*` (rlkit.recipes.rollout_schema); what it needs from
+other sections (the model's path and dtype, the longest sequence, its seed) the caller passes
+explicitly. A new engine is a module with a `RolloutEngine` subclass plus a factory below,
+named in rlkit.core.registrations.
 """
 
 from __future__ import annotations
@@ -16,35 +18,50 @@ from rlkit.core.registrations import ENGINES
 from rlkit.core.rollout.base import RolloutEngine
 
 if TYPE_CHECKING:
-    from rlkit.recipes.schema import RLConfig
+    from rlkit.recipes.rollout_schema import RolloutConfig
 
 EngineFactory = Callable[..., RolloutEngine]
 
 
 def make_engine(
-    config: RLConfig, model_path: str, *, device: torch.device, dtype: str, seed: int, sleep_mode: bool
+    rollout: RolloutConfig,
+    model_path: str,
+    *,
+    max_model_len: int,
+    device: torch.device,
+    dtype: str,
+    seed: int,
+    sleep_mode: bool,
 ) -> RolloutEngine:
-    """The engine `rollout.name` names, for `model_path` on `device`.
+    """The engine `rollout.name` names, for `model_path` on `device`, holding sequences of up to
+    `max_model_len` tokens (data.max_prompt_length + data.max_response_length).
 
     `sleep_mode`: the engine shares its device with training and releases memory between rollouts.
     """
-    return ENGINES.get(config.rollout.name)(
-        config, model_path, device=device, dtype=dtype, seed=seed, sleep_mode=sleep_mode
+    return ENGINES.get(rollout.name)(
+        rollout, model_path, max_model_len=max_model_len, device=device, dtype=dtype, seed=seed, sleep_mode=sleep_mode
     )
 
 
 def vllm_engine(
-    config: RLConfig, model_path: str, *, device: torch.device, dtype: str, seed: int, sleep_mode: bool
+    rollout: RolloutConfig,
+    model_path: str,
+    *,
+    max_model_len: int,
+    device: torch.device,
+    dtype: str,
+    seed: int,
+    sleep_mode: bool,
 ) -> RolloutEngine:
     from rlkit.core.rollout.vllm_engine import VLLMEngine
 
-    rollout, options = config.rollout, config.rollout.vllm
+    options = rollout.vllm
     return VLLMEngine(
         model_path,
         dtype=dtype,
         seed=seed,
         device=device,
-        max_model_len=config.data.max_prompt_length + config.data.max_response_length,
+        max_model_len=max_model_len,
         gpu_memory_utilization=rollout.gpu_memory_utilization,
         enforce_eager=options.enforce_eager,
         max_num_seqs=rollout.max_num_seqs,
@@ -54,17 +71,24 @@ def vllm_engine(
 
 
 def sglang_engine(
-    config: RLConfig, model_path: str, *, device: torch.device, dtype: str, seed: int, sleep_mode: bool
+    rollout: RolloutConfig,
+    model_path: str,
+    *,
+    max_model_len: int,
+    device: torch.device,
+    dtype: str,
+    seed: int,
+    sleep_mode: bool,
 ) -> RolloutEngine:
     from rlkit.core.rollout.sglang_engine import SGLangEngine
 
-    rollout, options = config.rollout, config.rollout.sglang
+    options = rollout.sglang
     return SGLangEngine(
         model_path,
         dtype=dtype,
         seed=seed,
         device=device,
-        max_model_len=config.data.max_prompt_length + config.data.max_response_length,
+        max_model_len=max_model_len,
         gpu_memory_utilization=rollout.gpu_memory_utilization,
         max_num_seqs=rollout.max_num_seqs,
         sleep_mode=sleep_mode,
@@ -75,8 +99,15 @@ def sglang_engine(
 
 
 def hf_engine(
-    config: RLConfig, model_path: str, *, device: torch.device, dtype: str, seed: int, sleep_mode: bool
+    rollout: RolloutConfig,
+    model_path: str,
+    *,
+    max_model_len: int,
+    device: torch.device,
+    dtype: str,
+    seed: int,
+    sleep_mode: bool,
 ) -> RolloutEngine:
     from rlkit.core.rollout.hf_engine import HFEngine
 
-    return HFEngine(model_path, dtype=dtype, device=device, batch_size=config.rollout.hf.batch_size)
+    return HFEngine(model_path, dtype=dtype, device=device, batch_size=rollout.hf.batch_size)

@@ -25,19 +25,22 @@ from rlkit.core.rollout.sync_check import SyncProbe
 from rlkit.core.rollout.trajectory import Trajectory
 from rlkit.core.state.shards import rng_state, set_rng_state
 from rlkit.core.train import fsdp
-from rlkit.recipes.schema import RLConfig
+from rlkit.recipes.agent_schema import AgentConfig
+from rlkit.recipes.model_schema import DataConfig
 
 NamedTensors = Iterable[tuple[str, torch.Tensor]]
 
 
 class Generator(Role):
     """`engine` on `device` (made by rlkit.core.rollout.engines.make_engine with `sleep_mode`);
-    `weights` (colocated) yields the actor's full tensors for `sync_weights`."""
+    `weights` (colocated) yields the actor's full tensors for `sync_weights`. `agent` (rollout.agent) and
+    `data` (the prompt and response lengths) describe the agent loop; `model_path` holds its tokenizer."""
 
     def __init__(
         self,
         phases: PhaseReporter,
-        config: RLConfig,
+        agent: AgentConfig,
+        data: DataConfig,
         model_path: str,
         engine: RolloutEngine,
         *,
@@ -47,7 +50,7 @@ class Generator(Role):
         weights: Callable[[], Iterator[tuple[str, torch.Tensor]]] | None = None,
     ) -> None:
         super().__init__(phases)
-        self.config, self.model_path, self.engine, self.weights = config, model_path, engine, weights
+        self.agent, self.data, self.model_path, self.engine, self.weights = agent, data, model_path, engine, weights
         self.device, self.dtype, self.sleep_mode = device, dtype, sleep_mode
         self.sync_probe = SyncProbe()
         self._agent_loop: AgentLoop | ClientAgentLoop | None = None
@@ -91,7 +94,7 @@ class Generator(Role):
         with self.reporting("validation"):
             self.wake_engine()
             try:
-                loop = None if self.config.rollout.agent.loop == "single_turn" else self.agent_loop()
+                loop = None if self.agent.loop == "single_turn" else self.agent_loop()
                 return run_episodes(self.engine, loop, rows, groups, sampling)
             finally:
                 self.engine.sleep()
@@ -102,7 +105,7 @@ class Generator(Role):
         if self._agent_loop is None:
             from transformers import AutoTokenizer
 
-            self._agent_loop = build_agent_loop(self.config, AutoTokenizer.from_pretrained(self.model_path))
+            self._agent_loop = build_agent_loop(self.agent, self.data, AutoTokenizer.from_pretrained(self.model_path))
         return self._agent_loop
 
     def engine_log_probs(self, sequences: list[list[int]], prompt_len: int) -> list[list[float]]:

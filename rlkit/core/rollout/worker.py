@@ -41,15 +41,23 @@ class RolloutWorker(DeviceWorker):
             self.dtype = fsdp.compute_dtype(cfg.model.dtype, self.device)
             # The engine has this device to itself: it never sleeps.
             engine = make_engine(
-                cfg,
+                cfg.rollout,
                 self.model_path,
+                max_model_len=cfg.data.max_prompt_length + cfg.data.max_response_length,
                 device=self.device,
                 dtype=self.dtype,
                 seed=cfg.trainer.seed + 10_000 + self.rank,
                 sleep_mode=False,
             )
             self.generation = Generator(
-                self, cfg, self.model_path, engine, device=self.device, dtype=self.dtype, sleep_mode=False
+                self,
+                cfg.rollout.agent,
+                cfg.data,
+                self.model_path,
+                engine,
+                device=self.device,
+                dtype=self.dtype,
+                sleep_mode=False,
             )
         self.idle_since = time.perf_counter()  # when the last call ended: the rollout's idle time starts there
         import ray  # a rollout worker is always a Ray actor (split placement); the module is imported without Ray

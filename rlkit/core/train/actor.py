@@ -10,6 +10,7 @@ process's RNG), so a role of its own would hold the same three references and no
 from __future__ import annotations
 
 import functools
+from typing import Literal
 
 import torch
 
@@ -27,7 +28,8 @@ from rlkit.core.train.learner import micro_batches, optimize
 from rlkit.core.train.logprobs import selected_log_probs
 from rlkit.core.train.model import TrainableModel
 from rlkit.core.train.offline_worker import OfflineUpdates
-from rlkit.recipes.schema import RLConfig
+from rlkit.recipes.actor_schema import ActorConfig
+from rlkit.recipes.trainer_schema import DPOConfig
 
 
 def response_log_probs(
@@ -54,24 +56,36 @@ def response_log_probs(
 
 
 class Actor(Role, OfflineUpdates):
-    """Rank `rank`'s shard of the actor (`model`), on `device`, passes packed to `fast_paths`' budget."""
+    """Rank `rank`'s shard of the actor (`model`), on `device`, passes packed to `fast_paths`' budget.
+
+    Built from the sections it reads: `actor` (the update's options), `algorithm` (what the RL update
+    computes: the policy loss with its options, resolved once, and its terms), `objective` (rl, or the
+    offline objective whose micro-step `update_offline` runs, with `dpo`'s options), `temperature` (of
+    the log-prob passes and the RL update: rollout.temperature in RL, 1 offline), `micro_batch_group`
+    (rows that share a micro-batch) and `max_response_length` (the seq-mean-token-sum-norm divisor).
+    """
 
     def __init__(
         self,
         phases: PhaseReporter,
-        config: RLConfig,
         model: TrainableModel,
         rank: int,
         device: torch.device,
         fast_paths: FastPaths,
+        *,
+        actor: ActorConfig,
+        algorithm: Algorithm,
+        objective: Literal["rl", "sft", "dpo"],
+        temperature: float,
+        micro_batch_group: int,
+        max_response_length: int,
+        dpo: DPOConfig,
     ) -> None:
         super().__init__(phases)
-        self.config, self.model, self.rank, self.device, self.fast_paths = config, model, rank, device, fast_paths
-
-    @functools.cached_property
-    def algorithm(self) -> Algorithm:
-        """What the update computes: the policy loss with its options, resolved once, and its terms."""
-        return Algorithm.from_config(self.config)
+        self.model, self.rank, self.device, self.fast_paths = model, rank, device, fast_paths
+        self.actor, self.algorithm, self.objective, self.dpo = actor, algorithm, objective, dpo
+        self.temperature, self.micro_batch_group = temperature, micro_batch_group
+        self.max_response_length = max_response_length
 
     @torch.no_grad()
     @in_phase("log_probs/actor")
@@ -83,7 +97,7 @@ class Actor(Role, OfflineUpdates):
             batch,
             device=self.device,
             micro_batch_tokens=self.fast_paths.micro_batch_tokens,
-            temperature=self.config.log_prob_temperature,
+            temperature=self.temperature,
             with_entropy=True,
         )
 
@@ -96,7 +110,7 @@ class Actor(Role, OfflineUpdates):
 
         Metrics are global (rlkit.core.train.learner): every worker returns the same numbers.
         """
-        cfg = self.config.actor
+        cfg = self.actor
         micro_step = functools.partial(self._micro_step, inputs=inputs)
         totals = optimize(
             self.model,
@@ -120,7 +134,7 @@ class Actor(Role, OfflineUpdates):
         logits = fsdp.packed_outputs(self.model.module, packed)
         with_entropy = "entropy" in algorithm.loss_terms or old_from_here
         flat_log_probs, flat_entropy = selected_log_probs(
-            logits, packed.targets, self.config.rollout.temperature, with_entropy=with_entropy
+            logits, packed.targets, self.temperature, with_entropy=with_entropy
         )
         log_probs = packed.scatter(flat_log_probs)
         old_log_probs = log_probs.detach() if old_from_here else mb["old_log_probs"]
@@ -136,7 +150,7 @@ class Actor(Role, OfflineUpdates):
         agg = dict(
             global_num_tokens=norm["num_tokens"],
             global_num_seqs=norm["num_seqs"],
-            norm_length=self.config.data.max_response_length,
+            norm_length=self.max_response_length,
         )
         loss = aggregate_loss(per_token, mask, algorithm.loss_agg_mode, **agg)
         tokens = mask.sum().detach().cpu()

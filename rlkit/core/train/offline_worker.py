@@ -2,7 +2,7 @@
 
 `update_offline` is the RL update's twin: the same mini-batches with the whole mini-batch's
 counts (`norms`), the same optimize loop (micro-batches packed to actor.micro_batch_tokens,
-clip, AdamW, schedule). Only the micro-step differs, and config.objective picks it from
+clip, AdamW, schedule). Only the micro-step differs, and the objective picks it from
 `OFFLINE_STEPS`. A micro-step returns (loss, metric sums): `loss` is the micro-batch's share of
 the mini-batch's loss; the step's `means` keys are shares of mini-batch means too, every other
 key is a token sum that the loop divides by `tokens`. `evaluate_offline` runs the same
@@ -24,6 +24,8 @@ from rlkit.core.train import fsdp, packing
 from rlkit.core.train.learner import all_reduce_sums, micro_batches, optimize
 from rlkit.core.train.logprobs import selected_log_probs
 from rlkit.core.train.preference_step import preference_micro_step
+from rlkit.recipes.actor_schema import ActorConfig
+from rlkit.recipes.trainer_schema import DPOConfig
 
 
 @dataclass(frozen=True)
@@ -32,7 +34,7 @@ class OfflineStep:
     means: tuple[str, ...]  # metric keys that are shares of a mini-batch mean (the rest: token sums)
 
 
-# objective -> its micro-step (the rows that must share a micro-batch, a dpo pair: config.micro_batch_group).
+# objective -> its micro-step (the rows that must share a micro-batch, a dpo pair: the actor's micro_batch_group).
 OFFLINE_STEPS = {
     "sft": OfflineStep("_sft_micro_step", ("loss",)),
     "dpo": OfflineStep("_dpo_micro_step", PREFERENCE_METRICS),
@@ -40,10 +42,15 @@ OFFLINE_STEPS = {
 
 
 class OfflineUpdates:
-    """Mixed into the actor role (rlkit.core.train.actor), which holds `config`, `model`, `device`, `fast_paths`
-    and reports its phases (`reporting`)."""
+    """Mixed into the actor role (rlkit.core.train.actor), which holds its sections (`actor`, `dpo`), the run's
+    `objective`, `micro_batch_group` and `max_response_length`, `model`, `device`, `fast_paths` and reports its
+    phases (`reporting`)."""
 
-    config: Any
+    actor: ActorConfig
+    dpo: DPOConfig
+    objective: str
+    micro_batch_group: int
+    max_response_length: int
     model: Any
     device: torch.device
     fast_paths: Any
@@ -51,16 +58,16 @@ class OfflineUpdates:
     @in_phase("update_offline")
     def update_offline(self, minibatches: list[Batch], norms: list[dict[str, float]]) -> dict[str, float]:
         """One optimizer step per mini-batch; global metrics, the same on every rank."""
-        step = OFFLINE_STEPS[self.config.objective]
+        step = OFFLINE_STEPS[self.objective]
         totals = optimize(
             self.model,
             minibatches,
             norms,
             getattr(self, step.method),
-            grad_clip=self.config.actor.grad_clip,
+            grad_clip=self.actor.grad_clip,
             micro_batch_tokens=self.fast_paths.micro_batch_tokens,
             per_update=step.means,
-            group=self.config.micro_batch_group,
+            group=self.micro_batch_group,
         )
         return {k if "/" in k else f"actor/{k}": v for k, v in totals.items()}
 
@@ -71,10 +78,10 @@ class OfflineUpdates:
         are `norm`, summed over ranks; other metric sums divided by its tokens (keys as the micro-step
         names them)."""
         self.model.module.eval()  # no dropout; the next update switches back to train()
-        step = OFFLINE_STEPS[self.config.objective]
+        step = OFFLINE_STEPS[self.objective]
         micro_step = getattr(self, step.method)
         sums: dict[str, torch.Tensor] = {}
-        for rows in micro_batches(batch, self.fast_paths.micro_batch_tokens, self.config.micro_batch_group):
+        for rows in micro_batches(batch, self.fast_paths.micro_batch_tokens, self.micro_batch_group):
             _, metrics = micro_step(batch.select(rows), norm)
             for key, value in metrics.items():
                 sums[key] = sums.get(key, 0.0) + value.detach().double().cpu()
@@ -93,10 +100,10 @@ class OfflineUpdates:
         loss = sft_loss(
             log_probs,
             mask,
-            self.config.actor.loss_agg_mode,
+            self.actor.loss_agg_mode,
             global_num_tokens=norm["num_tokens"],
             global_num_seqs=norm["num_seqs"],
-            norm_length=self.config.data.max_response_length,
+            norm_length=self.max_response_length,
         )
         return loss, {
             "loss": loss.detach().cpu(),
@@ -106,7 +113,7 @@ class OfflineUpdates:
 
     def _dpo_micro_step(self, mb: Batch, norm: dict[str, float]) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         """The preference loss of the micro-batch's pairs against the reference log-probs it carries."""
-        dpo = self.config.dpo
+        dpo = self.dpo
         return preference_micro_step(
             self.model.module,
             mb,

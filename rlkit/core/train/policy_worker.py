@@ -10,7 +10,9 @@ that work on the policy there, in one process.
   workers on other devices.
 
 The class body lists the calls the controller makes, each served by one role (rlkit.core.cluster.roles):
-the controller names the role's function (`workers.call(Actor.update_actor, ...)`).
+the controller names the role's function (`workers.call(Actor.update_actor, ...)`). The worker is its
+process's composition root: it holds the run's config and builds each role from the sections that role
+reads.
 """
 
 from __future__ import annotations
@@ -97,18 +99,50 @@ class PolicyWorker(DeviceWorker):
             )
             # Sized before the engine takes its share: during the update the engine sleeps.
             paths = fast_paths.resolve(cfg, self.device.type, sized=self._size_micro_batches(model, dtype))
-            self.actor = Actor(self, cfg, model, self.rank, self.device, paths)
-            self.scoring = Scoring(self, cfg, model, reward_model, self.device, paths.micro_batch_tokens)
-            self.weights = WeightExport(self, cfg, model, self.rank, self.device, dtype)
+            self.actor = Actor(
+                self,
+                model,
+                self.rank,
+                self.device,
+                paths,
+                actor=cfg.actor,
+                algorithm=Algorithm.from_config(cfg),
+                objective=cfg.objective,
+                temperature=cfg.log_prob_temperature,
+                micro_batch_group=cfg.micro_batch_group,
+                max_response_length=cfg.data.max_response_length,
+                dpo=cfg.dpo,
+            )
+            self.scoring = Scoring(
+                self, model, reward_model, self.device, paths.micro_batch_tokens, temperature=cfg.log_prob_temperature
+            )
+            self.weights = WeightExport(
+                self,
+                model,
+                self.rank,
+                self.device,
+                dtype,
+                handshake_timeout_s=cfg.trainer.phase_timeout_s,
+                transfer_timeout_s=cfg.rollout.weight_sync_timeout_s,
+            )
         with self.reporting("setup/rollout-engine"):
             # Split placement: rollout workers on other devices hold the engine (rlkit.core.cluster.placement).
             self.generation = None
             if cfg.rollout.placement == "colocated" and with_engine:
                 seed, device = cfg.trainer.seed + self.rank, self.device
-                engine = make_engine(cfg, self.model_path, device=device, dtype=dtype, seed=seed, sleep_mode=True)
+                engine = make_engine(
+                    cfg.rollout,
+                    self.model_path,
+                    max_model_len=cfg.data.max_prompt_length + cfg.data.max_response_length,
+                    device=device,
+                    dtype=dtype,
+                    seed=seed,
+                    sleep_mode=True,
+                )
                 self.generation = Generator(
                     self,
-                    cfg,
+                    cfg.rollout.agent,
+                    cfg.data,
                     self.model_path,
                     engine,
                     device=device,

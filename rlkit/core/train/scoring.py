@@ -15,24 +15,25 @@ from rlkit.core.cluster.roles import Role
 from rlkit.core.rewards.reward_model import RewardModel
 from rlkit.core.train.actor import response_log_probs
 from rlkit.core.train.model import TrainableModel
-from rlkit.recipes.schema import RLConfig
 
 
 class Scoring(Role):
-    """The reference of `model` (the actor's) and `reward_model` (None when the run has none), on `device`."""
+    """The reference of `model` (the actor's) and `reward_model` (None when the run has none), on `device`;
+    log-probs at `temperature` (the actor's: rollout.temperature in RL, 1 offline)."""
 
     def __init__(
         self,
         phases: PhaseReporter,
-        config: RLConfig,
         model: TrainableModel,
         reward_model: RewardModel | None,
         device: torch.device,
         micro_batch_tokens: int,
+        *,
+        temperature: float,
     ) -> None:
         super().__init__(phases)
-        self.config, self.model, self.reward_model = config, model, reward_model
-        self.device, self.micro_batch_tokens = device, micro_batch_tokens
+        self.model, self.reward_model = model, reward_model
+        self.device, self.micro_batch_tokens, self.temperature = device, micro_batch_tokens, temperature
 
     @torch.no_grad()
     @in_phase("log_probs/ref")
@@ -45,7 +46,7 @@ class Scoring(Role):
                 batch,
                 device=self.device,
                 micro_batch_tokens=self.micro_batch_tokens,
-                temperature=self.config.log_prob_temperature,
+                temperature=self.temperature,
                 with_entropy=False,
             )
 

@@ -16,23 +16,27 @@ from rlkit.core.cluster.roles import Role
 from rlkit.core.cluster.weight_transfer import TensorSpec, TransferGroup, WeightSender
 from rlkit.core.train import fsdp
 from rlkit.core.train.model import TrainableModel
-from rlkit.recipes.schema import RLConfig
 
 
 class WeightExport(Role):
-    """Rank `rank`'s part in sending `model`'s weights, in the rollout dtype `dtype`."""
+    """Rank `rank`'s part in sending `model`'s weights, in the rollout dtype `dtype`; a transfer group's
+    handshake waits up to `handshake_timeout_s` (trainer.phase_timeout_s), a transfer up to
+    `transfer_timeout_s` (rollout.weight_sync_timeout_s)."""
 
     def __init__(
         self,
         phases: PhaseReporter,
-        config: RLConfig,
         model: TrainableModel,
         rank: int,
         device: torch.device,
         dtype: str,
+        *,
+        handshake_timeout_s: float,
+        transfer_timeout_s: float,
     ) -> None:
         super().__init__(phases)
-        self.config, self.model, self.rank, self.device, self.dtype = config, model, rank, device, dtype
+        self.model, self.rank, self.device, self.dtype = model, rank, device, dtype
+        self.handshake_timeout_s, self.transfer_timeout_s = handshake_timeout_s, transfer_timeout_s
         self.weight_sender: WeightSender | None = None  # rank 0, once it joined the transfer group
 
     @in_phase("export_weights")
@@ -66,9 +70,14 @@ class WeightExport(Role):
     ) -> None:
         """Rank 0 joins the rollout workers' transfer group (as its rank 0); the other ranks only help gather."""
         if self.rank == 0:
-            timeouts = self.config.trainer.phase_timeout_s, self.config.rollout.weight_sync_timeout_s
             group = TransferGroup(
-                host, port, 0, world_size, self.device, handshake_timeout_s=timeouts[0], transfer_timeout_s=timeouts[1]
+                host,
+                port,
+                0,
+                world_size,
+                self.device,
+                handshake_timeout_s=self.handshake_timeout_s,
+                transfer_timeout_s=self.transfer_timeout_s,
             )
             self.weight_sender = WeightSender(group, specs, fsdp.DTYPES[self.dtype], bucket_bytes)
 
