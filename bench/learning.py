@@ -26,8 +26,8 @@ Every phase has a deadline inside --budget: an rlkit run past it gets SIGTERM (i
 step, checkpoints and stops), TRL stops itself; whatever validation points exist are reported. The
 last run's deadline leaves STOP_GRACE_S for its stop, so a call ends within --budget (plus the report).
 --tiny runs the same pipeline on CPU with a tiny model and a few steps (tests/test_learning_bench.py), each rlkit
-run's worker an object in its CLI process (trainer.workers=in_process); the TRL lane needs `trl` importable and is
-skipped (reported as such) when it is not.
+run's worker an object in its CLI process (trainer.workers=in_process) and the transformers rollout engine; the TRL
+lane needs `trl` importable and is skipped (reported as such) when it is not.
 """
 
 from __future__ import annotations
@@ -93,7 +93,9 @@ SETTINGS = {
                # The gap is still logged (rollout/log_prob_diff) and a broken sync would show as a flat curve.
                "trainer.invariants=warn", "rollout.sync_check=warn"]),
     # The same pipeline on 2 CPU cores in about 2 minutes (no learning expected at this size and length). Each
-    # run's worker is an object in its CLI process (trainer.workers=in_process): no Ray cluster to start per run.
+    # run's worker is an object in its CLI process (trainer.workers=in_process): no Ray cluster to start per run;
+    # the RL runs generate with the transformers engine, which starts in a second where vLLM's imports and
+    # engine take ~10 s of each short run.
     "tiny": Settings(
         task={"n_train": 2000, "n_test": 16, "min_steps": 2, "max_steps": 2, "max_number": 9, "max_factor": 3,
               "max_value": 50},
@@ -103,7 +105,7 @@ SETTINGS = {
              "trainer.workers": "in_process", "trainer.device": "cpu"},
         sft_steps=4, sft_save_freq=2, prompts=4, samples=4, response_length=48, rl_lr=3e-4, rl_steps=2, val_freq=1,
         extra=["actor.micro_batch_tokens=8192", "reward.num_workers=1", "trainer.workers=in_process",
-               "trainer.device=cpu"]),
+               "trainer.device=cpu", "rollout.name=hf"]),
 }
 
 # The RL runs, in the default order: with --gpus 2, run i goes to GPU i % 2 (rlkit GRPO and TRL side by side).
