@@ -15,7 +15,8 @@ from rlkit.core.agents.report import EnvironmentFailures
 from rlkit.core.agents.worker import build_agent_loop
 from rlkit.core.data.dataset import PromptSampler
 from rlkit.core.rewards.scoring import RewardScorer
-from rlkit.core.rollout.source import SyncRolloutSource
+from rlkit.core.rollout.source import SyncScheduler
+from rlkit.core.rollout.stages import RolloutStages
 from rlkit.core.train.tiny import TOOL_CALL_TOKEN
 from rlkit.recipes.loader import load_config
 
@@ -40,9 +41,10 @@ def _source(tokenizer, overrides, policy, answers):
     data = rows(tokenizer, ["secret?"] * 4, answers)
     sampler = PromptSampler(4, 4, seed=0, shuffle=False)
     loop = build_agent_loop(config.rollout.agent, config.data, tokenizer)
-    source = SyncRolloutSource(config, Algorithm.from_config(config), data, sampler, tokenizer,
-                               RewardScorer(config.reward), _Local(loop, ScriptedEngine(policy)))
-    return source
+    placement = _Local(loop, ScriptedEngine(policy))
+    stages = RolloutStages.build(config, Algorithm.from_config(config), data, sampler, tokenizer,
+                                 RewardScorer(config.reward), placement)
+    return SyncScheduler(stages, placement)
 
 
 @pytest.fixture(scope="module")
@@ -58,7 +60,8 @@ def test_tool_episodes_are_scored_by_the_reward_function_on_the_policys_tokens(t
     assert batch["group_ids"].tolist() == [0, 0, 1, 1, 2, 2, 3, 3]
     assert batch["policy_version"].tolist() == [3] * 8  # the weights after step 3
     assert batch["scores"].tolist() == [1.0] * 8  # lookup_reward: the secret after a call
-    assert source.decode_responses(batch)[0] == TOOL_CALL_TOKEN + "1"  # the tool's "1" is not the policy's
+    # The tool's "1" is not the policy's.
+    assert source.stages.score.decode_responses(batch)[0] == TOOL_CALL_TOKEN + "1"
     assert metrics["agent/turns_mean"] == 2.0 and metrics["agent/env_errors"] == 0.0
     assert metrics["agent/env_tokens_mean"] == 5.0 and metrics["agent/truncated"] == 0.0
 

@@ -19,8 +19,9 @@ from rlkit.core.cluster.placement import PendingSync
 from rlkit.core.state.run_dir import resolve_model_path
 from rlkit.core.data.dataset import PromptRow, PromptSampler
 from rlkit.core.rewards.scoring import RewardScorer
-from rlkit.core.rollout.async_source import AsyncRolloutSource
+from rlkit.core.rollout.async_source import AsyncScheduler
 from rlkit.core.rollout.base import RolloutSample
+from rlkit.core.rollout.stages import RolloutStages
 from rlkit.core.rollout.trajectory import Trajectory
 from rlkit.recipes.loader import load_config
 
@@ -75,16 +76,17 @@ def tokenizer(tmp_path_factory: pytest.TempPathFactory):
         return AutoTokenizer.from_pretrained(resolve_model_path("rlkit:tiny-qwen2"))
 
 
-def make_source(overrides: list[str], tokenizer, *, shuffle: bool = True, rule_scores=None) -> AsyncRolloutSource:
+def make_source(overrides: list[str], tokenizer, *, shuffle: bool = True, rule_scores=None) -> AsyncScheduler:
     """`rule_scores`: batch -> one score per sample, in place of the reward function's."""
     config = load_config("grpo-demo", [*SPLIT, *overrides])
     rows = [PromptRow(i, tokenizer(f"echo {i}")["input_ids"], "synthetic/echo", str(i)) for i in range(8)]
     sampler = PromptSampler(8, config.data.train_batch_size, seed=0, shuffle=shuffle)
-    source = AsyncRolloutSource(config, Algorithm.from_config(config), rows, sampler, tokenizer,
-                                RewardScorer(config.reward), ScriptedSplitPlacement())
+    placement = ScriptedSplitPlacement()
+    stages = RolloutStages.build(config, Algorithm.from_config(config), rows, sampler, tokenizer,
+                                 RewardScorer(config.reward), placement)
     if rule_scores is not None:
-        source.rule_scores = lambda batch: (rule_scores(batch), {})
-    return source
+        stages.score.rule_scores = lambda batch: (rule_scores(batch), {})
+    return AsyncScheduler(stages, placement, config.rollout)
 
 
 def generating_version(batch) -> torch.Tensor:
@@ -103,7 +105,7 @@ AGENT = ["rollout.agent.loop=tool", "rollout.agent.tools=[lookup]", "data.max_re
 DAPO = ["algorithm.dynamic_sampling.enable=true", "algorithm.dynamic_sampling.max_gen_rounds=3"]
 
 
-def train(source: AsyncRolloutSource, steps: range, warmup_steps: int = 0) -> list[tuple]:
+def train(source: AsyncScheduler, steps: range, warmup_steps: int = 0) -> list[tuple]:
     """The controller's loop around the source: take the step's batch, update and send the weights
     (not during critic warm-up: the actor is left as it is and nothing is sent)."""
     out = []
@@ -161,10 +163,10 @@ def test_the_batch_of_step_s_has_the_prompts_and_seeds_sync_mode_gives_step_s(to
     batches = [b for b, _ in train(source, range(1, 5))]
     sync = make_source([], tokenizer)  # the same sampler and seeds, step by step
     for step, batch in enumerate(batches, start=1):
-        assert batch.meta["row_index"] == [i for i in sync.sampler.next_batch() for _ in range(2)]
+        assert batch.meta["row_index"] == [i for i in sync.stages.prompts.sampler.next_batch() for _ in range(2)]
     # Submitted ahead (steps 1..3 at step 1), but each with its own step's sampling seed.
     seeds = [sampling.seed for sampling in source.placement.samplings]
-    assert seeds == [(sync.sampling(step).seed * 1009) for step in range(1, 7)]
+    assert seeds == [(sync.stages.generate.sampling(step).seed * 1009) for step in range(1, 7)]
 
 
 def test_agent_episodes_are_run_ahead_and_scored_with_their_agent_metrics(tokenizer):
@@ -214,8 +216,8 @@ def test_dynamic_samplings_extra_rounds_are_generated_when_the_step_takes_its_ba
     # Extra rounds queue behind the batches in flight (not timed), with their own rounds' seeds.
     assert source.placement.calls == [("generate", 0)] * 5 + [("load", 1), ("generate", 1), ("load", 2)] + \
         [("generate", 2)] * 3 + [("load", 3), ("generate", 3), ("load", 4)]
-    sync = make_source(DAPO, tokenizer)
-    assert [s.seed for s in source.placement.samplings[3:5]] == [sync.sampling(1, round_index=r).seed * 1009
+    generate = make_source(DAPO, tokenizer).stages.generate
+    assert [s.seed for s in source.placement.samplings[3:5]] == [generate.sampling(1, round_index=r).seed * 1009
                                                                   for r in (1, 2)]
 
 

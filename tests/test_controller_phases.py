@@ -21,7 +21,8 @@ from rlkit.core.state.run_dir import resolve_model_path
 from rlkit.core.data.dataset import PromptRow, PromptSampler
 from rlkit.core.rewards.scoring import RewardScorer
 from rlkit.core.rollout.base import RolloutSample, Sampling
-from rlkit.core.rollout.source import SyncRolloutSource
+from rlkit.core.rollout.source import SyncScheduler
+from rlkit.core.rollout.stages import RolloutStages
 from rlkit.recipes.loader import load_config
 
 TINY = ["model.path=rlkit:tiny-qwen2", "data.synthetic_task=echo", "data.train_batch_size=2", "rollout.n=2",
@@ -68,8 +69,9 @@ def make_controller(recipe: str, overrides: list[str], tokenizer, respond) -> tu
     controller.workers = ScriptedWorkers(controller.rows, respond)
     # Colocated placement: the training workers also generate.
     controller.placement = SimpleNamespace(rollout=controller.workers, rollout_size=config.world_size)
-    controller.source = SyncRolloutSource(config, controller.algorithm, controller.rows, sampler, tokenizer,
-                                          controller.scorer, controller.placement)
+    stages = RolloutStages.build(config, controller.algorithm, controller.rows, sampler, tokenizer, controller.scorer,
+                                 controller.placement)
+    controller.source = SyncScheduler(stages, controller.placement)
     controller.kl_ctrl = FixedKLController(config.algorithm.kl_ctrl.kl_coef)
     return controller, controller.workers
 
@@ -87,7 +89,7 @@ def test_dynamic_sampling_keeps_groups_with_signal_and_shapes_overlong_answers(t
 
     controller, workers = make_controller("dapo", ["reward.overlong_buffer.length=2",
                                                    "algorithm.dynamic_sampling.max_gen_rounds=5"], tokenizer, respond)
-    batch, metrics = controller.source.sample(step=1, timing={})
+    batch, metrics = controller.source.next_batch(1, {})
     # Max length 3, buffer 2: 2 tokens -> -0.5, 3 tokens -> -1. Right scores 1 - 0.5, wrong 0 - 1.
     # Round 1 keeps row 1 (row 0 is all right), round 2 keeps nothing, round 3 keeps row 4 and stops:
     # rows 0, 2, 3 and 5 are dropped.
@@ -115,13 +117,12 @@ def test_remax_baseline_is_the_greedy_score_of_each_prompt(tokenizer) -> None:
         return [tokenizer.convert_tokens_to_ids(str(row.index) if row.index == 0 else "9"), eos]
 
     controller, workers = make_controller("remax", ["rollout.n=2"], tokenizer, respond)
-    batch, _ = controller.source.sample(step=1, timing={})
-    metrics = controller.source.greedy_baseline(batch, step=1)
+    batch, metrics = controller.source.next_batch(1, {})
     greedy: Sampling = workers.samplings[-1]
     assert greedy.greedy and greedy.n == 1
     assert batch["scores"].tolist() == [1.0, 0.0, 1.0, 0.0]
     assert batch["baseline_scores"].tolist() == [1.0, 1.0, 0.0, 0.0]
-    assert metrics == {"remax/baseline_score_mean": 0.5, "rollout/greedy_samples": 2.0}
+    assert (metrics["remax/baseline_score_mean"], metrics["rollout/greedy_samples"]) == (0.5, 2.0)
     # ReMax advantages: score - baseline, on every response token (the recipe's in-reward KL is 0 here).
     batch["old_log_probs"] = batch["ref_log_probs"] = torch.zeros_like(batch["response_mask"])
     advantages = controller.advantages(batch)["advantages"]
@@ -139,6 +140,6 @@ def test_remax_baseline_is_the_greedy_score_of_each_prompt(tokenizer) -> None:
 def test_engine_log_probs_are_asked_for_only_on_check_steps(tokenizer, overrides, asked) -> None:
     eos = tokenizer.eos_token_id
     controller, workers = make_controller("grpo", overrides, tokenizer, lambda call, row, j: [eos])
-    batches = [controller.source.sample(step=step, timing={})[0] for step in range(1, 7)]
+    batches = [controller.source.next_batch(step, {})[0] for step in range(1, 7)]
     assert [s.log_probs for s in workers.samplings] == asked
     assert ["rollout_log_probs" in batch for batch in batches] == asked

@@ -28,10 +28,10 @@ def test_reward_model_scores_replace_the_rule_reward(tmp_path):
                                            "trainer.n_gpus_per_node=2", f"trainer.runs_dir={tmp_path}"])
     controller = Controller(run_config, RunDir.create(run_config, "rm"))
     try:
-        source = controller.source
-        trajectories = source.generate([controller.rows[i] for i in range(16)], source.sampling(step=1))
+        stages = controller.source.stages
+        trajectories = stages.generate([controller.rows[i] for i in range(16)], stages.generate.sampling(step=1), 0)
         batch = build_batch(trajectories, pad_id=0)
-        scores = source.score(batch)[0]["scores"]
+        scores = stages.score(batch)[0]["scores"]
     finally:
         controller.close()
     mask = batch["attention_mask"].bool()

@@ -28,8 +28,9 @@ from rlkit.core.controller import invariants
 from rlkit.core.controller.preflight import RunInputs, check_inputs
 from rlkit.core.data.dataset import PromptSampler
 from rlkit.core.rewards.scoring import RewardScorer
-from rlkit.core.rollout.async_source import AsyncRolloutSource
-from rlkit.core.rollout.source import SyncRolloutSource, timed
+from rlkit.core.rollout.async_source import AsyncScheduler
+from rlkit.core.rollout.source import SyncScheduler, timed
+from rlkit.core.rollout.stages import RolloutStages
 from rlkit.core.state import checkpoint
 from rlkit.core.state.disk_errors import os_error_behind
 from rlkit.core.state.records import RolloutRecorder
@@ -84,9 +85,14 @@ class Controller:
             # a validated config is never changed).
             self.config = config = with_resolved_budget(config, self.fast_paths.micro_batch_tokens)
             self.critic = start_critic_group(config, self.model_path, self.workers, backend)
-            source_cls = SyncRolloutSource if config.rollout.mode == "sync" else AsyncRolloutSource
-            self.source = source_cls(
+            # The rollout's stages, and the scheduler around them that rollout.mode picks (rlkit.core.rollout.source).
+            stages = RolloutStages.build(
                 config, self.algorithm, self.rows, sampler, self.tokenizer, self.scorer, self.placement
+            )
+            self.source = (
+                SyncScheduler(stages, self.placement)
+                if config.rollout.mode == "sync"
+                else AsyncScheduler(stages, self.placement, config.rollout)
             )
         except BaseException:  # a worker that died or hung in start-up, or Ctrl-C: stop what did start
             self.scorer.close()

@@ -37,15 +37,13 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from rlkit.core.batch import Batch
-from rlkit.core.rollout.source import Generation, SyncRolloutSource, timed
+from rlkit.core.rollout.source import stage_batch, timed
+from rlkit.core.rollout.stages import Generation, RolloutStages
 from rlkit.core.rollout.trajectory import Trajectory
 
 if TYPE_CHECKING:
-    from rlkit.core.algos.algorithm import Algorithm
     from rlkit.core.cluster.placement import PendingSync, Placement
-    from rlkit.core.data.dataset import PromptRow, PromptSampler
-    from rlkit.core.rewards.scoring import RewardScorer
-    from rlkit.recipes.schema import RLConfig
+    from rlkit.recipes.rollout_schema import RolloutConfig
 
 
 @dataclass
@@ -60,62 +58,48 @@ class InFlight:
     rollout_metrics: dict[str, float] = field(default_factory=dict)  # the rollout side's timings
 
 
-class AsyncRolloutSource(SyncRolloutSource):
+class AsyncScheduler:
     """Batches generated ahead on the split rollout workers, at most `lookahead` policy versions old."""
 
-    def __init__(
-        self,
-        config: RLConfig,
-        algorithm: Algorithm,
-        rows: list[PromptRow],
-        sampler: PromptSampler,
-        tokenizer: Any,
-        scorer: RewardScorer,
-        placement: Placement,
-    ) -> None:
-        super().__init__(config, algorithm, rows, sampler, tokenizer, scorer, placement)
-        self.lookahead = 1 if config.rollout.mode == "one_step_off" else config.rollout.max_staleness
+    def __init__(self, stages: RolloutStages, placement: Placement, rollout: RolloutConfig) -> None:
+        self.stages, self.placement = stages, placement
+        self.lookahead = 1 if rollout.mode == "one_step_off" else rollout.max_staleness
+        self.policy_version = 0  # the last completed step: its weights are the engines' (0: the base model)
         self.queue: list[InFlight] = []  # submitted, not yet trained on; oldest first
         self.submitted_through = 0  # the last step whose batch has been submitted
         self.pending_sync: PendingSync | None = None  # queued after the last submitted batch
         self.carried_metrics: dict[str, float] = {}  # a drained sync's metrics, for the next batch
-        self.taking: InFlight | None = None  # the entry of the step whose batch next_batch is making
 
     # -- the step's batch ---------------------------------------------------------------
     def next_batch(self, step: int, timing: dict[str, float]) -> tuple[Batch, dict[str, float]]:
-        self.policy_version = step - 1  # before submitting: see SyncRolloutSource.next_batch
+        """Round 0 and ReMax's baseline: generated ahead. DAPO's extra rounds: generated now, behind the
+        batches in flight, with the current policy (version step - 1)."""
+        self.policy_version = step - 1  # the policy at step `step` (see SyncScheduler.next_batch)
         self.submit_through(step + self.lookahead)
         entry = self.queue.pop(0)
         if entry.step != step:
             raise RuntimeError(f"asynchronous rollout out of step: step {step} found the batch of step {entry.step}")
         with timed(timing, "wait_for_rollout"):  # the trainer waiting for data: 0 when the overlap is complete
             self.collect(entry)
-        self.taking = entry  # round 0 and ReMax's baseline come from it (round_trajectories, greedy_baseline)
-        try:
-            batch, metrics = super().next_batch(step, timing)  # scores, agent metrics, DAPO's rounds, baseline
-        finally:
-            self.taking = None
+        batch, metrics = stage_batch(
+            self.stages,
+            step,
+            timing,
+            first_round=lambda: entry.trajectories,
+            greedy_trajectories=lambda _: entry.baseline,
+        )
         return batch, {**metrics, **self.staleness_metrics(batch), **entry.rollout_metrics}
-
-    def round_trajectories(self, step: int, round_index: int, timing: dict[str, float]) -> list[Trajectory]:
-        """Round 0: the batch generated ahead. DAPO's extra rounds: generated now, behind the batches in
-        flight, with the current policy (version step - 1)."""
-        if round_index == 0:
-            return self.taking.trajectories
-        return super().round_trajectories(step, round_index, timing)
-
-    def greedy_baseline(self, batch: Batch, step: int) -> dict[str, float]:
-        """ReMax: the greedy responses generated with the batch, by the same policy version."""
-        return self.apply_baseline(batch, self.taking.baseline)
 
     def submit_through(self, last_step: int) -> None:
         """Submit the batches of every step up to `last_step`, with the policy the engines will hold."""
+        generate = self.stages.generate
         while self.submitted_through < last_step:
             step = self.submitted_through + 1
-            prompts = [self.rows[i] for i in self.sampler.next_batch()]
-            generations = [self.submit_generation(prompts, self.sampling(step), timed=True)]
-            if "gen_baseline" in self.plan:  # queued right behind: no weight load between
-                generations.append(self.submit_generation(prompts, self.sampling(step, greedy=True), timed=True))
+            prompts = self.stages.prompts.take()
+            generations = [generate.submit(prompts, generate.sampling(step), self.policy_version, timed=True)]
+            if self.stages.greedy_baseline:  # queued right behind: no weight load between
+                greedy = generate.sampling(step, greedy=True)
+                generations.append(generate.submit(prompts, greedy, self.policy_version, timed=True))
             self.queue.append(InFlight(step, generations, sync=self.pending_sync, rollout_metrics=self.carried_metrics))
             self.pending_sync, self.carried_metrics = None, {}
             self.submitted_through = step
@@ -132,7 +116,7 @@ class AsyncRolloutSource(SyncRolloutSource):
             for g in entry.generations
         ]
         entry.trajectories, *baseline = [
-            self.trajectories(g, [out for out, _ in r]) for g, r in zip(entry.generations, results)
+            self.stages.generate.trajectories(g, [out for out, _ in r]) for g, r in zip(entry.generations, results)
         ]
         entry.baseline = baseline[0] if baseline else None
         per_rank = list(zip(*results))  # per rank: (result, timing) of each call
@@ -174,7 +158,7 @@ class AsyncRolloutSource(SyncRolloutSource):
             self.pending_sync = None
         # The rollout side's timings travel along, so a resumed run logs the same metric keys.
         return {
-            **super().state_dict(),
+            **self.stages.prompts.state_dict(),
             "rollout_submitted_through": self.submitted_through,
             "rollout_carried_metrics": self.carried_metrics,
             "rollout_in_flight": [
@@ -189,7 +173,7 @@ class AsyncRolloutSource(SyncRolloutSource):
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        super().load_state_dict(state)
+        self.stages.prompts.load_state_dict(state)
         self.submitted_through = state["rollout_submitted_through"]
         self.carried_metrics = dict(state["rollout_carried_metrics"])
         self.queue = [
@@ -208,7 +192,7 @@ class AsyncRolloutSource(SyncRolloutSource):
         ]
 
     def _trajectory(self, plain: dict[str, Any]) -> Trajectory:
-        return Trajectory(**{**plain, "row": self.rows[plain["row"]]})
+        return Trajectory(**{**plain, "row": self.stages.prompts.rows[plain["row"]]})
 
 
 def _plain(trajectory: Trajectory) -> dict[str, Any]:

@@ -1,0 +1,282 @@
+"""The rollout's stages: prompts -> generate -> score -> group filter.
+
+Each stage knows nothing of the rollout mode; the schedulers (rlkit.core.rollout.source: `SyncScheduler`,
+rlkit.core.rollout.async_source: `AsyncScheduler`) decide when each runs and with which policy version.
+  - `Prompts`: the data position; which prompt rows the next step or round takes.
+  - `Generate`: the sampling settings of a step/round, calls submitted to the rollout workers (`generate`, or
+    `agent_episodes` with an agent loop: a single-turn completion is a one-turn episode) and their results
+    collected into trajectories, stamped with the policy version that generated them.
+  - `Score`: verifier scores from the reward functions or the reward model (an environment's own reward
+    first), DAPO's overlong shaping, agent metrics; ReMax's greedy baseline scored onto its batch.
+  - `group_filter`: DAPO's dynamic sampling, rounds of scored groups until enough have signal.
+`RolloutStages` holds one of each, built from the run's config and workers.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING, Any, Callable
+
+import torch
+
+from rlkit.core.agents.report import episode_metrics
+from rlkit.core.algos.dapo import groups_with_signal, overlong_penalty
+from rlkit.core.algos.phase_plan import PhasePlan, phase_plan
+from rlkit.core.batch import Batch, build_batch
+from rlkit.core.rollout.base import Sampling
+from rlkit.core.rollout.dynamic_sampling import GroupCollector, group_rows
+from rlkit.core.rollout.generator import Generator
+from rlkit.core.rollout.trajectory import Trajectory
+from rlkit.core.rollout.worker import RolloutWorker
+from rlkit.core.train.scoring import Scoring
+
+if TYPE_CHECKING:
+    from rlkit.core.algos.algorithm import Algorithm
+    from rlkit.core.cluster.placement import Placement
+    from rlkit.core.data.dataset import PromptRow, PromptSampler
+    from rlkit.core.rewards.scoring import RewardScorer
+    from rlkit.recipes.schema import RLConfig
+
+
+class Prompts:
+    """The data position: each call to `take` is the next data.train_batch_size prompt rows."""
+
+    def __init__(self, rows: list[PromptRow], sampler: PromptSampler) -> None:
+        self.rows, self.sampler = rows, sampler
+
+    def take(self) -> list[PromptRow]:
+        return [self.rows[i] for i in self.sampler.next_batch()]
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"sampler": self.sampler.state_dict()}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.sampler.load_state_dict(state["sampler"])
+
+
+@dataclass
+class Generation:
+    """Generate calls submitted to the rollout workers, and what turns their results into trajectories."""
+
+    prompts: list[PromptRow]
+    parts: list[list[int]]  # per rollout rank: the positions (in `prompts`) of the prompts it generates
+    refs: list[Any]  # per rollout rank: the call's Ray ObjectRef
+    policy_version: int  # the policy the engines hold when the calls run
+    episodes: bool  # agent_episodes calls (they return trajectories), else generate (samples)
+
+
+class Generate:
+    """Prompts to trajectories on the rollout workers: `submit` starts the calls, `trajectories` turns their
+    results into trajectories; calling the stage does both, waiting for the workers."""
+
+    def __init__(self, config: RLConfig, algorithm: Algorithm, placement: Placement) -> None:
+        self.config, self.algorithm, self.placement = config, algorithm, placement
+
+    def __call__(self, prompts: list[PromptRow], sampling: Sampling, policy_version: int) -> list[Trajectory]:
+        """Spread prompts over the rollout workers; each samples `sampling.n` responses (or episodes) per prompt.
+
+        Returns trajectories in prompt-major order (group by group); group = the prompt's position.
+        """
+        generation = self.submit(prompts, sampling, policy_version)
+        return self.trajectories(generation, self.placement.rollout.collect(generation.refs, "generate"))
+
+    def sampling(
+        self, step: int, *, round_index: int = 0, greedy: bool = False, n: int | None = None, stream: int = 0
+    ) -> Sampling:
+        """The step's sampling settings; `seed` is the stream's base, each rank and sample derive theirs.
+
+        Streams keep seeds apart: training rounds by round_index, other users (validation) by `stream`.
+        """
+        cfg = self.config
+        log_probs = self.algorithm.rollout_log_probs or (not greedy and cfg.log_prob_check_step(step))
+        # Extra dynamic-sampling rounds draw from seed ranges no plausible step count reaches.
+        seed = cfg.trainer.seed * 1_000_003 + step + round_index * 10_000_019 + stream * 100_000_007
+        return Sampling(
+            n=1 if greedy else (n or cfg.rollout.n),
+            max_tokens=cfg.data.max_response_length,
+            temperature=cfg.rollout.temperature,
+            top_p=cfg.rollout.top_p,
+            top_k=cfg.rollout.top_k,
+            seed=seed,
+            greedy=greedy,
+            ignore_eos=cfg.rollout.ignore_eos,
+            log_probs=log_probs,
+        )
+
+    def submit(
+        self, prompts: list[PromptRow], sampling: Sampling, policy_version: int, *, timed: bool = False
+    ) -> Generation:
+        """Start the rollout workers' calls on their shares of the prompts, without waiting: `generate`, or
+        `agent_episodes` (multi-turn, rlkit.core.agents) when rollout.agent.loop is set. `policy_version`: the
+        policy the engines will hold when the calls run. `timed`: through the worker's `timed` call, which also
+        returns how long the worker sat idle before it and then ran it."""
+        world = self.placement.rollout_size
+        parts = [list(range(len(prompts)))[r::world] for r in range(world)]
+        episodes = self.config.rollout.agent.loop != "single_turn"
+        method = Generator.agent_episodes if episodes else Generator.generate
+        per_rank = [
+            (([prompts[i] for i in part], part) if episodes else ([prompts[i].prompt_token_ids for i in part],))
+            + (_rank_sampling(sampling, rank),)
+            for rank, part in enumerate(parts)
+        ]
+        if timed:
+            method, per_rank = RolloutWorker.timed, [(method, *args) for args in per_rank]
+        return Generation(
+            prompts, parts, self.placement.rollout.submit(method, per_rank=per_rank), policy_version, episodes
+        )
+
+    def trajectories(self, generation: Generation, results: list[Any]) -> list[Trajectory]:
+        """The rollout workers' results (per rank: samples, or episodes) as trajectories in prompt-major order."""
+        version = generation.policy_version
+        if generation.episodes:  # the agent loop already numbered their groups by prompt position
+            trajectories = [replace(t, policy_version=version) for rank_part in results for t in rank_part]
+        else:
+            parts, prompts = generation.parts, generation.prompts
+            trajectories = [
+                Trajectory.single_turn(prompts[part[s.prompt_index]], part[s.prompt_index], s, policy_version=version)
+                for part, rank_samples in zip(parts, results)
+                for s in rank_samples
+            ]
+        trajectories.sort(key=lambda t: t.group)  # prompt-major order, group by group (a stable sort)
+        return trajectories
+
+
+class Score:
+    """Trajectories to a scored batch: `verifier_scores`, and `scores` with DAPO's overlong shaping when on."""
+
+    def __init__(self, config: RLConfig, tokenizer: Any, scorer: RewardScorer, placement: Placement) -> None:
+        self.config, self.tokenizer, self.scorer, self.placement = config, tokenizer, scorer, placement
+        self.pad_id = tokenizer.pad_token_id or 0
+
+    def __call__(self, batch: Batch) -> tuple[dict[str, torch.Tensor], dict[str, float]]:
+        """`verifier_scores` from the reward functions (or the reward model, when reward_model.path
+        is set); `scores` adds DAPO's overlong shaping when on."""
+        env_rewards = batch.meta["env_reward"]  # an environment's own score replaces the reward function's
+        if all(r is not None for r in env_rewards):
+            verifier, metrics = torch.tensor(env_rewards, dtype=torch.float32), {}
+        else:
+            verifier, metrics = (
+                (self.reward_model_scores(batch), {}) if self.config.reward_model.path else self.rule_scores(batch)
+            )
+            verifier = torch.tensor([v if r is None else r for r, v in zip(env_rewards, verifier.tolist())])
+        overlong = self.config.reward.overlong_buffer
+        if not overlong.enable:
+            return {"scores": verifier, "verifier_scores": verifier}, metrics
+        penalty = overlong_penalty(
+            batch["response_mask"].sum(-1),
+            max_response_length=self.config.data.max_response_length,
+            buffer_length=overlong.length,
+            penalty_factor=overlong.penalty_factor,
+        )
+        metrics["reward/overlong_penalty"] = float(penalty.mean())
+        return {"scores": verifier + penalty, "verifier_scores": verifier}, metrics
+
+    def batch(self, trajectories: list[Trajectory]) -> Batch:
+        return build_batch(trajectories, pad_id=self.pad_id)
+
+    def episode_metrics(self, trajectories: list[Trajectory], step: int) -> dict[str, float]:
+        """Agent metrics of multi-turn episodes (none for single-turn completions)."""
+        if self.config.rollout.agent.loop == "single_turn":
+            return {}
+        return episode_metrics(trajectories, self.config.rollout.agent, f"step {step}")
+
+    def reward_model_scores(self, batch: Batch) -> torch.Tensor:
+        parts = torch.arange(len(batch)).tensor_split(self.config.world_size)
+        per_rank = [(batch.select(p.tolist()),) for p in parts]
+        results = self.placement.train.call(Scoring.reward_model_scores, per_rank=per_rank, phase="reward model")
+        return torch.cat(results)
+
+    def rule_scores(self, batch: Batch) -> tuple[torch.Tensor, dict[str, float]]:
+        texts = self.decode_responses(batch)
+        scored = self.scorer.score(
+            texts, batch.meta["data_source"], batch.meta["ground_truth"], batch.meta["extra_info"]
+        )
+        return torch.tensor(scored.scores, dtype=torch.float32), dict(scored.metrics)
+
+    def decode_responses(self, batch: Batch) -> list[str]:
+        """The policy's own tokens of each response (a multi-turn episode's tool/environment tokens are not its
+        answer)."""
+        policy = batch["response_mask"] > 0
+        return self.tokenizer.batch_decode(
+            [ids[mask].tolist() for ids, mask in zip(batch["responses"], policy)], skip_special_tokens=True
+        )
+
+    def baseline(self, batch: Batch, greedy_trajectories: list[Trajectory]) -> dict[str, float]:
+        """ReMax: the greedy responses (one per group, in group order) scored; each sample's baseline is its
+        prompt's score, in `baseline_scores`."""
+        groups = group_rows(batch["group_ids"])
+        greedy = self.batch(greedy_trajectories)
+        greedy_scores = self(greedy)[0]["scores"]  # one per prompt, in prompt order
+        baseline = torch.zeros(len(batch))
+        for score, rows in zip(greedy_scores, groups):
+            baseline[rows] = score
+        batch["baseline_scores"] = baseline
+        return {"remax/baseline_score_mean": float(greedy_scores.mean()), "rollout/greedy_samples": float(len(greedy))}
+
+
+# One round of train_batch_size prompt groups, scored: (trajectories, their batch, reward and agent metrics).
+ScoredRound = tuple[list[Trajectory], Batch, dict[str, float]]
+
+
+def group_filter(
+    scored_round: Callable[[int], ScoredRound], *, target: int, max_rounds: int, pad_id: int
+) -> tuple[Batch, dict[str, float]]:
+    """DAPO's dynamic sampling: groups whose verifier scores are all equal are dropped and round after round
+    (`scored_round(round_index)`) is scored until `target` groups have signal or `max_rounds` ran out
+    (rlkit.core.rollout.dynamic_sampling). The kept groups are the batch's groups 0..target-1, in order."""
+    collector: GroupCollector[Trajectory] = GroupCollector(target)
+    sampled_scores = []
+    for round_index in range(max_rounds):
+        trajectories, batch, metrics = scored_round(round_index)
+        sampled_scores.append(batch["scores"])
+        signal = groups_with_signal(batch["verifier_scores"], batch["group_ids"])
+        collector.add(trajectories, batch["group_ids"], {k: batch[k] for k in ("scores", "verifier_scores")}, signal)
+        if collector.full:
+            break
+    groups, scores, dapo_metrics = collector.take()
+    kept = [Trajectory(**{**vars(t), "group": g}) for g, group in enumerate(groups) for t in group]
+    sampled = torch.cat(sampled_scores)
+    metrics.update(dapo_metrics)
+    metrics.update({"rollout/samples": float(len(sampled)), "dapo/reward_mean_sampled": float(sampled.mean())})
+    return build_batch(kept, pad_id=pad_id).update(scores), metrics
+
+
+@dataclass
+class RolloutStages:
+    """The run's stages, and what of the algorithm decides which of them a step runs."""
+
+    prompts: Prompts
+    generate: Generate
+    score: Score
+    algorithm: Algorithm
+    plan: PhasePlan
+    train_batch_size: int  # the prompt groups of a step's batch (data.train_batch_size)
+
+    @classmethod
+    def build(
+        cls,
+        config: RLConfig,
+        algorithm: Algorithm,
+        rows: list[PromptRow],
+        sampler: PromptSampler,
+        tokenizer: Any,
+        scorer: RewardScorer,
+        placement: Placement,
+    ) -> RolloutStages:
+        return cls(
+            Prompts(rows, sampler),
+            Generate(config, algorithm, placement),
+            Score(config, tokenizer, scorer, placement),
+            algorithm,
+            phase_plan(algorithm),
+            config.data.train_batch_size,
+        )
+
+    @property
+    def greedy_baseline(self) -> bool:
+        return "gen_baseline" in self.plan
+
+
+def _rank_sampling(sampling: Sampling, rank: int) -> Sampling:
+    """Each rank's own seed range: samples differ across ranks and repeat exactly on a re-run."""
+    return Sampling(**{**vars(sampling), "seed": sampling.seed * 1009 + rank})
