@@ -15,6 +15,14 @@ export RAY_DEDUP_LOGS ?= 0
 TEST_WORKERS ?= 2
 XDIST   := -n $(TEST_WORKERS) --dist loadgroup --no-loadscope-reorder
 
+# The tests: one torch/OpenMP thread per process. Two xdist workers, their CLI runs and Ray workers share two
+# cores; a process with two threads stalls whenever the other core is busy (OpenMP threads wait for each other:
+# on the busy machine a tiny model's forward + backward took 2.3 s with two threads, 0.2-0.5 s with one).
+test test-fast: export OMP_NUM_THREADS = 1
+# Bytecode of rlkit and the tests is cached (__pycache__, git-ignored; an empty PYTHONDONTWRITEBYTECODE writes it):
+# where the machine sets it, every CLI run and Ray worker the tests start compiled rlkit again (~1 s CPU each).
+test test-fast: export PYTHONDONTWRITEBYTECODE =
+
 .PHONY: venv demo test test-fast clean
 
 venv: $(STAMP)

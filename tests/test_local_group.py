@@ -118,10 +118,13 @@ def test_layouts_it_cannot_run_are_refused_naming_the_key(overrides, message):
         load_config("grpo-demo", [*CPU, *overrides])
 
 
-def test_shutdown_gives_back_torch_distributed_env_and_threads(config, monkeypatch):
+def test_shutdown_gives_back_torch_distributed_env_and_threads(config, monkeypatch, request):
     monkeypatch.delenv("MASTER_PORT", raising=False)
     monkeypatch.delenv("VLLM_CPU_KVCACHE_SPACE", raising=False)
     monkeypatch.setenv("TRANSFORMERS_VERBOSITY", "info")  # the caller's own setting stays
+    before = torch.get_num_threads()
+    torch.set_num_threads(3)  # not the workers' 1 (make test runs with OMP_NUM_THREADS=1): giving it back shows
+    request.addfinalizer(lambda: torch.set_num_threads(before))
     threads = torch.get_num_threads()
     for _ in range(2):  # a second run in this process starts its own world again
         backend = InProcessBackend(config)
