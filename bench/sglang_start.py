@@ -228,8 +228,9 @@ def child_main(args: argparse.Namespace) -> None:
                       data={"max_prompt_length": workload.prompt_tokens, "max_response_length": workload.response_tokens})
     phase("start", import_s=round(time.monotonic() - tic, 1))
     tic = time.monotonic()
-    rollout = make_engine(config, str(folder / "model"), device=torch.device("cuda", 0), dtype="bfloat16", seed=0,
-                          sleep_mode=variant.sleep_mode)
+    rollout = make_engine(config.rollout, str(folder / "model"),
+                          max_model_len=config.data.max_prompt_length + config.data.max_response_length,
+                          device=torch.device("cuda", 0), dtype="bfloat16", seed=0, sleep_mode=variant.sleep_mode)
     phase("first generate", started_s=round(time.monotonic() - tic, 1))
     print(f"started in {result['started_s']} s", flush=True)
     prompts = [[3 + (7 * i + j) % 200 for j in range(workload.prompt_tokens)]
