@@ -20,7 +20,8 @@ XDIST   := -n $(TEST_WORKERS) --dist loadgroup --no-loadscope-reorder
 
 # The tests: one torch/OpenMP thread per process. Two xdist workers, their CLI runs and Ray workers share two
 # cores; a process with two threads stalls whenever the other core is busy (OpenMP threads wait for each other:
-# on the busy machine a tiny model's forward + backward took 2.3 s with two threads, 0.2-0.5 s with one).
+# on the busy machine a tiny model's forward + backward took 2.3 s with two threads, 0.2-0.5 s with one). The
+# workers already ran with one (trainer.cpu_threads_per_worker): the whole suite's time did not move with it.
 test test-fast: export OMP_NUM_THREADS = 1
 
 # uv installs the venv: it downloads and unpacks in parallel, and doesn't byte-compile all 30,000 files of
