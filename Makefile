@@ -11,12 +11,12 @@ export RAY_DEDUP_LOGS ?= 0
 # no .pyc for (import torch, transformers, vllm, ray, sglang: 30 s instead of 11 s). Here the first import writes it.
 unexport PYTHONDONTWRITEBYTECODE
 # pytest-xdist workers for `make test` and `make test-fast` (each worker starts its own Ray head and engines).
-# --dist loadgroup: a worker takes one test at a time, or a whole `xdist_group` (a file whose tests share a
-# module fixture, e.g. a reference run: split over two workers, each would run it); --no-loadscope-reorder
-# keeps tests/conftest.py's order, the longest first (xdist's `load` default hands the first worker an
-# eighth of the suite at once: every slow test).
+# --maxschedchunk 1: a worker holds at most two tests at a time (the default hands the first worker an eighth
+# of the suite at once: every slow test, which tests/conftest.py puts first). Not `--dist loadgroup`: with
+# pytest 9.2 its `xdist_group` marks do nothing (xdist 3.8 renames the test's `_nodeid`, which pytest 9 no
+# longer reads), so a file's module fixture (a reference run) still runs once on each worker that runs its tests.
 TEST_WORKERS ?= 2
-XDIST   := -n $(TEST_WORKERS) --dist loadgroup --no-loadscope-reorder
+XDIST   := -n $(TEST_WORKERS) --maxschedchunk 1
 
 # The tests: one torch/OpenMP thread per process. Two xdist workers, their CLI runs and Ray workers share two
 # cores; a process with two threads stalls whenever the other core is busy (OpenMP threads wait for each other:

@@ -161,8 +161,7 @@ LONGEST = ("test_chaos_resume.py", "test_learning_bench.py", "test_warm_start_e2
 def pytest_collection_modifyitems(config, items) -> None:
     """The longest tests first, then the other slow ones (in their file order), then the fast ones: with
     `-n 2` (make test) the two workers take the minutes-long runs early and the seconds-long tests even
-    out the end. A file whose tests share a costly module fixture (a reference run, a cluster) marks them
-    `xdist_group`: `make test`'s `--dist loadgroup` gives them to one worker, which runs the fixture once."""
+    out the end."""
 
     def order(item) -> tuple[bool, int]:
         name = item.path.name

@@ -25,7 +25,7 @@ from test_resume_e2e import assert_same_metrics, killed_after_checkpoint, metric
 from rlkit.core.data.builders import write_parquet
 from rlkit.core.train.tiny import CHARACTERS
 
-pytestmark = [pytest.mark.xdist_group("dpo_e2e"), pytest.mark.slow, pytest.mark.shared_ray,
+pytestmark = [pytest.mark.slow, pytest.mark.shared_ray,
               pytest.mark.skipif(not GSM8K.is_dir(), reason="the real GSM8K files are not here")]
 
 N, K = 8, 4

@@ -19,7 +19,7 @@ from rlkit.core.state.export import ADAPTER_DIR, EXPORT_INFO, export_hf
 from rlkit.errors import UserError
 from rlkit.recipes.loader import load_config
 
-pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("export")]
+pytestmark = [pytest.mark.slow]
 
 # Token ids of the tiny tokenizer: "<|im_start|>echo 7<|im_end|><|im_start|>7"
 PROBE = [1, 26, 24, 29, 36, 21, 10, 2, 1, 10]

@@ -26,7 +26,7 @@ from test_resume_e2e import (
 from rlkit.core.data.builders import write_parquet
 from rlkit.core.data.synthetic import build_synthetic
 
-pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("lora_e2e")]
+pytestmark = [pytest.mark.slow]
 
 STEPS, KILL_AFTER = 4, 2
 # Dropout on the adapters draws from the torch RNG in every update: resume must restore it too.

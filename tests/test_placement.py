@@ -51,7 +51,6 @@ def two_nodes() -> Iterator[str]:
 
 
 @pytest.mark.slow
-@pytest.mark.xdist_group("two_nodes")
 def test_two_nodes_of_a_ray_cluster_train_together(tmp_path, monkeypatch, two_nodes):
     monkeypatch.setitem(os.environ, "RAY_ADDRESS", two_nodes)
     metrics, nodes = run_steps(["trainer.nnodes=2", "trainer.n_gpus_per_node=1"], tmp_path, steps=1)
@@ -61,7 +60,6 @@ def test_two_nodes_of_a_ray_cluster_train_together(tmp_path, monkeypatch, two_no
 
 
 @pytest.mark.slow
-@pytest.mark.xdist_group("two_nodes")
 def test_one_step_off_rollout_on_its_own_node_gets_the_weights_over_the_transfer_group(
     tmp_path, monkeypatch, two_nodes
 ) -> None:

@@ -23,7 +23,7 @@ from rlkit.core.state.checkpoint import list_checkpoints
 from rlkit.core.state.provenance import PROVENANCE_FILE
 from rlkit.core.state.records import recorded_steps
 
-pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("replay_e2e")]
+pytestmark = [pytest.mark.slow]
 STEPS = 3
 REWARD = "def dense(data_source, response, ground_truth, extra_info):\n    return (sum(map(ord, response)) % 5) / 4\n"
 ROW = re.compile(r"^[│|]\s*(\S+)\s*[│|]\s*(\S+)\s*[│|]\s*(\S+)\s*[│|]\s*(\S+)\s*[│|]\s*$")

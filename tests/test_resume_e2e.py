@@ -33,7 +33,7 @@ from rlkit.core.data.builders import write_parquet
 from rlkit.core.data.synthetic import build_synthetic
 from rlkit.core.state.checkpoint import MARKER, step_dir_name
 
-pytestmark = [pytest.mark.xdist_group("resume_e2e"), pytest.mark.slow, pytest.mark.shared_ray]
+pytestmark = [pytest.mark.slow, pytest.mark.shared_ray]
 
 REPO = Path(__file__).resolve().parents[1]
 N, K = 6, 3

@@ -19,7 +19,7 @@ from test_resume_e2e import assert_same_metrics, killed_after_checkpoint, metric
 from rlkit.core.data.builders import write_parquet
 from rlkit.core.data.synthetic import build_synthetic
 
-pytestmark = [pytest.mark.xdist_group("sft_e2e"), pytest.mark.slow, pytest.mark.shared_ray]
+pytestmark = [pytest.mark.slow, pytest.mark.shared_ray]
 
 N, K = 6, 3
 

@@ -18,7 +18,7 @@ import pytest
 import torch
 from conftest import run_cli_in_process as rlkit
 
-pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("validation_e2e")]
+pytestmark = [pytest.mark.slow]
 
 
 @pytest.fixture(scope="module")

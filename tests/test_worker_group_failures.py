@@ -14,7 +14,7 @@ from rlkit.core.cluster.failures import WorkerFailure
 from rlkit.core.cluster.phases import PhaseReporter
 from rlkit.errors import UserError
 
-pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("worker_group_failures")]
+pytestmark = [pytest.mark.slow]
 
 
 class StandInWorker(PhaseReporter):
