@@ -110,8 +110,14 @@ def test_error_in_worker_start_up_is_named_with_its_traceback(config):
     (["trainer.nnodes=2"], r"trainer.nnodes \(command line\): .* = 2 devices"),
     (["trainer.device=cuda"], r"trainer.device \(command line\): trainer.workers=in_process runs on the CPU only; "
                               r"set trainer.device=cpu or use trainer.workers=ray"),
-    # Split placement needs 2+ devices, which in_process refuses first.
-    (["trainer.n_gpus_per_node=2", "rollout.placement=split"], r"trainer.n_gpus_per_node .* = 2 devices"),
+    # Split placement: one training and one rollout worker, the weights handed over in memory.
+    (["trainer.n_gpus_per_node=3", "rollout.placement=split", "rollout.devices=1", "rollout.weight_sync=object_store"],
+     r"trainer.n_gpus_per_node \(command line\): trainer.workers=in_process with split placement runs one training "
+     r"and one rollout worker in this process, but trainer.nnodes x trainer.n_gpus_per_node = 3 devices and "
+     r"rollout.devices=1; set trainer.n_gpus_per_node=2 and rollout.devices=1, or use trainer.workers=ray"),
+    (["trainer.n_gpus_per_node=2", "rollout.placement=split", "rollout.devices=1"],
+     r"rollout.weight_sync: trainer.workers=in_process hands the weights to the rollout worker in "
+     r"memory, with no collective to broadcast over; set rollout.weight_sync=object_store"),
 ])
 def test_layouts_it_cannot_run_are_refused_naming_the_key(overrides, message):
     with pytest.raises(ConfigError, match=message):

@@ -337,18 +337,33 @@ def _plan_lines(config: RLConfig) -> list[str]:
 
 
 def check_in_process(config: RLConfig, fail: Callable[[str, str], None]) -> None:
-    """trainer.workers=in_process: every worker is an object in this process, on its one CPU device (so no split
-    placement either: it needs a device of its own for rollout)."""
-    trainer = config.trainer
+    """trainer.workers=in_process: every worker is an object in this process, on the CPU: one training worker, and
+    with split placement one rollout worker beside it, which gets the weights handed over in memory."""
+    trainer, rollout = config.trainer, config.rollout
     if trainer.workers != "in_process":
         return
+    split = rollout.placement == "split"
     devices = trainer.nnodes * trainer.n_gpus_per_node
-    if devices != 1:
+    if split and (devices != 2 or rollout.devices != 1):
+        fail(
+            "trainer.n_gpus_per_node" if devices != 2 else "rollout.devices",
+            f"trainer.workers=in_process with split placement runs one training and one rollout worker in this "
+            f"process, but trainer.nnodes x trainer.n_gpus_per_node = {devices} devices and rollout.devices="
+            f"{rollout.devices}; set trainer.n_gpus_per_node=2 and rollout.devices=1, or use trainer.workers=ray",
+        )
+    if not split and devices != 1:
         key = "trainer.nnodes" if trainer.nnodes > 1 else "trainer.n_gpus_per_node"
         fail(
             key,
             f"trainer.workers=in_process runs one worker per group in this process, but trainer.nnodes x "
             f"trainer.n_gpus_per_node = {devices} devices; set both to 1 or use trainer.workers=ray",
+        )
+    if split and rollout.weight_sync == "broadcast":
+        fail(
+            "rollout.weight_sync",
+            "trainer.workers=in_process hands the weights to the rollout worker in memory, with no collective to "
+            "broadcast over; set rollout.weight_sync=object_store (there: the buckets themselves), or use "
+            "trainer.workers=ray",
         )
     if trainer.device == "cuda":
         fail(

@@ -96,8 +96,10 @@ class TrainerConfig(Section):
         description="Where the workers run. ray: one Ray actor (a process of its own) per device, on the local "
         "Ray cluster rlkit starts or the one at RAY_ADDRESS. in_process: the workers are plain objects "
         "in this process, no Ray and no worker processes, for debugging on one CPU device, notebooks and "
-        "tests; it runs one CPU device only (trainer.nnodes x trainer.n_gpus_per_node = 1, no GPU, "
-        "rollout.placement=colocated), and does not enforce trainer.phase_timeout_s / setup_timeout_s "
+        "tests; on the CPU only: one device (trainer.nnodes x trainer.n_gpus_per_node = 1), or with "
+        "rollout.placement=split two (one training and one rollout worker, rollout.weight_sync=object_store: "
+        "the weights handed over in memory; an asynchronous rollout keeps its schedule, without the "
+        "overlap). It does not enforce trainer.phase_timeout_s / setup_timeout_s "
         "(a call runs to its end in this thread). docs/architecture.md, Workers.",
     )
     record_rollouts: bool = Field(

@@ -40,6 +40,23 @@ class DeviceWorker(PhaseReporter):
         """Where rank 0 of a group can be reached: this host and a free port."""
         return socket.gethostbyname(socket.gethostname()), free_port()
 
+    def share(self, value: Any) -> Any:
+        """`value` for another worker: a ref into Ray's object store, or `value` itself when every worker is an
+        object in this process (trainer.workers=in_process)."""
+        if self.config.trainer.workers == "in_process":
+            return value
+        import ray  # the in-process path never imports Ray
+
+        return ray.put(value)
+
+    def fetch(self, shared: Any) -> Any:
+        """What another worker's `share` gave."""
+        if self.config.trainer.workers == "in_process":
+            return shared
+        import ray
+
+        return ray.get(shared)
+
     def join_process_group(self, master_addr: str, master_port: int) -> None:
         """Every group of workers (policy, critic) is its own torch.distributed world, each Ray actor being a
         process of its own. In-process workers (trainer.workers=in_process) share their process's world of one:

@@ -12,7 +12,11 @@ rank), and the workers post their phases to a PhaseBoard, here the object itself
 What it cannot do: enforce trainer.phase_timeout_s / setup_timeout_s. A call runs in the controller's
 own thread, which cannot be stopped from outside without leaving the worker half-way through its
 work; a call that hangs hangs the run until Ctrl-C (a second Ctrl-C stops at once). It refuses
-several devices, GPUs and split placement (rlkit.recipes.checks.check_in_process).
+several devices and GPUs (rlkit.recipes.checks.check_in_process); split placement is one training and one
+rollout worker, each an object here, the weights handed over in memory. An asynchronous rollout
+(rollout.mode=one_step_off/async) keeps its schedule: each batch is generated when it is submitted, with the
+policy version the schedule gives it, so the batches, versions and checkpoints are those of a Ray run; only
+the overlap of generation with training is gone.
 
 Process state it takes and gives back at shutdown: torch.distributed's world of one (the policy and a
 colocated critic share it: rlkit.core.cluster.device_worker), the environment variables that the

@@ -1,4 +1,5 @@
-"""A rollout-only worker (split placement): one Ray actor per rollout device, composing a generation role.
+"""A rollout-only worker (split placement): one Ray actor per rollout device (or one object beside the training
+worker's, trainer.workers=in_process), composing a generation role.
 
 It trains nothing; after each update it loads the weights training rank 0 sends (the weight-export
 role, rlkit.core.train.weight_export): over a collective of their own
@@ -60,9 +61,7 @@ class RolloutWorker(DeviceWorker):
                 sleep_mode=False,
             )
         self.idle_since = time.perf_counter()  # when the last call ended: the rollout's idle time starts there
-        import ray  # a rollout worker is always a Ray actor (split placement); the module is imported without Ray
-
-        return {"rank": self.rank, "node_id": ray.get_runtime_context().get_node_id()}
+        return {"rank": self.rank}
 
     def timed(self, method: Callable[..., Any], *args: Any) -> tuple[Any, dict[str, float]]:
         """`method`'s result (generate, agent_episodes), and how long this worker sat idle before the call and
@@ -98,11 +97,9 @@ class RolloutWorker(DeviceWorker):
         return self._load("receive_weights", self.weight_receiver.receive())
 
     def load_weights(self, bucket_refs: list) -> dict[str, float]:
-        """Load the weights training rank 0 put into Ray's object store (rollout.weight_sync=object_store)."""
-        import ray
-
+        """Load the weights training rank 0 shared (rollout.weight_sync=object_store; in-process workers: always)."""
         return self._load(
-            "load_weights", ((name, tensor.to(self.device)) for ref in bucket_refs for name, tensor in ray.get(ref))
+            "load_weights", ((name, tensor.to(self.device)) for ref in bucket_refs for name, tensor in self.fetch(ref))
         )
 
     def _load(self, phase: str, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> dict[str, float]:

@@ -122,6 +122,7 @@ class PolicyWorker(DeviceWorker):
                 self.rank,
                 self.device,
                 dtype,
+                self.share,
                 handshake_timeout_s=cfg.trainer.phase_timeout_s,
                 transfer_timeout_s=cfg.rollout.weight_sync_timeout_s,
             )
