@@ -4,6 +4,10 @@ gives the uninterrupted run's metrics bit for bit (CPU; as tests/test_resume_e2e
 
 The data: the `add` task's prompts with their answers as responses. 24 rows, 8 a step: an epoch
 is 3 steps, so the kill after step 3 resumes at an epoch boundary (the sampler's new order).
+
+The worker is an object in the CLI's process (trainer.workers=in_process: no Ray, no worker processes), so the
+commands run in the test's process (conftest.run_cli_in_process); the run to kill is a subprocess, which the
+SIGKILL needs.
 """
 
 from __future__ import annotations
@@ -14,12 +18,13 @@ from typing import Iterator
 
 import pytest
 import torch
-from test_resume_e2e import assert_same_metrics, killed_after_checkpoint, metrics, resumed, run_cli
+from conftest import run_cli_in_process
+from test_resume_e2e import assert_same_metrics, killed_after_checkpoint, metrics
 
 from rlkit.core.data.builders import write_parquet
 from rlkit.core.data.synthetic import build_synthetic
 
-pytestmark = [pytest.mark.slow, pytest.mark.shared_ray]
+pytestmark = pytest.mark.slow
 
 N, K = 6, 3
 
@@ -34,7 +39,8 @@ def overrides(data: Path, val: Path, runs: Path) -> list[str]:
             "data.max_prompt_length=16", "data.max_response_length=4", "actor.micro_batch_tokens=24",  # micro-batches
             "actor.lr=3e-3", "actor.warmup_steps=2", "actor.lr_schedule=cosine",
             f"trainer.total_steps={N}", "trainer.val_freq=2", "trainer.save_freq=1", "trainer.keep_last=2",
-            "trainer.logger=[jsonl]", f"trainer.runs_dir={runs}", "model.path=rlkit:tiny-qwen2"]
+            "trainer.logger=[jsonl]", f"trainer.runs_dir={runs}", "model.path=rlkit:tiny-qwen2",
+            "trainer.workers=in_process", "trainer.device=cpu"]
 
 
 @pytest.fixture(scope="module")
@@ -47,7 +53,7 @@ def world(tmp_path_factory) -> Iterator[dict]:
         val = write_parquet(sft_rows(splits["test"]), root / "val.parquet")
         runs = root / "runs"
         args = overrides(data, val, runs)
-        run_cli(["train", "sft", *args, "--run-id", "reference"], root / "reference.log")
+        run_cli_in_process("train", "sft", *args, "--run-id", "reference")
         yield {"root": root, "runs": runs, "args": args, "val": val, "reference": metrics(runs / "reference")}
 
 
@@ -72,7 +78,7 @@ def test_the_export_holds_the_trained_weights_and_starts_an_rl_run(world) -> Non
 
     root, runs = world["root"], world["runs"]
     out = root / "export"
-    run_cli(["export", "reference", "--runs-dir", str(runs), "--out", str(out)], root / "export.log")
+    run_cli_in_process("export", "reference", "--runs-dir", str(runs), "--out", str(out))
     model = AutoModelForCausalLM.from_pretrained(out, dtype=torch.float32)
     tokenizer = AutoTokenizer.from_pretrained(out)
     examples = tokenize_sft_rows([("val", read_sft_file(str(world["val"]), "val"))], tokenizer, max_length=20)
@@ -95,7 +101,7 @@ def test_the_export_holds_the_trained_weights_and_starts_an_rl_run(world) -> Non
 def test_sigkill_after_a_checkpoint_then_resume_is_exact(world) -> None:
     root, runs = world["root"], world["runs"]
     killed_after_checkpoint(["train", "sft", *world["args"]], runs, "killed", K, root / "killed.log")
-    output = resumed(runs, "killed", root / "killed-resume.log")
+    output = run_cli_in_process("resume", "killed", "--runs-dir", str(runs)).output
     assert "from checkpoint step_" in output
     assert_same_metrics(runs / "killed", world["reference"])
     assert json.loads((runs / "killed" / "status.json").read_text())["status"] == "finished"
