@@ -1,8 +1,9 @@
 """LoRA-GRPO through the CLI: a killed and resumed run logs the uninterrupted run's metrics bit
 for bit, and a weight sync broken on purpose (RLKIT_FAULT=noop:engine-load:N) stops the run
-with the weight-sync check's message instead of training on a stale engine's samples. The killed run and the
-two ranks are Ray workers on the tests' shared head; the broken syncs' worker is an object in the CLI's process
-(trainer.workers=in_process: no Ray, no worker processes)."""
+with the weight-sync check's message instead of training on a stale engine's samples. The two ranks are Ray
+workers on the tests' shared head; every other run's worker is an object in the CLI's process
+(trainer.workers=in_process: no Ray, no worker processes): the uninterrupted run and the resume go through the CLI
+in the test's process (conftest.run_cli_in_process), the run to kill and the broken syncs are subprocesses."""
 
 from __future__ import annotations
 
@@ -12,13 +13,13 @@ from pathlib import Path
 from typing import Iterator
 
 import pytest
+from conftest import run_cli_in_process
 from test_resume_e2e import (
     START_TIMEOUT_S,
     assert_same_metrics,
     env,
     killed_after_checkpoint,
     metrics,
-    resumed,
     run_cli,
     training_overrides,
 )
@@ -31,6 +32,7 @@ pytestmark = [pytest.mark.slow]
 STEPS, KILL_AFTER = 4, 2
 # Dropout on the adapters draws from the torch RNG in every update: resume must restore it too.
 LORA = ["model.lora.rank=4", "model.lora.alpha=8", "model.lora.dropout=0.1", "actor.lr=1e-2"]
+IN_PROCESS = ["trainer.workers=in_process", "trainer.device=cpu"]
 
 
 @pytest.fixture(scope="module")
@@ -47,16 +49,16 @@ def world(tmp_path_factory) -> Iterator[dict]:
                "with_validation": training_overrides(data, runs, val_data) + lora}
 
 
-@pytest.mark.shared_ray
 def test_lora_grpo_killed_and_resumed_is_exact(world) -> None:
-    root, runs, overrides = world["root"], world["runs"], world["with_validation"]
-    run_cli(["train", "grpo-demo", *overrides, "--run-id", "reference"], root / "reference.log")
+    root, runs = world["root"], world["runs"]
+    overrides = [*world["with_validation"], *IN_PROCESS]
+    run_cli_in_process("train", "grpo-demo", *overrides, "--run-id", "reference")
     reference = metrics(runs / "reference")
     assert [r["step"] for r in reference] == list(range(STEPS + 1))  # step 0: validation before training
     assert reference[-1]["actor/kl_loss"] > 0  # the adapters moved the policy
 
     killed_after_checkpoint(["train", "grpo-demo", *overrides], runs, "killed", KILL_AFTER, root / "killed.log")
-    output = resumed(runs, "killed", root / "resume.log")
+    output = " ".join(run_cli_in_process("resume", "killed", "--runs-dir", str(runs)).output.split())
     assert int(re.search(r"from checkpoint step_(\d+)", output).group(1)) in (KILL_AFTER, KILL_AFTER + 1)
     assert_same_metrics(runs / "killed", reference, runs / "reference")
 
@@ -86,7 +88,7 @@ def test_a_broken_weight_sync_stops_the_run_with_the_reason(world, fault, extra,
     runs = world["runs"]
     run_id = f"broken-{failed_step}"
     done = subprocess.run([sys.executable, "-m", "rlkit.cli.main", "train", "grpo-demo", *world["overrides"], *extra,
-                           "trainer.workers=in_process", "trainer.device=cpu", "--run-id", run_id],
+                           *IN_PROCESS, "--run-id", run_id],
                           env=env(RLKIT_FAULT=fault), capture_output=True, text=True, timeout=START_TIMEOUT_S,
                           cwd=Path(__file__).resolve().parents[1])
     output = " ".join((done.stdout + done.stderr).split())
