@@ -9,6 +9,10 @@ see docs/resume.md). K is the end of an epoch (12 prompts, 4 per step), so resum
 epoch boundary is covered, and the KL loss pins that the reference policy stays the base model.
 Validation is on (before training, every 2 steps, greedy and 2 samples): its metrics and
 responses match too, and a run without it trains exactly the same steps.
+
+The reference, the truncated run's resume and the run without validation have in-process workers
+(trainer.workers=in_process, through the CLI in the test's process); the two killed runs and their resumes
+have Ray workers, so each comparison also pins that both kinds of worker give the same numbers bit for bit.
 """
 
 from __future__ import annotations
@@ -25,6 +29,7 @@ from pathlib import Path
 from typing import Iterator
 
 import pytest
+from conftest import run_cli_in_process
 from ray_head import descendants, is_zombie, wait_until_idle
 
 from rlkit.core.cluster.faults import HANG_MESSAGE
@@ -38,6 +43,7 @@ pytestmark = [pytest.mark.slow, pytest.mark.shared_ray]
 REPO = Path(__file__).resolve().parents[1]
 N, K = 6, 3
 START_TIMEOUT_S = 240
+IN_PROCESS = ["trainer.workers=in_process", "trainer.device=cpu"]
 
 
 def training_overrides(data: Path, runs: Path, val_data: Path | None = None) -> list[str]:
@@ -152,7 +158,7 @@ def reference_run(root: Path) -> dict:
     val_data = write_parquet(splits["test"], root / "echo-val5.parquet")
     runs = root / "runs"
     overrides = training_overrides(data, runs, val_data)
-    run_cli(["train", "grpo-demo", *overrides, "--run-id", "reference"], root / "reference.log")
+    run_cli_in_process("train", "grpo-demo", *overrides, *IN_PROCESS, "--run-id", "reference")
     reference = metrics(runs / "reference")
     assert [r["step"] for r in reference] == list(range(N + 1))  # step 0: the validation before training
     assert all(r["actor/kl_loss"] > 0 for r in reference[2:])
@@ -192,7 +198,7 @@ def test_sigkill_while_writing_a_checkpoint_then_resume_is_exact(world) -> None:
 
 
 def test_truncated_newest_checkpoint_resumes_from_the_previous_one(world) -> None:
-    root, runs = world["root"], world["runs"]
+    runs = world["runs"]
     shutil.copytree(runs / "reference", runs / "truncated")
     newest = runs / "truncated" / "checkpoints" / step_dir_name(N)
     shard = newest / "policy" / "shards" / "__0_0.distcp"
@@ -200,7 +206,7 @@ def test_truncated_newest_checkpoint_resumes_from_the_previous_one(world) -> Non
     with shard.open("r+b") as handle:
         handle.truncate(size // 2)
 
-    output = " ".join(run_cli(["resume", "truncated", "--runs-dir", str(runs)], root / "truncated.log").split())
+    output = " ".join(run_cli_in_process("resume", "truncated", "--runs-dir", str(runs)).output.split())
     assert (f"skipping checkpoint {step_dir_name(N)}: policy/shards/__0_0.distcp has {size // 2} bytes, "
             f"the manifest says {size}") in output
     assert f"from checkpoint {step_dir_name(N - 1)}" in output
@@ -210,9 +216,8 @@ def test_truncated_newest_checkpoint_resumes_from_the_previous_one(world) -> Non
 def test_validation_leaves_training_untouched(world) -> None:
     """The same run without validation trains the same steps: validating draws nothing from the
     training RNG, the data order or the engines' state."""
-    root, runs = world["root"], world["runs"]
-    run_cli(["train", "grpo-demo", *world["overrides"], "data.val_files=[]", "--run-id", "no-val"],
-            root / "no-val.log")
+    runs = world["runs"]
+    run_cli_in_process("train", "grpo-demo", *world["overrides"], *IN_PROCESS, "data.val_files=[]", "--run-id", "no-val")
     trained = [{k: v for k, v in r.items() if not k.startswith("val/") and k != "timing/val"}
                for r in world["reference"][1:]]
     assert_same_metrics(runs / "no-val", trained)
