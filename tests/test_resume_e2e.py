@@ -217,7 +217,8 @@ def test_validation_leaves_training_untouched(world) -> None:
     """The same run without validation trains the same steps: validating draws nothing from the
     training RNG, the data order or the engines' state."""
     runs = world["runs"]
-    run_cli_in_process("train", "grpo-demo", *world["overrides"], *IN_PROCESS, "data.val_files=[]", "--run-id", "no-val")
+    run_cli_in_process("train", "grpo-demo", *world["overrides"], *IN_PROCESS, "data.val_files=[]",
+                       "--run-id", "no-val")
     trained = [{k: v for k, v in r.items() if not k.startswith("val/") and k != "timing/val"}
                for r in world["reference"][1:]]
     assert_same_metrics(runs / "no-val", trained)
