@@ -20,7 +20,7 @@ import pytest
 
 from rlkit.core.controller.tracking import is_timing_key
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.shared_ray]
 
 REPO = Path(__file__).resolve().parents[1]
 
