@@ -74,14 +74,16 @@ def test_hf_rollout_with_kl_loss_runs_through_the_cli(tmp_path):
 def test_sglang_rollout_runs_through_the_cli(tmp_path, sglang_env):
     """rollout.name=sglang in the worker: generation, a bucketed weight sync after each update, exact on CPU.
 
-    Its own local Ray cluster (no shared_ray mark): the workers must inherit the run's PYTHONPATH, which
-    carries the torchvision stand-in where there is no torchvision (tests/conftest.py: `sglang_env`)."""
+    The worker is an object in the CLI's process (trainer.workers=in_process), the CLI a subprocess: SGLang's
+    engine and its scheduler process must see the run's PYTHONPATH, which carries the torchvision stand-in
+    where there is no torchvision (tests/conftest.py: `sglang_env`)."""
     proc = subprocess.run(
         [sys.executable, "-m", "rlkit.cli.main", "train", "grpo-demo", "trainer.total_steps=3", "rollout.name=sglang",
-         "rollout.log_prob_check_freq=1", f"trainer.runs_dir={tmp_path}", "trainer.logger=[jsonl]",
-         "--run-id", "sglang"],
+         "rollout.log_prob_check_freq=1", "trainer.workers=in_process", "trainer.device=cpu",
+         f"trainer.runs_dir={tmp_path}", "trainer.logger=[jsonl]", "--run-id", "sglang"],
         capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "CUDA graphs n/a (rollout.name=sglang)" in proc.stderr
     rows, _ = _rewards(tmp_path / "sglang")
     assert [row["step"] for row in rows] == [1, 2, 3]
     # Steps 2 and 3 generate with weights synced after an update: the engine scores as the trainer does.

@@ -84,12 +84,12 @@ class FastPaths:
     compile: bool
     cuda_graphs: bool | None  # None: the rollout engine is not vLLM
     micro_batch_tokens: int
-    settings: dict[str, str]  # model.compile, rollout.vllm.enforce_eager, actor.micro_batch_tokens as configured
+    settings: dict[str, str]  # model.compile, rollout.name, rollout.vllm.enforce_eager, actor.micro_batch_tokens
     free_gib: float | None = None  # the free memory an auto budget was sized from (GPU)
 
     def describe(self) -> str:
         graphs = (
-            "CUDA graphs n/a (rollout.name=hf)"
+            f"CUDA graphs n/a (rollout.name={self.settings['rollout.name']})"
             if self.cuda_graphs is None
             else f"vLLM CUDA graphs {'on' if self.cuda_graphs else 'off'} (rollout.vllm.enforce_eager="
             f"{self.settings['rollout.vllm.enforce_eager']})"
@@ -126,6 +126,7 @@ def resolve(config: Any, device_type: str, *, sized: tuple[int, float] | None = 
         micro_batch_tokens=tokens,
         settings={
             "model.compile": str(model.compile).lower(),
+            "rollout.name": rollout.name,
             "rollout.vllm.enforce_eager": eager,
             "actor.micro_batch_tokens": str(actor.micro_batch_tokens),
         },
