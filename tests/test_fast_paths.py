@@ -73,21 +73,22 @@ def test_auto_budget_limits():
 
 def test_resolution_and_the_start_up_line():
     demo = load_config("grpo-demo")  # micro_batch_tokens 4096, vLLM
-    on_cpu = fast_paths.resolve(demo, "cpu")
+    on_cpu = fast_paths.resolve(demo.model, demo.rollout, demo.actor, "cpu")
     assert (on_cpu.compile, on_cpu.cuda_graphs, on_cpu.micro_batch_tokens) == (False, False, 4096)
     assert on_cpu.describe() == ("fast paths: torch.compile off (model.compile=auto), vLLM CUDA graphs off "
                                  "(rollout.vllm.enforce_eager=auto), micro-batches of 4096 tokens "
                                  "(actor.micro_batch_tokens=4096)")
     auto = load_config("grpo", ["model.path=m", "data.synthetic_task=echo"])
-    assert fast_paths.resolve(auto, "cpu").micro_batch_tokens == fast_paths.CPU_MICRO_BATCH_TOKENS
-    on_gpu = fast_paths.resolve(auto, "cuda", sized=(46_080, 139.4))
+    on_cpu_auto = fast_paths.resolve(auto.model, auto.rollout, auto.actor, "cpu")
+    assert on_cpu_auto.micro_batch_tokens == fast_paths.CPU_MICRO_BATCH_TOKENS
+    on_gpu = fast_paths.resolve(auto.model, auto.rollout, auto.actor, "cuda", sized=(46_080, 139.4))
     assert (on_gpu.compile, on_gpu.cuda_graphs, on_gpu.micro_batch_tokens) == (True, True, 46_080)
     assert on_gpu.describe() == ("fast paths: torch.compile on (model.compile=auto), vLLM CUDA graphs on "
                                  "(rollout.vllm.enforce_eager=auto), micro-batches of 46080 tokens "
                                  "(actor.micro_batch_tokens=auto, sized from 139 GiB free)")
     hf = load_config("grpo", ["model.path=m", "data.synthetic_task=echo", "rollout.name=hf", "model.compile=false"])
     assert "torch.compile off (model.compile=false), CUDA graphs n/a (rollout.name=hf)" in \
-        fast_paths.resolve(hf, "cuda", sized=(8192, 70.0)).describe()
+        fast_paths.resolve(hf.model, hf.rollout, hf.actor, "cuda", sized=(8192, 70.0)).describe()
 
 
 def test_the_policy_worker_sizes_from_its_gpus_free_memory(monkeypatch):

@@ -39,7 +39,8 @@ class CriticWorker(DeviceWorker):
             self.model = build_critic(cfg, self.model_path, self.device)
         # The policy workers sized an auto budget for this device, the critic included (the controller
         # passes it on in the config); on CPU auto is the CPU default.
-        self.micro_batch_tokens = fast_paths.resolve(cfg, self.device.type).micro_batch_tokens
+        paths = fast_paths.resolve(cfg.model, cfg.rollout, cfg.actor, self.device.type)
+        self.micro_batch_tokens = paths.micro_batch_tokens
         return {"rank": self.rank, "shards": fsdp.shard_numels(self.model.module)}
 
     def _values(self, mb: Batch) -> tuple[torch.Tensor, Batch]:

@@ -16,7 +16,12 @@ activation bytes one token costs in forward + backward.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from rlkit.recipes.actor_schema import ActorConfig
+    from rlkit.recipes.model_schema import ModelConfig
+    from rlkit.recipes.rollout_schema import RolloutConfig
 
 CPU_MICRO_BATCH_TOKENS = 16384  # "auto" on CPU: memory is not the limit there, and this was the default
 MAX_AUTO_TOKENS = 65536  # beyond this a bigger micro-batch no longer speeds up the passes
@@ -109,10 +114,16 @@ class FastPaths:
         )
 
 
-def resolve(config: Any, device_type: str, *, sized: tuple[int, float] | None = None) -> FastPaths:
-    """The fast paths of `config` on `device_type`; `sized` = (tokens, free GiB) when an auto budget
-    was sized from a GPU's memory (auto_micro_batch_tokens)."""
-    model, rollout, actor = config.model, config.rollout, config.actor
+def resolve(
+    model: ModelConfig,
+    rollout: RolloutConfig,
+    actor: ActorConfig,
+    device_type: str,
+    *,
+    sized: tuple[int, float] | None = None,
+) -> FastPaths:
+    """The fast paths of the model, rollout and actor sections on `device_type`; `sized` = (tokens, free GiB)
+    when an auto budget was sized from a GPU's memory (auto_micro_batch_tokens)."""
     if actor.micro_batch_tokens != "auto":
         tokens = actor.micro_batch_tokens
     elif sized is None:

@@ -98,7 +98,8 @@ class PolicyWorker(DeviceWorker):
                 else None
             )
             # Sized before the engine takes its share: during the update the engine sleeps.
-            paths = fast_paths.resolve(cfg, self.device.type, sized=self._size_micro_batches(model, dtype))
+            sized = self._size_micro_batches(model, dtype)
+            paths = fast_paths.resolve(cfg.model, cfg.rollout, cfg.actor, self.device.type, sized=sized)
             self.actor = Actor(
                 self,
                 model,
