@@ -95,9 +95,11 @@ def test_prep_data_writes_sft_rows_and_names_a_bad_option(tmp_path: Path) -> Non
     assert {row["response"].count("\n") for row in rows} == {2}
     bad = invoke(register, "prep-data", "arithmetic", "--out", str(tmp_path), "-o", "format=dpo")
     assert bad.exit_code == 2 and "format='dpo'; choose one of rl, sft" in bad.output and "Traceback" not in bad.output
-    few = invoke(register, "prep-data", "arithmetic", "--out", str(tmp_path), "-o", "max_number=2",
+    # 3120 different one-step problems exist at these settings (names x items x numbers): 4000 are too many
+    # (the default 20000 would try 50 x 20000 draws before saying so: 30 s).
+    few = invoke(register, "prep-data", "arithmetic", "--out", str(tmp_path), "-o", "max_number=2", "-o", "n_train=4000",
                  "-o", "max_value=3", "-o", "max_factor=1", "-o", "max_steps=1", "-o", "min_steps=1")
-    assert few.exit_code == 2 and "different train problems" in few.output
+    assert few.exit_code == 2 and "only 3120 different train problems" in few.output
 
 
 def test_task_tokenizer_and_model_load_as_a_hub_model_would(tmp_path: Path) -> None:

@@ -9,7 +9,8 @@ rlkit.core.rollout.async_source: `AsyncScheduler`) decide when each runs and wit
   - `Score`: verifier scores from the reward functions or the reward model (an environment's own reward
     first), DAPO's overlong shaping, agent metrics; ReMax's greedy baseline scored onto its batch.
   - `group_filter`: DAPO's dynamic sampling, rounds of scored groups until enough have signal.
-`RolloutStages` holds one of each, built from the run's config and workers.
+`RolloutStages` holds one of each, built from the run's config and workers (`build`); each stage gets only the
+sections and values it reads.
 """
 
 from __future__ import annotations
@@ -35,6 +36,9 @@ if TYPE_CHECKING:
     from rlkit.core.cluster.placement import Placement
     from rlkit.core.data.dataset import PromptRow, PromptSampler
     from rlkit.core.rewards.scoring import RewardScorer
+    from rlkit.recipes.agent_schema import AgentConfig
+    from rlkit.recipes.reward_schema import RewardConfig
+    from rlkit.recipes.rollout_schema import RolloutConfig
     from rlkit.recipes.schema import RLConfig
 
 
@@ -69,8 +73,20 @@ class Generate:
     """Prompts to trajectories on the rollout workers: `submit` starts the calls, `trajectories` turns their
     results into trajectories; calling the stage does both, waiting for the workers."""
 
-    def __init__(self, config: RLConfig, algorithm: Algorithm, placement: Placement) -> None:
-        self.config, self.algorithm, self.placement = config, algorithm, placement
+    def __init__(
+        self,
+        rollout: RolloutConfig,
+        algorithm: Algorithm,
+        placement: Placement,
+        *,
+        max_response_length: int,
+        seed: int,
+        log_prob_check_step: Callable[[int], bool],
+    ) -> None:
+        """`seed`: trainer.seed; `log_prob_check_step(step)`: whether the engine also returns the sampled tokens'
+        log-probs at that step for the weight-sync check (RLConfig.log_prob_check_step)."""
+        self.rollout, self.algorithm, self.placement = rollout, algorithm, placement
+        self.max_response_length, self.seed, self.log_prob_check_step = max_response_length, seed, log_prob_check_step
 
     def __call__(self, prompts: list[PromptRow], sampling: Sampling, policy_version: int) -> list[Trajectory]:
         """Spread prompts over the rollout workers; each samples `sampling.n` responses (or episodes) per prompt.
@@ -87,19 +103,19 @@ class Generate:
 
         Streams keep seeds apart: training rounds by round_index, other users (validation) by `stream`.
         """
-        cfg = self.config
-        log_probs = self.algorithm.rollout_log_probs or (not greedy and cfg.log_prob_check_step(step))
+        rollout = self.rollout
+        log_probs = self.algorithm.rollout_log_probs or (not greedy and self.log_prob_check_step(step))
         # Extra dynamic-sampling rounds draw from seed ranges no plausible step count reaches.
-        seed = cfg.trainer.seed * 1_000_003 + step + round_index * 10_000_019 + stream * 100_000_007
+        seed = self.seed * 1_000_003 + step + round_index * 10_000_019 + stream * 100_000_007
         return Sampling(
-            n=1 if greedy else (n or cfg.rollout.n),
-            max_tokens=cfg.data.max_response_length,
-            temperature=cfg.rollout.temperature,
-            top_p=cfg.rollout.top_p,
-            top_k=cfg.rollout.top_k,
+            n=1 if greedy else (n or rollout.n),
+            max_tokens=self.max_response_length,
+            temperature=rollout.temperature,
+            top_p=rollout.top_p,
+            top_k=rollout.top_k,
             seed=seed,
             greedy=greedy,
-            ignore_eos=cfg.rollout.ignore_eos,
+            ignore_eos=rollout.ignore_eos,
             log_probs=log_probs,
         )
 
@@ -112,7 +128,7 @@ class Generate:
         returns how long the worker sat idle before it and then ran it."""
         world = self.placement.rollout_size
         parts = [list(range(len(prompts)))[r::world] for r in range(world)]
-        episodes = self.config.rollout.agent.loop != "single_turn"
+        episodes = self.rollout.agent.loop != "single_turn"
         method = Generator.agent_episodes if episodes else Generator.generate
         per_rank = [
             (([prompts[i] for i in part], part) if episodes else ([prompts[i].prompt_token_ids for i in part],))
@@ -144,8 +160,26 @@ class Generate:
 class Score:
     """Trajectories to a scored batch: `verifier_scores`, and `scores` with DAPO's overlong shaping when on."""
 
-    def __init__(self, config: RLConfig, tokenizer: Any, scorer: RewardScorer, placement: Placement) -> None:
-        self.config, self.tokenizer, self.scorer, self.placement = config, tokenizer, scorer, placement
+    def __init__(
+        self,
+        reward: RewardConfig,
+        agent: AgentConfig,
+        tokenizer: Any,
+        scorer: RewardScorer,
+        placement: Placement,
+        *,
+        reward_model: bool,
+        max_response_length: int,
+    ) -> None:
+        """`reward_model`: the reward model scores (reward_model.path is set), on the training ranks."""
+        self.reward, self.agent, self.tokenizer, self.scorer, self.placement = (
+            reward,
+            agent,
+            tokenizer,
+            scorer,
+            placement,
+        )
+        self.use_reward_model, self.max_response_length = reward_model, max_response_length
         self.pad_id = tokenizer.pad_token_id or 0
 
     def __call__(self, batch: Batch) -> tuple[dict[str, torch.Tensor], dict[str, float]]:
@@ -156,15 +190,15 @@ class Score:
             verifier, metrics = torch.tensor(env_rewards, dtype=torch.float32), {}
         else:
             verifier, metrics = (
-                (self.reward_model_scores(batch), {}) if self.config.reward_model.path else self.rule_scores(batch)
+                (self.reward_model_scores(batch), {}) if self.use_reward_model else self.rule_scores(batch)
             )
             verifier = torch.tensor([v if r is None else r for r, v in zip(env_rewards, verifier.tolist())])
-        overlong = self.config.reward.overlong_buffer
+        overlong = self.reward.overlong_buffer
         if not overlong.enable:
             return {"scores": verifier, "verifier_scores": verifier}, metrics
         penalty = overlong_penalty(
             batch["response_mask"].sum(-1),
-            max_response_length=self.config.data.max_response_length,
+            max_response_length=self.max_response_length,
             buffer_length=overlong.length,
             penalty_factor=overlong.penalty_factor,
         )
@@ -176,12 +210,12 @@ class Score:
 
     def episode_metrics(self, trajectories: list[Trajectory], step: int) -> dict[str, float]:
         """Agent metrics of multi-turn episodes (none for single-turn completions)."""
-        if self.config.rollout.agent.loop == "single_turn":
+        if self.agent.loop == "single_turn":
             return {}
-        return episode_metrics(trajectories, self.config.rollout.agent, f"step {step}")
+        return episode_metrics(trajectories, self.agent, f"step {step}")
 
     def reward_model_scores(self, batch: Batch) -> torch.Tensor:
-        parts = torch.arange(len(batch)).tensor_split(self.config.world_size)
+        parts = torch.arange(len(batch)).tensor_split(self.placement.train.size)
         per_rank = [(batch.select(p.tolist()),) for p in parts]
         results = self.placement.train.call(Scoring.reward_model_scores, per_rank=per_rank, phase="reward model")
         return torch.cat(results)
@@ -265,8 +299,23 @@ class RolloutStages:
     ) -> RolloutStages:
         return cls(
             Prompts(rows, sampler),
-            Generate(config, algorithm, placement),
-            Score(config, tokenizer, scorer, placement),
+            Generate(
+                config.rollout,
+                algorithm,
+                placement,
+                max_response_length=config.data.max_response_length,
+                seed=config.trainer.seed,
+                log_prob_check_step=config.log_prob_check_step,
+            ),
+            Score(
+                config.reward,
+                config.rollout.agent,
+                tokenizer,
+                scorer,
+                placement,
+                reward_model=bool(config.reward_model.path),
+                max_response_length=config.data.max_response_length,
+            ),
             algorithm,
             phase_plan(algorithm),
             config.data.train_batch_size,

@@ -36,7 +36,7 @@ class CriticWorker(DeviceWorker):
         self.join_process_group(master_addr, master_port)
         cfg = self.config
         with self.reporting("setup/load-models"):
-            self.model = build_critic(cfg, self.model_path, self.device)
+            self.model = build_critic(cfg.model, cfg.critic, self.model_path, self.device, seed=cfg.trainer.seed)
         # The policy workers sized an auto budget for this device, the critic included (the controller
         # passes it on in the config); on CPU auto is the CPU default.
         paths = fast_paths.resolve(cfg.model, cfg.rollout, cfg.actor, self.device.type)

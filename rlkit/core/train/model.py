@@ -11,13 +11,16 @@ from __future__ import annotations
 
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Iterator
+from typing import TYPE_CHECKING, Iterator
 
 import torch
 
 from rlkit.core.algos.algorithm import Algorithm
 from rlkit.core.train import adapters, fast_paths, fsdp
-from rlkit.recipes.schema import RLConfig
+
+if TYPE_CHECKING:
+    from rlkit.recipes.actor_schema import ActorConfig, CriticConfig
+    from rlkit.recipes.model_schema import ModelConfig
 
 
 @dataclass
@@ -67,46 +70,60 @@ class TrainableModel:
         return adapters.merged_weights(self.module) if self.lora else fsdp.full_state_items(self.module)
 
 
-def build_policy(config: RLConfig, model_path: str, device: torch.device) -> TrainableModel:
-    """The actor, its AdamW and LR schedule, and (when a KL term needs it) the frozen base model.
+def actor_updates(actor: ActorConfig, *, total_steps: int, train_batch_size: int, critic_warmup_steps: int) -> int:
+    """The actor's optimizer steps over the run, the length of its LR schedule: mini-batches x epochs a step, on
+    every step but the critic's warm-up (which does not update the actor)."""
+    return (total_steps - critic_warmup_steps) * (train_batch_size // actor.mini_batch_size * actor.ppo_epochs)
+
+
+def build_policy(
+    model_config: ModelConfig,
+    actor: ActorConfig,
+    algorithm: Algorithm,
+    model_path: str,
+    device: torch.device,
+    *,
+    seed: int,
+    total_updates: int,
+) -> TrainableModel:
+    """The actor, its AdamW and LR schedule over `total_updates` optimizer steps (`actor_updates`), and (when the
+    algorithm has a reference) the frozen base model. `seed` initialises LoRA adapters.
 
     With model.lora.rank > 0 the actor is the base model with LoRA adapters, and only they train.
     """
-    dtype = fsdp.compute_dtype(config.model.dtype, device)
-    compile_layers = fast_paths.compile_enabled(config.model.compile, device.type)  # auto: on with CUDA
-    model = fsdp.load_model(model_path, gradient_checkpointing=config.model.gradient_checkpointing)
-    lora = config.model.lora.rank > 0
+    dtype = fsdp.compute_dtype(model_config.dtype, device)
+    compile_layers = fast_paths.compile_enabled(model_config.compile, device.type)  # auto: on with CUDA
+    model = fsdp.load_model(model_path, gradient_checkpointing=model_config.gradient_checkpointing)
+    lora = model_config.lora.rank > 0
     if lora:
-        model = adapters.add_lora(model, config.model.lora, seed=config.trainer.seed)
+        model = adapters.add_lora(model, model_config.lora, seed=seed)
     module = fsdp.shard_model(model, device=device, compute_dtype=dtype, compile=compile_layers)
-    actor = config.actor
     optimizer = torch.optim.AdamW(
         [p for p in module.parameters() if p.requires_grad],
         lr=actor.lr,
         betas=actor.betas,
         weight_decay=actor.weight_decay,
     )
-    updates_per_step = config.data.train_batch_size // actor.mini_batch_size * actor.ppo_epochs
-    # Critic warm-up steps do not update the actor, so they are not in the schedule.
-    total_updates = (config.trainer.total_steps - Algorithm.from_config(config).critic_warmup_steps) * updates_per_step
     scheduler = torch.optim.lr_scheduler.LambdaLR(
         optimizer, fsdp.lr_lambda(actor.warmup_steps, total_updates, actor.lr_schedule)
     )
     base = None
-    if Algorithm.from_config(config).reference and not lora:  # always the model on disk
+    if algorithm.reference and not lora:  # always the model on disk
         base = fsdp.shard_model(fsdp.load_model(model_path), device=device, compute_dtype=dtype, compile=compile_layers)
         base.eval().requires_grad_(False)
     return TrainableModel(module, optimizer, scheduler, base=base, lora=lora)
 
 
-def build_critic(config: RLConfig, model_path: str, device: torch.device) -> TrainableModel:
+def build_critic(
+    model_config: ModelConfig, critic: CriticConfig, model_path: str, device: torch.device, *, seed: int
+) -> TrainableModel:
     """The value model: the policy's base model with a one-output head, and its AdamW (constant rate).
 
     Every rank must build the same freshly initialised head before sharding it, so the head's
-    initialisation draws from trainer.seed on every rank.
+    initialisation draws from `seed` (trainer.seed) on every rank.
     """
-    torch.manual_seed(config.trainer.seed)
-    model = fsdp.load_model(model_path, value_head=True, gradient_checkpointing=config.model.gradient_checkpointing)
-    module = fsdp.shard_model(model, device=device, compute_dtype=fsdp.compute_dtype(config.model.dtype, device))
-    optimizer = torch.optim.AdamW(module.parameters(), lr=config.critic.lr)
+    torch.manual_seed(seed)
+    model = fsdp.load_model(model_path, value_head=True, gradient_checkpointing=model_config.gradient_checkpointing)
+    module = fsdp.shard_model(model, device=device, compute_dtype=fsdp.compute_dtype(model_config.dtype, device))
+    optimizer = torch.optim.AdamW(module.parameters(), lr=critic.lr)
     return TrainableModel(module, optimizer, scheduler=None)

@@ -35,7 +35,7 @@ from rlkit.core.rollout.generator import Generator
 from rlkit.core.state.run_dir import resolve_model_path
 from rlkit.core.train import fast_paths, fsdp, packing
 from rlkit.core.train.actor import Actor
-from rlkit.core.train.model import TrainableModel, build_policy
+from rlkit.core.train.model import TrainableModel, actor_updates, build_policy
 from rlkit.core.train.scoring import Scoring
 from rlkit.core.train.weight_export import WeightExport
 
@@ -86,7 +86,22 @@ class PolicyWorker(DeviceWorker):
         cfg = self.config
         with self.reporting("setup/load-models"):
             dtype = fsdp.compute_dtype(cfg.model.dtype, self.device)
-            model = build_policy(cfg, self.model_path, self.device)
+            algorithm = Algorithm.from_config(cfg)
+            updates = actor_updates(
+                cfg.actor,
+                total_steps=cfg.trainer.total_steps,
+                train_batch_size=cfg.data.train_batch_size,
+                critic_warmup_steps=algorithm.critic_warmup_steps,
+            )
+            model = build_policy(
+                cfg.model,
+                cfg.actor,
+                algorithm,
+                self.model_path,
+                self.device,
+                seed=cfg.trainer.seed,
+                total_updates=updates,
+            )
             reward_model = (
                 RewardModel(
                     resolve_model_path(cfg.reward_model.path),
@@ -107,7 +122,7 @@ class PolicyWorker(DeviceWorker):
                 self.device,
                 paths,
                 actor=cfg.actor,
-                algorithm=Algorithm.from_config(cfg),
+                algorithm=algorithm,
                 objective=cfg.objective,
                 temperature=cfg.log_prob_temperature,
                 micro_batch_group=cfg.micro_batch_group,
