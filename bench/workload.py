@@ -92,12 +92,12 @@ def build(workload: Workload, out_dir: str | Path, seed: int = 0, prompt_rows: i
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers
     from transformers import PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM
 
-    from rlkit.core.train.tiny import _bytes_to_unicode
+    from rlkit.core.tiny import _bytes_to_unicode
 
     out = Path(out_dir)
     model_dir = out / "model"
     # transformers 5 loads any Qwen2 model's tokenizer as byte-level BPE, so the vocabulary is
-    # byte-level too (as rlkit.core.train.tiny does): the 256 byte symbols, one token per character
+    # byte-level too (as rlkit.core.tiny does): the 256 byte symbols, one token per character
     # when encoding (no merges), then filler entries up to the model's vocabulary so every
     # sampled id decodes, then the special tokens.
     byte_symbols = list(_bytes_to_unicode().values())

@@ -64,7 +64,7 @@ def chatml_tokenizer(out_dir: Path):
     from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers
     from transformers import AutoTokenizer, PreTrainedTokenizerFast
 
-    from rlkit.core.train.tiny import _bytes_to_unicode
+    from rlkit.core.tiny import _bytes_to_unicode
 
     symbols = list(_bytes_to_unicode().values())
     merges = [("t", "o"), ("to", "o"), ("too", "l"), ("Ġ", "t")]

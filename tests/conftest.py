@@ -35,7 +35,7 @@ def require_gsm8k() -> Path:
 
 @pytest.fixture(scope="session")
 def tiny_model_dir(tmp_path_factory) -> Path:
-    from rlkit.core.train.tiny import build_tiny_qwen2
+    from rlkit.core.tiny import build_tiny_qwen2
 
     return build_tiny_qwen2(tmp_path_factory.mktemp("tiny") / "tiny-qwen2")
 

@@ -13,7 +13,7 @@ from transformers import AutoTokenizer
 from rlkit.core.agents.client_loop import ClientAgentLoop, agent_function
 from rlkit.core.agents.loop import Limits
 from rlkit.core.rollout.base import Sampling
-from rlkit.core.train.tiny import TOOL_CALL_TOKEN
+from rlkit.core.tiny import TOOL_CALL_TOKEN
 from rlkit.errors import UserError
 
 IM_START, IM_END = 1, 2

@@ -16,7 +16,7 @@ from rlkit.core.agents.tool_env import ToolEnv
 from rlkit.core.agents.tools import Tool
 from rlkit.core.data.synthetic import lookup
 from rlkit.core.rollout.base import Sampling
-from rlkit.core.train.tiny import TOOL_CALL_TOKEN
+from rlkit.core.tiny import TOOL_CALL_TOKEN
 
 IM_START, IM_END = 1, 2  # the tiny tokenizer's special tokens
 

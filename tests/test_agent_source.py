@@ -17,7 +17,7 @@ from rlkit.core.data.dataset import PromptSampler
 from rlkit.core.rewards.scoring import RewardScorer
 from rlkit.core.rollout.source import SyncScheduler
 from rlkit.core.rollout.stages import RolloutStages
-from rlkit.core.train.tiny import TOOL_CALL_TOKEN
+from rlkit.core.tiny import TOOL_CALL_TOKEN
 from rlkit.recipes.loader import load_config
 
 

@@ -23,7 +23,7 @@ from rlkit.core.controller.validation import (
 from rlkit.core.cluster.phases import PhaseReporter
 from rlkit.core.rewards.scoring import RewardScorer
 from rlkit.core.rollout.generator import Generator
-from rlkit.core.train.tiny import TOOL_CALL_TOKEN
+from rlkit.core.tiny import TOOL_CALL_TOKEN
 from rlkit.recipes.loader import load_config
 
 TURN_SEED_STRIDE = 1_000_003  # rlkit.core.agents.loop: turn t's seeds start t * this after turn 0's

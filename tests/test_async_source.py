@@ -15,7 +15,7 @@ import torch
 from transformers import AutoTokenizer
 
 from rlkit.core.algos.algorithm import Algorithm
-from rlkit.core.cluster.placement import PendingSync
+from rlkit.core.controller.placement import PendingSync
 from rlkit.core.state.run_dir import resolve_model_path
 from rlkit.core.data.dataset import PromptRow, PromptSampler
 from rlkit.core.rewards.scoring import RewardScorer

@@ -18,7 +18,7 @@ from rlkit.core.controller.offline_eval import resolve_target
 from rlkit.core.controller.resume import resume_run
 from rlkit.core.state import checkpoint, safe_load
 from rlkit.core.state.checkpoint import MARKER, checkpoint_at, write_checkpoint
-from rlkit.core.state.export import export_hf
+from rlkit.core.train.export import export_hf
 from rlkit.core.state.shards import MODEL_KEY, SHARDS_DIR
 from rlkit.errors import UserError
 

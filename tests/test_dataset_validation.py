@@ -9,7 +9,7 @@ import pytest
 
 from rlkit.core.data.builders import make_row, write_parquet
 from rlkit.core.data.dataset import load_prompt_dataset, tokenize_rows
-from rlkit.core.train.tiny import build_tokenizer
+from rlkit.core.tiny import build_tokenizer
 from rlkit.errors import UserError
 
 

@@ -27,7 +27,7 @@ from conftest import GSM8K, run_cli_in_process
 from test_resume_e2e import assert_same_metrics, killed_after_checkpoint, metrics, run_cli
 
 from rlkit.core.data.builders import write_parquet
-from rlkit.core.train.tiny import CHARACTERS
+from rlkit.core.tiny import CHARACTERS
 
 pytestmark = [pytest.mark.slow,
               pytest.mark.skipif(not GSM8K.is_dir(), reason="the real GSM8K files are not here")]

@@ -10,7 +10,7 @@ from rlkit.core.batch import build_batch
 from rlkit.core.controller.controller import Controller
 from rlkit.core.state.run_dir import RunDir
 from rlkit.core.rewards.reward_model import RewardModel
-from rlkit.core.train.tiny import build_tokenizer
+from rlkit.core.tiny import build_tokenizer
 from rlkit.recipes.loader import load_config
 
 pytestmark = [pytest.mark.slow, pytest.mark.shared_ray]

@@ -15,14 +15,14 @@ from rlkit.core.state.run_dir import RunDir
 from rlkit.core.data.builders import write_parquet
 from rlkit.core.data.synthetic import build_synthetic
 from rlkit.core.rewards.metrics import pass_at_k
-from rlkit.core.state.export import EXPORT_CONFIG, EXPORT_INFO
+from rlkit.core.train.export import EXPORT_CONFIG, EXPORT_INFO
 from rlkit.errors import UserError
 from rlkit.recipes.loader import config_to_yaml, load_config
 
 
 @pytest.fixture(scope="module")
 def small_model(tmp_path_factory) -> Path:
-    from rlkit.core.train.tiny import build_tiny_qwen2
+    from rlkit.core.tiny import build_tiny_qwen2
 
     return build_tiny_qwen2(tmp_path_factory.mktemp("eval") / "model", hidden_size=64, num_layers=1, num_heads=1,
                             intermediate_size=64)

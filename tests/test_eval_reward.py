@@ -137,7 +137,7 @@ def test_exactly_one_response_source(tmp_path: Path) -> None:
 
 
 def test_responses_sampled_from_a_tiny_model_and_saved(tmp_path: Path) -> None:
-    from rlkit.core.train.tiny import build_tiny_qwen2
+    from rlkit.core.tiny import build_tiny_qwen2
 
     model = build_tiny_qwen2(tmp_path / "model", hidden_size=64, num_layers=1, num_heads=1, intermediate_size=64)
     data = write_parquet(build_synthetic(task="echo", n_test=8)["test"], tmp_path / "echo.parquet")

@@ -15,7 +15,7 @@ from conftest import release_vllm
 
 from rlkit.core.train.policy_worker import PolicyWorker
 from rlkit.core.state.run_dir import RunDir, resolve_model_path
-from rlkit.core.state.export import ADAPTER_DIR, EXPORT_INFO, export_hf
+from rlkit.core.train.export import ADAPTER_DIR, EXPORT_INFO, export_hf
 from rlkit.errors import UserError
 from rlkit.recipes.loader import load_config
 

@@ -11,7 +11,7 @@ import torch.distributed.checkpoint as dcp
 
 from rlkit.core.state.run_dir import RunDir
 from rlkit.core.state.checkpoint import write_checkpoint
-from rlkit.core.state.export import export_hf
+from rlkit.core.train.export import export_hf
 from rlkit.core.state.shards import MODEL_KEY, SHARDS_DIR
 from rlkit.errors import UserError
 from rlkit.recipes.loader import config_to_yaml, load_config

@@ -79,7 +79,7 @@ def test_gsm8k_pairs_from_the_real_files() -> None:
 def tokenizer(tmp_path_factory):
     from transformers import AutoTokenizer
 
-    from rlkit.core.train.tiny import build_tiny_qwen2
+    from rlkit.core.tiny import build_tiny_qwen2
 
     return AutoTokenizer.from_pretrained(build_tiny_qwen2(tmp_path_factory.mktemp("tiny")))
 

@@ -11,7 +11,7 @@ import time
 
 import pytest
 
-from rlkit.core.agents.isolation import ISOLATION_ENV, isolation_problem
+from rlkit.core.sandbox.isolation import ISOLATION_ENV, isolation_problem
 from rlkit.core.data.humaneval import problems
 from rlkit.core.rewards import code
 from rlkit.core.rewards.code import humaneval_reward, run_tests

@@ -9,7 +9,7 @@ import torch
 from transformers import Qwen2Config, Qwen2ForSequenceClassification
 
 from rlkit.core.rewards.reward_model import RewardModel
-from rlkit.core.train.tiny import build_tokenizer
+from rlkit.core.tiny import build_tokenizer
 from rlkit.errors import UserError
 
 

@@ -6,8 +6,8 @@ import signal
 
 import pytest
 
-from rlkit.core.agents.isolation import ISOLATION_ENV
-from rlkit.core.agents.sandbox import Limits, run_python
+from rlkit.core.sandbox.isolation import ISOLATION_ENV
+from rlkit.core.sandbox.process import Limits, run_python
 from rlkit.core.data.humaneval import problems
 from rlkit.core.rewards.code import humaneval_reward, program_for, run_tests
 

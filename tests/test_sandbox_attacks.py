@@ -1,5 +1,5 @@
 """The sandbox half of the reward-hacking suite: programs written to escape the Python sandbox, each
-blocked or contained (rlkit.core.agents.sandbox, isolation=namespaces)."""
+blocked or contained (rlkit.core.sandbox.process, isolation=namespaces)."""
 
 from __future__ import annotations
 
@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from rlkit.core.agents.isolation import ISOLATION_ENV, isolation_problem
-from rlkit.core.agents.sandbox import Limits, run_python
+from rlkit.core.sandbox.isolation import ISOLATION_ENV, isolation_problem
+from rlkit.core.sandbox.process import Limits, run_python
 
 pytestmark = pytest.mark.skipif(isolation_problem() is not None, reason=f"no isolation here: {isolation_problem()}")
 

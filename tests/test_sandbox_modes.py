@@ -7,15 +7,15 @@ import tempfile
 
 import pytest
 
-from rlkit.core.agents import isolation
-from rlkit.core.agents.isolation import (
+from rlkit.core.sandbox import isolation
+from rlkit.core.sandbox.isolation import (
     ISOLATION_ENV,
     SandboxUnavailable,
     isolation_mode,
     set_isolation,
 )
 from rlkit.core.agents.preflight import WEAK_SANDBOX_WARNING, check_sandbox
-from rlkit.core.agents.sandbox import Limits, run_python
+from rlkit.core.sandbox.process import Limits, run_python
 from rlkit.errors import UserError
 from rlkit.recipes.schema import RLConfig
 

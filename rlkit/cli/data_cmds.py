@@ -228,8 +228,8 @@ def eval_reward(
 
     Example: rlkit eval-reward --data ~/data/gsm8k/test.parquet --responses out.jsonl reward.gsm8k_method=flexible
     """
+    from rlkit.core.controller.eval_reward import evaluate, read_responses, sample_responses
     from rlkit.core.data.dataset import read_rows
-    from rlkit.core.rewards.evaluate import evaluate, read_responses, sample_responses
 
     if (responses is None) == (model is None):
         raise UserError("give exactly one of --responses FILE or --model PATH")

@@ -184,8 +184,8 @@ def export(
 
     Example: rlkit export grpo-demo-20261130-101500 --out ./my-policy   (then: --model ./my-policy, or vllm serve)
     """
-    from rlkit.core.state.export import export_hf
     from rlkit.core.state.run_dir import RunDir
+    from rlkit.core.train.export import export_hf
 
     path = export_hf(RunDir.open(run_id, runs_dir), out, step=step, dtype=dtype, lora_format=lora_format)
     console.print(f"[green]exported[/] to {path}")

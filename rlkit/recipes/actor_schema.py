@@ -12,6 +12,8 @@ LossAggMode = Literal["token-mean", "seq-mean-token-mean", "seq-mean-token-sum",
 
 # The truncation of rollout importance weights when none is given (TIS's and verl's default).
 DEFAULT_ROLLOUT_IS_CAP = 2.0
+# actor.micro_batch_tokens=auto on CPU (rlkit.core.train.fast_paths sizes it on GPUs): memory is not the limit there.
+CPU_MICRO_BATCH_TOKENS = 16384
 
 
 class ActorConfig(Section):
@@ -32,7 +34,7 @@ class ActorConfig(Section):
         "auto",
         description="Per-device token budget of one forward/backward (performance only, never the math). auto = on "
         "GPUs, sized at start-up from the memory free once the models are loaded (at most 65536, at least "
-        "one full-length sequence; printed at start-up); 16384 on CPU.",
+        f"one full-length sequence; printed at start-up); {CPU_MICRO_BATCH_TOKENS} on CPU.",
     )
     grad_clip: float = Field(1.0, gt=0, description="Global gradient-norm clip.")
     policy_loss: str = Field(

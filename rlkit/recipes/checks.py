@@ -8,8 +8,8 @@ from rlkit.core.algos.algorithm import Algorithm
 from rlkit.core.algos.needs import estimator_needs, estimators_that
 from rlkit.core.algos.phase_plan import describe, phase_plan
 from rlkit.core.registrations import ADV_ESTIMATORS, ENGINES, KL_ESTIMATORS, POLICY_LOSSES
-from rlkit.core.train.fast_paths import CPU_MICRO_BATCH_TOKENS
 from rlkit.errors import ConfigError
+from rlkit.recipes.actor_schema import CPU_MICRO_BATCH_TOKENS
 from rlkit.recipes.offline_checks import check_offline
 from rlkit.recipes.schema import RLConfig
 

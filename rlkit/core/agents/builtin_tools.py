@@ -6,7 +6,7 @@ import ast
 import operator
 from typing import TYPE_CHECKING, Any, Callable
 
-from rlkit.core.agents.sandbox import Limits, run_python
+from rlkit.core.sandbox.process import Limits, run_python
 
 if TYPE_CHECKING:
     from rlkit.recipes.agent_schema import AgentConfig

@@ -7,7 +7,7 @@ a thread costs a hand-over of the GIL, which on a busy machine took ~5 ms each, 
 the agent demo's 64 episodes. A call past its deadline is abandoned: its result, should it ever come, is
 dropped. Python cannot kill a thread, so a sync call that never returns keeps its thread;
 an async call is cancelled. Code that can spin forever belongs in the sandbox
-(rlkit.core.agents.sandbox), which kills a whole process.
+(rlkit.core.sandbox.process), which kills a whole process.
 """
 
 from __future__ import annotations

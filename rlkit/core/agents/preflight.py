@@ -9,8 +9,8 @@ from typing import TYPE_CHECKING, Any
 from rlkit.core.agents.chat import TurnBoundary
 from rlkit.core.agents.client_loop import agent_function
 from rlkit.core.agents.envs import load_env_class
-from rlkit.core.agents.isolation import SETTING, require_isolation
 from rlkit.core.agents.tool_env import load_tools
+from rlkit.core.sandbox.isolation import SETTING, require_isolation
 from rlkit.errors import UserError
 
 if TYPE_CHECKING:

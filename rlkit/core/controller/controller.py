@@ -13,7 +13,6 @@ from typing import Any
 
 import torch
 
-from rlkit.core.agents.isolation import set_isolation
 from rlkit.core.agents.preflight import WEAK_SANDBOX_WARNING, uses_sandbox
 from rlkit.core.algos.algorithm import Algorithm
 from rlkit.core.algos.kl import kl_estimate
@@ -23,14 +22,15 @@ from rlkit.core.batch import Batch, shard_minibatches
 from rlkit.core.cluster.backend import Backend, Group, start_backend
 from rlkit.core.cluster.device_worker import DeviceWorker
 from rlkit.core.cluster.failures import WorkerFailure, checkpoint_write_failure
-from rlkit.core.cluster.placement import Placement
 from rlkit.core.controller import invariants
+from rlkit.core.controller.placement import Placement
 from rlkit.core.controller.preflight import RunInputs, check_inputs
 from rlkit.core.data.dataset import PromptSampler
 from rlkit.core.rewards.scoring import RewardScorer
 from rlkit.core.rollout.async_source import AsyncScheduler
 from rlkit.core.rollout.source import SyncScheduler, timed
 from rlkit.core.rollout.stages import RolloutStages
+from rlkit.core.sandbox.isolation import set_isolation
 from rlkit.core.state import checkpoint
 from rlkit.core.state.disk_errors import os_error_behind
 from rlkit.core.state.records import RolloutRecorder

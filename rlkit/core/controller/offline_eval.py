@@ -34,8 +34,8 @@ from rlkit.core.data.dataset import PromptRow
 from rlkit.core.rewards.scoring import RewardScorer
 from rlkit.core.rollout.base import RolloutEngine
 from rlkit.core.state import checkpoint
-from rlkit.core.state.export import EXPORT_CONFIG, EXPORT_INFO, load_policy
 from rlkit.core.state.run_dir import RunDir, find_run, prepare_val_files, resolve_model_path
+from rlkit.core.train.export import EXPORT_CONFIG, EXPORT_INFO, load_policy
 from rlkit.errors import UserError
 from rlkit.recipes.loader import load_config
 from rlkit.recipes.schema import RLConfig

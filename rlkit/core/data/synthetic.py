@@ -1,6 +1,6 @@
 """Synthetic tasks with verifiable answers, small enough for a tiny model to learn on 2 cores.
 
-Prompts and answers use only the tiny tokenizer's characters (rlkit.core.train.tiny). The
+Prompts and answers use only the tiny tokenizer's characters (rlkit.core.tiny). The
 reward is exact match of the stripped response; GRPO alone moves a 0.3M-parameter model
 on `echo` from chance (~0.1) to > 0.9 within ~100 steps (measured on the tiny model).
 `lookup` is the tool-calling demo (grpo-agent-demo): its tool and reward are defined here too.

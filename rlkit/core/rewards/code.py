@@ -11,7 +11,7 @@ response: a whole function (a ```python block, or plain code that defines the en
 the stub; anything else is read as the stub's body, HumanEval's completion format. An empty
 response scores 0.
 
-Two processes, each in a sandbox of its own (rlkit.core.agents.sandbox), with this reward worker
+Two processes, each in a sandbox of its own (rlkit.core.sandbox.process), with this reward worker
 between them:
 - the candidate (candidate_server.py): the program, and a small server that reads a call's arguments
   as one line of plain data, calls the entry point and writes its result (or the exception's type
@@ -43,9 +43,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-from rlkit.core.agents.sandbox import Limits, SandboxedProcess, start_python
 from rlkit.core.rewards import plain_data
 from rlkit.core.rewards.registry import score_range
+from rlkit.core.sandbox.process import Limits, SandboxedProcess, start_python
 
 HUMANEVAL = "openai/humaneval"
 PER_TEST_S = 3.0  # each statement of `check`, the candidate's calls included

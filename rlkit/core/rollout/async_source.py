@@ -10,7 +10,7 @@ The schedule is a function of the step alone, never of timing, so runs are repro
 and resume exactly:
   - At the start of step k the batches of steps k .. k+L (L = the lookahead) are submitted;
     each new one is generated with the policy the engines hold when it was submitted.
-  - After step k's update the weights go to the rollout workers (rlkit.core.cluster.placement):
+  - After step k's update the weights go to the rollout workers (rlkit.core.controller.placement):
     the load is queued on each worker behind the generation already queued there (an actor
     runs its calls in order), so a weight load never races a generate on the same engine,
     and every batch submitted afterwards is generated with version k.
@@ -42,7 +42,7 @@ from rlkit.core.rollout.stages import Generation, RolloutStages
 from rlkit.core.rollout.trajectory import Trajectory
 
 if TYPE_CHECKING:
-    from rlkit.core.cluster.placement import PendingSync, Placement
+    from rlkit.core.controller.placement import PendingSync, Placement
     from rlkit.recipes.rollout_schema import RolloutConfig
 
 

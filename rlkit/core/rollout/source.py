@@ -21,7 +21,7 @@ from rlkit.core.rollout.stages import RolloutStages, ScoredRound, group_filter
 from rlkit.core.rollout.trajectory import Trajectory
 
 if TYPE_CHECKING:
-    from rlkit.core.cluster.placement import Placement
+    from rlkit.core.controller.placement import Placement
 
 
 class RolloutSource(Protocol):

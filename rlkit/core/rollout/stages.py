@@ -33,7 +33,7 @@ from rlkit.core.train.scoring import Scoring
 
 if TYPE_CHECKING:
     from rlkit.core.algos.algorithm import Algorithm
-    from rlkit.core.cluster.placement import Placement
+    from rlkit.core.controller.placement import Placement
     from rlkit.core.data.dataset import PromptRow, PromptSampler
     from rlkit.core.rewards.scoring import RewardScorer
     from rlkit.recipes.agent_schema import AgentConfig

@@ -18,12 +18,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from rlkit.recipes.actor_schema import CPU_MICRO_BATCH_TOKENS
+
 if TYPE_CHECKING:
     from rlkit.recipes.actor_schema import ActorConfig
     from rlkit.recipes.model_schema import ModelConfig
     from rlkit.recipes.rollout_schema import RolloutConfig
 
-CPU_MICRO_BATCH_TOKENS = 16384  # "auto" on CPU: memory is not the limit there, and this was the default
 MAX_AUTO_TOKENS = 65536  # beyond this a bigger micro-batch no longer speeds up the passes
 TOKEN_GRANULE = 1024  # auto budgets are multiples of this
 RESERVE_FRACTION = 0.10  # of the device's memory, plus RESERVE_BYTES, never planned for activations

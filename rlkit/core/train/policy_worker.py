@@ -143,7 +143,7 @@ class PolicyWorker(DeviceWorker):
                 transfer_timeout_s=cfg.rollout.weight_sync_timeout_s,
             )
         with self.reporting("setup/rollout-engine"):
-            # Split placement: rollout workers on other devices hold the engine (rlkit.core.cluster.placement).
+            # Split placement: rollout workers on other devices hold the engine (rlkit.core.controller.placement).
             self.generation = None
             if cfg.rollout.placement == "colocated" and with_engine:
                 seed, device = cfg.trainer.seed + self.rank, self.device

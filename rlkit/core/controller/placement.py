@@ -24,9 +24,11 @@ from typing import Any
 
 from rlkit.core.cluster.backend import Backend
 from rlkit.core.cluster.device_worker import DeviceWorker
+from rlkit.core.rollout.generator import Generator
 from rlkit.core.rollout.sync_check import first_change
 from rlkit.core.rollout.worker import RolloutWorker
 from rlkit.core.train.policy_worker import PolicyWorker
+from rlkit.core.train.weight_export import WeightExport
 from rlkit.recipes.schema import RLConfig
 
 # Size of one bucket of weights (split placement), for either way of sending them.
@@ -75,9 +77,9 @@ class Placement:
     def join_weight_transfer(self) -> None:
         """Training rank 0 and every rollout worker form the transfer group (each side waits for the other)."""
         host, port = self.train.call(DeviceWorker.address, phase="address")[0]
-        specs = self.train.call(PolicyWorker.weight_specs, phase="weight specs")[0]
+        specs = self.train.call(WeightExport.weight_specs, phase="weight specs")[0]
         world = 1 + self.rollout_size
-        train = self.train.submit(PolicyWorker.join_weight_transfer, host, port, world, specs, BUCKET_BYTES)
+        train = self.train.submit(WeightExport.join_weight_transfer, host, port, world, specs, BUCKET_BYTES)
         rollout = self.rollout.submit(RolloutWorker.join_weight_transfer, host, port, world, specs, BUCKET_BYTES)
         self.train.collect(train, "weight transfer group (training rank 0)", startup=True)
         self.rollout.collect(rollout, "weight transfer group (rollout workers)", startup=True)
@@ -91,14 +93,14 @@ class Placement:
     def start_sync(self) -> PendingSync:
         """The training side of a weight sync; the rollout side is queued on the rollout workers."""
         if not self.split:
-            synced = self.train.call(PolicyWorker.sync_weights)
+            synced = self.train.call(Generator.sync_weights)
             return PendingSync({**synced[0], **first_change(synced)})
         start = time.perf_counter()
         if self.broadcast:
-            self.train.call(PolicyWorker.send_weights, phase="sync_weights (gather + stage)")
+            self.train.call(WeightExport.send_weights, phase="sync_weights (gather + stage)")
             refs = self.rollout.submit(RolloutWorker.receive_weights)
         else:
-            buckets = self.train.call(PolicyWorker.export_weights, BUCKET_BYTES, phase="sync_weights (gather)")[0]
+            buckets = self.train.call(WeightExport.export_weights, BUCKET_BYTES, phase="sync_weights (gather)")[0]
             refs = self.rollout.submit(RolloutWorker.load_weights, buckets)
         return PendingSync({"sync/seconds": time.perf_counter() - start}, refs)
 

@@ -1,5 +1,5 @@
 """The operating-system boundary around sandboxed programs: bubblewrap's command line, whether
-this machine can build it, and the process-wide isolation mode (rlkit.core.agents.sandbox).
+this machine can build it, and the process-wide isolation mode (rlkit.core.sandbox.process).
 
 Two ways in, by who calls:
 - root (GPU boxes): bwrap without a user namespace, keeping only CAP_SETUID/CAP_SETGID for

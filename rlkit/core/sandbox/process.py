@@ -1,6 +1,6 @@
 """Run untrusted Python (a model's code) behind an operating-system boundary, with limits.
 
-The boundary (isolation "namespaces", the default; rlkit.core.agents.isolation builds it): each
+The boundary (isolation "namespaces", the default; rlkit.core.sandbox.isolation builds it): each
 program runs under bubblewrap in new pid, network, ipc, uts, mount (and cgroup) namespaces, as an
 unprivileged uid with no capabilities and no_new_privs, under a seccomp filter that refuses new
 user namespaces (and foreign syscall ABIs), in its own session (no TIOCSTI), and dies with its
@@ -42,7 +42,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from rlkit.core.agents.isolation import (
+from rlkit.core.sandbox.isolation import (
     bwrap_command,
     interpreter,
     isolation_mode,
