@@ -1,5 +1,6 @@
 """Asynchronous rollout composes: the agent demo, DAPO, ReMax, PPO with its critic and LoRA GRPO, each through the
-CLI with rollout.mode=async (one_step_off for ReMax), killed by SIGKILL while batches are in flight, then resumed.
+CLI with rollout.mode=one_step_off and async (lookahead 2), killed by SIGKILL while batches are in flight, then
+resumed.
 
 Each run has one training and one rollout worker, both objects in the CLI's process (trainer.workers=in_process
 with split placement: the weights are handed over in memory), so a run is one process and takes seconds. The
@@ -41,15 +42,14 @@ TINY = ["model.path=rlkit:tiny-qwen2", "data.train_batch_size=4", "actor.mini_ba
 # A fractional reward of the response text: groups have spread, so DAPO keeps some and the advantages are not 0.
 SPREAD = "def spread(data_source, response, ground_truth, extra_info):\n    return sum(map(ord, response)) % 10 / 10\n"
 
-# combination -> (recipe, its overrides ({reward}: the spread reward), mode)
+# combination -> (recipe, its overrides ({reward}: the spread reward))
 COMBINATIONS = {
-    "agent": ("grpo-agent-demo", ["data.max_response_length=8"], "async"),
+    "agent": ("grpo-agent-demo", ["data.max_response_length=8"]),
     "dapo": ("dapo", ["reward.function={reward}", "reward.overlong_buffer.length=2",
-                      "algorithm.dynamic_sampling.max_gen_rounds=2"], "async"),
-    "remax": ("remax", ["reward.function={reward}"], "one_step_off"),
-    "ppo-critic": ("ppo", ["reward.function={reward}", "critic.warmup_steps=1"], "async"),
-    "lora": ("grpo-demo", ["model.lora.rank=4", "model.lora.alpha=8", "model.lora.dropout=0.1", "actor.lr=1e-2"],
-             "async"),
+                      "algorithm.dynamic_sampling.max_gen_rounds=2"]),
+    "remax": ("remax", ["reward.function={reward}"]),
+    "ppo-critic": ("ppo", ["reward.function={reward}", "critic.warmup_steps=1"]),
+    "lora": ("grpo-demo", ["model.lora.rank=4", "model.lora.alpha=8", "model.lora.dropout=0.1", "actor.lr=1e-2"]),
 }
 
 
@@ -69,10 +69,11 @@ def cache(tmp_path_factory):
         yield
 
 
+@pytest.mark.parametrize("mode", list(ASYNC))
 @pytest.mark.parametrize("combination", list(COMBINATIONS))
-def test_async_rollout_composes_keeps_its_bound_and_resumes_exactly_after_sigkill(combination, world) -> None:
-    root, runs = world["root"], world["root"] / combination
-    recipe, extra, mode = COMBINATIONS[combination]
+def test_async_rollout_composes_keeps_its_bound_and_resumes_exactly_after_sigkill(combination, mode, world) -> None:
+    root, runs = world["root"], world["root"] / f"{combination}-{mode}"
+    recipe, extra = COMBINATIONS[combination]
     mode_args, lookahead = ASYNC[mode]
     task = "lookup" if recipe == "grpo-agent-demo" else "echo"
     args = ["train", recipe, *TINY, f"data.train_files=[{world['data'][task]}]", f"trainer.runs_dir={runs}",
@@ -91,7 +92,7 @@ def test_async_rollout_composes_keeps_its_bound_and_resumes_exactly_after_sigkil
     assert any(abs(r["actor/rollout_is_weight"] - 1) > 1e-4 for r in later)  # stale samples get their weights
     _assert_the_combination_worked(combination, reference)
 
-    checkpoint = killed_after_checkpoint(args, runs, "killed", K, root / f"{combination}-killed.log")
+    checkpoint = killed_after_checkpoint(args, runs, "killed", K, root / f"{combination}-{mode}-killed.log")
     state = json.loads((checkpoint / "trainer_state.json").read_text())
     assert [batch["step"] for batch in state["rollout_in_flight"]] == list(range(K + 1, K + 1 + lookahead))
     run_cli_in_process("resume", "killed", "--runs-dir", str(runs))
@@ -102,7 +103,7 @@ def _assert_the_combination_worked(combination: str, reference: list[dict]) -> N
     """What only that combination's parts log, so a combination that silently ran plain GRPO fails."""
     last = reference[-1]
     if combination == "agent":
-        # Episodes of the tool loop; a sample of step 4 called the tool (deterministic: the HF engine, seeded).
+        # Episodes of the tool loop, some of which called the tool (deterministic: the HF engine, seeded).
         assert any(r["agent/turns_mean"] > 1 for r in reference) and last["agent/env_errors"] == 0
     if combination == "dapo":
         assert all(1 <= r["dapo/gen_rounds"] <= 2 for r in reference) and "reward/overlong_penalty" in last
