@@ -69,12 +69,28 @@ def test_rloo_leave_one_out_baseline() -> None:
 
 
 def test_remax_subtracts_greedy_baseline() -> None:
-    # Scores 1, 0 with greedy scores 0.5, 0.5 -> 0.5, -0.5; returns are the same.
+    # Scores 1, 0 on the last token with greedy scores 0.5, 0.5 -> 0.5, -0.5 on every token; returns are the
+    # reward-to-go, the score itself.
     inp = seq_inputs([1.0, 0.0], [3, 2], [0, 1])
     inp.baseline_scores = torch.tensor([0.5, 0.5])
     adv, ret = compute_advantages("remax", inp)
     assert torch.allclose(per_seq(adv, inp.response_mask), torch.tensor([0.5, -0.5]))
-    assert torch.equal(ret, adv)
+    assert torch.equal(ret, torch.tensor([[1.0, 1.0, 1.0], [0.0, 0.0, 0.0]]))
+
+
+def test_remax_with_kl_in_the_reward_uses_each_tokens_reward_to_go() -> None:
+    # Token rewards: sequence 0 = KL penalties -0.1, -0.2 then score 1 - 0.3 on its last token; sequence 1 =
+    # -0.1 then 0.5 - 0.2, one padding token. Reward-to-go: [0.4, 0.5, 0.7] and [0.2, 0.3, 0]; greedy scores
+    # 0.25, 0.5 -> advantages [0.15, 0.25, 0.45] and [-0.3, -0.2, 0] (verl's compute_remax_outcome_advantage).
+    inp = AdvantageInputs(
+        token_rewards=torch.tensor([[-0.1, -0.2, 0.7], [-0.1, 0.3, 0.0]], dtype=torch.float64),
+        response_mask=torch.tensor([[1, 1, 1], [1, 1, 0]]),
+        group_ids=torch.tensor([0, 1]),
+        baseline_scores=torch.tensor([0.25, 0.5]),
+    )
+    adv, ret = compute_advantages("remax", inp)
+    assert torch.allclose(ret, torch.tensor([[0.4, 0.5, 0.7], [0.2, 0.3, 0.0]], dtype=torch.float64))
+    assert torch.allclose(adv, torch.tensor([[0.15, 0.25, 0.45], [-0.3, -0.2, 0.0]], dtype=torch.float64))
 
 
 def test_reinforce_plus_plus_discounts_then_whitens_batch() -> None:

@@ -70,7 +70,11 @@ def rloo_expected(inputs: AdvantageInputs, _: torch.Tensor) -> torch.Tensor:
 
 
 def remax_expected(inputs: AdvantageInputs, _: torch.Tensor) -> torch.Tensor:
-    return per_token(scores(inputs) - inputs.baseline_scores.double(), inputs)
+    # The recipe puts KL in the reward: each token's reward-to-go (its own and later penalties, the score) minus
+    # the greedy baseline.
+    rewards = (inputs.token_rewards * inputs.response_mask).double()
+    return_to_go = rewards.flip(-1).cumsum(-1).flip(-1)
+    return (return_to_go - inputs.baseline_scores.double().unsqueeze(-1)) * inputs.response_mask
 
 
 def whiten(values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:

@@ -167,11 +167,18 @@ def rloo(inputs: AdvantageInputs, **_: object) -> tuple[Tensor, Tensor]:
 
 
 def remax(inputs: AdvantageInputs, **_: object) -> tuple[Tensor, Tensor]:
-    """ReMax (Li et al. 2023): score minus the score of a greedy rollout of the same prompt."""
+    """ReMax (Li et al. 2023, arXiv 2310.10505): each token's reward-to-go minus the score of a greedy rollout
+    of the same prompt, A_t = sum_{k>=t} r_k - b; returns are the reward-to-go.
+
+    With all reward on the last token that is s - b on every token; with KL in the reward (the `remax`
+    recipe) a token's advantage carries only the penalties from it on, as verl's ReMax does.
+    """
     if inputs.baseline_scores is None:
         raise ValueError("advantage estimator 'remax' needs greedy-rollout scores (AdvantageInputs.baseline_scores)")
-    mask, scores = _scores(inputs)
-    return _broadcast(scores - inputs.baseline_scores.to(scores.dtype), mask)
+    mask = inputs.response_mask.to(inputs.token_rewards.dtype)
+    returns = (inputs.token_rewards * mask).flip(-1).cumsum(-1).flip(-1) * mask
+    baseline = inputs.baseline_scores.to(returns.dtype).unsqueeze(-1)
+    return (returns - baseline) * mask, returns
 
 
 def reinforce_plus_plus(inputs: AdvantageInputs, *, gamma: float, **_: object) -> tuple[Tensor, Tensor]:
