@@ -73,7 +73,10 @@ def test_dual_clip_caps_negative_advantages() -> None:
     assert torch.allclose(loss, torch.tensor([[3.0, 2.0, -1.2, 0.0]]), atol=1e-5)
     assert m["pg_clipfrac"].item() == pytest.approx(1 / 3)
     assert m["pg_clipfrac_lower"].item() == pytest.approx(1 / 3)
-    loss_nc, m_nc = policy_loss("vanilla", logp, old, adv, mask)
+    # The function's default is the config's (actor.clip_ratio_c=3.0): dual clip on.
+    loss_default, _ = policy_loss("vanilla", logp, old, adv, mask)
+    assert torch.allclose(loss_default, loss)
+    loss_nc, m_nc = policy_loss("vanilla", logp, old, adv, mask, clip_ratio_c=None)
     assert torch.allclose(loss_nc, torch.tensor([[5.0, 2.0, -1.2, 0.0]]), atol=1e-5)
     assert m_nc["pg_clipfrac_lower"].item() == 0.0
     with pytest.raises(ValueError, match="clip_ratio_c"):

@@ -12,6 +12,8 @@ LossAggMode = Literal["token-mean", "seq-mean-token-mean", "seq-mean-token-sum",
 
 # The truncation of rollout importance weights when none is given (TIS's and verl's default).
 DEFAULT_ROLLOUT_IS_CAP = 2.0
+# Dual-clip PPO's cap (verl's default): the config's and the loss functions' own (rlkit.core.algos.losses).
+DEFAULT_CLIP_RATIO_C = 3.0
 # actor.micro_batch_tokens=auto on CPU (rlkit.core.train.fast_paths sizes it on GPUs): memory is not the limit there.
 CPU_MICRO_BATCH_TOKENS = 16384
 
@@ -55,7 +57,7 @@ class ActorConfig(Section):
         description="PPO clip: ratio upper bound is 1 + clip_ratio_high (DAPO clip-higher raises it).",
     )
     clip_ratio_c: float | None = Field(
-        3.0,
+        DEFAULT_CLIP_RATIO_C,
         gt=1,
         description="Dual-clip PPO (Ye et al. 2020): where the advantage is negative, the policy loss is capped at -A "
         "* clip_ratio_c, so a token whose ratio ran far above 1 cannot blow up the update. 3.0 as verl's "

@@ -17,6 +17,7 @@ from torch import Tensor
 
 from rlkit.core.algos.tensor_math import SEQ_LOG_RATIO_MAX, TOKEN_LOG_RATIO_BOUND, masked_mean
 from rlkit.core.registrations import POLICY_LOSSES
+from rlkit.recipes.actor_schema import DEFAULT_CLIP_RATIO_C
 
 AGG_MODES = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm")
 
@@ -150,7 +151,7 @@ def vanilla(
     *,
     clip_ratio_low: float = 0.2,
     clip_ratio_high: float = 0.2,
-    clip_ratio_c: float | None = None,
+    clip_ratio_c: float | None = DEFAULT_CLIP_RATIO_C,
 ) -> tuple[Tensor, dict[str, Tensor]]:
     """PPO-clip with a token-level ratio r_t = pi(y_t) / pi_old(y_t) (Schulman et al. 2017).
 
@@ -179,7 +180,7 @@ def gspo(
     *,
     clip_ratio_low: float = 0.2,
     clip_ratio_high: float = 0.2,
-    clip_ratio_c: float | None = None,
+    clip_ratio_c: float | None = DEFAULT_CLIP_RATIO_C,
 ) -> tuple[Tensor, dict[str, Tensor]]:
     """GSPO (Zheng et al. 2025): clip a length-normalised *sequence* ratio instead of token ratios.
 
