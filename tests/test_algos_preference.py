@@ -1,4 +1,5 @@
-"""DPO / cDPO / IPO / length-normalised DPO losses and implicit rewards against hand-computed numbers."""
+"""DPO / cDPO / robust DPO / IPO (per token and on sums) / length-normalised DPO losses and implicit rewards against
+hand-computed numbers."""
 
 from __future__ import annotations
 
@@ -56,14 +57,33 @@ def test_label_smoothing_is_cdpo() -> None:
     # eps = 0.1: 0.9 * -log sigmoid(beta h) + 0.1 * -log sigmoid(-beta h); -log sigmoid(-x) = x - log sigmoid(x)
     #   pair 0: 0.9 * 0.5543552 + 0.1 * (0.3 + 0.5543552)  = 0.4989197 + 0.0854355 = 0.5843552
     #   pair 1: 0.9 * 0.7981389 + 0.1 * (-0.2 + 0.7981389) = 0.7183250 + 0.0598139 = 0.7781389
-    loss, metrics = preference_loss(pairs(), "sigmoid", beta=0.1, label_smoothing=0.1)
+    loss, metrics = preference_loss(pairs(), "cdpo", beta=0.1, label_smoothing=0.1)
     assert loss.tolist() == pytest.approx([0.5843552, 0.7781389], abs=1e-7)
     assert metrics["rewards/margins"].tolist() == pytest.approx([0.3, -0.2])  # smoothing leaves the rewards
+    # Without smoothing cdpo is sigmoid DPO.
+    assert preference_loss(pairs(), "cdpo", beta=0.1)[0].tolist() == pytest.approx([0.5543552, 0.7981389], abs=1e-7)
 
 
-def test_ipo_loss() -> None:
-    # (h - 1/(2 beta))^2 with beta = 0.1, target 5: pair 0 (3 - 5)^2 = 4, pair 1 (-2 - 5)^2 = 49
+def test_robust_dpo() -> None:
+    # eps = 0.1: [0.9 * -log sigmoid(beta h) + 0.1 * log sigmoid(-beta h)] / 0.8
+    #   pair 0: log sigmoid(-0.3) = -0.8543552: (0.4989197 - 0.0854355) / 0.8 = 0.5168552
+    #   pair 1: log sigmoid(0.2)  = -0.5981389: (0.7183250 - 0.0598139) / 0.8 = 0.8231389
+    loss, metrics = preference_loss(pairs(), "robust", beta=0.1, label_smoothing=0.1)
+    assert loss.tolist() == pytest.approx([0.5168552, 0.8231389], abs=1e-7)
+    assert metrics["rewards/margins"].tolist() == pytest.approx([0.3, -0.2])
+
+
+def test_ipo_loss_on_per_token_log_ratios_as_trl() -> None:
+    # Per-token log-ratios (as in test_length_normalized_dpo): h = 0.5 - (-0.5) = 1 and -0.2 - 1 = -1.2;
+    # beta = 0.1, target 1/(2 beta) = 5: (1 - 5)^2 = 16, (-1.2 - 5)^2 = 38.44; rewards 0.1 x the per-token ratios.
     loss, metrics = preference_loss(pairs(), "ipo", beta=0.1)
+    assert loss.tolist() == pytest.approx([16.0, 38.44])
+    assert metrics["rewards/chosen"].tolist() == pytest.approx([0.05, -0.02])
+
+
+def test_ipo_sum_loss_on_sequence_sums() -> None:
+    # (h - 1/(2 beta))^2 with beta = 0.1, target 5: pair 0 (3 - 5)^2 = 4, pair 1 (-2 - 5)^2 = 49
+    loss, metrics = preference_loss(pairs(), "ipo_sum", beta=0.1)
     assert loss.tolist() == pytest.approx([4.0, 49.0])
     assert metrics["rewards/chosen"].tolist() == pytest.approx([0.2, -0.1])
 
@@ -104,8 +124,10 @@ def test_pair_log_probs_deinterleaves() -> None:
 @pytest.mark.parametrize("kwargs, message", [
     (dict(loss_type="hinge", beta=0.1), "unknown preference loss"),
     (dict(loss_type="sigmoid", beta=0.0), "beta must be > 0"),
-    (dict(loss_type="sigmoid", beta=0.1, label_smoothing=0.5), r"\[0, 0.5\)"),
+    (dict(loss_type="cdpo", beta=0.1, label_smoothing=0.5), r"\[0, 0.5\)"),
     (dict(loss_type="ipo", beta=0.1, label_smoothing=0.1), "not to ipo"),
+    (dict(loss_type="sigmoid", beta=0.1, label_smoothing=0.1),
+     r"applies to the losses \('cdpo', 'robust'\), not to sigmoid"),
 ])
 def test_bad_options(kwargs, message) -> None:
     with pytest.raises(ValueError, match=message):

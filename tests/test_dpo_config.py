@@ -31,7 +31,9 @@ def test_the_dpo_recipe() -> None:
 
 
 @pytest.mark.parametrize("recipe, overrides, key, message", [
-    ("dpo", ["dpo.loss_type=ipo", "dpo.label_smoothing=0.1"], "dpo.label_smoothing", "not to dpo.loss_type=ipo"),
+    ("dpo", ["dpo.loss_type=ipo", "dpo.label_smoothing=0.1"], "dpo.label_smoothing",
+     "applies to dpo.loss_type cdpo and robust, not to ipo"),
+    ("dpo", ["dpo.label_smoothing=0.1"], "dpo.label_smoothing", "set dpo.loss_type=cdpo, or remove it"),
     ("dpo", ["trainer.n_gpus_per_node=2", "actor.mini_batch_size=3", "data.train_batch_size=6"],
      "actor.mini_batch_size", "3 pairs cannot be split evenly over 2 workers"),
     ("dpo", ["sft.completion_only_loss=false"], "sft.completion_only_loss", "only objective sft reads it"),

@@ -69,5 +69,10 @@ def check_offline(
                 f"{config.actor.mini_batch_size} pairs cannot be split evenly over "
                 f"{config.world_size} workers (each holds whole pairs: a pair's loss needs both responses)",
             )
-        if config.dpo.loss_type == "ipo" and config.dpo.label_smoothing:
-            fail("dpo.label_smoothing", "applies to the sigmoid losses (cDPO), not to dpo.loss_type=ipo; remove it")
+        if config.dpo.label_smoothing and config.dpo.loss_type not in ("cdpo", "robust"):
+            fail(
+                "dpo.label_smoothing",
+                f"applies to dpo.loss_type cdpo and robust, not to {config.dpo.loss_type} (TRL's sigmoid ignores it "
+                "too); for the smoothed DPO this key gave sigmoid before 2026-12-03 set dpo.loss_type=cdpo, or "
+                "remove it",
+            )

@@ -149,11 +149,12 @@ class SFTConfig(Section):
 class DPOConfig(Section):
     """`dpo.*`: options only preference training (objective: dpo) reads (rlkit.core.algos.preference)."""
 
-    loss_type: Literal["sigmoid", "ipo", "length_normalized"] = Field(
+    loss_type: Literal["sigmoid", "cdpo", "robust", "ipo", "ipo_sum", "length_normalized"] = Field(
         "sigmoid",
-        description="sigmoid: DPO (Rafailov et al. 2023); ipo: IPO (Azar et al. 2023), squared distance of the "
-        "log-ratio margin from 1/(2 beta); length_normalized: the sigmoid loss on per-token log-ratios "
-        "(Tulu 3's length-normalized DPO). docs/algorithms.md, Preference losses.",
+        description="sigmoid: DPO (Rafailov et al. 2023); cdpo: conservative DPO (Mitchell 2023) and robust: robust "
+        "DPO (Chowdhury et al. 2024), both with dpo.label_smoothing; ipo: IPO (Azar et al. 2023) on per-token "
+        "log-ratios as TRL computes it, ipo_sum: on sequence sums; length_normalized: the sigmoid loss on "
+        "per-token log-ratios (Tulu 3's length-normalized DPO). docs/algorithms.md, Preference losses.",
     )
     beta: float = Field(
         0.1,
@@ -165,6 +166,7 @@ class DPOConfig(Section):
         0.0,
         ge=0,
         lt=0.5,
-        description="cDPO (Mitchell 2023): the share of pairs assumed to be mislabelled; the loss mixes in the "
-        "flipped pair's with this weight. sigmoid and length_normalized only.",
+        description="The share of pairs assumed to be mislabelled, for loss_type cdpo (the loss mixes in the flipped "
+        "pair's with this weight) and robust (unbiased under that noise). sigmoid takes none, as TRL's sigmoid "
+        "ignores it; until 2026-12-03 rlkit's sigmoid read it as cdpo does now.",
     )
