@@ -39,6 +39,8 @@ NEEDS = {
     "reinforce_pp": ("reinforce_plus_plus", False, False, True, True, False, "trainer", False, False, 1, "vanilla",
                      "token-mean"),
     "cispo":       ("grpo",     True,  False, False, False, False, "trainer", False, False, 1, "cispo", "token-mean"),
+    "gmpo":        ("grpo",     True,  False, False, False, False, "trainer", False, False, 1, "gmpo",
+                    "seq-mean-token-mean"),
     "gspo":        ("grpo",     True,  False, False, False, False, "trainer", False, False, 1, "gspo",
                     "seq-mean-token-mean"),
     "drgrpo":      ("grpo",     True,  False, False, False, False, "trainer", False, False, 1, "vanilla",

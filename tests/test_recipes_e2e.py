@@ -112,6 +112,7 @@ RECIPES: dict[str, tuple[list[str], Check, list[str]]] = {
     "drgrpo": ([], drgrpo_expected, []),
     "gspo": (["rollout.n=4"], grpo_expected, ["actor/seq_ratio_mean"]),
     "cispo": ([], grpo_expected, ["actor/is_weight_mean"]),
+    "gmpo": ([], grpo_expected, ["actor/seq_ratio_mean"]),
 }
 
 

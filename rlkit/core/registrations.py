@@ -35,7 +35,13 @@ ADV_ESTIMATORS = Registry(
 )
 POLICY_LOSSES = Registry(
     "policy loss",
-    {"vanilla": f"{_LOSSES}:vanilla", "gspo": f"{_LOSSES}:gspo", "cispo": "rlkit.core.algos.cispo:cispo"},
+    {
+        "vanilla": f"{_LOSSES}:vanilla",
+        "gspo": f"{_LOSSES}:gspo",
+        "cispo": "rlkit.core.algos.cispo:cispo",
+        "gmpo": "rlkit.core.algos.gmpo:gmpo",
+        "geo_mean": "rlkit.core.algos.gmpo:gmpo",  # verl's name for GMPO
+    },
 )
 KL_ESTIMATORS = Registry(
     "kl estimator",
