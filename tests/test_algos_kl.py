@@ -42,8 +42,24 @@ def test_k3_is_clamped() -> None:
     assert torch.equal(out, torch.tensor([10.0, 10.0]))
 
 
+@pytest.mark.parametrize(("kind", "value"), [
+    ("k1+", [0.5, -1.0]),
+    ("k3+", [math.exp(-0.5) - 0.5, math.e - 2.0]),
+    ("low_var_kl+", [math.exp(-0.5) - 0.5, math.e - 2.0]),
+])
+def test_straight_through_estimators_keep_the_value_and_take_k2s_gradient(kind: str, value: list[float]) -> None:
+    # Forward: k1's or k3's value (above). Backward: d(.5 d^2)/d logp = d = [.5, -1] (k1's would be 1, k3's
+    # 1 - exp(ref - logp) = [.393469, -1.718282]).
+    log_probs = LOGP.clone().requires_grad_(True)
+    out = kl_estimate(log_probs, REF, kind)
+    assert torch.allclose(out, torch.tensor([value]), atol=1e-6)
+    out.sum().backward()
+    assert torch.allclose(log_probs.grad, torch.tensor([[0.5, -1.0]]), atol=1e-6)
+
+
 def test_registry_names_and_unknown() -> None:
-    assert KL_ESTIMATORS.names() == sorted(["k1", "kl", "k2", "mse", "k3", "low_var_kl", "abs"])
+    assert KL_ESTIMATORS.names() == sorted(["k1", "kl", "k2", "mse", "k3", "low_var_kl", "abs", "k1+", "k3+",
+                                            "low_var_kl+"])
     with pytest.raises(KeyError, match="did you mean 'low_var_kl'"):
         kl_estimate(LOGP, REF, "low_var")
 

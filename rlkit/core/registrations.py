@@ -53,6 +53,10 @@ KL_ESTIMATORS = Registry(
         "k3": f"{_KL}:k3",
         "low_var_kl": f"{_KL}:k3",
         "abs": f"{_KL}:abs_kl",
+        # Straight-through: the estimator's value, k2's gradient (verl's names).
+        "k1+": f"{_KL}:k1_plus",
+        "k3+": f"{_KL}:k3_plus",
+        "low_var_kl+": f"{_KL}:k3_plus",
     },
 )
 

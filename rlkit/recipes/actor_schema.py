@@ -67,7 +67,11 @@ class ActorConfig(Section):
     entropy_coeff: float = Field(0.0, ge=0, description="Entropy bonus weight (0 = off).")
     use_kl_loss: bool = Field(False, description="Add a KL(policy || reference) term to the loss (GRPO-style).")
     kl_loss_coef: float = Field(0.001, ge=0, description="Weight of the KL loss term.")
-    kl_loss_type: str = Field("low_var_kl", description="KL estimator of the loss term: k1, k2, k3/low_var_kl, abs.")
+    kl_loss_type: str = Field(
+        "low_var_kl",
+        description="KL estimator of the loss term: k1, k2, k3/low_var_kl, abs; k1+ and k3+ (low_var_kl+) take "
+        "k1's or k3's value with k2's gradient, KL's own (verl's straight-through variants).",
+    )
     rollout_is: Literal["auto", "token", "sequence"] | None = Field(
         "auto",
         description="Importance weights that correct for samples the rollout engine drew from another policy than the "

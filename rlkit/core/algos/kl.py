@@ -48,6 +48,23 @@ def abs_kl(log_probs: Tensor, ref_log_probs: Tensor) -> Tensor:
     return (log_probs - ref_log_probs).abs()
 
 
+def straight_through(value: Tensor, log_probs: Tensor, ref_log_probs: Tensor) -> Tensor:
+    """`value` forward, k2's gradient backward: k1 and k3 estimate KL's value without bias, but their gradients
+    are not KL's; k2's is (Schulman 2020). verl's `k1+` / `k3+`."""
+    gradient = k2(log_probs, ref_log_probs)
+    return gradient - gradient.detach() + value.detach()
+
+
+def k1_plus(log_probs: Tensor, ref_log_probs: Tensor) -> Tensor:
+    """k1's value, k2's gradient (verl's `k1+`)."""
+    return straight_through(k1(log_probs, ref_log_probs), log_probs, ref_log_probs)
+
+
+def k3_plus(log_probs: Tensor, ref_log_probs: Tensor) -> Tensor:
+    """k3's value, k2's gradient (verl's `k3+`, `low_var_kl+`): the low-variance estimate, KL's gradient."""
+    return straight_through(k3(log_probs, ref_log_probs), log_probs, ref_log_probs)
+
+
 class FixedKLController:
     """A constant KL coefficient; ``update`` exists so both controllers are interchangeable."""
 
