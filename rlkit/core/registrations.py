@@ -41,6 +41,7 @@ POLICY_LOSSES = Registry(
         "cispo": "rlkit.core.algos.cispo:cispo",
         "gmpo": "rlkit.core.algos.gmpo:gmpo",
         "geo_mean": "rlkit.core.algos.gmpo:gmpo",  # verl's name for GMPO
+        "gpg": "rlkit.core.algos.gpg:gpg",
     },
 )
 KL_ESTIMATORS = Registry(

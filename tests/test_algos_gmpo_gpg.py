@@ -1,4 +1,5 @@
-"""GMPO (rlkit/core/algos/gmpo.py) by hand: the geometric mean of per-token clipped ratios, one loss a sequence."""
+"""GMPO (rlkit/core/algos/gmpo.py) and GPG (gpg.py) by hand: the geometric mean of per-token clipped ratios, one
+loss a sequence; the plain policy gradient."""
 
 from __future__ import annotations
 
@@ -61,3 +62,16 @@ def test_the_gmpo_recipe_and_verls_name():
                        policy_loss("gmpo", log_probs, old, advantages, mask)[0])
     with pytest.raises(ValueError, match="log_clip_low, log_clip_high >= 0"):
         policy_loss("gmpo", log_probs, old, advantages, mask, log_clip_low=-0.1)
+
+
+def test_gpg_is_the_plain_policy_gradient_whatever_the_old_policy():
+    # GPG (rlkit/core/algos/gpg.py): loss_t = -A_t log pi(y_t); row 0: -1 * ln .6 = .510826, -1 * ln .2 = 1.609438,
+    # -1 * ln .5 = .693147; row 1: ln .6 = -.510826, ln .2 = -1.609438, padding 0. Gradient -A_t, no clip anywhere.
+    log_probs, old, advantages, mask = batch()
+    loss, metrics = policy_loss("gpg", log_probs, old, advantages, mask)
+    expected = torch.tensor([[0.510826, 1.609438, 0.693147], [-0.510826, -1.609438, 0.0]])
+    assert torch.allclose(loss, expected, atol=1e-6)
+    loss.sum().backward()
+    assert torch.equal(log_probs.grad, torch.tensor([[-1.0, -1.0, -1.0], [1.0, 1.0, 0.0]]))
+    # ppo_kl: mean of old - new over the 5 tokens: -(ln 1.5 + ln .5) x 2 / 5 = .115073
+    assert metrics["ppo_kl"].item() == pytest.approx(-2 * (LN(1.5) + LN(0.5)) / 5, abs=1e-6)
