@@ -41,6 +41,8 @@ NEEDS = {
     "cispo":       ("grpo",     True,  False, False, False, False, "trainer", False, False, 1, "cispo", "token-mean"),
     "gmpo":        ("grpo",     True,  False, False, False, False, "trainer", False, False, 1, "gmpo",
                     "seq-mean-token-mean"),
+    "sapo":        ("grpo",     True,  False, False, False, False, "trainer", False, False, 1, "sapo",
+                    "seq-mean-token-mean"),
     "gspo":        ("grpo",     True,  False, False, False, False, "trainer", False, False, 1, "gspo",
                     "seq-mean-token-mean"),
     "drgrpo":      ("grpo",     True,  False, False, False, False, "trainer", False, False, 1, "vanilla",

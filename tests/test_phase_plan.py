@@ -49,8 +49,8 @@ def test_the_planner_prices_exactly_the_planned_phases():
         assert priced == {"reward+adv" if p == "adv" else p for p in plan_of(config).phases}, recipe
 
 
-RL_RECIPES = ("grpo", "drgrpo", "dapo", "remax", "rloo", "reinforce_pp", "cispo", "gmpo", "gspo", "ppo", "grpo-demo",
-              "grpo-agent-demo")
+RL_RECIPES = ("grpo", "drgrpo", "dapo", "remax", "rloo", "reinforce_pp", "cispo", "gmpo", "gspo", "sapo", "ppo",
+              "grpo-demo", "grpo-agent-demo")
 SPLIT = ["rollout.placement=split", "rollout.devices=1", "trainer.n_gpus_per_node=2"]
 SMALL = ModelShape(params=1000, layers=2, hidden=8, intermediate=16, heads=2, kv_heads=1, head_dim=4, vocab=32,
                    layer_params=400, root_params=200)

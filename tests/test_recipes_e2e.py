@@ -113,6 +113,7 @@ RECIPES: dict[str, tuple[list[str], Check, list[str]]] = {
     "gspo": (["rollout.n=4"], grpo_expected, ["actor/seq_ratio_mean"]),
     "cispo": ([], grpo_expected, ["actor/is_weight_mean"]),
     "gmpo": ([], grpo_expected, ["actor/seq_ratio_mean"]),
+    "sapo": ([], grpo_expected, ["actor/sapo_weight_mean"]),
 }
 
 

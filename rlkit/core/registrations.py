@@ -42,6 +42,7 @@ POLICY_LOSSES = Registry(
         "gmpo": "rlkit.core.algos.gmpo:gmpo",
         "geo_mean": "rlkit.core.algos.gmpo:gmpo",  # verl's name for GMPO
         "gpg": "rlkit.core.algos.gpg:gpg",
+        "sapo": "rlkit.core.algos.sapo:sapo",
     },
 )
 KL_ESTIMATORS = Registry(
