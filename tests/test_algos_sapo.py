@@ -6,20 +6,12 @@ import math
 
 import pytest
 import torch
+from test_algos_cispo import batch  # one row: ratios 1.5, 0.5, 1.0 and a padding slot; advantages 1, -1, 2
 
 from rlkit.core.algos.losses import policy_loss
 from rlkit.recipes.loader import load_config
 
 LN = math.log
-
-
-def batch() -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    """One row, three tokens and a padding slot: ratios 1.5, 0.5, 1.0; advantages 1, -1, 2."""
-    log_probs = torch.tensor([[LN(0.6), LN(0.2), LN(0.5), 50.0]], requires_grad=True)
-    old = torch.tensor([[LN(0.4), LN(0.4), LN(0.5), 0.0]])
-    advantages = torch.tensor([[1.0, -1.0, 2.0, 0.0]])
-    mask = torch.tensor([[1.0, 1.0, 1.0, 0.0]])
-    return log_probs, old, advantages, mask
 
 
 def test_sapo_gates_each_ratio_with_the_temperature_of_its_advantages_sign():
