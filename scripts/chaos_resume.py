@@ -7,7 +7,10 @@ reward (a reference model, and a KL coefficient that the checkpoint must restore
 up to 4 tokens, two optimizer steps per RL step, a checkpoint after every step; the tiny offline
 model and the transformers engine on CPU, which are deterministic (docs/resume.md).
 
-First one run goes through uninterrupted: the reference. Then the same run is started and killed
+First one run goes through uninterrupted: the reference. With --points-only its workers are objects in its CLI
+process (trainer.workers=in_process: no Ray cluster to start; no kill needs its timing), so the comparison
+also pins that Ray and in-process workers compute the same numbers; without it, it runs on Ray as the killed
+runs do, and its step and start-up times place the timed kills. Then the same run is started and killed
 `--kills` times, each time in one of these ways, chosen at random (seeded):
   worker-kill   a training or critic worker is SIGKILLed on entering a phase (RLKIT_FAULT kill): the
                 run notices and exits 1 by itself
@@ -110,7 +113,9 @@ class Chaos:
     # -- the two runs -----------------------------------------------------------------------
     def reference(self) -> list[dict]:
         started = time.monotonic()
-        proc, log = self.start(["train", "ppo", *overrides(self.data, self.runs, self.steps), "--run-id", "reference"])
+        workers = ["trainer.workers=in_process", "trainer.device=cpu"] if self.points_only else []
+        proc, log = self.start(["train", "ppo", *overrides(self.data, self.runs, self.steps), *workers,
+                                "--run-id", "reference"])
         if self.finish(proc, log) != 0:
             raise SystemExit(f"the reference run failed:\n{log.read_text()[-3000:]}")
         records = metrics(self.runs / "reference")

@@ -5,7 +5,9 @@ A small seeded instance of scripts/chaos_resume.py (which says how the kills wor
 randomised form and a recorded run are in docs/resume.md). Seed 28 draws: a worker SIGKILLed in
 the critic's update of step 1 (before the first checkpoint, so the run is started again under its
 id), a worker SIGKILLed in the old-log-prob pass of step 2, and the whole process tree SIGKILLed
-halfway through writing step 4's checkpoint (then resumed from step 3).
+halfway through writing step 4's checkpoint (then resumed from step 3). The uninterrupted run's
+workers are in-process objects (--points-only), the killed runs' are Ray workers: equal metrics also pin
+that both compute the same numbers.
 """
 
 from __future__ import annotations
