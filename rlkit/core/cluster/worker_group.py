@@ -55,6 +55,10 @@ def init_ray(config: RLConfig) -> None:
         address = "local"
         devices = config.trainer.nnodes * config.trainer.n_gpus_per_node
         kwargs["num_cpus"] = max(os.cpu_count() or 1, devices + 1)
+        # Ray starts num_cpus idle Python workers for the first driver and holds ray.init until they are up;
+        # rlkit's actors carry their own runtime_env, which those workers lack, so none would ever be used
+        # (about 1 s of CPU each, and start-up time, on every local run).
+        kwargs["_system_config"] = {"prestart_worker_first_driver": False}
         kwargs.update(local_cluster_options())  # loopback only, token authentication
     else:
         prepare_attach(address)
