@@ -115,31 +115,12 @@ def test_hung_phase_stops_at_its_deadline_naming_the_late_worker(tmp_path):
     assert steps_logged(tmp_path / "hung") == [1, 2, 3] and status(tmp_path / "hung") == "finished"
 
 
-def test_ctrl_c_finishes_the_step_checkpoints_it_and_resume_continues(tmp_path):
+def test_sigterm_then_ctrl_c_each_finish_the_step_checkpoint_it_and_resume_continues(tmp_path):
+    """A container stop (docker stop, Kubernetes) is a SIGTERM to the main process only; the resumed run is then
+    stopped by a terminal's Ctrl-C, a SIGINT to its whole process group (its Ray processes too)."""
     run = tmp_path / "stopped"
     proc = start("train", "grpo-demo", *TINY, "trainer.total_steps=100", f"trainer.runs_dir={tmp_path}",
                  "--run-id", "stopped")
-    wait_until(lambda: steps_logged(run), proc, "a first step")
-    os.killpg(proc.pid, signal.SIGINT)
-    _, stderr = proc.communicate(timeout=60)
-    assert proc.returncode == 130, stderr[-3000:]
-    step = steps_logged(run)[-1]
-    assert "SIGINT: finishing the current step, then saving a checkpoint and stopping" in stderr
-    assert f"stopped by SIGINT after step {step}. The last complete checkpoint is step {step}" in stderr
-    assert f"Continue with: rlkit resume stopped --runs-dir {tmp_path}" in stderr
-    assert "Traceback" not in stderr
-    assert latest_checkpoint(run).step == step and status(run) == "interrupted"
-
-    resumed = rlkit("resume", "stopped", "--runs-dir", str(tmp_path), f"trainer.total_steps={step + 1}")
-    assert resumed.returncode == 0, resumed.stderr[-3000:]
-    assert steps_logged(run) == list(range(1, step + 2)) and status(run) == "finished"
-
-
-def test_sigterm_to_the_main_process_finishes_the_step_checkpoints_it_and_exits_143(tmp_path):
-    """A container stop (docker stop, Kubernetes) is a SIGTERM to the main process only."""
-    run = tmp_path / "termed"
-    proc = start("train", "grpo-demo", *TINY, "trainer.total_steps=100", f"trainer.runs_dir={tmp_path}",
-                 "--run-id", "termed")
     wait_until(lambda: steps_logged(run), proc, "a first step")
     proc.send_signal(signal.SIGTERM)
     _, stderr = proc.communicate(timeout=60)
@@ -147,8 +128,21 @@ def test_sigterm_to_the_main_process_finishes_the_step_checkpoints_it_and_exits_
     step = steps_logged(run)[-1]
     assert "SIGTERM: finishing the current step, then saving a checkpoint and stopping" in stderr
     assert f"stopped by SIGTERM after step {step}. The last complete checkpoint is step {step}" in stderr
+    assert f"Continue with: rlkit resume stopped --runs-dir {tmp_path}" in stderr
     assert "Traceback" not in stderr
     assert latest_checkpoint(run).step == step and status(run) == "interrupted"
+
+    proc = start("resume", "stopped", "--runs-dir", str(tmp_path))
+    wait_until(lambda: len(steps_logged(run)) > step, proc, "a step of the resumed run")
+    os.killpg(proc.pid, signal.SIGINT)
+    _, stderr = proc.communicate(timeout=60)
+    assert proc.returncode == 130, stderr[-3000:]
+    last = steps_logged(run)[-1]
+    assert steps_logged(run) == list(range(1, last + 1)) and last > step  # continued where it stopped
+    assert "SIGINT: finishing the current step, then saving a checkpoint and stopping" in stderr
+    assert f"stopped by SIGINT after step {last}. The last complete checkpoint is step {last}" in stderr
+    assert "Traceback" not in stderr
+    assert latest_checkpoint(run).step == last and status(run) == "interrupted"
 
 
 def test_second_ctrl_c_stops_at_once(tmp_path):
