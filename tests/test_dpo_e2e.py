@@ -4,8 +4,8 @@ one worker's numbers, and with LoRA the reference is the policy with its adapter
 preflight: tests/test_dpo_config.py).
 
 The workers are objects in the CLI's process (trainer.workers=in_process: no Ray, no worker processes), so the
-runs go through the CLI in the test's process (conftest.run_cli_in_process); the run to kill is a subprocess,
-which the SIGKILL needs, and the two-worker run has Ray workers on the tests' shared head.
+runs go through the CLI in the test's process (conftest.run_cli_in_process); the run to kill is a child
+process (forked warm: tests/warm_cli.py), which the SIGKILL needs, and the two-worker run has Ray workers on the tests' shared head.
 
 The data: `rlkit prep-data gsm8k-pairs` rows from the real GSM8K files, made to fit the tiny model's
 character vocabulary (lowercase letters, digits, a few signs) and short: the question's last 24

@@ -3,21 +3,21 @@ for bit, and a weight sync broken on purpose (RLKIT_FAULT=noop:engine-load:N) st
 with the weight-sync check's message instead of training on a stale engine's samples. The two ranks are Ray
 workers on the tests' shared head; every other run's worker is an object in the CLI's process
 (trainer.workers=in_process: no Ray, no worker processes): the uninterrupted run and the resume go through the CLI
-in the test's process (conftest.run_cli_in_process), the run to kill and the broken syncs are subprocesses."""
+in the test's process (conftest.run_cli_in_process), the run to kill and the broken syncs are child processes
+forked warm (tests/warm_cli.py): a fault's arrival counts start at 0 in each."""
 
 from __future__ import annotations
 
 import json
 import re
-from pathlib import Path
 from typing import Iterator
 
 import pytest
+import warm_cli
 from conftest import run_cli_in_process
 from test_resume_e2e import (
     START_TIMEOUT_S,
     assert_same_metrics,
-    env,
     killed_after_checkpoint,
     metrics,
     run_cli,
@@ -81,18 +81,15 @@ def test_lora_on_two_ranks_gives_the_engine_the_trainers_policy(world) -> None:
     # A later sync is dropped: the next check step sees the engine's log-probs off the trainer's.
     ("noop:engine-load:3", ["rollout.log_prob_tolerance=1e-4"], 4, "differ from the trainer's by"),
 ])
-def test_a_broken_weight_sync_stops_the_run_with_the_reason(world, fault, extra, failed_step, reason) -> None:
-    import subprocess
-    import sys
-
+def test_a_broken_weight_sync_stops_the_run_with_the_reason(world, fault, extra, failed_step, reason,
+                                                           monkeypatch) -> None:
     runs = world["runs"]
     run_id = f"broken-{failed_step}"
-    done = subprocess.run([sys.executable, "-m", "rlkit.cli.main", "train", "grpo-demo", *world["overrides"], *extra,
-                           *IN_PROCESS, "--run-id", run_id],
-                          env=env(RLKIT_FAULT=fault), capture_output=True, text=True, timeout=START_TIMEOUT_S,
-                          cwd=Path(__file__).resolve().parents[1])
-    output = " ".join((done.stdout + done.stderr).split())
-    assert done.returncode == 1, output[-3000:]
+    monkeypatch.setenv("RLKIT_FAULT", fault)
+    code, output = warm_cli.run(["train", "grpo-demo", *world["overrides"], *extra, *IN_PROCESS, "--run-id", run_id],
+                                runs.parent / f"{run_id}.log", timeout=START_TIMEOUT_S)
+    output = " ".join(output.split())
+    assert code == 1, output[-3000:]
     assert f"weight-sync check failed at step {failed_step}: " in output and reason in output, output[-3000:]
     assert "Traceback" not in output
     status = json.loads((runs / run_id / "status.json").read_text())

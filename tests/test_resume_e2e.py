@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Iterator
 
 import pytest
+import warm_cli
 from conftest import run_cli_in_process
 from ray_head import descendants, is_zombie, wait_until_idle
 
@@ -113,11 +114,24 @@ def wait_for(condition, proc: subprocess.Popen, log: Path, what: str) -> None:
 
 def killed_after_checkpoint(args: list[str], runs: Path, run_id: str, step: int, log: Path) -> Path:
     """`rlkit ARGS --run-id RUN_ID`, SIGKILLed (its whole process tree) as soon as step `step`'s
-    checkpoint is complete; returns that checkpoint's directory."""
-    proc = start([*args, "--run-id", run_id], log)
+    checkpoint is complete; returns that checkpoint's directory. A run with in-process workers is one
+    process, forked warm (tests/warm_cli.py); a Ray run is a fresh CLI process with its cluster."""
     marker = runs / run_id / "checkpoints" / step_dir_name(step) / MARKER
-    wait_for(marker.exists, proc, log, f"step {step}'s checkpoint")
-    kill_tree(proc)
+    if "trainer.workers=in_process" not in args:
+        proc = start([*args, "--run-id", run_id], log)
+        wait_for(marker.exists, proc, log, f"step {step}'s checkpoint")
+        kill_tree(proc)
+        return marker.parent
+    with pytest.MonkeyPatch.context() as patch:
+        for key, value in env().items():
+            patch.setenv(key, value)
+        child = warm_cli.start([*args, "--run-id", run_id], log)
+    deadline = time.monotonic() + START_TIMEOUT_S
+    while not marker.exists() and child.is_alive() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    os.kill(child.pid, signal.SIGKILL)  # gone already if it ended: then the marker check below fails
+    child.join()
+    assert marker.exists(), f"never saw step {step}'s checkpoint:\n{log.read_text()[-4000:]}"
     return marker.parent
 
 

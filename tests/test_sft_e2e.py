@@ -6,8 +6,8 @@ The data: the `add` task's prompts with their answers as responses. 24 rows, 8 a
 is 3 steps, so the kill after step 3 resumes at an epoch boundary (the sampler's new order).
 
 The worker is an object in the CLI's process (trainer.workers=in_process: no Ray, no worker processes), so the
-commands run in the test's process (conftest.run_cli_in_process); the run to kill is a subprocess, which the
-SIGKILL needs.
+commands run in the test's process (conftest.run_cli_in_process); the run to kill is a child process (forked
+warm: tests/warm_cli.py), which the SIGKILL needs.
 """
 
 from __future__ import annotations
