@@ -10,9 +10,10 @@ epoch boundary is covered, and the KL loss pins that the reference policy stays 
 Validation is on (before training, every 2 steps, greedy and 2 samples): its metrics and
 responses match too, and a run without it trains exactly the same steps.
 
-The reference, the truncated run's resume and the run without validation have in-process workers
-(trainer.workers=in_process, through the CLI in the test's process); the two killed runs and their resumes
-have Ray workers, so each comparison also pins that both kinds of worker give the same numbers bit for bit.
+Every run has in-process workers (trainer.workers=in_process): the CLI runs in the test's process, and a run to
+SIGKILL is one child process forked warm (tests/warm_cli.py). SIGKILL, then resume, on Ray: tests/test_chaos_resume.py
+(whose uninterrupted run has in-process workers, so it also pins that both kinds give the same numbers) and
+tests/test_async_e2e.py. The helpers here (a killed run, its resume, the comparison) serve those tests too.
 """
 
 from __future__ import annotations
@@ -39,7 +40,7 @@ from rlkit.core.data.builders import write_parquet
 from rlkit.core.data.synthetic import build_synthetic
 from rlkit.core.state.checkpoint import MARKER, step_dir_name
 
-pytestmark = [pytest.mark.slow, pytest.mark.shared_ray]
+pytestmark = pytest.mark.slow
 
 REPO = Path(__file__).resolve().parents[1]
 N, K = 6, 3
@@ -117,22 +118,28 @@ def killed_after_checkpoint(args: list[str], runs: Path, run_id: str, step: int,
     checkpoint is complete; returns that checkpoint's directory. A run with in-process workers is one
     process, forked warm (tests/warm_cli.py); a Ray run is a fresh CLI process with its cluster."""
     marker = runs / run_id / "checkpoints" / step_dir_name(step) / MARKER
-    if "trainer.workers=in_process" not in args:
-        proc = start([*args, "--run-id", run_id], log)
-        wait_for(marker.exists, proc, log, f"step {step}'s checkpoint")
-        kill_tree(proc)
+    if "trainer.workers=in_process" in args:
+        warm_killed_when([*args, "--run-id", run_id], log, marker.exists, f"step {step}'s checkpoint")
         return marker.parent
-    with pytest.MonkeyPatch.context() as patch:
-        for key, value in env().items():
-            patch.setenv(key, value)
-        child = warm_cli.start([*args, "--run-id", run_id], log)
-    deadline = time.monotonic() + START_TIMEOUT_S
-    while not marker.exists() and child.is_alive() and time.monotonic() < deadline:
-        time.sleep(0.05)
-    os.kill(child.pid, signal.SIGKILL)  # gone already if it ended: then the marker check below fails
-    child.join()
-    assert marker.exists(), f"never saw step {step}'s checkpoint:\n{log.read_text()[-4000:]}"
+    proc = start([*args, "--run-id", run_id], log)
+    wait_for(marker.exists, proc, log, f"step {step}'s checkpoint")
+    kill_tree(proc)
     return marker.parent
+
+
+def warm_killed_when(args: list[str], log: Path, condition, what: str, **extra_env: str) -> None:
+    """`rlkit ARGS` (in-process workers: one process) in a child forked warm (tests/warm_cli.py) with `extra_env`,
+    SIGKILLed as soon as `condition()` holds."""
+    with pytest.MonkeyPatch.context() as patch:
+        for key, value in env(**extra_env).items():
+            patch.setenv(key, value)
+        child = warm_cli.start(args, log)
+    deadline = time.monotonic() + START_TIMEOUT_S
+    while not condition() and child.is_alive() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    os.kill(child.pid, signal.SIGKILL)  # gone already if it ended: then the check below fails
+    child.join()
+    assert condition(), f"never saw {what}:\n{log.read_text()[-4000:]}"
 
 
 def resumed(runs: Path, run_id: str, log: Path) -> str:
@@ -182,12 +189,13 @@ def reference_run(root: Path) -> dict:
 
 def test_sigkill_after_a_checkpoint_then_resume_is_exact(world) -> None:
     root, runs = world["root"], world["runs"]
-    killed_after_checkpoint(["train", "grpo-demo", *world["overrides"]], runs, "killed", K, root / "killed.log")
+    killed_after_checkpoint(["train", "grpo-demo", *world["overrides"], *IN_PROCESS], runs, "killed", K,
+                            root / "killed.log")
     status = json.loads((runs / "killed" / "status.json").read_text())
     # What a SIGKILL leaves behind; status.json is rewritten just after the marker, so the kill may beat it.
     assert status["status"] == "running" and status["step"] >= K - 1
 
-    output = resumed(runs, "killed", root / "killed-resume.log")
+    output = " ".join(run_cli_in_process("resume", "killed", "--runs-dir", str(runs)).output.split())
     resumed_from = int(re.search(r"from checkpoint step_(\d+)", output).group(1))
     assert resumed_from in (K, K + 1)  # the kill lands within one poll of the marker appearing
     assert_same_metrics(runs / "killed", world["reference"], runs / "reference")
@@ -197,15 +205,14 @@ def test_sigkill_after_a_checkpoint_then_resume_is_exact(world) -> None:
 def test_sigkill_while_writing_a_checkpoint_then_resume_is_exact(world) -> None:
     root, runs = world["root"], world["runs"]
     log = root / "torn.log"
-    proc = start(["train", "grpo-demo", *world["overrides"], "--run-id", "torn"], log,
-                 RLKIT_FAULT=f"hang:checkpoint-before-marker:{K + 1}")
-    wait_for(lambda: HANG_MESSAGE in log.read_text(), proc, log, "the hang inside the checkpoint write")
-    kill_tree(proc)
+    warm_killed_when(["train", "grpo-demo", *world["overrides"], *IN_PROCESS, "--run-id", "torn"], log,
+                     lambda: log.exists() and HANG_MESSAGE in log.read_text(), "the hang inside the checkpoint write",
+                     RLKIT_FAULT=f"hang:checkpoint-before-marker:{K + 1}")
     checkpoints = runs / "torn" / "checkpoints"
     assert (checkpoints / f".tmp-{step_dir_name(K + 1)}").is_dir()
     assert not (checkpoints / step_dir_name(K + 1)).exists()
 
-    output = " ".join(run_cli(["resume", "torn", "--runs-dir", str(runs)], root / "torn-resume.log").split())
+    output = " ".join(run_cli_in_process("resume", "torn", "--runs-dir", str(runs)).output.split())
     assert f"ignoring .tmp-{step_dir_name(K + 1)}" in output
     assert f"from checkpoint {step_dir_name(K)}" in output
     assert_same_metrics(runs / "torn", world["reference"], runs / "reference")
