@@ -7,8 +7,12 @@ from __future__ import annotations
 import gc
 import logging
 import multiprocessing
+import signal
+import subprocess
+import time
 from typing import Iterator
 
+import psutil
 import pytest
 import torch
 import torch.distributed as dist
@@ -16,6 +20,7 @@ from transformers import AutoModelForCausalLM
 
 from rlkit.core.rollout.base import Sampling
 from rlkit.core.rollout.engines import make_engine
+from rlkit.core.rollout.vllm_worker import _exit_after
 from rlkit.recipes.rollout_schema import RolloutConfig
 
 MAX_MODEL_LEN = 64  # a 32-token prompt and a 32-token response
@@ -96,6 +101,39 @@ def test_vllm_engine_including_tied_lm_head(tiny_model_dir):
     engine = make_engine(_config("vllm"), str(tiny_model_dir), max_model_len=MAX_MODEL_LEN, dtype="float32", seed=0,
                          device=torch.device("cpu"), sleep_mode=False)
     _check_engine(engine, tiny_model_dir)
+
+
+@pytest.mark.slow
+def test_vllm_engine_in_a_process_of_its_own(tiny_model_dir):
+    """rollout.vllm.separate_process: the same contract, with the engine core in a child process and the
+    weights sent to it packed (CPU tensors by value here; CUDA IPC handles on a GPU)."""
+    engine = make_engine(_config("vllm", separate_process=True), str(tiny_model_dir), max_model_len=MAX_MODEL_LEN,
+                         dtype="float32", seed=0, device=torch.device("cpu"), sleep_mode=False)
+    try:
+        children = [c.name() for c in psutil.Process().children(recursive=True)]
+        assert "VLLM::EngineCore" in children, children
+        _check_engine(engine, tiny_model_dir)
+    finally:
+        engine.llm.llm_engine.engine_core.shutdown()
+
+
+def test_an_engine_process_ends_with_the_trainer_and_takes_the_process_between_with_it():
+    """A SIGKILLed trainer leaves vLLM's engine core running (measured: it held its memory and a core); the
+    watcher rlkit starts in the engine's worker (vllm_worker.WeightLoader.rlkit_exit_with) ends it and the
+    engine-core process between them within a poll."""
+    trainer = subprocess.Popen(["sleep", "60"])
+    between = subprocess.Popen(["sleep", "60"])
+    created = psutil.Process(trainer.pid).create_time()
+    watch = (trainer.pid, created, between.pid, 0.05)
+    watcher = multiprocessing.get_context("spawn").Process(target=_exit_after, args=watch)
+    watcher.start()
+    time.sleep(0.5)
+    assert watcher.is_alive() and between.poll() is None  # nothing happens while the trainer lives
+    trainer.kill()
+    trainer.wait()
+    watcher.join(timeout=10)
+    assert watcher.exitcode == 1
+    assert between.wait(timeout=5) == -signal.SIGKILL
 
 
 @pytest.mark.slow

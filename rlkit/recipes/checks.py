@@ -25,6 +25,7 @@ VLLM_KEYS_SET_BY_RLKIT = {
     "enable_sleep_mode",
     "enable_prefix_caching",
     "logprobs_mode",
+    "worker_extension_cls",
 }
 # sglang.Engine arguments rlkit derives from its own keys (rlkit.core.rollout.sglang_engine).
 SGLANG_KEYS_SET_BY_RLKIT = {

@@ -66,6 +66,7 @@ def vllm_engine(
         enforce_eager=options.enforce_eager,
         max_num_seqs=rollout.max_num_seqs,
         sleep_mode=sleep_mode,
+        separate_process=options.separate_process,
         engine_kwargs=options.engine_kwargs,
     )
 

