@@ -75,6 +75,41 @@ def gpu_busy(run: Callable[[], Any]) -> dict[str, float]:
             "kernels": len(intervals)}
 
 
+def nvml_busy(run: Callable[[], Any], period_ms: int = 50) -> dict[str, float]:
+    """Run `run` while nvidia-smi samples the GPU's utilisation (NVML: the share of its last sample window in
+    which a kernel ran) every `period_ms`; the mean of the samples taken during the run. Unlike `gpu_busy` it
+    sees every process on the GPU (vLLM's engine core in a process of its own) and adds no profiling cost."""
+    from datetime import datetime
+
+    exe = shutil.which("nvidia-smi")
+    if exe is None:
+        run()
+        return {}
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES", "0").split(",")[0]
+    query = [exe, "--query-gpu=timestamp,utilization.gpu", "--format=csv,noheader,nounits", f"-lms={period_ms}",
+             f"--id={visible if visible.isdigit() else 0}"]
+    sampler = subprocess.Popen(query, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    time.sleep(0.5)
+    began = time.time()
+    run()
+    ended = time.time()
+    time.sleep(0.2)
+    sampler.terminate()
+    samples = []
+    for line in sampler.communicate()[0].splitlines():
+        try:
+            stamp, value = (part.strip() for part in line.split(","))
+            when = datetime.strptime(stamp, "%Y/%m/%d %H:%M:%S.%f").timestamp()
+        except ValueError:
+            continue
+        if began <= when <= ended:
+            samples.append(float(value))
+    if not samples:
+        return {"nvml_samples": 0}
+    return {"nvml_busy_fraction": round(sum(samples) / len(samples) / 100, 3), "nvml_samples": len(samples),
+            "nvml_wall_seconds": round(ended - began, 3)}
+
+
 def python_profile(run: Callable[[], Any], rows: int = 30) -> tuple[float, str]:
     """cProfile of `run`: its wall seconds under the profiler and the top functions by own time and cumulative."""
     profiler = cProfile.Profile()

@@ -53,6 +53,10 @@ CONFIGS: dict[str, tuple[list[str], int, int]] = {
     "rlkit-2gpu-vllm-cudagraphs-compile-logprobs": (FAST + ["--gpus", "2", "--rollout-is-cap", "2"], 2, 200),
     "rlkit-1gpu-vllm-cudagraphs-compile-logprobs": (FAST + ["--rollout-is-cap", "2"], 1, 200),
     "vllm-rollout-1gpu": ([ROLLOUT], 1, 200),
+    # vLLM's engine core in a process of its own (rollout.vllm.separate_process; slower on 2026-12-04)
+    "vllm-rollout-1gpu-separate": ([ROLLOUT, "--separate-process", "true"], 1, 200),
+    "rlkit-1gpu-defaults-separate": ([RLKIT, "--defaults", "--override", "rollout.vllm.separate_process=true"], 1, 200),
+    "rlkit-1gpu-defaults-logprobs": ([RLKIT, "--defaults", "--rollout-is-cap", "2"], 1, 200),
     "vllm-rollout-1gpu-async": ([ROLLOUT, "--async-scheduling"], 1, 200),
     "rlkit-1gpu-vllm-gradckpt": ([RLKIT, "--grad-ckpt"], 1, 150),
     "rlkit-1gpu-hf": ([RLKIT, "--rollout", "hf", "--steps", "2"], 1, 200),

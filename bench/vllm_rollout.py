@@ -1,7 +1,7 @@
 """The benchmark's rollout alone: which vLLM sampling settings decide its speed, and where its time goes.
 
   python bench/vllm_rollout.py --workdir /tmp/bench --out rollout.json [--async-scheduling] [--tiny]
-      [--profile DIR] [--heap-objects 3000000]
+      [--separate-process true|false] [--profile DIR] [--heap-objects 3000000]
 
 One engine (rlkit's VLLMEngine, the way the trainer starts it) generates the workload's
 512 x 512 tokens several ways; each is timed twice and the faster run counts:
@@ -10,8 +10,10 @@ One engine (rlkit's VLLMEngine, the way the trainer starts it) generates the wor
 - `without_log_probs`: rlkit's call on every other step;
 - `without_seeds`: no per-request seeds either (vLLM's unseeded sampler path).
 Each way also reports Python's garbage collections during its best run (seconds per generation),
-and on a GPU one more run under torch.profiler gives the share of the wall time the GPU was busy
-(`gpu_busy_fraction`: the union of all kernels and copies over the wall time).
+and on a GPU one more run while nvidia-smi samples the GPU's utilisation (`nvml_busy_fraction`, any
+process); with the engine core in this process, one more under torch.profiler gives the share of the
+wall time the GPU was busy (`gpu_busy_fraction`: the union of all kernels and copies over the wall time).
+--separate-process: rollout.vllm.separate_process (default: rlkit's, off).
 --heap-objects: afterwards, the same ways again with that many more long-lived Python objects in the
 process (a trainer's heap: model, compiled graphs, Ray) to show what garbage collection then costs.
 --profile DIR: cProfile tables and py-spy stacks (where installed) of one generate per way, in DIR.
@@ -22,7 +24,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 import time
 from pathlib import Path
@@ -34,9 +35,8 @@ from bench.workload import Workload, prepared  # noqa: E402
 
 
 def start_engine(workload: Workload, workdir: Path, gpu_memory_utilization: float,
-                 engine_kwargs: dict[str, Any] | None = None):
+                 engine_kwargs: dict[str, Any] | None = None, separate_process: bool = False):
     """rlkit's VLLMEngine as the trainer starts it (CUDA graphs on a GPU, eager on a CPU)."""
-    os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
     import torch
 
     from rlkit.core.rollout.vllm_engine import VLLMEngine
@@ -46,7 +46,8 @@ def start_engine(workload: Workload, workdir: Path, gpu_memory_utilization: floa
                       max_model_len=workload.prompt_tokens + workload.response_tokens,
                       device=torch.device("cuda", 0) if on_gpu else torch.device("cpu"),
                       gpu_memory_utilization=gpu_memory_utilization, enforce_eager=not on_gpu,
-                      max_num_seqs=workload.sequences, sleep_mode=False, engine_kwargs=engine_kwargs)
+                      max_num_seqs=workload.sequences, sleep_mode=False, separate_process=separate_process,
+                      engine_kwargs=engine_kwargs)
 
 
 def bench_prompts(workload: Workload) -> list[list[int]]:
@@ -72,6 +73,7 @@ def main() -> None:
     parser.add_argument("--tiny", action="store_true")
     parser.add_argument("--async-scheduling", action="store_true", help="vLLM async_scheduling=True")
     parser.add_argument("--gpu-memory-utilization", type=float, default=0.35)
+    parser.add_argument("--separate-process", choices=["true", "false"], help="rollout.vllm.separate_process")
     parser.add_argument("--heap-objects", type=int, default=0, help="then again with this many more Python objects")
     parser.add_argument("--profile", help="folder for cProfile tables and py-spy stacks of one generate per way")
     args = parser.parse_args()
@@ -79,13 +81,15 @@ def main() -> None:
     from vllm import SamplingParams
     from vllm.inputs import TokensPrompt
 
-    from bench.host_time import GcTimer, gpu_busy, py_spy, python_profile
+    from bench.host_time import GcTimer, gpu_busy, nvml_busy, py_spy, python_profile
     from rlkit.core.rollout.base import Sampling
 
     workload, workdir = prepared(args.workdir, args.tiny)
     start = time.perf_counter()
+    separate = args.separate_process == "true"
     engine = start_engine(workload, workdir, args.gpu_memory_utilization,
-                          {"async_scheduling": True} if args.async_scheduling else None)
+                          {"async_scheduling": True} if args.async_scheduling else None, separate)
+    args.separate_process = engine.separate_process
     result: dict = {"label": args.label, "args": vars(args), "engine_start_seconds": time.perf_counter() - start, "runs": {}}
     prompts = bench_prompts(workload)
     tokens = workload.sequences * workload.response_tokens
@@ -116,18 +120,21 @@ def main() -> None:
             best = seconds.index(min(seconds))
             entry = {"seconds": seconds, "tokens_per_s": tokens / min(seconds), **timers[best].summary()}
             if torch.cuda.is_available():
-                entry.update(gpu_busy(run))
+                entry.update(nvml_busy(run))
+                if not engine.separate_process:  # torch.profiler sees this process's kernels only
+                    entry.update(gpu_busy(run))
             if args.profile and not suffix and name != "without_seeds":  # the trainer's two ways
                 folder = Path(args.profile)
                 folder.mkdir(parents=True, exist_ok=True)
-                with py_spy(folder / f"py-spy-{name}{suffix}.txt", min(seconds)):
+                with py_spy(folder / f"py-spy-{name}{suffix}.txt", min(seconds), engine.separate_process):
                     run()
                 entry["wall_seconds_under_cprofile"], table = python_profile(run)
                 with (folder / "python_profiles.txt").open("a") as f:
                     f.write(f"\n\n######## {name}{suffix}\n{table}")
             result["runs"][name + suffix] = entry
             print(f"{name}{suffix}: {min(seconds):.2f} s, {tokens / min(seconds):,.0f} tok/s, gc "
-                  f"{entry['gc_seconds']:.3f} s, GPU busy {entry.get('gpu_busy_fraction', '-')}", flush=True)
+                  f"{entry['gc_seconds']:.3f} s, GPU busy {entry.get('gpu_busy_fraction', '-')} (profiler) "
+                  f"{entry.get('nvml_busy_fraction', '-')} (NVML)", flush=True)
             result["status"] = f"{len(result['runs'])} ways"
             Path(args.out).write_text(json.dumps(result, indent=1))
 
