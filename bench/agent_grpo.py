@@ -79,6 +79,8 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=4)
     parser.add_argument("--warmup", type=int, default=1)
     parser.add_argument("--peak-flops", type=float, default=H200_BF16_PEAK_FLOPS)
+    parser.add_argument("--override", action="append", default=[], metavar="KEY=VALUE",
+                        help="a further recipe override, last (repeatable), e.g. rollout.vllm.prefix_caching=false")
     args = with_defaults(parser.parse_args())
 
     os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")

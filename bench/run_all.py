@@ -69,6 +69,10 @@ CONFIGS: dict[str, tuple[list[str], int, int]] = {
     "trl-2gpu-vllm-server": ([TRL, "--vllm-server"], 2, 400),  # its vLLM server on one GPU, the trainer on the other
     "trl-1gpu-hf": ([TRL, "--steps", "2"], 1, 150),
     "agent-1gpu-3turns-cudagraphs-compile": ([AGENT, "--compile", "--cuda-graphs", "--turns", "3"], 1, 240),
+    # vLLM's prefix cache off (rlkit's way before rollout.vllm.prefix_caching): every turn prefilled again
+    "agent-1gpu-3turns-cudagraphs-compile-nocache": ([AGENT, "--compile", "--cuda-graphs", "--turns", "3",
+                                                      "--override", "rollout.vllm.prefix_caching=false"], 1, 240),
+    "rlkit-1gpu-vllm-cudagraphs-compile-nocache": (FAST + ["--override", "rollout.vllm.prefix_caching=false"], 1, 200),
 }
 
 

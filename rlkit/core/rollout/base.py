@@ -48,7 +48,8 @@ class RolloutEngine(ABC):
         """Log-probs (temperature 1) of each sequence's tokens after the first `prompt_len`."""
 
     def sleep(self) -> None:
-        """Free device memory between rollouts (no-op where unsupported)."""
+        """The end of a rollout: free device memory until the next (no-op where unsupported), and forget any
+        cache of this rollout's prefixes."""
 
     def wake_up(self, weights_only: bool = False) -> None:
         """Take device memory back: the weights alone (enough for a weight sync), or everything."""

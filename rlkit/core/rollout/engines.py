@@ -67,6 +67,7 @@ def vllm_engine(
         max_num_seqs=rollout.max_num_seqs,
         sleep_mode=sleep_mode,
         separate_process=options.separate_process,
+        prefix_caching=options.prefix_caching,
         engine_kwargs=options.engine_kwargs,
     )
 

@@ -38,6 +38,7 @@ class VLLMEngine(RolloutEngine):
         max_num_seqs: int,
         sleep_mode: bool,
         separate_process: bool = False,
+        prefix_caching: bool = True,
         engine_kwargs: dict[str, Any] | None = None,
     ) -> None:
         self.on_gpu = device.type == "cuda"
@@ -55,7 +56,7 @@ class VLLMEngine(RolloutEngine):
             enforce_eager=not self.on_gpu if enforce_eager is None else enforce_eager,
             max_num_seqs=max_num_seqs,
             enable_sleep_mode=self.sleep_mode,
-            enable_prefix_caching=False,
+            enable_prefix_caching=prefix_caching,
             # Log-probs of the distribution actually sampled (after temperature), as the trainer computes.
             # No slower than raw ones on vLLM 0.26's GPU model runner (V2): no logits copy, and the
             # FlashInfer sampler it rules out is not used for seeded requests anyway (docs/benchmarks.md).
@@ -133,20 +134,26 @@ class VLLMEngine(RolloutEngine):
         ]
 
     def load_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
+        """New weights in place; the prefix cache goes with the old ones (its keys and values are theirs)."""
         if not self.separate_process:
             self.llm.collective_rpc("rlkit_load_weights", args=(named_tensors,))
-            return
-        packed, shared = pack_weights(named_tensors)
-        self.llm.collective_rpc("rlkit_load_weights", args=(packed,))
-        del shared  # the engine holds no reference to them any more: their memory may go back
-        if self.on_gpu:
-            torch.cuda.ipc_collect()
+        else:
+            packed, shared = pack_weights(named_tensors)
+            self.llm.collective_rpc("rlkit_load_weights", args=(packed,))
+            del shared  # the engine holds no reference to them any more: their memory may go back
+            if self.on_gpu:
+                torch.cuda.ipc_collect()
+        self.llm.reset_prefix_cache()
 
     def sleep(self) -> None:
-        """Release the KV cache and move the weights to host memory (vLLM sleep level 1)."""
+        """The end of a rollout: release the KV cache and move the weights to host memory (vLLM sleep level 1,
+        which also empties the prefix cache). An engine without sleep mode only empties its prefix cache, so
+        that every rollout starts from an empty one, as after a sleep, and a resumed run replays its hits."""
         if self.sleep_mode and not self.asleep:
             self.llm.sleep(level=1)
             self.asleep = {"weights", "kv_cache"}
+        elif not self.sleep_mode:
+            self.llm.reset_prefix_cache()
 
     def wake_up(self, weights_only: bool = False) -> None:
         """A weight sync needs only the weights back; the KV cache returns just before generating."""

