@@ -89,6 +89,9 @@ def test_resolution_and_the_start_up_line():
     hf = load_config("grpo", ["model.path=m", "data.synthetic_task=echo", "rollout.name=hf", "model.compile=false"])
     assert "torch.compile off (model.compile=false), CUDA graphs n/a (rollout.name=hf)" in \
         fast_paths.resolve(hf.model, hf.rollout, hf.actor, "cuda", sized=(8192, 70.0)).describe()
+    sft = load_config("sft", ["model.path=m", "data.train_files=[d.jsonl]"])  # trains on rows: no engine starts
+    offline = fast_paths.resolve(sft.model, sft.rollout, sft.actor, "cpu", with_engine=not sft.offline)
+    assert offline.cuda_graphs is None and ", no rollout engine, " in offline.describe()
 
 
 def test_the_policy_worker_sizes_from_its_gpus_free_memory(monkeypatch):

@@ -124,7 +124,7 @@ def test_every_bad_pair_is_counted_and_the_first_five_named(tokenizer) -> None:
         tokenize_pairs([("a.parquet", rows[:5]), ("b.parquet", rows[5:])], tokenizer, max_prompt_length=7,
                        max_response_length=4)
     text = str(caught.value)
-    assert text.startswith("7 bad pair(s) (and 2 more): a.parquet, row 1: 'chosen' and 'rejected' are the same text")
+    assert text.startswith("7 bad pair(s) (the first 5 shown): a.parquet, row 1: 'chosen' and 'rejected' are the same text")
     assert [f"{f}.parquet, row {i}:" in text for f, i in [("a", 3), ("a", 4), ("b", 0), ("b", 1), ("b", 2), ("b", 3)]] == \
         [True, True, True, True, False, False]
 

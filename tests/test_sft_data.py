@@ -84,7 +84,7 @@ def test_bad_rows_are_all_named_with_file_and_row(tokenizer) -> None:
     with pytest.raises(UserError) as caught:
         tokenize_sft_rows([("train.parquet", rows)], tokenizer, max_length=6)
     message = str(caught.value)
-    assert message.startswith("6 bad SFT row(s) (and 1 more): ")
+    assert message.startswith("6 bad SFT row(s) (the first 5 shown): ")
     assert "train.parquet, row 1: column 'response' is missing or empty" in message
     assert "train.parquet, row 2: column 'response' is missing or empty" in message
     # "1" + "123456" + EOS = 1 + 7 tokens.

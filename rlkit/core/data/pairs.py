@@ -95,7 +95,7 @@ def tokenize_pairs(
                 continue
             pairs.append(PairRow(len(pairs), prompt, chosen, rejected))
     if problems:
-        more = f" (and {len(problems) - SHOWN_PROBLEMS} more)" if len(problems) > SHOWN_PROBLEMS else ""
+        more = f" (the first {SHOWN_PROBLEMS} shown)" if len(problems) > SHOWN_PROBLEMS else ""
         raise UserError(
             f"{len(problems)} bad pair(s){more}: "
             + "; ".join(problems[:SHOWN_PROBLEMS])

@@ -89,7 +89,7 @@ def tokenize_sft_rows(
                 prompt, response, mask = full[:1], full[1:], [1] * (len(full) - 1)
             examples.append(SFTExample(len(examples), prompt, response, mask))
     if problems:
-        more = f" (and {len(problems) - SHOWN_PROBLEMS} more)" if len(problems) > SHOWN_PROBLEMS else ""
+        more = f" (the first {SHOWN_PROBLEMS} shown)" if len(problems) > SHOWN_PROBLEMS else ""
         raise UserError(
             f"{len(problems)} bad SFT row(s){more}: "
             + "; ".join(problems[:SHOWN_PROBLEMS])

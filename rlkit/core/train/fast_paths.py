@@ -88,14 +88,15 @@ class FastPaths:
     """What a rank resolved, with the settings as configured; `describe` words it for the start-up log."""
 
     compile: bool
-    cuda_graphs: bool | None  # None: the rollout engine is not vLLM
+    cuda_graphs: bool | None  # None: the rollout engine is not vLLM, or there is none (sft, dpo)
     micro_batch_tokens: int
     settings: dict[str, str]  # model.compile, rollout.name, rollout.vllm.enforce_eager, actor.micro_batch_tokens
     free_gib: float | None = None  # the free memory an auto budget was sized from (GPU)
 
     def describe(self) -> str:
+        engine = self.settings["rollout.name"]
         graphs = (
-            f"CUDA graphs n/a (rollout.name={self.settings['rollout.name']})"
+            (f"CUDA graphs n/a (rollout.name={engine})" if engine else "no rollout engine")
             if self.cuda_graphs is None
             else f"vLLM CUDA graphs {'on' if self.cuda_graphs else 'off'} (rollout.vllm.enforce_eager="
             f"{self.settings['rollout.vllm.enforce_eager']})"
@@ -122,9 +123,11 @@ def resolve(
     device_type: str,
     *,
     sized: tuple[int, float] | None = None,
+    with_engine: bool = True,
 ) -> FastPaths:
     """The fast paths of the model, rollout and actor sections on `device_type`; `sized` = (tokens, free GiB)
-    when an auto budget was sized from a GPU's memory (auto_micro_batch_tokens)."""
+    when an auto budget was sized from a GPU's memory (auto_micro_batch_tokens); `with_engine=False` for a run
+    that starts no rollout engine (sft, dpo), whose rollout section says nothing about it."""
     if actor.micro_batch_tokens != "auto":
         tokens = actor.micro_batch_tokens
     elif sized is None:
@@ -134,11 +137,13 @@ def resolve(
     eager = {None: "auto", True: "true", False: "false"}[rollout.vllm.enforce_eager]
     return FastPaths(
         compile=compile_enabled(model.compile, device_type),
-        cuda_graphs=cuda_graphs_enabled(rollout.vllm.enforce_eager, device_type) if rollout.name == "vllm" else None,
+        cuda_graphs=cuda_graphs_enabled(rollout.vllm.enforce_eager, device_type)
+        if with_engine and rollout.name == "vllm"
+        else None,
         micro_batch_tokens=tokens,
         settings={
             "model.compile": str(model.compile).lower(),
-            "rollout.name": rollout.name,
+            "rollout.name": rollout.name if with_engine else "",
             "rollout.vllm.enforce_eager": eager,
             "actor.micro_batch_tokens": str(actor.micro_batch_tokens),
         },

@@ -114,7 +114,9 @@ class PolicyWorker(DeviceWorker):
             )
             # Sized before the engine takes its share: during the update the engine sleeps.
             sized = self._size_micro_batches(model, dtype)
-            paths = fast_paths.resolve(cfg.model, cfg.rollout, cfg.actor, self.device.type, sized=sized)
+            paths = fast_paths.resolve(
+                cfg.model, cfg.rollout, cfg.actor, self.device.type, sized=sized, with_engine=not cfg.offline
+            )
             self.actor = Actor(
                 self,
                 model,
