@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import io
 import os
 import subprocess
 import sys
@@ -9,6 +10,7 @@ from pathlib import Path
 
 import yaml
 
+from rlkit.console import make_console
 from rlkit.core.controller.loop import logger, run_log
 from rlkit.core.state.run_dir import RunDir
 from rlkit.core.controller.tracking import CONSOLE_KEYS, Tracker
@@ -68,6 +70,20 @@ def test_the_step_table_in_a_log_file_prints_whole_numbers(tmp_path: Path, capsy
     assert "…" not in out
     for printed in ("-2.79e-05", "-0.000123", "1.23e-07", "123,457"):
         assert printed in out, out
+    # One plain line per step as it ends (the live table would print only when the run ends).
+    assert out.splitlines()[0].startswith("step 1  reward=-2.79e-05  val=0.5  resp len=512  "), out
+
+
+def test_a_redirected_console_gets_each_step_when_it_ends(tmp_path: Path) -> None:
+    stream = io.StringIO()  # a file: not a terminal
+    tracker = Tracker(tmp_path, ["console"], total_steps=3, start_step=0, project="p", name="n", config={},
+                      console=make_console(file=stream))
+    tracker.log({"reward/mean": 0.25, "timing/step": 1.5}, 1)
+    assert stream.getvalue().splitlines() == ["step 1  reward=0.25  val=-  resp len=-  pg loss=-  entropy=-  "
+                                              "grad norm=-  |Δlogp|=-  tok/s=-  step s=1.5"]
+    tracker.log({"reward/mean": 0.5, "timing/step": 1.25}, 2)
+    tracker.close()
+    assert len(stream.getvalue().splitlines()) == 2
 
 
 def test_log_lines_on_a_redirected_stderr_are_whole_and_unpadded(tmp_path: Path, capsys) -> None:

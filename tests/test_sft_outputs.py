@@ -34,7 +34,7 @@ def sft_run(runs: Path) -> RunDir:
 
 
 def test_the_live_table_and_console_log_show_the_loss_columns(tmp_path: Path, caplog) -> None:
-    console = Console(record=True, width=200)
+    console = Console(record=True, width=200, force_terminal=True)  # a terminal: the live table
     tracker = Tracker(tmp_path, ["console"], total_steps=2, start_step=0, project="p", name="n", config={},
                       console=console, columns=OFFLINE_CONSOLE_KEYS)
     with caplog.at_level(logging.INFO, logger=step_logger.name):

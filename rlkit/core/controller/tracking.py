@@ -112,7 +112,10 @@ class Tracker:
         self.console = console or make_console()
         self.rows: list[dict[str, Any]] = []
         self.live = None
-        if "console" in loggers:
+        # On a file or a pipe (nohup, SLURM, `| tee`) rich's Live would print its table once, at the end: a plain
+        # line per step instead, as each step ends, with the table's columns.
+        self.plain_lines = "console" in loggers and not self.console.is_terminal
+        if "console" in loggers and not self.plain_lines:
             self.progress = Progress(
                 TextColumn("[bold]step {task.completed}/{task.total}"),
                 BarColumn(),
@@ -137,9 +140,10 @@ class Tracker:
 
     def log(self, metrics: dict[str, Any], step: int) -> None:
         record = {"step": step, **{k: _plain(v) for k, v in sorted(metrics.items())}}
-        step_logger.info(
-            "step %d  %s", step, "  ".join(f"{title}={_fmt(record.get(key))}" for key, title in self.columns)
-        )
+        line = f"step {step}  " + "  ".join(f"{title}={_fmt(record.get(key))}" for key, title in self.columns)
+        step_logger.info(line)
+        if self.plain_lines:
+            self.console.print(line, markup=False, highlight=False, soft_wrap=True)
         if self.jsonl:
             self.jsonl.write(json.dumps(record) + "\n")
             self.jsonl.flush()
