@@ -201,6 +201,15 @@ def test_the_plan_command_prints_verdict_time_and_cost(qwen05) -> None:
     assert too_small.exit_code == 1 and "does not fit" in too_small.output and "turn: " in too_small.output
 
 
+def test_a_cpu_run_is_not_priced_as_gpu_time(qwen05) -> None:
+    """The time model's constants are an H200's: a CPU run gets its memory verdict and no time or cost."""
+    result = invoke(register, "plan", "grpo", *BENCH, "--model", qwen05, "trainer.device=cpu", "--usd-per-gpu-hour",
+                    "3")
+    assert result.exit_code in (0, 1), result.output
+    assert "time: not predicted for a CPU run (the time model is calibrated on" in result.output
+    assert "time per step" not in result.output and "GPU-hours" not in result.output and "$" not in result.output
+
+
 def _local(tensor: torch.Tensor) -> torch.Tensor:
     return tensor.to_local() if hasattr(tensor, "to_local") else tensor
 

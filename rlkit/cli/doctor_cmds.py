@@ -89,7 +89,7 @@ def plan(
 
 def _print_plan(result, usd_per_gpu_hour: Optional[float]) -> None:
     from rlkit.core.planning.memory import GIB
-    from rlkit.core.planning.timing import run_cost
+    from rlkit.core.planning.timing import CALIBRATION, run_cost
 
     config, shape, device, mem = result.config, result.shape, result.device, result.memory
     trainer = config.trainer
@@ -128,6 +128,14 @@ def _print_plan(result, usd_per_gpu_hour: Optional[float]) -> None:
         console.print(f"  [yellow]turn[/]: {knob}", highlight=False)
     for line in result.warnings + mem.notes:
         console.print(f"  note: {line}", highlight=False)
+    if not result.device.on_gpu:
+        # The time model's constants were measured on an H200: on a CPU they would price the run as GPU time.
+        console.print(
+            f"time: not predicted for a CPU run (the time model is calibrated on {CALIBRATION['device']}, "
+            "docs/planning.md); run a few steps and read `timing/step` in the run's metrics",
+            highlight=False,
+        )
+        return
     time = result.time
     console.print(
         f"time per step ~{time.step:.1f} s: "
