@@ -166,7 +166,7 @@ def test_padding_is_exactly_zero(name: str) -> None:
 
 def test_registry_names() -> None:
     assert ADV_ESTIMATORS.names() == sorted(
-        ["gae", "grpo", "rloo", "remax", "reinforce_plus_plus", "reinforce_plus_plus_baseline"]
+        ["gae", "grpo", "rloo", "remax", "reinforce_plus_plus", "reinforce_plus_plus_baseline", "grpo_passk", "opo"]
     )
 
 

@@ -31,6 +31,8 @@ ADV_ESTIMATORS = Registry(
         "remax": f"{_ADV}:remax",
         "reinforce_plus_plus": f"{_ADV}:reinforce_plus_plus",
         "reinforce_plus_plus_baseline": f"{_ADV}:reinforce_plus_plus_baseline",
+        "grpo_passk": "rlkit.core.algos.grpo_passk:grpo_passk",
+        "opo": "rlkit.core.algos.opo:opo",
     },
 )
 POLICY_LOSSES = Registry(

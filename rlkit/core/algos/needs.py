@@ -2,9 +2,9 @@
 rlkit/core/algos/ tests an estimator's name: the config's checks, the rollout (a greedy baseline), the
 planner and the dry run ask this table. Torch-free: the config schema reads it.
 
-A new estimator is its function in advantages.py, its line in rlkit.core.registrations and one line here;
-tests/test_algos_needs.py checks that the table and the registry name the same estimators and that
-`options` are exactly the keyword-only parameters each estimator reads.
+A new estimator is its function (in advantages.py or a module of its own), its line in rlkit.core.registrations
+and one line here; tests/test_algos_needs.py checks that the table and the registry name the same estimators
+and that `options` are exactly the keyword-only parameters each estimator reads.
 """
 
 from __future__ import annotations
@@ -27,6 +27,8 @@ ESTIMATOR_NEEDS: dict[str, EstimatorNeeds] = {
     "remax": EstimatorNeeds(greedy_baseline=True),
     "reinforce_plus_plus": EstimatorNeeds(options=("gamma",)),
     "reinforce_plus_plus_baseline": EstimatorNeeds(groups=True),
+    "grpo_passk": EstimatorNeeds(groups=True, options=("norm_adv_by_std",)),
+    "opo": EstimatorNeeds(groups=True),
 }
 
 
