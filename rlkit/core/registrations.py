@@ -33,6 +33,7 @@ ADV_ESTIMATORS = Registry(
         "reinforce_plus_plus_baseline": f"{_ADV}:reinforce_plus_plus_baseline",
         "grpo_passk": "rlkit.core.algos.grpo_passk:grpo_passk",
         "opo": "rlkit.core.algos.opo:opo",
+        "optimal_token_baseline": "rlkit.core.algos.optimal_token_baseline:optimal_token_baseline",
     },
 )
 POLICY_LOSSES = Registry(

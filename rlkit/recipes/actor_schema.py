@@ -149,9 +149,12 @@ class DynamicSamplingConfig(Section):
 class AlgorithmConfig(Section):
     adv_estimator: str = Field(
         "grpo",
-        description="Registered advantage estimator: grpo, gae, rloo, remax, reinforce_plus_plus, ...",
+        description="Registered advantage estimator: grpo, gae, rloo, remax, reinforce_plus_plus, grpo_passk, opo, "
+        "optimal_token_baseline, ... (docs/algorithms.md).",
     )
-    norm_adv_by_std: bool = Field(True, description="GRPO: divide by the group std (false = Dr.GRPO).")
+    norm_adv_by_std: bool = Field(
+        True, description="grpo and grpo_passk: divide by the group std (false = Dr.GRPO; grpo_passk's plain margin)."
+    )
     gamma: float = Field(1.0, ge=0, le=1, description="Discount (gae, reinforce_plus_plus).")
     lam: float = Field(1.0, ge=0, le=1, description="GAE lambda.")
     use_kl_in_reward: bool = Field(False, description="Subtract a per-token KL penalty from the reward (PPO-style).")

@@ -28,6 +28,11 @@ class AdvantageInputs:
     group_ids: Tensor  # [B]; samples of one prompt share an id
     values: Tensor | None = None  # [B,R] critic values, for gae
     baseline_scores: Tensor | None = None  # [B] greedy-rollout score of each sequence's prompt, for remax
+    # The old-log-prob pass's per-token statistics, for optimal_token_baseline: log-probs of the sampled tokens,
+    # sum over the vocabulary of the squared probabilities, and the rollout importance weights when they are on.
+    old_log_probs: Tensor | None = None  # [B,R]
+    sum_pi_squared: Tensor | None = None  # [B,R]
+    rollout_is_weights: Tensor | None = None  # [B,R]
 
 
 def compute_advantages(

@@ -17,6 +17,8 @@ class EstimatorNeeds:
     critic: bool = False  # a value model's per-token values (and its update every step)
     groups: bool = False  # several samples of each prompt, compared with each other (rollout.n >= 2)
     greedy_baseline: bool = False  # one more, greedy, sample per prompt, scored as the baseline
+    # The trainer's old-log-prob pass before the advantages, with each token's sum of squared probabilities.
+    token_stats: bool = False
     options: tuple[str, ...] = ()  # the algorithm.* keys it reads (set on the command line, any other does nothing)
 
 
@@ -29,6 +31,7 @@ ESTIMATOR_NEEDS: dict[str, EstimatorNeeds] = {
     "reinforce_plus_plus_baseline": EstimatorNeeds(groups=True),
     "grpo_passk": EstimatorNeeds(groups=True, options=("norm_adv_by_std",)),
     "opo": EstimatorNeeds(groups=True),
+    "optimal_token_baseline": EstimatorNeeds(groups=True, token_stats=True),
 }
 
 
