@@ -150,8 +150,11 @@ def full_inputs() -> AdvantageInputs:
     rewards = torch.tensor([[0.0, 1.0, 1e3], [0.5, 1e3, 1e3], [0.0, 0.0, 2.0], [1.0, 1e3, 1e3]])
     mask = torch.tensor([[1, 1, 0], [1, 0, 0], [1, 1, 1], [1, 0, 0]], dtype=torch.bool)
     values = torch.where(mask, torch.tensor(0.3), torch.tensor(1e3))
+    old_log_probs = torch.where(mask, torch.tensor(-0.5), torch.tensor(1e3))  # exp(1e3) = inf on padding
+    sum_pi_squared = torch.where(mask, torch.tensor(0.6), torch.tensor(1e3))
     return AdvantageInputs(
-        rewards, mask, torch.tensor([5, 5, 2, 2]), values, torch.tensor([0.2, 0.2, 1.0, 1.0])
+        rewards, mask, torch.tensor([5, 5, 2, 2]), values, torch.tensor([0.2, 0.2, 1.0, 1.0]),
+        old_log_probs=old_log_probs, sum_pi_squared=sum_pi_squared,
     )
 
 
@@ -166,7 +169,8 @@ def test_padding_is_exactly_zero(name: str) -> None:
 
 def test_registry_names() -> None:
     assert ADV_ESTIMATORS.names() == sorted(
-        ["gae", "grpo", "rloo", "remax", "reinforce_plus_plus", "reinforce_plus_plus_baseline"]
+        ["gae", "grpo", "rloo", "remax", "reinforce_plus_plus", "reinforce_plus_plus_baseline", "grpo_passk", "opo",
+         "optimal_token_baseline"]
     )
 
 
@@ -174,10 +178,13 @@ def test_missing_inputs_raise_value_error() -> None:
     inp = full_inputs()
     inp.values = None
     inp.baseline_scores = None
+    inp.old_log_probs = None
     with pytest.raises(ValueError, match="values"):
         compute_advantages("gae", inp)
     with pytest.raises(ValueError, match="baseline_scores"):
         compute_advantages("remax", inp)
+    with pytest.raises(ValueError, match="old_log_probs"):
+        compute_advantages("optimal_token_baseline", inp)
 
 
 def test_unknown_estimator_suggests_closest() -> None:

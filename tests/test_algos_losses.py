@@ -204,9 +204,52 @@ def test_micro_batch_split_is_invariant(mode: str, name: str) -> None:
     (split_grad,) = torch.autograd.grad(split, logp)
     assert split.item() == pytest.approx(full.item(), abs=1e-6)
     assert torch.allclose(split_grad, full_grad, atol=1e-6)
-    # Without the globals each part divides by its own counts, and the sum is wrong.
+    # Without the globals each part divides by its own counts, and the sum is wrong: token-sum alone reads no count.
     naive = run(slice(0, 1), norm_length=5) + run(slice(1, 4), norm_length=5)
-    assert naive.item() != pytest.approx(full.item(), abs=1e-6)
+    assert (naive.item() == pytest.approx(full.item(), abs=1e-6)) is (mode == "token-sum")
+
+
+def test_token_sum_is_the_sum_of_the_valid_token_losses() -> None:
+    loss, mask = agg_batch()
+    # (1 + 2 + 3) + 4 = 10: no normaliser, the padding's 100s unread; the global counts change nothing.
+    assert aggregate_loss(loss, mask, "token-sum").item() == 10.0
+    globals_ = {"global_num_tokens": 8, "global_num_seqs": 4, "norm_length": 5}
+    assert aggregate_loss(loss, mask, "token-sum", **globals_).item() == 10.0
+
+
+# Parts of the 4 sequences below: per rank (ranks split the sequences evenly), its micro-batches.
+SPLITS = {
+    "one rank, one micro-batch": [[[0, 1, 2, 3]]],
+    "one rank, micro-batches of 1 + 3": [[[0], [1, 2, 3]]],
+    "two ranks, one micro-batch each": [[[0, 1]], [[2, 3]]],
+    "two ranks, micro-batches of 1 + 1 and 2": [[[0], [1]], [[2, 3]]],
+    "four ranks": [[[0]], [[1]], [[2]], [[3]]],
+}
+
+
+@pytest.mark.parametrize("split", sorted(SPLITS))
+def test_token_sum_gradient_is_the_same_whatever_the_micro_batches_and_ranks(split: str) -> None:
+    # At ratio 1 (logp = old) no clip binds: the vanilla loss is -A_t per token and its gradient -A_t. The
+    # token-sum of the whole batch then has gradient -A_t on every valid token and 0 on padding. The trainer
+    # (rlkit.core.train.learner) backpropagates each rank's micro-batch loss times the world size and FSDP
+    # averages the ranks' gradients: the gradients of all parts add up, and must give exactly that.
+    old = torch.tensor([[-1.0, -2.0, -0.5], [-0.3, -1.2, 9.0], [-2.0, 9.0, 9.0], [-0.7, -0.1, -0.9]])
+    logp = old.clone().requires_grad_()
+    adv = torch.tensor([[1.0, -2.0, 0.5], [3.0, -1.0, 7.0], [-4.0, 7.0, 7.0], [2.0, 0.25, -0.5]])
+    mask = torch.tensor([[1, 1, 1], [1, 1, 0], [1, 0, 0], [1, 1, 1]], dtype=torch.bool)
+    ranks = SPLITS[split]
+    world = len(ranks)
+    counts = {"global_num_tokens": 9.0, "global_num_seqs": 4.0, "norm_length": 3}  # what the trainer passes
+    rank_grads = []
+    for micro_batches in ranks:
+        grad = torch.zeros_like(logp)
+        for rows in micro_batches:
+            per_token, _ = policy_loss("vanilla", logp[rows], old[rows], adv[rows], mask[rows], clip_ratio_c=3.0)
+            (part,) = torch.autograd.grad(aggregate_loss(per_token, mask[rows], "token-sum", **counts) * world, logp)
+            grad += part
+        rank_grads.append(grad)
+    averaged = torch.stack(rank_grads).mean(0)  # FSDP's reduction over the ranks
+    assert torch.equal(averaged, torch.where(mask, -adv, torch.zeros_like(adv)))
 
 
 def test_value_loss_clipping() -> None:

@@ -27,6 +27,9 @@ def plan_of(config):
     ("rloo", ["data.train_batch_size=16"], "gen old_log_prob ref adv update_actor sync"),  # KL in the reward
     ("remax", ["data.train_batch_size=16"], "gen gen_baseline old_log_prob ref adv update_actor sync"),
     ("ppo", [], "gen old_log_prob values adv update_critic update_actor sync"),
+    # Its estimator reads the pass's log-probs and squared probabilities: the pass runs even with one update.
+    ("grpo", ["data.train_batch_size=16", "actor.use_kl_loss=false", "algorithm.adv_estimator=optimal_token_baseline"],
+     "gen old_log_prob adv update_actor sync"),
 ])
 def test_each_recipe_plans_the_phases_its_algorithm_needs(recipe, overrides, phases):
     assert " ".join(plan_of(load_config(recipe, [*TINY, *overrides])).phases) == phases
@@ -98,6 +101,8 @@ def test_the_dry_run_says_each_phase_once():
     ("grpo", [], "update_actor: vanilla loss + KL to the reference (low_var_kl) x0.001, token-mean"),
     ("grpo-agent-demo", [], "update_actor: vanilla loss + entropy bonus x0.05, token-mean"),
     ("cispo", [], "update_actor: cispo loss, token-mean"),
+    ("grpo", ["algorithm.adv_estimator=optimal_token_baseline"], "old_log_prob: the policy's log-probs before the "
+     "update, with each token's sum of squared probabilities (optimal_token_baseline reads both)"),
     ("ppo", ["critic.warmup_steps=2"],
      "update_actor: vanilla loss, token-mean; the first 2 step(s) train only the critic"),
 ])

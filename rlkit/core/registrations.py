@@ -31,6 +31,9 @@ ADV_ESTIMATORS = Registry(
         "remax": f"{_ADV}:remax",
         "reinforce_plus_plus": f"{_ADV}:reinforce_plus_plus",
         "reinforce_plus_plus_baseline": f"{_ADV}:reinforce_plus_plus_baseline",
+        "grpo_passk": "rlkit.core.algos.grpo_passk:grpo_passk",
+        "opo": "rlkit.core.algos.opo:opo",
+        "optimal_token_baseline": "rlkit.core.algos.optimal_token_baseline:optimal_token_baseline",
     },
 )
 POLICY_LOSSES = Registry(

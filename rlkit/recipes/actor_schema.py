@@ -8,7 +8,7 @@ from pydantic import Field, field_validator
 
 from rlkit.recipes.section import Section
 
-LossAggMode = Literal["token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm"]
+LossAggMode = Literal["token-mean", "token-sum", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm"]
 
 # The truncation of rollout importance weights when none is given (TIS's and verl's default).
 DEFAULT_ROLLOUT_IS_CAP = 2.0
@@ -63,7 +63,12 @@ class ActorConfig(Section):
         "* clip_ratio_c, so a token whose ratio ran far above 1 cannot blow up the update. 3.0 as verl's "
         "default; None disables.",
     )
-    loss_agg_mode: LossAggMode = Field("token-mean", description="How per-token losses become one number.")
+    loss_agg_mode: LossAggMode = Field(
+        "token-mean",
+        description="How per-token losses become one number: token-mean, token-sum (no normaliser: the gradient "
+        "grows with the tokens of a mini-batch), seq-mean-token-mean, seq-mean-token-sum, seq-mean-token-sum-norm "
+        "(docs/algorithms.md, Loss aggregation).",
+    )
     entropy_coeff: float = Field(0.0, ge=0, description="Entropy bonus weight (0 = off).")
     use_kl_loss: bool = Field(False, description="Add a KL(policy || reference) term to the loss (GRPO-style).")
     kl_loss_coef: float = Field(0.001, ge=0, description="Weight of the KL loss term.")
@@ -144,9 +149,12 @@ class DynamicSamplingConfig(Section):
 class AlgorithmConfig(Section):
     adv_estimator: str = Field(
         "grpo",
-        description="Registered advantage estimator: grpo, gae, rloo, remax, reinforce_plus_plus, ...",
+        description="Registered advantage estimator: grpo, gae, rloo, remax, reinforce_plus_plus, grpo_passk, opo, "
+        "optimal_token_baseline, ... (docs/algorithms.md).",
     )
-    norm_adv_by_std: bool = Field(True, description="GRPO: divide by the group std (false = Dr.GRPO).")
+    norm_adv_by_std: bool = Field(
+        True, description="grpo and grpo_passk: divide by the group std (false = Dr.GRPO; grpo_passk's plain margin)."
+    )
     gamma: float = Field(1.0, ge=0, le=1, description="Discount (gae, reinforce_plus_plus).")
     lam: float = Field(1.0, ge=0, le=1, description="GAE lambda.")
     use_kl_in_reward: bool = Field(False, description="Subtract a per-token KL penalty from the reward (PPO-style).")

@@ -248,6 +248,12 @@ def check_algorithm(
             "is 0 with algorithm.use_kl_in_reward=true, so a reference model would "
             "load for a penalty that is always 0; set a coefficient > 0 or use_kl_in_reward=false",
         )
+    if algorithm.token_stats and algorithm.old_log_probs == "rollout":
+        fail(
+            "actor.old_log_probs",
+            f"adv_estimator={algo.adv_estimator} reads each token's probabilities from the trainer's old-log-prob "
+            "pass, which actor.old_log_probs=rollout leaves out; use auto or recompute",
+        )
     if algorithm.group_filter and rollout.n < 2:
         fail(
             "algorithm.dynamic_sampling.enable",

@@ -28,6 +28,11 @@ class AdvantageInputs:
     group_ids: Tensor  # [B]; samples of one prompt share an id
     values: Tensor | None = None  # [B,R] critic values, for gae
     baseline_scores: Tensor | None = None  # [B] greedy-rollout score of each sequence's prompt, for remax
+    # The old-log-prob pass's per-token statistics, for optimal_token_baseline: log-probs of the sampled tokens,
+    # sum over the vocabulary of the squared probabilities, and the rollout importance weights when they are on.
+    old_log_probs: Tensor | None = None  # [B,R]
+    sum_pi_squared: Tensor | None = None  # [B,R]
+    rollout_is_weights: Tensor | None = None  # [B,R]
 
 
 def compute_advantages(
@@ -57,6 +62,17 @@ def group_index(group_ids: Tensor) -> tuple[Tensor, Tensor]:
     return index, counts
 
 
+def shift_by_group_first(x: Tensor, index: Tensor, counts: Tensor) -> Tensor:
+    """``x`` minus the first element of its group (``index``: group of each element, ``counts``: group sizes).
+
+    A group statistic of the shifted values is exactly 0 for a group whose values are all equal: no rounding
+    residue of a sum of equal floats survives into an advantage.
+    """
+    positions = torch.arange(x.numel(), device=x.device)
+    first = torch.full_like(counts, x.numel()).scatter_reduce_(0, index, positions, "amin")
+    return x - x[first][index]
+
+
 def group_centred(scores: Tensor, group_ids: Tensor) -> tuple[Tensor, Tensor, Tensor]:
     """Per-sequence (score - group mean, unbiased group std, group size), each ``[B]``, in float64.
 
@@ -71,9 +87,7 @@ def group_centred(scores: Tensor, group_ids: Tensor) -> tuple[Tensor, Tensor, Te
     """
     index, counts = group_index(group_ids)
     x = scores.to(torch.float64)
-    positions = torch.arange(x.numel(), device=x.device)
-    first = torch.full_like(counts, x.numel()).scatter_reduce_(0, index, positions, "amin")
-    shifted = x - x[first][index]
+    shifted = shift_by_group_first(x, index, counts)
     counts_f = counts.to(torch.float64)
     shift_mean = torch.zeros_like(counts_f).index_add_(0, index, shifted) / counts_f
     centred = shifted - shift_mean[index]

@@ -56,6 +56,9 @@ class Algorithm:
     kl_loss_type: str  # the KL loss's estimator
     old_log_probs: OldLogProbs
     greedy_baseline: bool  # an extra rollout: one greedy sample per prompt, scored as its baseline (ReMax)
+    # The old-log-prob pass also returns each token's sum of squared probabilities, which the estimator reads
+    # with the old log-probs (optimal_token_baseline); the pass then always runs, before the advantages.
+    token_stats: bool
     group_filter: bool  # groups whose samples all scored the same are dropped and refilled (DAPO)
     max_gen_rounds: int  # generation rounds a step may take (1 without the group filter)
     rollout_log_probs: bool  # the math reads the engine's log-probs on every step
@@ -102,8 +105,8 @@ class Algorithm:
         old: OldLogProbs = "trainer"
         if actor.old_log_probs == "rollout":
             old = "rollout"
-        elif actor.old_log_probs == "auto" and one_update and not algo.use_kl_in_reward:
-            old = "update"
+        elif actor.old_log_probs == "auto" and one_update and not algo.use_kl_in_reward and not needs.token_stats:
+            old = "update"  # nothing before the update reads log-probs, so the update's own are the old ones
         group_filter = rl and algo.dynamic_sampling.enable
         return cls(
             estimator=algo.adv_estimator,
@@ -119,6 +122,7 @@ class Algorithm:
             kl_loss_type=actor.kl_loss_type,
             old_log_probs=old,
             greedy_baseline=rl and needs.greedy_baseline,
+            token_stats=rl and needs.token_stats,
             group_filter=group_filter,
             max_gen_rounds=algo.dynamic_sampling.max_gen_rounds if group_filter else 1,
             rollout_log_probs=actor.old_log_probs == "rollout" or correction is not None,
@@ -144,11 +148,13 @@ class Algorithm:
     def advantage_inputs(self, batch: Batch, kl_ctrl: AdaptiveKLController | FixedKLController) -> AdvantageInputs:
         """What the estimator reads of a scored batch: each score on its response's last policy token, less the
         in-reward KL penalty when it is on (coefficient `kl_ctrl.value`; the batch's KL then moves `kl_ctrl`),
-        the critic's values and the greedy baseline's scores when the algorithm has them."""
+        the critic's values and the greedy baseline's scores when the algorithm has them, and the old-log-prob
+        pass's token statistics with the rollout importance weights (when they are on) for `token_stats`."""
         import torch
 
         from rlkit.core.algos.advantages import AdvantageInputs
         from rlkit.core.algos.kl import apply_kl_penalty
+        from rlkit.core.algos.losses import rollout_importance_weights
 
         mask = batch["response_mask"]
         last = (mask > 0).long().cumsum(-1).argmax(-1)  # the policy's last token (a loss mask may have holes)
@@ -158,12 +164,21 @@ class Algorithm:
             old, ref, coef = batch["old_log_probs"], batch["ref_log_probs"], kl_ctrl.value
             token_rewards, kl = apply_kl_penalty(token_rewards, old, ref, mask, coef=coef, kind=self.kl_penalty)
             kl_ctrl.update(float(kl), len(batch))
+        stats: dict[str, Tensor] = {}
+        if self.token_stats:
+            stats = {"old_log_probs": batch["old_log_probs"], "sum_pi_squared": batch["sum_pi_squared"]}
+            if self.rollout_correction is not None:  # the same weights the update puts on the tokens' losses
+                level, cap = self.rollout_correction
+                stats["rollout_is_weights"] = rollout_importance_weights(
+                    batch["old_log_probs"], batch["rollout_log_probs"], cap, level=level, response_mask=mask
+                )
         return AdvantageInputs(
             token_rewards,
             mask,
             batch["group_ids"],
             values=batch["values"] if self.critic else None,
             baseline_scores=batch["baseline_scores"] if self.greedy_baseline else None,
+            **stats,
         )
 
     def advantages(self, inputs: AdvantageInputs) -> tuple[Tensor, Tensor]:

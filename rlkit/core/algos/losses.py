@@ -19,7 +19,7 @@ from rlkit.core.algos.tensor_math import SEQ_LOG_RATIO_MAX, TOKEN_LOG_RATIO_BOUN
 from rlkit.core.registrations import POLICY_LOSSES
 from rlkit.recipes.actor_schema import DEFAULT_CLIP_RATIO_C
 
-AGG_MODES = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm")
+AGG_MODES = ("token-mean", "token-sum", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm")
 
 
 def policy_loss(
@@ -230,6 +230,8 @@ def aggregate_loss(
     None, this batch's own counts are used, which is right only when the batch is not split.
 
     - token-mean:              sum(loss) / num_tokens
+    - token-sum:               sum(loss), no normaliser (verl's token-sum): the parts' sums add up to the
+      mini-batch's whatever the split, so it reads no count; its gradient grows with the mini-batch's tokens
     - seq-mean-token-mean:     sum_i mean_t(loss_i,t) / num_seqs
     - seq-mean-token-sum:      sum(loss) / num_seqs
     - seq-mean-token-sum-norm: sum(loss) / (num_seqs * norm_length), norm_length defaulting to R
@@ -241,6 +243,8 @@ def aggregate_loss(
     if mode == "token-mean":
         num_tokens = mask_f.sum().clamp(min=1) if global_num_tokens is None else global_num_tokens
         return loss.sum() / num_tokens
+    if mode == "token-sum":
+        return loss.sum()
     if mode not in AGG_MODES:
         close = difflib.get_close_matches(mode, AGG_MODES, n=1)
         hint = f"; did you mean {close[0]!r}?" if close else ""

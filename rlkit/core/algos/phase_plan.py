@@ -75,6 +75,8 @@ def describe(plan: PhasePlan, algorithm: Algorithm, rollout: RolloutConfig, *, t
         if algorithm.old_log_probs != "rollout"
         else "old_log_prob: the engine's log-probs are the old ones (actor.old_log_probs=rollout)"
     )
+    if algorithm.token_stats:
+        old += f", with each token's sum of squared probabilities ({algorithm.estimator} reads both)"
     words = {
         "gen": (
             f"gen: up to {plan.gen_rounds} rounds of {prompts} prompts per step, until "

@@ -149,7 +149,8 @@ class Controller:
         if self.algorithm.old_log_probs == "rollout":
             return {"old_log_probs": batch["rollout_log_probs"]}
         out = self.log_probs(batch, "actor")
-        return {"old_log_probs": out["log_probs"], "entropy": out["entropy"]}
+        stats = {"sum_pi_squared": out["sum_pi_squared"]} if self.algorithm.token_stats else {}
+        return {"old_log_probs": out["log_probs"], "entropy": out["entropy"], **stats}
 
     def advantages(self, batch: Batch) -> dict[str, torch.Tensor]:
         inputs = self.algorithm.advantage_inputs(batch, self.kl_ctrl)  # moves the in-reward KL coefficient

@@ -25,7 +25,7 @@ from rlkit.core.state import shards as checkpoint_shards
 from rlkit.core.train import fsdp, packing
 from rlkit.core.train.fast_paths import FastPaths
 from rlkit.core.train.learner import micro_batches, optimize
-from rlkit.core.train.logprobs import selected_log_probs
+from rlkit.core.train.logprobs import selected_log_probs, sum_squared_probs
 from rlkit.core.train.model import TrainableModel
 from rlkit.core.train.offline_worker import OfflineUpdates
 from rlkit.recipes.actor_schema import ActorConfig
@@ -40,19 +40,25 @@ def response_log_probs(
     micro_batch_tokens: int,
     temperature: float,
     with_entropy: bool,
+    with_sum_pi_squared: bool = False,
 ) -> dict[str, torch.Tensor]:
     """Per-token log-probs (and entropy, or zeros) of the batch's responses under `module`, packed
-    micro-batch by micro-batch; 0 on padding."""
+    micro-batch by micro-batch; 0 on padding. `with_sum_pi_squared`: also "sum_pi_squared", each token's
+    sum over the vocabulary of its squared probabilities."""
     log_probs = torch.zeros(batch["responses"].shape)
     entropy = torch.zeros(batch["responses"].shape)
+    sum_pi_squared = torch.zeros(batch["responses"].shape)
     for rows in micro_batches(batch, micro_batch_tokens):
         packed = packing.pack(batch.select(rows)).to(device)
         logits = fsdp.packed_outputs(module, packed)
+        if with_sum_pi_squared:  # first: with fp32 logits, selected_log_probs divides them by T in place
+            sum_pi_squared[rows] = packed.scatter(sum_squared_probs(logits, temperature)).cpu()
         lp, ent = selected_log_probs(logits, packed.targets, temperature, with_entropy=with_entropy)
         log_probs[rows] = packed.scatter(lp).cpu()
         entropy[rows] = packed.scatter(ent).cpu()
     mask = batch["response_mask"]
-    return {"log_probs": log_probs * mask, "entropy": entropy * mask}
+    out = {"log_probs": log_probs * mask, "entropy": entropy * mask}
+    return {**out, "sum_pi_squared": sum_pi_squared * mask} if with_sum_pi_squared else out
 
 
 class Actor(Role, OfflineUpdates):
@@ -90,7 +96,8 @@ class Actor(Role, OfflineUpdates):
     @torch.no_grad()
     @in_phase("log_probs/actor")
     def actor_log_probs(self, batch: Batch) -> dict[str, torch.Tensor]:
-        """Per-token log-probs and entropy of the batch's responses under the actor."""
+        """Per-token log-probs and entropy of the batch's responses under the actor, and each token's sum of
+        squared probabilities when the algorithm's estimator reads it (Algorithm.token_stats)."""
         self.model.module.eval()  # the update switches it back to train()
         return response_log_probs(
             self.model.module,
@@ -99,6 +106,7 @@ class Actor(Role, OfflineUpdates):
             micro_batch_tokens=self.fast_paths.micro_batch_tokens,
             temperature=self.temperature,
             with_entropy=True,
+            with_sum_pi_squared=self.algorithm.token_stats,
         )
 
     @in_phase("update_actor")

@@ -123,6 +123,21 @@ def selected_log_probs(
     return SelectedLogProbs.apply(logits, targets, temperature, with_entropy)
 
 
+@torch.no_grad()
+def sum_squared_probs(logits: torch.Tensor, temperature: float = 1.0) -> torch.Tensor:
+    """sum_v softmax(logits / T)_v^2 per row [K], in fp32, a chunk of rows at a time (no gradient).
+
+    Computed as exp(logsumexp(2x) - 2 logsumexp(x)): no probability is squared, so none underflows first.
+    The optimal token baseline's gradient-energy proxy reads it (rlkit.core.algos.optimal_token_baseline).
+    """
+    out = logits.new_empty(logits.shape[0], dtype=torch.float32)
+    step = _chunk_tokens(logits.shape[-1])
+    for start in range(0, logits.shape[0], step):
+        x = logits[start : start + step].float() / temperature
+        out[start : start + step] = torch.exp(torch.logsumexp(2 * x, dim=-1) - 2 * torch.logsumexp(x, dim=-1))
+    return out
+
+
 class _NoCtx:
     """Stands in for autograd's context when nothing will be differentiated."""
 
