@@ -50,7 +50,7 @@ def test_the_planner_prices_exactly_the_planned_phases():
 
 
 RL_RECIPES = ("grpo", "drgrpo", "dapo", "remax", "rloo", "reinforce_pp", "cispo", "gmpo", "gspo", "sapo", "ppo",
-              "grpo-demo", "grpo-agent-demo")
+              "clip_cov", "kl_cov", "grpo-demo", "grpo-agent-demo")
 SPLIT = ["rollout.placement=split", "rollout.devices=1", "trainer.n_gpus_per_node=2"]
 SMALL = ModelShape(params=1000, layers=2, hidden=8, intermediate=16, heads=2, kv_heads=1, head_dim=4, vocab=32,
                    layer_params=400, root_params=200)
@@ -98,6 +98,7 @@ def test_the_dry_run_says_each_phase_once():
     ("grpo", [], "update_actor: vanilla loss + KL to the reference (low_var_kl) x0.001, token-mean"),
     ("grpo-agent-demo", [], "update_actor: vanilla loss + entropy bonus x0.05, token-mean"),
     ("cispo", [], "update_actor: cispo loss, token-mean"),
+    ("kl_cov", [], "update_actor: kl_cov loss, token-mean"),
     ("ppo", ["critic.warmup_steps=2"],
      "update_actor: vanilla loss, token-mean; the first 2 step(s) train only the critic"),
 ])
