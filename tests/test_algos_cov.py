@@ -136,6 +136,23 @@ def test_on_policy_kl_cov_is_the_policy_gradient_as_vanilla():
     assert torch.equal(grad, ppo_grad) and grad[0, :4].tolist() == [-2.0, -1.0, 1.0, 2.0]
 
 
+def test_equal_advantages_and_an_all_padding_batch():
+    # A group whose scores are all equal: A = 0 everywhere, so every cov_t is 0. Clip-Cov finds nothing inside
+    # (1, 5) and is PPO (no gradient at all); KL-Cov still penalises its one token, the first of the ties
+    # (token 0, |ln 1.25| = .223144, gradient sign(ln 1.25) = 1), pulling that ratio back to 1.
+    log_probs, old, advantages, mask = kl_cov_batch()
+    zero = torch.zeros_like(advantages)
+    loss, grad, metrics = gradient("clip_cov", log_probs, old, zero, mask)
+    assert not grad.any() and metrics["clip_cov_frac"].item() == 0.0
+    loss, grad, _ = gradient("kl_cov", log_probs, old, zero, mask)
+    assert torch.allclose(loss, torch.tensor([[0.223144, 0.0, 0.0, 0.0, 0.0]]), atol=1e-6)
+    assert grad.tolist() == [[1.0, 0.0, 0.0, 0.0, 0.0]]
+    # No valid token: nothing is chosen, every loss is 0.
+    for name in ("clip_cov", "kl_cov"):
+        loss, grad, metrics = gradient(name, log_probs, old, advantages, torch.zeros_like(mask))
+        assert not loss.any() and not grad.any() and all(v.item() == 0.0 for v in metrics.values())
+
+
 def test_the_options_and_their_checks():
     assert loss_options("clip_cov") == {"clip_ratio_low": 0.2, "clip_ratio_high": 0.2, "clip_ratio_c": 3.0,
                                         "clip_cov_ratio": 2e-4, "clip_cov_lb": 1.0, "clip_cov_ub": 5.0}

@@ -90,3 +90,14 @@ def test_the_options_and_their_checks():
     for name in ("dppo_tv", "dppo_kl"):
         with pytest.raises(ValueError, match="needs clip_divergence_low, clip_divergence_high, ratio_cap > 0"):
             policy_loss(name, *batch(), clip_divergence_low=0.0)
+
+
+@pytest.mark.parametrize("name", ["dppo_tv", "dppo_kl"])
+def test_equal_advantages_and_an_all_padding_batch(name):
+    # A = 0 (a group of equal scores): no token pushes, loss and gradient 0 everywhere. A <= 0 is judged by the
+    # lower threshold, so only token 3 (pi .9 -> .7) counts as masked: 1 of 6.
+    log_probs, old, advantages, mask = batch()
+    loss, grad, metrics = run(name, log_probs, old, torch.zeros_like(advantages), mask)
+    assert not loss.any() and not grad.any() and metrics["pg_clipfrac"].item() == pytest.approx(1 / 6)
+    loss, grad, metrics = run(name, log_probs, old, advantages, torch.zeros_like(mask))
+    assert not loss.any() and not grad.any() and all(v.item() == 0.0 for v in metrics.values())
