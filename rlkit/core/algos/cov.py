@@ -89,7 +89,9 @@ def clip_cov(
     clip_cov_lb: float = 1.0,
     clip_cov_ub: float = 5.0,
 ) -> tuple[Tensor, dict[str, Tensor]]:
-    """Per-token Clip-Cov loss [B,R] (PPO's, with a few high-covariance tokens detached; 0 on padding)."""
+    """Per-token Clip-Cov loss [B,R] (0 on padding) and metrics (arXiv 2505.22617): PPO's clipped surrogate,
+    with max(1, int(clip_cov_ratio * N)) tokens drawn among those with clip_cov_lb < cov_t < clip_cov_ub whose
+    surrogate still has a gradient, and detached. clip_ratio_low/high/c: PPO's, from the actor's keys."""
     if not (0 < clip_cov_ratio <= 1 and clip_cov_lb < clip_cov_ub):
         raise ValueError(
             f"Clip-Cov needs 0 < clip_cov_ratio <= 1 and clip_cov_lb < clip_cov_ub, got {clip_cov_ratio}, "
@@ -131,7 +133,8 @@ def kl_cov(
     kl_cov_ratio: float = 2e-4,
     ppo_kl_coef: float = 1.0,
 ) -> tuple[Tensor, dict[str, Tensor]]:
-    """Per-token KL-Cov loss [B,R] (-A r, plus a |log r| penalty on the top-covariance tokens; 0 on padding)."""
+    """Per-token KL-Cov loss [B,R] (0 on padding) and metrics (arXiv 2505.22617): loss_t = -A_t r_t, plus
+    ppo_kl_coef * |log r_t| on the max(1, int(kl_cov_ratio * N)) tokens of largest cov_t (ties: the earlier)."""
     if not (0 < kl_cov_ratio <= 1 and ppo_kl_coef >= 0):
         raise ValueError(f"KL-Cov needs 0 < kl_cov_ratio <= 1 and ppo_kl_coef >= 0, got {kl_cov_ratio}, {ppo_kl_coef}")
     mask = response_mask.bool()

@@ -74,7 +74,9 @@ def dppo_tv(
     clip_divergence_high: float = 0.15,
     ratio_cap: float = 20.0,
 ) -> tuple[Tensor, dict[str, Tensor]]:
-    """Per-token DPPO-Binary-TV loss [B,R] (0 on padding): the mask is on p - q, the change of probability."""
+    """Per-token DPPO-Binary-TV loss [B,R] (0 on padding) and metrics (arXiv 2602.04879):
+    -A sg(min(r, ratio_cap)) m log pi, m = 0 where p - q > clip_divergence_high (A > 0) or q - p >
+    clip_divergence_low (A <= 0), p and q the sampled token's new and old probabilities."""
     _check("DPPO-TV", clip_divergence_low, clip_divergence_high, ratio_cap)
     mask = response_mask.bool()
     log_probs = torch.where(mask, log_probs, torch.zeros_like(log_probs))  # padding may hold garbage (even inf)
@@ -93,7 +95,9 @@ def dppo_kl(
     clip_divergence_high: float = 0.05,
     ratio_cap: float = 20.0,
 ) -> tuple[Tensor, dict[str, Tensor]]:
-    """Per-token DPPO-Binary-KL loss [B,R] (0 on padding): the mask is on KL(Bern(q) || Bern(p))."""
+    """Per-token DPPO-Binary-KL loss [B,R] (0 on padding) and metrics (arXiv 2602.04879):
+    -A sg(min(r, ratio_cap)) m log pi, m = 0 where D = KL(Bern(q) || Bern(p)) exceeds clip_divergence_high with
+    p > q (A > 0), or clip_divergence_low with p < q (A <= 0)."""
     _check("DPPO-KL", clip_divergence_low, clip_divergence_high, ratio_cap)
     mask = response_mask.bool()
     zeros = torch.zeros_like(log_probs)
