@@ -61,7 +61,8 @@ def test_on_policy_cispo_has_vanillas_gradient():
 
 
 def test_each_loss_declares_its_options_and_nothing_else_reaches_it():
-    assert POLICY_LOSSES.names() == ["cispo", "geo_mean", "gmpo", "gpg", "gspo", "sapo", "vanilla"]
+    assert POLICY_LOSSES.names() == ["cispo", "clip_cov", "dppo_kl", "dppo_tv", "geo_mean", "gmpo",
+                                     "gpg", "gspo", "kl_cov", "sapo", "vanilla"]
     assert loss_options("cispo") == {"is_clip_low": 1.0, "is_clip_high": 0.28}
     assert loss_options("gmpo") == {"log_clip_low": 0.4, "log_clip_high": 0.4} and loss_options("gpg") == {}
     assert set(loss_options("vanilla")) == {"clip_ratio_low", "clip_ratio_high", "clip_ratio_c"}

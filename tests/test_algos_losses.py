@@ -287,7 +287,8 @@ def test_entropy_from_logits() -> None:
 
 def test_unknown_names_suggest_closest() -> None:
     logp, old, adv, mask = ratios_batch([1.0], [1.0])
-    assert POLICY_LOSSES.names() == ["cispo", "geo_mean", "gmpo", "gpg", "gspo", "sapo", "vanilla"]
+    assert POLICY_LOSSES.names() == ["cispo", "clip_cov", "dppo_kl", "dppo_tv", "geo_mean", "gmpo",
+                                     "gpg", "gspo", "kl_cov", "sapo", "vanilla"]
     with pytest.raises(KeyError, match="did you mean 'vanilla'"):
         policy_loss("vanila", logp, old, adv, mask)
     with pytest.raises(KeyError, match="did you mean 'token-mean'"):

@@ -53,7 +53,7 @@ def test_the_planner_prices_exactly_the_planned_phases():
 
 
 RL_RECIPES = ("grpo", "drgrpo", "dapo", "remax", "rloo", "reinforce_pp", "cispo", "gmpo", "gspo", "sapo", "ppo",
-              "grpo-demo", "grpo-agent-demo")
+              "clip_cov", "kl_cov", "grpo-demo", "grpo-agent-demo")
 SPLIT = ["rollout.placement=split", "rollout.devices=1", "trainer.n_gpus_per_node=2"]
 SMALL = ModelShape(params=1000, layers=2, hidden=8, intermediate=16, heads=2, kv_heads=1, head_dim=4, vocab=32,
                    layer_params=400, root_params=200)
@@ -103,6 +103,7 @@ def test_the_dry_run_says_each_phase_once():
     ("cispo", [], "update_actor: cispo loss, token-mean"),
     ("grpo", ["algorithm.adv_estimator=optimal_token_baseline"], "old_log_prob: the policy's log-probs before the "
      "update, with each token's sum of squared probabilities (optimal_token_baseline reads both)"),
+    ("kl_cov", [], "update_actor: kl_cov loss, token-mean"),
     ("ppo", ["critic.warmup_steps=2"],
      "update_actor: vanilla loss, token-mean; the first 2 step(s) train only the critic"),
 ])

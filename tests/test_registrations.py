@@ -49,7 +49,8 @@ def test_the_built_in_names():
     assert registrations.KL_ESTIMATORS.names() == ["abs", "k1", "k1+", "k2", "k3", "k3+", "kl", "low_var_kl",
                                                    "low_var_kl+", "mse"]
     assert registrations.KL_ESTIMATORS.get("kl") is registrations.KL_ESTIMATORS.get("k1")  # an alias
-    assert registrations.POLICY_LOSSES.names() == ["cispo", "geo_mean", "gmpo", "gpg", "gspo", "sapo", "vanilla"]
+    assert registrations.POLICY_LOSSES.names() == ["cispo", "clip_cov", "dppo_kl", "dppo_tv", "geo_mean", "gmpo",
+                                                   "gpg", "gspo", "kl_cov", "sapo", "vanilla"]
     assert registrations.POLICY_LOSSES.get("geo_mean") is registrations.POLICY_LOSSES.get("gmpo")  # verl's name
     assert registrations.ENGINES.names() == ["hf", "sglang", "vllm"]
     assert registrations.BUILTIN_TOOLS.names() == ["calculator", "lookup", "python"]

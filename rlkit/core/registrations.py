@@ -42,6 +42,10 @@ POLICY_LOSSES = Registry(
         "vanilla": f"{_LOSSES}:vanilla",
         "gspo": f"{_LOSSES}:gspo",
         "cispo": "rlkit.core.algos.cispo:cispo",
+        "clip_cov": "rlkit.core.algos.cov:clip_cov",
+        "kl_cov": "rlkit.core.algos.cov:kl_cov",
+        "dppo_tv": "rlkit.core.algos.dppo:dppo_tv",
+        "dppo_kl": "rlkit.core.algos.dppo:dppo_kl",
         "gmpo": "rlkit.core.algos.gmpo:gmpo",
         "geo_mean": "rlkit.core.algos.gmpo:gmpo",  # verl's name for GMPO
         "gpg": "rlkit.core.algos.gpg:gpg",
