@@ -121,3 +121,11 @@ def test_update_with_its_own_old_log_probs_equals_recomputing_them(tmp_path):
     # Importance weights of 2 on every token double the policy-gradient loss (token-mean).
     assert abs(out["weighted"]["actor/rollout_is_weight"] - 2.0) < 1e-5
     assert abs(out["weighted"]["actor/pg_loss"] - 2 * from_update["actor/pg_loss"]) < 1e-5
+    # Its diagnostics, summed over the micro-batches (rlkit.core.algos.rollout_correction): equal weights are a
+    # full sample (ESS 1); chi2_token = E[r^2] - 1 = 4 - 1; the responses have 1, 2, 2, 3, 3, 1, 1, 2 tokens, so
+    # chi2_seq = mean(4^length) - 1 = (4 + 16 + 16 + 64 + 64 + 4 + 4 + 16) / 8 - 1 = 22.5.
+    weighted = out["weighted"]
+    assert abs(weighted["rollout_corr/rollout_is_eff_sample_size"] - 1.0) < 1e-5
+    assert abs(weighted["rollout_corr/chi2_token"] - 3.0) < 1e-4
+    assert abs(weighted["rollout_corr/chi2_seq"] - 22.5) < 1e-3
+    assert not any(k.startswith("rollout_corr") for k in from_update)  # no correction, no diagnostics

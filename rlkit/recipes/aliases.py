@@ -45,8 +45,7 @@ VERL_ALIASES: dict[str, str] = {
     "reward_model.overlong_buffer.enable": "reward.overlong_buffer.enable",
     "reward_model.overlong_buffer.len": "reward.overlong_buffer.length",
     "reward_model.overlong_buffer.penalty_factor": "reward.overlong_buffer.penalty_factor",
-    "algorithm.rollout_correction.rollout_is": "actor.rollout_is",
-    "algorithm.rollout_correction.rollout_is_threshold": "actor.rollout_is_cap",
+    "algorithm.rollout_correction": "actor.rollout_correction",  # rollout_is, rollout_is_threshold, rollout_rs, ...
     "trainer.total_training_steps": "trainer.total_steps",
     "trainer.test_freq": "trainer.val_freq",
     f"{_ARR}.rollout.val_kwargs.n": "trainer.val_n",
