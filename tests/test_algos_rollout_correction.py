@@ -214,6 +214,9 @@ RC = "actor.rollout_correction"
      f"{RC}.rollout_rs (command line): with actor.old_log_probs=rollout the old and rollout log-probs are the same"),
     (["actor.rollout_is_cap=3", f"{RC}.rollout_is_threshold=3"],
      f"actor.rollout_is_cap is the earlier spelling of {RC}.rollout_is_threshold, which is set too: keep one"),
+    (["actor.rollout_is=tokn"], "actor.rollout_is='tokn' (command line): Input should be 'auto', 'token' or"),
+    (["algorithm.rollout_correction.bypass_mode=true"], "algorithm.rollout_correction.bypass_mode (command line) is "
+                                                        "verl's key: actor.old_log_probs=rollout takes the engine's"),
     ([f"{RC}.rollout_is_threshold=0.5_4.0", f"{RC}.rollout_is_threshold_lower=0.5"],
      "rollout_is_threshold='0.5_4.0' sets a lower bound and so does rollout_is_threshold_lower: keep one"),
 ])
