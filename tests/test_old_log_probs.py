@@ -14,6 +14,7 @@ import torch
 import torch.distributed as dist
 
 from rlkit.core.algos.algorithm import Algorithm
+from rlkit.core.algos.rollout_correction import CorrectionOptions
 from rlkit.core.algos.update_inputs import UpdateInputs
 from rlkit.core.batch import Batch, build_batch
 from rlkit.core.cluster.device_worker import free_port
@@ -35,6 +36,12 @@ OWN_OLD = UpdateInputs(old_log_probs_from_update=True, rollout_log_probs=False, 
                        reference=True)  # the update's own old log-probs, a KL loss (tests/test_lora.py)
 WEIGHTED = UpdateInputs(old_log_probs_from_update=True, rollout_log_probs=True, rollout_correction=("token", 3.0),
                         reference=True)
+# The same weights divided by their batch mean (2): 1 again; rejection by token_k1 in [1/1.5, 1.5], which an
+# engine at half the trainer's probability (pi_rollout / pi_old = 0.5) leaves no token of (docs/algorithms.md).
+NORMALISED = UpdateInputs(True, True, ("token", 3.0), True, rollout_is_weight_mean=2.0,
+                          rollout_correction_options=CorrectionOptions(batch_normalize=True))
+REJECTED = UpdateInputs(True, True, None, True,
+                        rollout_correction_options=CorrectionOptions(rs="token_k1", rs_threshold=1.5))
 
 
 def _batch() -> Batch:
@@ -90,10 +97,15 @@ def _update_both_ways(folder: str) -> None:
         halved = Batch({**batch.tensors, "rollout_log_probs": (recomputed["log_probs"] - math.log(2))
                         * batch["response_mask"]})
         weighted = _update(worker, halved, WEIGHTED)
+        worker.load_checkpoint(f"{folder}/start")
+        normalised = _update(worker, halved, NORMALISED)
+        worker.load_checkpoint(f"{folder}/start")
+        rejected = _update(worker, halved, REJECTED)
     finally:
         dist.destroy_process_group()
     torch.save(dict(batch=batch.tensors, recomputed=recomputed, before=before, after_pass=after_pass,
-                    after_update=after_update, with_pass=with_pass, from_update=from_update, weighted=weighted),
+                    after_update=after_update, with_pass=with_pass, from_update=from_update, weighted=weighted,
+                    normalised=normalised, rejected=rejected),
                f"{folder}/out.pt")
 
 
@@ -121,3 +133,18 @@ def test_update_with_its_own_old_log_probs_equals_recomputing_them(tmp_path):
     # Importance weights of 2 on every token double the policy-gradient loss (token-mean).
     assert abs(out["weighted"]["actor/rollout_is_weight"] - 2.0) < 1e-5
     assert abs(out["weighted"]["actor/pg_loss"] - 2 * from_update["actor/pg_loss"]) < 1e-5
+    # Its diagnostics, summed over the micro-batches (rlkit.core.algos.rollout_correction): equal weights are a
+    # full sample (ESS 1); chi2_token = E[r^2] - 1 = 4 - 1; the responses have 1, 2, 2, 3, 3, 1, 1, 2 tokens, so
+    # chi2_seq = mean(4^length) - 1 = (4 + 16 + 16 + 64 + 64 + 4 + 4 + 16) / 8 - 1 = 22.5.
+    weighted = out["weighted"]
+    assert abs(weighted["rollout_corr/rollout_is_eff_sample_size"] - 1.0) < 1e-5
+    assert abs(weighted["rollout_corr/chi2_token"] - 3.0) < 1e-4
+    assert abs(weighted["rollout_corr/chi2_seq"] - 22.5) < 1e-3
+    assert not any(k.startswith("rollout_corr") for k in from_update)  # no correction, no diagnostics
+    normalised, rejected = out["normalised"], out["rejected"]
+    assert abs(normalised["actor/rollout_is_weight"] - 1.0) < 1e-5
+    assert abs(normalised["actor/pg_loss"] - from_update["actor/pg_loss"]) < 1e-5
+    assert normalised["rollout_corr/rollout_is_batch_norm_factor"] == 2.0
+    assert rejected["actor/pg_loss"] == 0.0 and rejected["actor/rollout_is_weight"] == 0.0
+    assert rejected["rollout_corr/rollout_rs_masked_fraction"] == 1.0
+    assert rejected["rollout_corr/rollout_rs_seq_masked_fraction"] == 1.0

@@ -4,14 +4,13 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import Field, field_validator
+from pydantic import Field, model_validator
 
+from rlkit.recipes.correction_schema import RolloutCorrectionConfig, move_legacy_correction_keys
 from rlkit.recipes.section import Section
 
 LossAggMode = Literal["token-mean", "token-sum", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm"]
 
-# The truncation of rollout importance weights when none is given (TIS's and verl's default).
-DEFAULT_ROLLOUT_IS_CAP = 2.0
 # Dual-clip PPO's cap (verl's default): the config's and the loss functions' own (rlkit.core.algos.losses).
 DEFAULT_CLIP_RATIO_C = 3.0
 # actor.micro_batch_tokens=auto on CPU (rlkit.core.train.fast_paths sizes it on GPUs): memory is not the limit there.
@@ -77,37 +76,26 @@ class ActorConfig(Section):
         description="KL estimator of the loss term: k1, k2, k3/low_var_kl, abs; k1+ and k3+ (low_var_kl+) take "
         "k1's or k3's value with k2's gradient, KL's own (verl's straight-through variants).",
     )
-    rollout_is: Literal["auto", "token", "sequence"] | None = Field(
-        "auto",
-        description="Importance weights that correct for samples the rollout engine drew from another policy than the "
-        "one the update starts from (its numerics, or staleness in rollout.mode one_step_off/async): each "
-        "token's policy loss times min(pi_old / pi_rollout, actor.rollout_is_cap). token: a weight per "
-        "token (TIS). sequence: one weight per sequence, the product of its tokens' ratios, truncated. "
-        "auto: token when rollout.mode is not sync or actor.rollout_is_cap is set, else off. off (or "
-        "null): none. The engine then returns log-probs every step, which costs rollout speed "
-        "(docs/benchmarks.md).",
-    )
-    rollout_is_cap: float | None = Field(
-        None,
-        gt=0,
-        description="Truncation of the importance weights of actor.rollout_is (TIS: Yao et al. 2025; TRL's "
-        "vllm_importance_sampling_correction, verl's rollout_is_threshold). Setting it turns token-level "
-        "weights on in sync mode too. None = 2.0 wherever weights are on.",
+    rollout_correction: RolloutCorrectionConfig = Field(
+        default_factory=RolloutCorrectionConfig,
+        description="Importance weights and rejection between the update's old policy and the rollout engine's "
+        '(docs/algorithms.md, "Rollout correction"); actor.rollout_is and actor.rollout_is_cap are read as '
+        "rollout_correction.rollout_is and rollout_correction.rollout_is_threshold.",
     )
 
-    @field_validator("rollout_is", mode="before")
+    @model_validator(mode="before")
     @classmethod
-    def _off_is_none(cls, value: Any) -> Any:
-        """`off` reads as YAML's false (on the command line too): it means no weights, like null."""
-        return None if value is False or value == "off" else value
+    def _legacy_correction_keys(cls, data: Any) -> Any:
+        """actor.rollout_is and actor.rollout_is_cap, this section's earlier spellings, into rollout_correction."""
+        return move_legacy_correction_keys(data)
 
     old_log_probs: Literal["auto", "recompute", "rollout"] = Field(
         "auto",
         description="Where the PPO ratio's old log-probs come from. recompute: a forward pass of the trainer before "
         "the update. rollout: the engine's (exact only with one optimizer step per RL step). auto: with "
-        "one optimizer step per RL step (ppo_epochs 1, mini_batch_size == train_batch_size) and no KL in "
-        "the reward, the update's own log-probs, detached, which are the old policy's exactly (TRL's "
-        "num_iterations=1), so the pass is skipped; otherwise recompute.",
+        "one optimizer step per RL step (ppo_epochs 1, mini_batch_size == train_batch_size), no KL in "
+        "the reward and no batch-normalised rollout weights, the update's own log-probs, detached, which are "
+        "the old policy's exactly (TRL's num_iterations=1), so the pass is skipped; otherwise recompute.",
     )
 
 

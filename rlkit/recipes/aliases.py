@@ -45,8 +45,7 @@ VERL_ALIASES: dict[str, str] = {
     "reward_model.overlong_buffer.enable": "reward.overlong_buffer.enable",
     "reward_model.overlong_buffer.len": "reward.overlong_buffer.length",
     "reward_model.overlong_buffer.penalty_factor": "reward.overlong_buffer.penalty_factor",
-    "algorithm.rollout_correction.rollout_is": "actor.rollout_is",
-    "algorithm.rollout_correction.rollout_is_threshold": "actor.rollout_is_cap",
+    "algorithm.rollout_correction": "actor.rollout_correction",  # rollout_is, rollout_is_threshold, rollout_rs, ...
     "trainer.total_training_steps": "trainer.total_steps",
     "trainer.test_freq": "trainer.val_freq",
     f"{_ARR}.rollout.val_kwargs.n": "trainer.val_n",
@@ -83,6 +82,10 @@ VERL_ANSWERS: dict[str, str] = {
     f"{_ARR}.rollout.val_kwargs.top_k": "validation samples with rollout.top_k",
     f"{_ARR}.rollout.calculate_log_probs": "the engine returns log-probs every rollout.log_prob_check_freq steps "
     "(1 = every step)",
+    "algorithm.rollout_correction.bypass_mode": "actor.old_log_probs=rollout takes the engine's log-probs as the "
+    "old ones (no rollout correction then: its ratios would all be 1)",
+    "algorithm.rollout_correction.loss_type": "the policy loss is actor.policy_loss (vanilla = PPO clip, "
+    "gpg = the plain policy gradient), whatever actor.old_log_probs is",
 }
 
 # rlkit keys that were renamed: the new spelling, for configs and run dirs written before.
@@ -92,6 +95,13 @@ RENAMED: dict[str, str] = {
 }
 
 
+# rlkit keys read into a section by its schema (rlkit.recipes.correction_schema): a value they are refused for is
+# reported under the key as written.
+READ_INTO: dict[str, str] = {
+    "actor.rollout_is": "actor.rollout_correction.rollout_is",
+    "actor.rollout_is_cap": "actor.rollout_correction.rollout_is_threshold",
+}
+
 # rlkit keys that moved, and their place now: read silently (run dirs written before keep resuming).
 MOVED: dict[str, str] = {
     "rollout.enforce_eager": "rollout.vllm.enforce_eager",
@@ -100,13 +110,14 @@ MOVED: dict[str, str] = {
 
 
 def translate_key(key: str, origin: str) -> str:
-    """Map a verl spelling to ours; refuse known-but-unsupported verl keys with our spelling."""
+    """Map a verl spelling to ours; refuse known-but-unsupported verl keys with our spelling (first: one may sit
+    under an aliased group, as algorithm.rollout_correction.bypass_mode)."""
+    if key in VERL_ANSWERS:
+        raise ConfigError(f"{key} ({origin}) is verl's key: {VERL_ANSWERS[key]}")
     for table in (VERL_ALIASES, MOVED):
         for old, new in table.items():  # a dict-valued key arrives flattened: old.sub -> new.sub
             if key == old or key.startswith(old + "."):
                 return new + key[len(old) :]
-    if key in VERL_ANSWERS:
-        raise ConfigError(f"{key} ({origin}) is verl's key: {VERL_ANSWERS[key]}")
     if key in RENAMED:
         raise ConfigError(f"{key} ({origin}) is {RENAMED[key]}")
     return key

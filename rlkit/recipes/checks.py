@@ -10,6 +10,7 @@ from rlkit.core.algos.phase_plan import describe, phase_plan
 from rlkit.core.registrations import ADV_ESTIMATORS, ENGINES, KL_ESTIMATORS, POLICY_LOSSES
 from rlkit.errors import ConfigError
 from rlkit.recipes.actor_schema import CPU_MICRO_BATCH_TOKENS
+from rlkit.recipes.correction_checks import check_rollout_correction
 from rlkit.recipes.offline_checks import check_offline
 from rlkit.recipes.schema import RLConfig
 
@@ -163,17 +164,7 @@ def check_config(config: RLConfig, origins: dict[str, str] | None = None, *, req
     if config.offline:  # no rollout, reward or advantage: the rest are RL's
         return
     check_rollout_mode(config, algorithm, fail)
-    if algorithm.rollout_correction is not None and algorithm.old_log_probs == "rollout":
-        fail(
-            "actor.rollout_is_cap" if actor.rollout_is_cap is not None else "actor.rollout_is",
-            "with actor.old_log_probs=rollout the old and rollout log-probs are the same, "
-            "so every weight is 1; use actor.old_log_probs=auto or recompute",
-        )
-    if actor.rollout_is is None and actor.rollout_is_cap is not None:
-        fail(
-            "actor.rollout_is_cap",
-            "truncates importance weights that actor.rollout_is=off turns off; remove one of them",
-        )
+    check_rollout_correction(config, algorithm, origins, fail)
     for engine, kwargs, set_by_rlkit in (
         ("vllm", rollout.vllm.engine_kwargs, VLLM_KEYS_SET_BY_RLKIT),
         ("sglang", rollout.sglang.engine_kwargs, SGLANG_KEYS_SET_BY_RLKIT),
@@ -205,7 +196,7 @@ def check_rollout_mode(config: RLConfig, algorithm: Algorithm, fail: Callable[[s
             "actor.old_log_probs",
             f"with rollout.mode={rollout.mode} the engine's log-probs come from an older "
             "policy than the one the update starts from; use auto or recompute (importance weights, "
-            "actor.rollout_is, then correct for the gap)",
+            "actor.rollout_correction, then correct for the gap)",
         )
     if algorithm.group_filter and algorithm.greedy_baseline:
         # The baseline is generated with its batch, ahead; the extra rounds' groups come later, from another

@@ -10,7 +10,7 @@ import yaml
 from pydantic import BaseModel, ValidationError
 
 from rlkit.errors import ConfigError
-from rlkit.recipes.aliases import VERL_ALIASES, VERL_ANSWERS, translate_key
+from rlkit.recipes.aliases import READ_INTO, VERL_ALIASES, VERL_ANSWERS, translate_key
 from rlkit.recipes.schema import RLConfig
 
 BUILTIN_DIR = Path(__file__).parent / "builtin"
@@ -151,10 +151,14 @@ def _explain(exc: ValidationError, origins: dict[str, str], flat: dict[str, Any]
             # Pydantic names the first unknown level (`actor_rollout_ref`); the user wrote whole keys.
             written = [k for k in origins if k == key or k.startswith(key + ".")] or [key]
             lines += [_unknown_key(k, origins.get(k, "recipe")) for k in written]
+        elif err["type"] == "value_error" and isinstance(err.get("input"), dict):  # a section's check: names keys
+            lines.append(f"{key}: {err['msg']}")
         else:
-            value = flat.get(key, err.get("input"))
+            written = next((old for old, new in READ_INTO.items() if new == key and old in origins), key)
+            value = flat.get(written, err.get("input"))
             about = _field_description(key)
-            lines.append(f"{key}={value!r} ({origin}): {err['msg']}" + (f". {key}: {about}" if about else ""))
+            origin = origins.get(written, "recipe")
+            lines.append(f"{written}={value!r} ({origin}): {err['msg']}" + (f". {key}: {about}" if about else ""))
     return "\n".join(lines)
 
 

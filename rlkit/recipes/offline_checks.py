@@ -20,6 +20,7 @@ RL_ONLY_PREFIXES = (
     "actor.use_kl_loss",
     "actor.kl_loss_",
     "actor.rollout_is",
+    "actor.rollout_correction",
     "actor.old_log_probs",
     "trainer.val_n",
     "trainer.val_temperature",

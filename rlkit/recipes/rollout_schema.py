@@ -116,7 +116,7 @@ class RolloutConfig(Section):
         "step k+1's batch is generated (with the policy before step k's update) while step k trains. "
         "async: the rollout workers run up to rollout.max_staleness batches ahead of the trainer. Both "
         "overlapping modes need rollout.placement=split and correct the staleness with importance weights "
-        "(actor.rollout_is); docs/async.md.",
+        "(actor.rollout_correction); docs/async.md.",
     )
     max_staleness: int = Field(
         2,

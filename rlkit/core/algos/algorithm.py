@@ -23,7 +23,7 @@ from functools import cached_property
 from typing import TYPE_CHECKING, Any, Literal
 
 from rlkit.core.algos.needs import estimator_needs
-from rlkit.recipes.actor_schema import DEFAULT_ROLLOUT_IS_CAP
+from rlkit.core.algos.rollout_correction import CorrectionOptions, resolve
 
 if TYPE_CHECKING:
     from torch import Tensor
@@ -63,6 +63,8 @@ class Algorithm:
     max_gen_rounds: int  # generation rounds a step may take (1 without the group filter)
     rollout_log_probs: bool  # the math reads the engine's log-probs on every step
     rollout_correction: tuple[str, float] | None  # importance weights pi_old / pi_rollout: (level, cap)
+    # IcePop's band, batch normalisation, rejection sampling (rlkit.core.algos.rollout_correction)
+    rollout_correction_options: CorrectionOptions
     loss: str  # the registered policy loss (actor.policy_loss)
     loss_agg_mode: str
     entropy_coeff: float  # the entropy bonus's weight in the actor's loss (0: no term)
@@ -100,12 +102,15 @@ class Algorithm:
         needs = estimator_needs(algo.adv_estimator)
         has_critic = rl and (critic.enable if critic.enable is not None else needs.critic)
         kl_in_reward, kl_loss = rl and algo.use_kl_in_reward, rl and actor.use_kl_loss
-        correction = _rollout_correction(actor, rollout_mode)
+        correction, options = resolve(actor.rollout_correction, rollout_mode)
         one_update = actor.ppo_epochs == 1 and actor.mini_batch_size == train_batch_size
+        # Log-probs read before the update (the in-reward KL, the estimator's token statistics, the batch's mean
+        # rollout weight, known before the update's first micro-batch): the pass runs.
+        before_update = algo.use_kl_in_reward or needs.token_stats or options.batch_normalize
         old: OldLogProbs = "trainer"
         if actor.old_log_probs == "rollout":
             old = "rollout"
-        elif actor.old_log_probs == "auto" and one_update and not algo.use_kl_in_reward and not needs.token_stats:
+        elif actor.old_log_probs == "auto" and one_update and not before_update:
             old = "update"  # nothing before the update reads log-probs, so the update's own are the old ones
         group_filter = rl and algo.dynamic_sampling.enable
         return cls(
@@ -125,8 +130,9 @@ class Algorithm:
             token_stats=rl and needs.token_stats,
             group_filter=group_filter,
             max_gen_rounds=algo.dynamic_sampling.max_gen_rounds if group_filter else 1,
-            rollout_log_probs=actor.old_log_probs == "rollout" or correction is not None,
+            rollout_log_probs=actor.old_log_probs == "rollout" or correction is not None or options.rs is not None,
             rollout_correction=correction,
+            rollout_correction_options=options,
             loss=actor.policy_loss,
             loss_agg_mode=actor.loss_agg_mode,
             entropy_coeff=actor.entropy_coeff,
@@ -210,14 +216,3 @@ class Algorithm:
         from rlkit.core.algos.losses import policy_loss
 
         return policy_loss(self.loss, log_probs, old_log_probs, advantages, response_mask, **self.loss_options)
-
-
-def _rollout_correction(actor: ActorConfig, mode: str) -> tuple[str, float] | None:
-    """(level, cap) of the rollout importance weights (actor.rollout_is), or None when they are off: `auto`
-    weighs the tokens when rollout.mode overlaps generation with training, or when a cap is set."""
-    if actor.rollout_is is None:
-        return None
-    if actor.rollout_is == "auto" and mode == "sync" and actor.rollout_is_cap is None:
-        return None
-    level = "token" if actor.rollout_is == "auto" else actor.rollout_is
-    return level, actor.rollout_is_cap if actor.rollout_is_cap is not None else DEFAULT_ROLLOUT_IS_CAP

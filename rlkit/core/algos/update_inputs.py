@@ -7,11 +7,14 @@ so a missing input is a KeyError at the key, not a silently different update.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING
+
+from rlkit.core.algos.rollout_correction import CorrectionOptions, batch_weight_mean
 
 if TYPE_CHECKING:
     from rlkit.core.algos.algorithm import Algorithm
+    from rlkit.core.batch import Batch
 
 BASE_KEYS = ("input_ids", "attention_mask", "position_ids", "responses", "response_mask", "advantages")
 
@@ -25,6 +28,9 @@ class UpdateInputs:
     rollout_log_probs: bool  # the engine's log-probs of the sampled tokens are in the batch
     rollout_correction: tuple[str, float] | None  # importance weights pi_old / pi_rollout: (level, cap)
     reference: bool  # the reference's log-probs, for the KL loss
+    # IcePop's band, batch normalisation, rejection sampling (rlkit.core.algos.rollout_correction)
+    rollout_correction_options: CorrectionOptions = field(default_factory=CorrectionOptions)
+    rollout_is_weight_mean: float | None = None  # the batch's mean weight, with batch normalisation (`for_batch`)
 
     @classmethod
     def for_step(cls, algorithm: Algorithm, *, log_prob_check: bool) -> UpdateInputs:
@@ -35,7 +41,27 @@ class UpdateInputs:
             rollout_log_probs=algorithm.rollout_log_probs or log_prob_check,
             rollout_correction=algorithm.rollout_correction,
             reference=algorithm.kl_loss,
+            rollout_correction_options=algorithm.rollout_correction_options,
         )
+
+    @property
+    def corrects_rollout(self) -> bool:
+        """The policy loss is weighted or masked against the rollout policy (importance weights, rejection)."""
+        return self.rollout_correction is not None or self.rollout_correction_options.rs is not None
+
+    def for_batch(self, batch: Batch) -> UpdateInputs:
+        """These inputs with what the whole batch decides: the mean weight that batch normalisation divides
+        by (its old log-probs come from the pass before the update, rlkit.core.algos.algorithm)."""
+        if self.rollout_correction is None or not self.rollout_correction_options.batch_normalize:
+            return self
+        mean = batch_weight_mean(
+            batch["old_log_probs"],
+            batch["rollout_log_probs"],
+            batch["response_mask"],
+            self.rollout_correction,
+            self.rollout_correction_options,
+        )
+        return replace(self, rollout_is_weight_mean=mean)
 
     def keys(self) -> list[str]:
         """The batch keys the update reads."""

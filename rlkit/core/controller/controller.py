@@ -158,6 +158,7 @@ class Controller:
         return {"token_rewards": inputs.token_rewards, "advantages": adv, "returns": returns}
 
     def update_actor(self, batch: Batch, inputs: UpdateInputs) -> dict[str, float]:
+        inputs = inputs.for_batch(batch)  # what the whole batch decides (batch-normalised rollout weights)
         per_rank = [(shards, norms, inputs) for shards, norms in self.minibatches(batch, inputs.keys())]
         return self.workers.call(Actor.update_actor, per_rank=per_rank, phase="update_actor")[0]
 

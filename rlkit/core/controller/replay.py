@@ -115,6 +115,9 @@ def replay_step(run_id: str, step: int, overrides: list[str], runs_dir: str | Pa
     algorithm = Algorithm.from_config(config)
     needed = ["ref_log_probs"] if algorithm.kl_loss else []
     needed += ["rollout_log_probs"] if algorithm.rollout_log_probs else []
+    # The pass's old log-probs (ppo_epochs > 1, batch-normalised rollout weights, ...): a run whose update took
+    # its own recorded none.
+    needed += ["old_log_probs"] if algorithm.old_log_probs == "trainer" else []
     missing = [k for k in needed if k not in record.batch]
     if missing:
         raise UserError(

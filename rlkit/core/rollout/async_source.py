@@ -22,7 +22,7 @@ and resume exactly:
     behind the batches in flight, with version s - 1: the rounds a step needs depend on its scores,
     which exist only then, so the schedule stays a function of the step (and of the run's scores).
 Each trajectory carries its version (`policy_version`); the update corrects for the gap with
-importance weights against the engine's log-probs (actor.rollout_is, rlkit.core.algos.losses).
+importance weights against the engine's log-probs (actor.rollout_correction, rlkit.core.algos.rollout_correction).
 
 Checkpoints drain: `state_dict` waits for every batch in flight (and the weight load ahead of
 it) and saves their trajectories with the checkpoint; a resumed run takes them from there

@@ -16,7 +16,8 @@ import torch
 
 from rlkit.core.algos.algorithm import Algorithm
 from rlkit.core.algos.kl import kl_estimate
-from rlkit.core.algos.losses import aggregate_loss, rollout_importance_weights
+from rlkit.core.algos.losses import aggregate_loss
+from rlkit.core.algos.rollout_correction import correction_metrics, correction_weights
 from rlkit.core.algos.update_inputs import UpdateInputs
 from rlkit.core.batch import Batch
 from rlkit.core.cluster.phases import PhaseReporter, in_phase
@@ -129,6 +130,9 @@ class Actor(Role, OfflineUpdates):
             micro_batch_tokens=self.fast_paths.micro_batch_tokens,
             per_update=("pg_loss", "kl_loss"),
         )
+        totals = correction_metrics(totals)
+        if inputs.rollout_is_weight_mean is not None:
+            totals["rollout_corr/rollout_is_batch_norm_factor"] = inputs.rollout_is_weight_mean
         return {k if "/" in k else f"actor/{k}": v for k, v in totals.items()}
 
     def _micro_step(
@@ -148,10 +152,15 @@ class Actor(Role, OfflineUpdates):
         old_log_probs = log_probs.detach() if old_from_here else mb["old_log_probs"]
         mask = mb["response_mask"].float()
         per_token, pg_metrics = algorithm.policy_loss(log_probs, old_log_probs, mb["advantages"], mask)
-        correction = inputs.rollout_correction  # (level, cap), or None
-        if correction is not None:
-            weights = rollout_importance_weights(
-                old_log_probs, mb["rollout_log_probs"], correction[1], level=correction[0], response_mask=mask
+        correction_sums: dict[str, torch.Tensor] = {}
+        if inputs.corrects_rollout:  # importance weights and rejection (rlkit.core.algos.rollout_correction)
+            weights, correction_sums = correction_weights(
+                old_log_probs,
+                mb["rollout_log_probs"],
+                mask,
+                inputs.rollout_correction,
+                inputs.rollout_correction_options,
+                weight_mean=inputs.rollout_is_weight_mean,
             )
             per_token = per_token * weights
             pg_metrics["rollout_is_weight"] = (weights * mask).sum() / mask.sum().clamp(min=1)
@@ -164,6 +173,7 @@ class Actor(Role, OfflineUpdates):
         tokens = mask.sum().detach().cpu()
         sums = {"pg_loss": loss.detach().cpu(), "tokens": tokens}
         sums.update({k: torch.as_tensor(v).detach().cpu() * tokens for k, v in pg_metrics.items()})
+        sums.update(correction_sums)
         entropy = packed.scatter(flat_entropy)
         if old_from_here:  # what the old-log-prob pass would have reported, token sums
             sums["entropy"] = (entropy.detach() * mask).sum().cpu()
