@@ -40,7 +40,8 @@ class ScriptedEngine(RolloutEngine):
 def rows(tokenizer, contents: list[str], answers: list[str], data_source: str = "synthetic/lookup") -> list[PromptRow]:
     return [PromptRow(index=i, prompt_token_ids=tokenizer.apply_chat_template(
         [{"role": "user", "content": c}], add_generation_prompt=True, tokenize=True, return_dict=False),
-        data_source=data_source, ground_truth=a, extra_info={"index": 100 + i})
+        data_source=data_source, ground_truth=a, extra_info={"index": 100 + i},
+        prompt=[{"role": "user", "content": c}])
         for i, (c, a) in enumerate(zip(contents, answers))]
 
 

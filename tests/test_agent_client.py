@@ -25,8 +25,8 @@ def tok(tiny_model_dir):
 
 
 async def lookup_agent(client, row):
-    """Ask; if the model calls the tool, answer the call with the row's secret and ask again."""
-    messages = [{"role": "user", "content": "secret?"}]
+    """Ask the row's own prompt; if the model calls the tool, answer the call with the row's secret and ask again."""
+    messages = list(row["prompt"])
     reply = await client.chat.completions.create(model="anything", messages=messages)
     message = reply.choices[0].message
     messages.append(message.model_dump(exclude_none=True))

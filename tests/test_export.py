@@ -125,6 +125,9 @@ def test_a_lora_export_is_the_merged_model_and_the_peft_adapter(trained_lora) ->
     assert (merged - base_logits).abs().max() > 1e-3  # the adapters were trained and exported
     info = json.loads((out / EXPORT_INFO).read_text())
     assert info["lora"]["format"] == "both" and info["lora"]["rank"] == 4
+    # The adapter names its base by an absolute path: peft finds it from any folder (AutoPeftModelForCausalLM).
+    adapter_config = json.loads((out / ADAPTER_DIR / "adapter_config.json").read_text())
+    assert adapter_config["base_model_name_or_path"] == str(Path(trained_lora["base"]).resolve())
 
 
 def test_vllm_loads_the_lora_export_merged_and_as_an_adapter(trained_lora) -> None:

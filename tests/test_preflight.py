@@ -11,6 +11,7 @@ from typer.testing import CliRunner
 from rlkit.cli.main import app
 from rlkit.core.cluster import ray_access
 from rlkit.core.controller import model_checks, preflight
+from rlkit.core.state.run_dir import resolve_model_path
 from rlkit.errors import UserError
 from rlkit.recipes.loader import load_config
 
@@ -59,6 +60,16 @@ def test_unknown_reward_model_is_named(tmp_path, monkeypatch):
 def test_missing_local_path_is_named(tmp_path):
     line = _one_line_error(_train(tmp_path, f"model.path={tmp_path}/models/my-sft"))
     assert f"model.path={tmp_path}/models/my-sft: no such directory" in line
+
+
+def test_a_local_model_path_is_resolved_to_an_absolute_one(tmp_path, monkeypatch):
+    """What is typed relative to where a run started is written into exports (a LoRA adapter's base) that are
+    read from other folders."""
+    (tmp_path / "models" / "m").mkdir(parents=True)
+    (tmp_path / "models" / "m" / "config.json").write_text("{}")
+    monkeypatch.chdir(tmp_path)
+    assert resolve_model_path("models/m") == str(tmp_path.resolve() / "models" / "m")
+    assert resolve_model_path("Qwen/Qwen2.5-0.5B") == "Qwen/Qwen2.5-0.5B"  # not here: a hub id, as typed
 
 
 def test_directory_without_a_model_is_named(tmp_path):

@@ -63,9 +63,11 @@ def env_factory(cls: type, kwargs: dict[str, Any]) -> Callable[[], Any]:
 
 
 def row_dict(row: Any) -> dict[str, Any]:
-    """What an environment sees of a PromptRow."""
+    """What an environment (`reset`) and an agent function see of a PromptRow: its prompt as the data holds it
+    (chat messages or a string) and its other columns."""
     return {
         "index": row.index,
+        "prompt": row.prompt,
         "data_source": row.data_source,
         "ground_truth": row.ground_truth,
         "extra_info": row.extra_info,

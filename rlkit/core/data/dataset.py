@@ -26,6 +26,7 @@ class PromptRow:
     ground_truth: str
     extra_info: dict[str, Any] = field(default_factory=dict)
     prompt_text: str | None = None  # the text the ids were encoded from (the rendered chat); None: built from ids
+    prompt: Any = None  # the row's `prompt` as the data holds it (chat messages or a string), for agents and envs
 
 
 def open_parquet(path: str | Path, required: tuple[str, ...] = REQUIRED_COLUMNS) -> pq.ParquetFile:
@@ -187,6 +188,7 @@ def tokenize_rows(
                     ground_truth="" if truth is None else str(truth),
                     extra_info=dict(raw.get("extra_info") or {}),
                     prompt_text=text,
+                    prompt=raw["prompt"],
                 )
             )
     if not rows:

@@ -166,7 +166,8 @@ def _pid_alive(pid: int) -> bool:
 
 
 def resolve_model_path(spec: str, key: str = "model.path") -> str:
-    """'rlkit:tiny-qwen2' builds (once) a tiny offline model; anything else is a path or hub id."""
+    """'rlkit:tiny-qwen2' builds (once) a tiny offline model; a local directory as an absolute path (it is written
+    into exports, e.g. a LoRA adapter's base_model_name_or_path, read from other folders); else a hub id."""
     if spec.startswith(TINY_PREFIX):
         name = spec[len(TINY_PREFIX) :]
         if name != "tiny-qwen2":
@@ -181,7 +182,7 @@ def resolve_model_path(spec: str, key: str = "model.path") -> str:
     if local.exists():
         if not (local / "config.json").exists():
             raise UserError(f"{key}={spec}: the directory has no config.json (not a transformers model)")
-        return str(local)
+        return str(local.resolve())
     return spec
 
 
