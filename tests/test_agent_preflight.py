@@ -51,3 +51,25 @@ def test_an_agent_function_that_is_not_async_exits_2(tmp_path):
     file.write_text("def rollout(client, row):\n    return 1.0\n")
     line = _one_line_error(_train(tmp_path, f"rollout.agent.loop={file}:rollout", "rollout.agent.tools=[]"))
     assert "rollout must be `async def rollout(client, row) -> float`" in line
+
+
+def test_a_chat_template_that_drops_the_tool_list_is_warned_about(tiny_model_dir, caplog):
+    """The tiny model's template ignores tools= (the demo's policy learns its one-token call instead): the tool
+    list never reaches the prompt, which a user cannot see from the reward alone. A template with tools: quiet."""
+    from agent_helpers import CHATML_TOOLS_TEMPLATE
+    from transformers import AutoTokenizer
+
+    from rlkit.core.agents.preflight import check_agent
+    from rlkit.recipes.agent_schema import AgentConfig
+
+    tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
+    agent = AgentConfig(loop="tool", tools=["calculator"])
+    with caplog.at_level("WARNING", logger="rlkit.core.agents.preflight"):
+        check_agent(agent, tokenizer, max_response_length=64, model_path="rlkit:tiny-qwen2")
+    assert "the chat template of model.path=rlkit:tiny-qwen2 writes the same prompt with and without tools=, so " \
+        "the model is never shown calculator" in caplog.text
+    caplog.clear()
+    tokenizer.chat_template = CHATML_TOOLS_TEMPLATE
+    with caplog.at_level("WARNING", logger="rlkit.core.agents.preflight"):
+        check_agent(agent, tokenizer, max_response_length=64, model_path="m")
+    assert caplog.text == ""

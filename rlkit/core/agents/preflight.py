@@ -4,6 +4,7 @@ and the tokenizer's chat template can write tool/environment messages. Exit code
 from __future__ import annotations
 
 import inspect
+import logging
 from typing import TYPE_CHECKING, Any
 
 from rlkit.core.agents.chat import TurnBoundary
@@ -16,6 +17,8 @@ from rlkit.errors import UserError
 if TYPE_CHECKING:
     from rlkit.recipes.agent_schema import AgentConfig
     from rlkit.recipes.reward_schema import RewardConfig, RewardModelConfig
+
+logger = logging.getLogger(__name__)
 
 LOOPS = ("single_turn", "tool", "env")
 WEAK_SANDBOX_WARNING = (
@@ -86,6 +89,21 @@ def check_agent(agent: AgentConfig, tokenizer: Any, *, max_response_length: int,
             f"write a {role!r} message ({type(exc).__name__}: {exc}); use a chat model whose template "
             "has that role"
         ) from None
+    if tools and ignores_tools(tokenizer, tools):
+        logger.warning(
+            "rollout.agent.tools: the chat template of model.path=%s writes the same prompt with and without "
+            "tools=, so the model is never shown %s; it can only call them if it learned their names and format "
+            "elsewhere (SFT). Use a chat model whose template renders tools (Qwen2.5, Llama 3.1+, ...)",
+            model_path,
+            ", ".join(tool["function"]["name"] for tool in tools),
+        )
+
+
+def ignores_tools(tokenizer: Any, tools: list[dict[str, Any]]) -> bool:
+    """Whether the chat template drops the tool list: a prompt rendered with `tools` equals one without."""
+    probe = [{"role": "user", "content": "probe"}]
+    with_tools = tokenizer.apply_chat_template(probe, tools=tools, add_generation_prompt=True, tokenize=False)
+    return with_tools == tokenizer.apply_chat_template(probe, add_generation_prompt=True, tokenize=False)
 
 
 def uses_sandbox(
