@@ -116,13 +116,27 @@ def test_a_custom_function_its_errors_and_on_error_zero(gsm8k_test, tmp_path: Pa
     assert zero["mean_score"] == pytest.approx((2.0 + 0 + 0.3 + 0.7) / 4)
     assert zero["accuracy"] is None  # scores outside [0, 1]: no accuracy
     assert zero["metrics"]["reward/long"] == pytest.approx(2 / 3) and zero["extraction_failures"] is None
+    # The reward's own keys are printed too (a code reward's tests passed, runs, timeouts), not only in --json.
+    text = flat(cli("--data", str(data), "--responses", str(answers), function, "reward.on_error=zero").output)
+    assert "reward/long (mean)" in text
+
+
+def test_limit_scores_the_first_rows_of_a_longer_or_shorter_responses_file(gsm8k_test, tmp_path: Path) -> None:
+    data = small_gsm8k(tmp_path, gsm8k_test)  # ground truths 18, 3, 70000, 540
+    every_row = write_lines(tmp_path / "all.jsonl", ["#### 18", "#### 4", "#### 70000", "#### 540"])
+    first_two = report("--data", str(data), "--responses", str(every_row), "--limit", "2")
+    assert (first_two["rows"], first_two["scored"], first_two["accuracy"]) == (2, 2, 0.5)
+    two_lines = write_lines(tmp_path / "two.jsonl", ["#### 18", "#### 3"])  # responses for the first rows only
+    assert report("--data", str(data), "--responses", str(two_lines), "--limit", "2")["accuracy"] == 1.0
+    short = cli("--data", str(data), "--responses", str(two_lines), "--limit", "3")
+    assert short.exit_code == 2 and f"--limit asks for 3 rows but {two_lines} has 2 response lines" in flat(short.output)
 
 
 @pytest.mark.parametrize("args, message", [
     (["reward.timout_s=3"], "unknown key 'reward.timout_s'; did you mean 'reward.timeout_s'?"),
     (["reward.on_error=skip"], "reward.on_error='skip': Input should be 'raise' or 'zero'"),
     (["actor.lr=1"], "eval-reward takes reward.KEY=VALUE overrides only"),
-    (["--n", "2"], "--n, --limit and --save go with --model"),
+    (["--n", "2"], "--n and --save go with --model"),
 ])
 def test_bad_arguments_exit_2(gsm8k_test, tmp_path: Path, args: list[str], message: str) -> None:
     data = small_gsm8k(tmp_path, gsm8k_test)

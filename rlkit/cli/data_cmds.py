@@ -209,7 +209,7 @@ def eval_reward(
     ),
     seed: int = typer.Option(0, "--seed", help="Sampling seed with --model."),
     limit: Optional[int] = typer.Option(
-        None, "--limit", min=1, help="Score only the first N data rows (with --model)."
+        None, "--limit", min=1, help="Score only the first N data rows (with --responses: its first N lines)."
     ),
     save: Optional[Path] = typer.Option(
         None, "--save", help="Write the sampled responses here as jsonl (re-score with --responses)."
@@ -233,14 +233,14 @@ def eval_reward(
 
     if (responses is None) == (model is None):
         raise UserError("give exactly one of --responses FILE or --model PATH")
-    if responses is not None and (limit is not None or save is not None or n != 1):
-        raise UserError("--n, --limit and --save go with --model; with --responses every data row is scored")
+    if responses is not None and (save is not None or n != 1):
+        raise UserError("--n and --save go with --model; with --responses the file holds the responses")
     config = _reward_config(overrides or [])
     rows = read_rows(data)
     if not rows:
         raise UserError(f"--data {data} has no rows: nothing to score")
+    rows = rows[:limit]
     if model is not None:
-        rows = rows[:limit]
         status = f"sampling {n} response(s) for {len(rows)} prompts from {model}"
         with contextlib.nullcontext() if as_json else console.status(status):
             texts = sample_responses(
@@ -249,7 +249,7 @@ def eval_reward(
         if save is not None:
             save.expanduser().write_text("".join(json.dumps({"responses": t}) + "\n" for t in texts), encoding="utf-8")
     else:
-        texts = read_responses(responses, len(rows))
+        texts = read_responses(responses, len(rows), first_only=limit is not None)
     report = {
         "data": str(data),
         "responses": str(responses) if responses else None,
@@ -287,6 +287,12 @@ def _print_report(report: dict[str, Any]) -> None:
         f"{per_call * 1e3:.3g} ms (max {report['seconds_per_call_max'] * 1e3:.3g} ms)" if per_call is not None else "-",
     )
     summary.add_row("time total", f"{report['seconds_total']:.2f} s")
+    # The reward's own per-response numbers (a dict reward's other keys: a code reward's tests passed, runs,
+    # timeouts), as means over the responses: what a training run logs as reward/<key>.
+    shown = {"reward/errors", "reward/invalid", "reward/call_seconds_mean", "reward/call_seconds_max"}
+    for key, value in sorted(report["metrics"].items()):
+        if key not in shown:
+            summary.add_row(f"{key} (mean)", fmt(value))
     console.print(summary)
     histogram = Table("score", "count", "", title="score histogram")
     total = max(report["scored"], 1)

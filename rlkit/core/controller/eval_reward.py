@@ -15,9 +15,10 @@ from rlkit.recipes.reward_schema import RewardConfig
 _TAIL_CHARS = 200  # how much of a response an example shows
 
 
-def read_responses(path: str | Path, num_rows: int) -> list[list[str]]:
+def read_responses(path: str | Path, num_rows: int, *, first_only: bool = False) -> list[list[str]]:
     """Responses per data row from a jsonl file: each line a JSON string, {"response": str}
-    or {"responses": [str, ...]} (the same count on every line); blank lines are skipped."""
+    or {"responses": [str, ...]} (the same count on every line); blank lines are skipped.
+    `first_only` (--limit): the first `num_rows` lines, the file may hold more."""
     path = Path(path).expanduser()
     if not path.is_file():
         raise UserError(f"responses file {path} does not exist")
@@ -42,6 +43,10 @@ def read_responses(path: str | Path, num_rows: int) -> list[list[str]]:
                 "every line needs the same number"
             )
         per_row.append(texts)
+        if first_only and len(per_row) == num_rows:
+            break
+    if len(per_row) != num_rows and first_only:
+        raise UserError(f"--limit asks for {num_rows} rows but {path} has {len(per_row)} response lines; lower --limit")
     if len(per_row) != num_rows:
         raise UserError(
             f"the data has {num_rows} rows but {path} has {len(per_row)} response lines; "
