@@ -7,7 +7,7 @@ from typing import Optional
 import typer
 from rich.table import Table
 
-from rlkit.cli import data_cmds, doctor_cmds, eval_cmds, record_cmds, run_cmds
+from rlkit.cli import algos_cmds, data_cmds, doctor_cmds, eval_cmds, record_cmds, run_cmds
 from rlkit.cli.common import console, print_yaml, run_failures, user_errors
 
 app = typer.Typer(
@@ -94,6 +94,7 @@ run_cmds.register(app)
 eval_cmds.register(app)
 doctor_cmds.register(app)
 record_cmds.register(app)
+algos_cmds.register(app)
 
 if __name__ == "__main__":
     app()
