@@ -1,9 +1,10 @@
-"""Train grpo, dapo, ppo and rloo on the built-in echo task for the same number of samples.
+"""Train grpo, dapo, ppo, rloo and the 2025-26 losses' recipes on the built-in echo task for the same number of
+samples.
 
 Not a test: a benchmark that writes docs/algorithm_comparison.md (a table) and
 docs/algorithm_comparison.png (reward against samples generated). Each algorithm runs its
 own recipe with the same tiny-world overrides; see TINY_WORLD and ALGORITHMS for what is
-changed and why. On 2 CPU cores the default budget takes about 5 minutes.
+changed and why. On 2 CPU cores the default budget takes about 10 minutes.
 
     python scripts/compare_algorithms.py [--samples 16384] [--seeds 1] [--out docs]
 """
@@ -38,6 +39,12 @@ ALGORITHMS = {
     # The critic learns at the actor's rate here (the recipe's 1e-5 is for 7B models).
     "ppo": ("ppo", ["rollout.n=1", "critic.lr=1e-3"]),
     "rloo": ("rloo", ["rollout.n=8"]),
+    # The 2025-26 losses, each its own recipe (docs/algorithms.md): clip_cov and kl_cov keep their dynamic sampling.
+    "cispo": ("cispo", ["rollout.n=8"]),
+    "gmpo": ("gmpo", ["rollout.n=8"]),
+    "sapo": ("sapo", ["rollout.n=8"]),
+    "clip_cov": ("clip_cov", ["rollout.n=8"]),
+    "kl_cov": ("kl_cov", ["rollout.n=8"]),
 }
 
 
@@ -137,9 +144,9 @@ def write_outputs(curves: list[Curve], budget: int, out: Path) -> None:
         f"Each algorithm ran its recipe for {budget:,} generated samples (about {SAMPLES_PER_STEP} per step) "
         "on the built-in `echo` task (answer = the prompt's digit, exact-match reward 0/1) with the tiny "
         "offline Qwen2, one-token answers, lr 1e-3 and one optimizer step per RL step. ppo samples one "
-        "answer for each of 128 prompts, the others 8 answers for each of 16; dapo's extra "
-        "dynamic-sampling rounds count towards its budget. Reward is the mean over all samples a step "
-        "generated (for dapo, before its filter); final = mean of the last 10 steps, best = best 10-step "
+        "answer for each of 128 prompts, the others 8 answers for each of 16; the extra "
+        "dynamic-sampling rounds (dapo, clip_cov, kl_cov) count towards the budget. Reward is the mean over all "
+        "samples a step generated (with dynamic sampling, before its filter); final = mean of the last 10 steps, best = best 10-step "
         "mean, samples to X = first point where the 10-step mean reaches X. Train time excludes start-up.\n\n"
         f"{header}{rows}\n{notes}\n![reward curves](algorithm_comparison.png)\n\n"
         "One seed on a toy task: this shows that each algorithm learns through the whole stack and how "
