@@ -150,7 +150,11 @@ def write_outputs(curves: list[Curve], budget: int, out: Path) -> None:
         "mean, samples to X = first point where the 10-step mean reaches X. Train time excludes start-up.\n\n"
         f"{header}{rows}\n{notes}\n![reward curves](algorithm_comparison.png)\n\n"
         "One seed on a toy task: this shows that each algorithm learns through the whole stack and how "
-        "fast in samples, not which algorithm is better on real tasks.\n")
+        "fast in samples, not which algorithm is better on real tasks. With one optimizer step per batch the "
+        "update starts on-policy (every ratio 1), where the clipped and reweighted losses (cispo, gmpo, sapo, "
+        "clip_cov, kl_cov) all give the policy gradient: they follow grpo, and clip_cov and kl_cov follow dapo, "
+        "whose dynamic sampling they share. They differ off-policy: several optimizer steps per batch "
+        "(actor.ppo_epochs, smaller mini-batches) or asynchronous rollout.\n")
 
 
 def main() -> None:
