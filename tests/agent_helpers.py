@@ -6,7 +6,7 @@ from pathlib import Path
 from typing import Callable
 
 from rlkit.core.data.dataset import PromptRow
-from rlkit.core.rollout.base import RolloutEngine, RolloutSample, Sampling
+from rlkit.core.rollout.base import RolloutEngine, RolloutSample, Sampling, limits_per_prompt
 
 
 class ScriptedEngine(RolloutEngine):
@@ -19,13 +19,15 @@ class ScriptedEngine(RolloutEngine):
     def __init__(self, policy: Callable[[list[int]], tuple[list[int], bool]]) -> None:
         self.policy = policy
         self.calls: list[tuple[list[list[int]], Sampling]] = []
+        self.token_limits: list[list[int]] = []  # each call's limit per prompt
 
-    def generate(self, prompts: list[list[int]], sampling: Sampling) -> list[RolloutSample]:
+    def generate(self, prompts: list[list[int]], sampling: Sampling, token_limits=None) -> list[RolloutSample]:
         self.calls.append(([list(p) for p in prompts], sampling))
+        self.token_limits.append(limits_per_prompt(prompts, sampling, token_limits))
         samples = []
         for i, prompt in enumerate(prompts):
             tokens, finished = self.policy(prompt)
-            cut = tokens[:sampling.max_tokens]
+            cut = tokens[:self.token_limits[-1][i]]
             log_probs = [-(k + 1) / 10 - i / 1000 for k in range(len(cut))] if sampling.log_probs else []
             samples.append(RolloutSample(i, cut, log_probs, finished and len(cut) == len(tokens)))
         return samples

@@ -11,7 +11,7 @@ from transformers import AutoTokenizer
 
 from rlkit.core.agents.chat import TurnBoundary
 from rlkit.core.agents.guard import Guard
-from rlkit.core.agents.loop import AgentLoop, Limits
+from rlkit.core.agents.loop import AgentLoop, Episode, Limits
 from rlkit.core.agents.tool_env import ToolEnv
 from rlkit.core.agents.tools import Tool
 from rlkit.core.data.synthetic import lookup
@@ -82,6 +82,21 @@ def test_the_response_is_cut_at_the_token_limit_and_marked_truncated(tiny_tokeni
     assert len(trajectory.response_ids) == 8 and trajectory.response_ids[-2:] == [four, four]
     assert trajectory.finish_reason == "truncated"
     assert engine.calls[1][1].max_tokens == 2  # the remaining budget, not the per-turn limit
+
+
+def test_each_conversation_asks_the_engine_for_its_own_remaining_budget(tiny_tokenizer):
+    """One call holds a conversation with 6 of its 8 tokens used and one with none used (per turn 3): the first
+    may ask for 2 more, the second for 3. Asking both for 3 took a full-length prompt to 32 + 6 + 3 = 41 > 40
+    tokens, past the engine's context, which vLLM and SGLang refuse (issue 30); prompt + response + ask <= 40."""
+    four = tiny_tokenizer.convert_tokens_to_ids("4")
+    engine = ScriptedEngine(lambda ctx: ([four] * 3, False))
+    loop = _tool_loop(tiny_tokenizer, per_turn=3, total=8)
+    prompt = [IM_START] * 32  # data.max_prompt_length's 32 tokens
+    used, fresh = Episode(None, 0, None, prompt, response_ids=[four] * 6), Episode(None, 0, None, prompt)
+    loop.generate(engine, [used, fresh], Sampling(n=1, max_tokens=16), turn=1)
+    assert engine.token_limits == [[2, 3]] and engine.calls[0][1].max_tokens == 3
+    assert [len(e.response_ids) for e in (used, fresh)] == [8, 3]
+    assert (used.finish_reason, fresh.finish_reason) == ("truncated", None)
 
 
 class _FlakyEnv:

@@ -64,6 +64,7 @@ def _check_engine(engine, model_dir):
         # The reported log-probs are the policy's own (temperature 1, no top-p/k).
         expected = engine.score([prompts[s.prompt_index] + s.token_ids], len(prompts[s.prompt_index]))[0]
         assert torch.allclose(torch.tensor(s.log_probs), torch.tensor(expected), atol=1e-4)
+    _check_full_length(engine)
 
     model = _perturbed(model_dir)
     sequence, prompt_len = prompts[0] + [10, 11, 2], len(prompts[0])
@@ -73,6 +74,24 @@ def _check_engine(engine, model_dir):
     reference = _reference_log_probs(model, sequence, prompt_len)
     assert not torch.allclose(before, reference, atol=1e-3)
     assert torch.allclose(after, reference, atol=1e-4), (after, reference)
+
+
+def _check_full_length(engine) -> None:
+    """The engine was sized for MAX_MODEL_LEN tokens (prompt + response): a prompt 4 short of it gets all 4 of
+    its tokens (EOS ignored, as vLLM means it: sampled and passed, its probability kept in the log-probs), and
+    scoring takes up to MAX_MODEL_LEN - 1 tokens (vLLM's score asks for one token more: the sync probe drops
+    a sampled sequence's first token). SGLang keeps tokens of its context in reserve (7 on 0.5.17 and 0.5.21):
+    sized without them it refused the probe's sequence on an H200 (issue 30) and would cut such a response."""
+    prompt = [1] + [10 + i % 30 for i in range(MAX_MODEL_LEN - 5)]
+    (sample,) = engine.generate([prompt], Sampling(max_tokens=4, ignore_eos=True, seed=3))
+    assert len(prompt + sample.token_ids) == MAX_MODEL_LEN
+    assert len(sample.token_ids) == 4 and len(sample.log_probs) == 4 and not sample.finished
+    # Each prompt's own limit (an agent's turn): the long prompt may only take 2 more, the short one 4.
+    samples = engine.generate([prompt[2:], [1, 11, 2, 1]], Sampling(n=2, max_tokens=4, ignore_eos=True), [2, 4])
+    assert [len(s.token_ids) for s in samples] == [2, 2, 4, 4] and [len(s.log_probs) for s in samples] == [2, 2, 4, 4]
+    (shorter,) = engine.generate([prompt[1:]], Sampling(max_tokens=4, ignore_eos=True, seed=3))
+    (scored,) = engine.score([prompt[1:] + shorter.token_ids], len(prompt) - 1)
+    assert torch.allclose(torch.tensor(scored), torch.tensor(shorter.log_probs), atol=1e-4)
 
 
 def test_hf_engine(tiny_model_dir):

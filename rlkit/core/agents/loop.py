@@ -148,7 +148,7 @@ class AgentLoop:
         turn_sampling = dataclasses.replace(
             sampling, n=1, max_tokens=max(budgets), seed=sampling.seed + turn * _TURN_SEED_STRIDE
         )
-        samples = engine.generate([e.prompt_ids + e.response_ids for e in episodes], turn_sampling)
+        samples = engine.generate([e.prompt_ids + e.response_ids for e in episodes], turn_sampling, budgets)
         for episode, budget, sample in zip(episodes, budgets, samples):
             tokens = sample.token_ids[:budget]
             episode.append(tokens, policy=True, log_probs=sample.log_probs[:budget] if sampling.log_probs else None)

@@ -143,7 +143,7 @@ class EpisodeServer:
             turn_sampling = replace(
                 sampling, n=1, max_tokens=max(r.max_tokens for r in batch), seed=sampling.seed + turn * seed_stride
             )
-            samples = engine.generate([r.context for r in batch], turn_sampling)
+            samples = engine.generate([r.context for r in batch], turn_sampling, [r.max_tokens for r in batch])
             with self.lock:
                 for request, sample in zip(batch, samples):
                     self._answer(request, sample, sampling.log_probs)

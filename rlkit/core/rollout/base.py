@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
-from typing import Iterable
+from typing import Iterable, Sequence
 
 import torch
 
@@ -30,14 +30,29 @@ class RolloutSample:
     finished: bool  # stopped by EOS (False: cut at max_tokens)
 
 
+def limits_per_prompt(prompts: list[list[int]], sampling: Sampling, token_limits: Sequence[int] | None) -> list[int]:
+    """Each prompt's most new tokens, checked against the call's (see RolloutEngine.generate)."""
+    if token_limits is None:
+        return [sampling.max_tokens] * len(prompts)
+    if len(token_limits) != len(prompts) or not all(0 < k <= sampling.max_tokens for k in token_limits):
+        raise ValueError(f"token_limits must give each of the {len(prompts)} prompts 1..{sampling.max_tokens}")
+    return list(token_limits)
+
+
 class RolloutEngine(ABC):
     """Holds a full copy of the policy's weights for generation; `load_weights` keeps it in sync."""
 
     honors_seeds: bool = True  # Sampling.seed makes a call reproducible (False: SGLang on a CPU)
 
     @abstractmethod
-    def generate(self, prompts: list[list[int]], sampling: Sampling) -> list[RolloutSample]:
-        """len(prompts) * n samples, prompt-major (prompt 0's n samples first)."""
+    def generate(
+        self, prompts: list[list[int]], sampling: Sampling, token_limits: Sequence[int] | None = None
+    ) -> list[RolloutSample]:
+        """len(prompts) * n samples, prompt-major (prompt 0's n samples first).
+
+        token_limits: each prompt's own most new tokens (at most sampling.max_tokens; None: that for every
+        prompt). An agent's turns ask for what is left of each conversation's budget in one call: one limit for
+        all would take a long conversation past the engine's context (vLLM and SGLang refuse such a request)."""
 
     @abstractmethod
     def load_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:

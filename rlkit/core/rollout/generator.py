@@ -11,7 +11,7 @@ the update); a rollout worker's engine has its device to itself and never sleeps
 from __future__ import annotations
 
 import time
-from typing import Any, Callable, Iterable, Iterator
+from typing import Any, Callable, Iterable, Iterator, Sequence
 
 import torch
 
@@ -69,9 +69,11 @@ class Generator(Role):
 
     # -- generation ---------------------------------------------------------------------
     @in_phase("generate")
-    def generate(self, prompts: list[list[int]], sampling: Sampling) -> list[RolloutSample]:
+    def generate(
+        self, prompts: list[list[int]], sampling: Sampling, token_limits: Sequence[int] | None = None
+    ) -> list[RolloutSample]:
         self.wake_engine()
-        samples = self.engine.generate(prompts, sampling)
+        samples = self.engine.generate(prompts, sampling, token_limits)
         self.sync_probe.record(prompts, samples)
         self.engine.sleep()
         return samples

@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-from typing import Iterable
+from typing import Iterable, Sequence
 
 import torch
 from transformers import LogitsProcessor, LogitsProcessorList
 
-from rlkit.core.rollout.base import RolloutEngine, RolloutSample, Sampling
+from rlkit.core.rollout.base import RolloutEngine, RolloutSample, Sampling, limits_per_prompt
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 
@@ -25,9 +25,12 @@ class HFEngine(RolloutEngine):
         self.pad_id = pad if pad is not None else next(iter(self.eos_ids))
 
     @torch.no_grad()
-    def generate(self, prompts: list[list[int]], sampling: Sampling) -> list[RolloutSample]:
+    def generate(
+        self, prompts: list[list[int]], sampling: Sampling, token_limits: Sequence[int] | None = None
+    ) -> list[RolloutSample]:
         # Request k is sample j of prompt i with k = i * n + j, so its seed is sampling.seed + k.
-        requests = [(i, prompt) for i, prompt in enumerate(prompts) for _ in range(sampling.n)]
+        limits = limits_per_prompt(prompts, sampling, token_limits)
+        requests = [(i, prompt, limits[i]) for i, prompt in enumerate(prompts) for _ in range(sampling.n)]
         samples: list[RolloutSample] = []
         for start in range(0, len(requests), self.batch_size):
             chunk = requests[start : start + self.batch_size]
@@ -36,43 +39,43 @@ class HFEngine(RolloutEngine):
         return samples
 
     def _generate_chunk(
-        self, requests: list[tuple[int, list[int]]], seeds: Iterable[int], sampling: Sampling
+        self, requests: list[tuple[int, list[int], int]], seeds: Iterable[int], sampling: Sampling
     ) -> list[RolloutSample]:
-        width = max(len(p) for _, p in requests)
+        width = max(len(p) for _, p, _ in requests)
         ids = torch.full((len(requests), width), self.pad_id, dtype=torch.long)
         mask = torch.zeros_like(ids)
-        for row, (_, prompt) in enumerate(requests):  # left padding: generation continues at the right edge
+        for row, (_, prompt, _) in enumerate(requests):  # left padding: generation continues at the right edge
             ids[row, width - len(prompt) :] = torch.tensor(prompt)
             mask[row, width - len(prompt) :] = 1
         sampler = _SeededSampler(sampling, seeds, self.device)
+        # ignore_eos as vLLM and SGLang mean it: EOS may be sampled and generation goes on past it. No stop
+        # tokens rather than generate's min_new_tokens, which would take EOS out of the sampled distribution
+        # (and so out of the log-probs).
+        stop_ids = [] if sampling.ignore_eos else list(self.eos_ids)
         # Greedy decoding of the sampler's one-token distributions: generate draws no random
         # number itself, so the worker's global RNG is left alone.
         out = self.model.generate(
             input_ids=ids.to(self.device),
             attention_mask=mask.to(self.device),
-            max_new_tokens=sampling.max_tokens,
-            min_new_tokens=sampling.max_tokens if sampling.ignore_eos else None,
+            max_new_tokens=max(limit for _, _, limit in requests),  # a row is cut at its own limit below
             do_sample=False,
             temperature=None,
             top_p=None,
             top_k=None,
             logits_processor=LogitsProcessorList([sampler]),
             pad_token_id=self.pad_id,
-            eos_token_id=list(self.eos_ids),
+            eos_token_id=stop_ids,
             return_dict_in_generate=True,
         )
         new_tokens = out.sequences[:, width:].cpu()
         chosen = sampler.log_probs().cpu()
         samples = []
-        for row, (prompt_index, _) in enumerate(requests):
-            tokens = new_tokens[row].tolist()
-            end = next((k + 1 for k, t in enumerate(tokens) if t in self.eos_ids), len(tokens))
+        for row, (prompt_index, _, limit) in enumerate(requests):
+            tokens = new_tokens[row, :limit].tolist()
+            end = next((k + 1 for k, t in enumerate(tokens) if t in stop_ids), len(tokens))
             log_probs = chosen[row, :end].tolist() if sampling.log_probs else []
-            samples.append(
-                RolloutSample(
-                    prompt_index, tokens[:end], log_probs, finished=end < len(tokens) or tokens[end - 1] in self.eos_ids
-                )
-            )
+            finished = end < len(tokens) or tokens[end - 1] in stop_ids
+            samples.append(RolloutSample(prompt_index, tokens[:end], log_probs, finished))
         return samples
 
     @torch.no_grad()

@@ -14,12 +14,13 @@ Versions: docs/compatibility.md (0.5.17 is the newest for torch 2.11 on CUDA, 0.
 from __future__ import annotations
 
 import logging
+import os
 from contextlib import contextmanager
-from typing import Any, Iterable, Iterator
+from typing import Any, Iterable, Iterator, Sequence
 
 import torch
 
-from rlkit.core.rollout.base import RolloutEngine, RolloutSample, Sampling
+from rlkit.core.rollout.base import RolloutEngine, RolloutSample, Sampling, limits_per_prompt
 
 # SGLang's memory-saver tags (sglang.srt.constants): the weights, and what generation needs besides.
 _WEIGHTS = ("weights",)
@@ -27,6 +28,12 @@ _GENERATION = ("kv_cache", "cuda_graph")
 # A weight sync hands tensors over in buckets of about this size: one call per tensor would
 # cost a round trip to the scheduler each, one call for all would hold a full copy at once.
 BUCKET_BYTES = 512 * 2**20
+# SGLang keeps part of its context out of a request's reach (0.5.17 and 0.5.21): an input must be shorter than
+# context - 6 tokens (its scheduler's max_req_input_len: context - 1, less 5 spare) and a response is cut to end
+# at context - 2. rlkit's lengths (prompt + response, a whole sequence scored, an agent's conversation so far)
+# go up to max_model_len, so SGLang's context is that much longer. rlkit's model check keeps max_model_len
+# within the model's positions; the reserve is never reached by a token, only by SGLang's arithmetic.
+RESERVED_TOKENS = 7
 logger = logging.getLogger(__name__)
 
 
@@ -60,18 +67,18 @@ class SGLangEngine(RolloutEngine):
         # Defaults a user may change through rollout.sglang.engine_kwargs: quiet logs, and CUDA graphs
         # wherever they exist ({log_level: info, disable_cuda_graph: true} shows and shortens a slow start).
         options = {"disable_cuda_graph": not on_gpu, "log_level": "error", **(engine_kwargs or {})}
-        with _host_logging_kept(sglang_level=options["log_level"]):
+        with _host_logging_kept(sglang_level=options["log_level"]), _longer_context_allowed():
             self.engine = sglang.Engine(
                 model_path=model_path,
                 dtype=dtype,
                 random_seed=seed,
-                context_length=max_model_len,
+                context_length=max_model_len + RESERVED_TOKENS,
                 device="cuda" if on_gpu else "cpu",
                 base_gpu_id=device.index or 0,
                 mem_fraction_static=gpu_memory_utilization,
                 max_running_requests=max_num_seqs,
                 # On a CPU SGLang sizes its KV cache from free host memory; cap it at what a full batch needs.
-                max_total_tokens=None if on_gpu else max_num_seqs * max_model_len,
+                max_total_tokens=None if on_gpu else max_num_seqs * (max_model_len + RESERVED_TOKENS),
                 # CPU: SGLang's native attention (its Xeon kernels need AMX and a source build).
                 attention_backend=attention_backend or (None if on_gpu else "torch_native"),
                 enable_deterministic_inference=self.honors_seeds,  # makes `sampling_seed` count
@@ -83,12 +90,15 @@ class SGLangEngine(RolloutEngine):
             )
         self.asleep: set[str] = set()  # memory-saver tags released by sleep()
 
-    def generate(self, prompts: list[list[int]], sampling: Sampling) -> list[RolloutSample]:
+    def generate(
+        self, prompts: list[list[int]], sampling: Sampling, token_limits: Sequence[int] | None = None
+    ) -> list[RolloutSample]:
         # One request per sample with its own seed, prompt-major: sample j of prompt i is request i * n + j.
         temperature = 0.0 if sampling.greedy else sampling.temperature
+        limits = limits_per_prompt(prompts, sampling, token_limits)
         params = [
             {
-                "max_new_tokens": sampling.max_tokens,
+                "max_new_tokens": limits[k // sampling.n],
                 "temperature": temperature,
                 "top_p": sampling.top_p,
                 "top_k": sampling.top_k,
@@ -180,6 +190,23 @@ def _host_logging_kept(sglang_level: str) -> Iterator[None]:
         root.setLevel(level)
         root.handlers[:] = handlers
         logging.getLogger("sglang").setLevel(sglang_level.upper())
+
+
+@contextmanager
+def _longer_context_allowed() -> Iterator[None]:
+    """SGLang refuses a context longer than the model's positions unless this is set while it starts (its
+    scheduler process inherits it then). A model whose positions end within RESERVED_TOKENS of max_model_len
+    needs it; no token goes past max_model_len."""
+    name = "SGLANG_ALLOW_OVERWRITE_LONGER_CONTEXT_LEN"
+    before = os.environ.get(name)
+    os.environ[name] = "1"
+    try:
+        yield
+    finally:
+        if before is None:
+            del os.environ[name]
+        else:
+            os.environ[name] = before
 
 
 def _check(call: str, result: tuple[bool, str]) -> None:

@@ -16,11 +16,11 @@ from __future__ import annotations
 import gc
 import os
 from contextlib import contextmanager
-from typing import Any, Iterable, Iterator
+from typing import Any, Iterable, Iterator, Sequence
 
 import torch
 
-from rlkit.core.rollout.base import RolloutEngine, RolloutSample, Sampling
+from rlkit.core.rollout.base import RolloutEngine, RolloutSample, Sampling, limits_per_prompt
 from rlkit.core.rollout.vllm_worker import pack_weights
 
 
@@ -75,13 +75,17 @@ class VLLMEngine(RolloutEngine):
         partial prefill, which CPU generators cannot do ("CPU Generator does not use offset")."""
         return {} if self.on_gpu else {"enable_chunked_prefill": False}
 
-    def generate(self, prompts: list[list[int]], sampling: Sampling) -> list[RolloutSample]:
-        requests, params = self.requests(prompts, sampling)
+    def generate(
+        self, prompts: list[list[int]], sampling: Sampling, token_limits: Sequence[int] | None = None
+    ) -> list[RolloutSample]:
+        requests, params = self.requests(prompts, sampling, token_limits)
         with collections_paused():
             outputs = self.llm.generate(requests, params, use_tqdm=False)
         return self.samples(outputs, sampling)
 
-    def requests(self, prompts: list[list[int]], sampling: Sampling) -> tuple[list[Any], list[Any]]:
+    def requests(
+        self, prompts: list[list[int]], sampling: Sampling, token_limits: Sequence[int] | None = None
+    ) -> tuple[list[Any], list[Any]]:
         """vLLM's prompts and SamplingParams for a generate call, in the order of its samples."""
         from vllm import SamplingParams
         from vllm.inputs import TokensPrompt
@@ -90,13 +94,13 @@ class VLLMEngine(RolloutEngine):
         # Log-probs only when asked: each costs per-token Python in vLLM's engine loop, which at
         # batch 512 on an H200 is what bounds the decode speed (docs/benchmarks.md).
         requests, params = [], []
-        for i, prompt in enumerate(prompts):
+        for i, (prompt, limit) in enumerate(zip(prompts, limits_per_prompt(prompts, sampling, token_limits))):
             for j in range(sampling.n):
                 requests.append(TokensPrompt(prompt_token_ids=prompt))
                 params.append(
                     SamplingParams(
                         n=1,
-                        max_tokens=sampling.max_tokens,
+                        max_tokens=limit,
                         logprobs=0 if sampling.log_probs else None,
                         temperature=0.0 if sampling.greedy else sampling.temperature,
                         top_p=sampling.top_p,
