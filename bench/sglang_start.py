@@ -49,22 +49,24 @@ class Variant:
     name: str
     timeout: float
     engine_kwargs: dict = field(default_factory=dict)  # rollout.sglang.engine_kwargs
-    deterministic: bool = True  # rollout.sglang.deterministic
+    deterministic: bool = False  # rollout.sglang.deterministic
     sleep_mode: bool = False  # memory saver + weights' CPU backup (colocated), then one sleep/wake cycle
     after: str | None = None  # runs only if this variant...
     when: str = "ok"  # ...generated ("ok") or did not ("failed")
 
 
 WHEN = {"ok": "generated", "failed": "did not generate"}
+TORCH_SAMPLING = {"sampling_backend": "pytorch"}
 VARIANTS = (
-    # rlkit's defaults but CUDA graphs: session 6's eager start took 32 s, its first generate more than 50 s
-    # (Triton compiling, likely deterministic inference's batch-invariant kernels), so both modes, in full.
-    Variant("eager", 190, NO_GRAPHS),
-    Variant("eager-nondeterministic", 190, NO_GRAPHS, deterministic=False),
-    Variant("eager-saver", 90, NO_GRAPHS, sleep_mode=True, after="eager"),
-    Variant("graphs-saver", 150, LOGS, sleep_mode=True, after="eager-saver"),  # what rlkit runs, logs on
-    Variant("graphs-saver-small", 90, {**LOGS, "cuda_graph_max_bs_decode": 8, "disable_prefill_cuda_graph": True},
-            sleep_mode=True, after="graphs-saver", when="failed"),
+    # 2026-12-02 (issue 30): with deterministic inference the warm generate ran at 1,482 tok/s; without it the
+    # scheduler died of a segfault in the second generate. Deterministic inference samples in PyTorch, SGLang's
+    # default samples with FlashInfer's kernels: the first two variants tell whether those are the crash.
+    Variant("eager-torch-sampling", 150, {**NO_GRAPHS, **TORCH_SAMPLING}),
+    Variant("eager", 130, NO_GRAPHS),  # FlashInfer sampling: a crash leaves its Python stacks in log.txt
+    Variant("graphs-saver", 180, LOGS, sleep_mode=True, after="eager"),  # what rlkit runs, logs on
+    Variant("graphs-saver-torch-sampling", 180, {**LOGS, **TORCH_SAMPLING}, sleep_mode=True, after="eager",
+            when="failed"),
+    Variant("graphs-saver-deterministic", 150, LOGS, deterministic=True, sleep_mode=True),  # on request: its cost
 )
 MIN_TIMEOUT = 30.0  # a variant given less than this of the budget is skipped
 
@@ -95,18 +97,14 @@ def run_variants(run: Callable[[Variant, float], dict], budget: float) -> dict[s
 
 
 def grpo_overrides(outcomes: dict[str, dict]) -> list[str] | None:
-    """The GRPO lane's recipe overrides, from the variants that generated; None if none did.
-
-    Deterministic inference (rlkit's default) if `eager` generated, off if only `eager-nondeterministic`
-    did; CUDA graphs (rlkit's default) only as the first graphs variant that generated ran them.
-    """
+    """The GRPO lane's recipe overrides: the settings of the variant that generated fastest; None if none did."""
     ok = [v for v in VARIANTS if outcomes.get(v.name, {}).get("status") == "ok"]
     if not ok:
         return None
-    graphs = next((v.engine_kwargs for v in ok if not v.engine_kwargs.get("disable_cuda_graph")), NO_GRAPHS)
-    kwargs = ", ".join(f"{key}: {json.dumps(value)}" for key, value in graphs.items())
+    best = max(ok, key=lambda v: outcomes[v.name].get("tokens_per_s", 0))
+    kwargs = ", ".join(f"{key}: {json.dumps(value)}" for key, value in best.engine_kwargs.items())
     return ["rollout.sglang.attention_backend=triton",  # the carried kernels have no FA3 (bench/sglang_wheels.sh)
-            f"rollout.sglang.deterministic={str(any(v.name == 'eager' for v in ok)).lower()}",
+            f"rollout.sglang.deterministic={str(best.deterministic).lower()}",
             f"rollout.sglang.engine_kwargs={{{kwargs}}}"]
 
 
@@ -264,7 +262,7 @@ def run_grpo(args: argparse.Namespace, overrides: list[str]) -> dict:
     """The GRPO bench lane with SGLang for at most --grpo-budget s; its step time, rollout tok/s, log-prob gap."""
     folder = Path(args.out) / "grpo"
     command = [sys.executable, str(HERE / "rlkit_grpo.py"), "--workdir", args.workdir, "--out",
-               str(folder / "result.json"), "--label", "rlkit-1gpu-sglang", "--rollout", "sglang", "--compile",
+               str(folder / "result.json"), "--label", "rlkit-1gpu-sglang", "--rollout", "sglang", "--defaults",
                *(["--tiny"] if args.tiny else []), *[a for o in overrides for a in ("--override", o)]]
     print("grpo:", " ".join(command), flush=True)
     status, elapsed = run_child(command, dict(os.environ), args.grpo_budget, folder)
@@ -287,6 +285,8 @@ def main() -> None:
     parser.add_argument("--grpo-budget", type=float, default=0.0,
                         help="then, if a variant generated, the GRPO bench lane with SGLang for at most this long")
     parser.add_argument("--tiny", action="store_true", help="the tiny workload model instead of the 0.5B shape")
+    parser.add_argument("--outcomes", help="an earlier call's outcomes.json: its variants are not run again, the GRPO "
+                        "lane takes its settings from them")
     parser.add_argument("--dry-run", action="store_true", help="print the plan only")
     parser.add_argument("--child", help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -296,8 +296,8 @@ def main() -> None:
         print(f"plan: {v.name} ({v.timeout:.0f} s{f' if {v.after} {WHEN[v.when]}' if v.after else ''}): "
               f"engine_kwargs={v.engine_kwargs} deterministic={v.deterministic} sleep_mode={v.sleep_mode}")
     print(f"plan: within --budget {args.budget:.0f} s; then, if one generated and --grpo-budget "
-          f"{args.grpo_budget:.0f} > 0, bench/rlkit_grpo.py --rollout sglang: deterministic if eager generated, "
-          "CUDA graphs if a graphs variant did", flush=True)
+          f"{args.grpo_budget:.0f} > 0, bench/rlkit_grpo.py --rollout sglang --defaults in the settings of the "
+          "variant that generated fastest", flush=True)
     if args.dry_run:
         return
     from bench.workload import prepared
@@ -323,7 +323,8 @@ def main() -> None:
         return outcome
 
     outcomes_file = Path(args.out) / "outcomes.json"
-    outcomes = run_variants(run, args.budget)
+    outcomes_file.parent.mkdir(parents=True, exist_ok=True)
+    outcomes = json.loads(Path(args.outcomes).read_text()) if args.outcomes else run_variants(run, args.budget)
     outcomes_file.write_text(json.dumps(outcomes, indent=1))
     overrides = grpo_overrides(outcomes)
     if args.grpo_budget > 0:

@@ -280,6 +280,14 @@ def test_sglang_log_level_and_cuda_graphs_are_defaults_a_user_can_change(monkeyp
                      gpu_memory_utilization=0.3, max_num_seqs=4, sleep_mode=False, attention_backend=None,
                      engine_kwargs=kwargs)
     assert [(s["log_level"], s["disable_cuda_graph"]) for s in started] == [("error", True), ("info", False)]
+    # On a GPU: decode graphs for the whole batch (SGLang's own cap is 256 on an H200), unless a user caps them;
+    # the context is max_model_len and SGLang's 7 reserved tokens.
+    for kwargs in (None, {"cuda_graph_max_bs_decode": 64}):
+        SGLangEngine("model", dtype="bfloat16", seed=0, max_model_len=64, device=torch.device("cuda"),
+                     gpu_memory_utilization=0.3, max_num_seqs=512, sleep_mode=False, attention_backend=None,
+                     engine_kwargs=kwargs)
+    assert [(s["disable_cuda_graph"], s["cuda_graph_max_bs_decode"]) for s in started[2:]] == [(False, 512), (False, 64)]
+    assert [s["context_length"] for s in started] == [71] * 4
     assert load_config("grpo-demo", ["rollout.sglang.engine_kwargs={log_level: info}"]).rollout.sglang.engine_kwargs \
         == {"log_level": "info"}
     with pytest.raises(ConfigError, match=r"enable_deterministic_inference is set by rlkit; use its own key "
@@ -288,7 +296,7 @@ def test_sglang_log_level_and_cuda_graphs_are_defaults_a_user_can_change(monkeyp
 
 
 def test_sglang_seeds_count_only_with_deterministic_inference_on_a_gpu(monkeypatch, caplog):
-    """`rollout.sglang.deterministic` (default true) turns SGLang's deterministic inference on, on GPUs
+    """`rollout.sglang.deterministic` (default false: it costs most of SGLang's speed) turns SGLang's deterministic inference on, on GPUs
     only: it alone decides `honors_seeds`, changes nothing else the engine is started with, and an engine
     whose seeds do not count warns once, naming why. SGLang's start reconfigures the root logger, which the
     engine puts back: rlkit's later warnings in that process still show (the stand-in does the same)."""
@@ -305,7 +313,7 @@ def test_sglang_seeds_count_only_with_deterministic_inference_on_a_gpu(monkeypat
 
     monkeypatch.setitem(sys.modules, "sglang", types.SimpleNamespace(Engine=start))
     root_level = logging.getLogger().level
-    assert load_config("grpo-demo", ["rollout.name=sglang"]).rollout.sglang.deterministic is True
+    assert load_config("grpo-demo", ["rollout.name=sglang"]).rollout.sglang.deterministic is False
     honors, warnings = [], []
     for device, option in (("cuda", "true"), ("cuda", "false"), ("cpu", "true")):
         config = load_config("grpo-demo", ["rollout.name=sglang", f"rollout.sglang.deterministic={option}"])

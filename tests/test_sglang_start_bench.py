@@ -37,42 +37,44 @@ def _outcomes(statuses: dict[str, str], budget: float = 1000.0, monkeypatch=None
 
 
 def test_each_variant_runs_only_after_the_outcome_it_needs():
-    assert NAMES == ["eager", "eager-nondeterministic", "eager-saver", "graphs-saver", "graphs-saver-small"]
+    assert NAMES == ["eager-torch-sampling", "eager", "graphs-saver", "graphs-saver-torch-sampling",
+                     "graphs-saver-deterministic"]
     assert _outcomes(dict.fromkeys(NAMES, "ok")) == {
-        "eager": "ok", "eager-nondeterministic": "ok", "eager-saver": "ok", "graphs-saver": "ok",
-        "graphs-saver-small": "skipped: graphs-saver generated",
-        "ran": [("eager", 190), ("eager-nondeterministic", 190), ("eager-saver", 90), ("graphs-saver", 150)]}
-    assert _outcomes({"eager": "timeout", "eager-nondeterministic": "ok"}) == {
-        "eager": "timeout", "eager-nondeterministic": "ok", "eager-saver": "skipped: eager did not generate",
-        "graphs-saver": "skipped: eager-saver did not run", "graphs-saver-small": "skipped: graphs-saver did not run",
-        "ran": [("eager", 190), ("eager-nondeterministic", 190)]}
-    graphs_fail = _outcomes({"eager": "ok", "eager-nondeterministic": "ok", "eager-saver": "ok",
-                             "graphs-saver": "failed (exit -9)", "graphs-saver-small": "ok"})
-    assert [name for name, _ in graphs_fail["ran"]] == NAMES
+        "eager-torch-sampling": "ok", "eager": "ok", "graphs-saver": "ok",
+        "graphs-saver-torch-sampling": "skipped: eager generated", "graphs-saver-deterministic": "ok",
+        "ran": [("eager-torch-sampling", 150), ("eager", 130), ("graphs-saver", 180),
+                ("graphs-saver-deterministic", 150)]}
+    # FlashInfer's sampling crashes (2026-12-02): the graphs run samples in PyTorch.
+    crash = _outcomes({"eager-torch-sampling": "ok", "eager": "failed (exit -11)", "graphs-saver-torch-sampling": "ok",
+                       "graphs-saver-deterministic": "ok"})
+    assert [name for name, _ in crash["ran"]] == [n for n in NAMES if n != "graphs-saver"]
+    assert crash["graphs-saver"] == "skipped: eager did not generate"
 
 
 def test_the_budget_shortens_the_last_timeout_and_skips_what_no_longer_fits(monkeypatch):
     assert decide(VARIANTS[0], {}, remaining=100.0) == (100.0, "")
     assert decide(VARIANTS[0], {}, remaining=29.0) == (None, "skipped: 29 s of the budget left")
-    assert decide(VARIANTS[2], {"eager": {"status": "ok"}}, remaining=500.0) == (90, "")
-    # 280 s: eager takes its 190, the non-deterministic one the 90 left, nothing is left for the saver.
-    outcomes = _outcomes(dict.fromkeys(NAMES, "ok"), budget=280.0, monkeypatch=monkeypatch)
-    assert outcomes["ran"] == [("eager", 190), ("eager-nondeterministic", 90)]
-    assert outcomes["eager-saver"] == "skipped: 0 s of the budget left"
+    assert decide(VARIANTS[2], {"eager": {"status": "ok"}}, remaining=500.0) == (180, "")
+    # 320 s: 150 + 130, then the graphs variant gets the 40 left and nothing is left for the last.
+    outcomes = _outcomes(dict.fromkeys(NAMES, "ok"), budget=320.0, monkeypatch=monkeypatch)
+    assert outcomes["ran"] == [("eager-torch-sampling", 150), ("eager", 130), ("graphs-saver", 40)]
+    assert outcomes["graphs-saver-deterministic"] == "skipped: 0 s of the budget left"
 
 
-def test_the_grpo_lane_takes_the_settings_of_the_variants_that_generated():
-    assert grpo_overrides({"eager": {"status": "timeout"}, "eager-nondeterministic": {"status": "skipped: x"}}) is None
+def test_the_grpo_lane_takes_the_settings_of_the_fastest_variant_that_generated():
+    assert grpo_overrides({"eager": {"status": "timeout"}, "graphs-saver": {"status": "skipped: x"}}) is None
     triton = "rollout.sglang.attention_backend=triton"
-    assert grpo_overrides({"eager": {"status": "timeout"}, "eager-nondeterministic": {"status": "ok"}}) == [
+    assert grpo_overrides({"eager": {"status": "ok", "tokens_per_s": 9000},
+                           "eager-torch-sampling": {"status": "ok", "tokens_per_s": 8000}}) == [
         triton, "rollout.sglang.deterministic=false",
         'rollout.sglang.engine_kwargs={log_level: "info", disable_cuda_graph: true}']
-    assert grpo_overrides({name: {"status": "ok"} for name in NAMES}) == [
-        triton, "rollout.sglang.deterministic=true", 'rollout.sglang.engine_kwargs={log_level: "info"}']
-    small = {"eager": "ok", "eager-saver": "ok", "graphs-saver": "timeout", "graphs-saver-small": "ok"}
-    assert grpo_overrides({name: {"status": s} for name, s in small.items()})[1:] == [
-        "rollout.sglang.deterministic=true", 'rollout.sglang.engine_kwargs={log_level: "info", '
-        'cuda_graph_max_bs_decode: 8, disable_prefill_cuda_graph: true}']
+    assert grpo_overrides({"graphs-saver-torch-sampling": {"status": "ok", "tokens_per_s": 30000},
+                           "graphs-saver-deterministic": {"status": "ok", "tokens_per_s": 5000},
+                           "eager": {"status": "failed (exit -11)"}}) == [
+        triton, "rollout.sglang.deterministic=false",
+        'rollout.sglang.engine_kwargs={log_level: "info", sampling_backend: "pytorch"}']
+    assert grpo_overrides({"graphs-saver-deterministic": {"status": "ok", "tokens_per_s": 5000}})[1:] == [
+        "rollout.sglang.deterministic=true", 'rollout.sglang.engine_kwargs={log_level: "info"}']
 
 
 def test_a_variants_phases_read_as_one_line():
@@ -186,13 +188,13 @@ def test_a_variants_child_records_each_phase_and_where_it_hung(tmp_path):
     status, result = child("eager", 120.0)
     assert status == "ok", (out / "eager" / "log.txt").read_text()
     # The tiny workload: 4 prompts x 4 samples x 8 tokens, each token's log-prob -2; the same seeds again
-    # give the same tokens under deterministic inference.
+    # give other tokens without deterministic inference (rlkit's default on GPUs).
     assert result["tokens"] == TINY.prompts * TINY.samples * TINY.response_tokens == 128
     assert result["phase"] == "done" and result["mean_log_prob"] == -2.0
-    assert result["honors_seeds"] is True and result["repeated"] is True
+    assert result["honors_seeds"] is False and result["repeated"] is False
     assert {"import_s", "started_s", "first_generate_s", "second_generate_s", "tokens_per_s"} <= result.keys()
-    status, result = child("eager-nondeterministic", 20.0, STAND_IN_HANGS="1")
+    status, result = child("eager-torch-sampling", 20.0, STAND_IN_HANGS="1")
     assert status == "timeout" and result["phase"] == "first generate" and "first_generate_s" not in result
-    stacks = "".join(p.read_text() for p in (out / "eager-nondeterministic").glob("stacks-*.txt"))
+    stacks = "".join(p.read_text() for p in (out / "eager-torch-sampling").glob("stacks-*.txt"))
     # In the stand-in's generate, from the timer and on SIGUSR1.
     assert len(re.findall(r'sglang/__init__\.py", line \d+ in generate', stacks)) == 2

@@ -49,12 +49,12 @@ class SGLangOptions(Section):
         "deterministically (fa3, fa4, flashinfer, triton).",
     )
     deterministic: bool = Field(
-        True,
-        description="SGLang's deterministic inference on GPUs (its --enable-deterministic-inference). true: "
-        "per-request seeds count, so rollouts repeat and a resumed run can be exact; SGLang then runs "
-        "batch-invariant kernels (slower; Triton compiles them on first use, docs/benchmarks.md). false: "
-        "SGLang's ordinary kernels, but the seeds are ignored, so rollouts are not reproducible and a "
-        "resumed run is not bit-exact (the engine warns). On a CPU seeds are always ignored.",
+        False,
+        description="SGLang's deterministic inference on GPUs (its --enable-deterministic-inference). false "
+        "(default): SGLang's ordinary kernels, but the seeds are ignored, so rollouts are not reproducible and "
+        "a resumed run is not bit-exact (the engine warns). true: per-request seeds count, so rollouts repeat "
+        "and a resumed run can be exact, at a large cost in speed: SGLang then runs batch-invariant kernels "
+        "and PyTorch sampling (docs/benchmarks.md, 'SGLang on an H200'). On a CPU seeds are always ignored.",
     )
     engine_kwargs: dict[str, Any] = Field(
         default_factory=dict,

@@ -6,8 +6,9 @@ sampled (SGLang's default: after temperature), in-place weight updates from name
 weights and KV cache during training. The engine runs its scheduler in a child process.
 
 Per-request seeds need SGLang's deterministic inference (its batch-invariant kernels), which
-only its GPU attention backends support and `rollout.sglang.deterministic=false` turns off: then,
-and on a CPU, the seeds are ignored (`honors_seeds` is False), so rollouts are not reproducible.
+only its GPU attention backends support and `rollout.sglang.deterministic=true` turns on. It is off
+by default, as it costs most of SGLang's speed: then, and on a CPU, the seeds are ignored
+(`honors_seeds` is False), so rollouts are not reproducible.
 Versions: docs/compatibility.md (0.5.17 is the newest for torch 2.11 on CUDA, 0.5.21 for torch 2.13).
 """
 
@@ -50,7 +51,7 @@ class SGLangEngine(RolloutEngine):
         max_num_seqs: int,
         sleep_mode: bool,
         attention_backend: str | None,
-        deterministic: bool = True,
+        deterministic: bool = False,
         engine_kwargs: dict[str, Any] | None = None,
     ) -> None:
         import sglang
@@ -65,8 +66,11 @@ class SGLangEngine(RolloutEngine):
                 "resumed run is not bit-exact (docs/compatibility.md)"
             )
         # Defaults a user may change through rollout.sglang.engine_kwargs: quiet logs, and CUDA graphs
-        # wherever they exist ({log_level: info, disable_cuda_graph: true} shows and shortens a slow start).
-        options = {"disable_cuda_graph": not on_gpu, "log_level": "error", **(engine_kwargs or {})}
+        # wherever they exist ({log_level: info, disable_cuda_graph: true} shows and shortens a slow start),
+        # captured up to a rollout's whole batch: SGLang captures decode graphs up to batch 256 on an H200
+        # (tensor parallel < 4), so a rollout of 512 sequences would decode without them until half had ended.
+        graphs = {"cuda_graph_max_bs_decode": max_num_seqs} if on_gpu else {}
+        options = {"disable_cuda_graph": not on_gpu, "log_level": "error", **graphs, **(engine_kwargs or {})}
         with _host_logging_kept(sglang_level=options["log_level"]), _longer_context_allowed():
             self.engine = sglang.Engine(
                 model_path=model_path,
