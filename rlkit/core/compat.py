@@ -21,7 +21,14 @@ TESTED: dict[str, dict[str, str]] = {
         "peft": "0.21",
         "sglang": "0.5.21",
     },
-    "gpu": {"python": "3.12", "torch": "2.11.0+cu130", "vllm": "0.26.0", "transformers": "5.17", "ray": "2.60"},
+    "gpu": {
+        "python": "3.12",
+        "torch": "2.11.0+cu130",
+        "vllm": "0.26.0",
+        "transformers": "5.17",
+        "ray": "2.60",
+        "sglang": "0.5.17",
+    },
 }
 # Below these, rlkit does not run (APIs it calls are missing).
 MINIMUM: dict[str, str] = {
