@@ -103,6 +103,8 @@ def demo_log(tmp_path_factory):
 
 
 def test_the_servers_tools_join_rlkits_own_with_their_schemas_and_start_once(demo_log):
+    mcp_tools.close_servers()  # this test counts the servers it starts
+    before = server_pids(demo_log)
     tools = load_tools(AgentConfig(loop="tool", tools=["python", SPEC]))
     assert [t.name for t in tools] == ["python", "calculator", "lookup", "misbehave"]
     assert tools[1].schema == {"type": "function", "function": {
@@ -117,7 +119,10 @@ def test_the_servers_tools_join_rlkits_own_with_their_schemas_and_start_once(dem
     env = ToolEnv(mcp_only, Guard(2), 100)
     env.reset({"index": 3, "ground_truth": "8"})
     assert env.step(call("lookup"))[0][0]["content"] == "8"
-    assert len(server_pids(demo_log)) == 1 and mcp_tools._servers[SPEC].starts == 1
+    [pid] = server_pids(demo_log) - before
+    assert mcp_tools._servers[SPEC].starts == 1 and not gone(pid)
+    mcp_tools.close_servers()
+    assert gone(pid)
 
 
 def test_calls_errors_and_timeouts_are_answered_as_rlkits_own_tools_are(demo_log):

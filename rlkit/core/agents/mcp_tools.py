@@ -230,6 +230,9 @@ class McpServer:
         connection.task = asyncio.ensure_future(self._hold(connection, ready))
         try:
             await asyncio.wait_for(asyncio.shield(ready), self.start_timeout_s)
+        except asyncio.CancelledError:  # the call that started it passed its deadline: no session left behind
+            connection.task.cancel()
+            raise
         except asyncio.TimeoutError:
             connection.task.cancel()  # the SDK stops the process it started even when cancelled
             why = f"did not start within {self.start_timeout_s:g} s (rollout.agent.call_timeout_s)"
