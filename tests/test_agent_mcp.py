@@ -173,7 +173,7 @@ def test_a_dead_server_fails_its_episode_with_its_row_and_is_started_again(tmp_p
     tools = load_tools(AgentConfig(loop="tool", tools=[SPEC]))
     limits = Limits(max_turns=2, max_tokens_per_turn=64, max_response_tokens=200, max_prompt_tokens=64)
     loop = AgentLoop(tok, lambda: ToolEnv(tools, Guard(5), 100), limits, Guard(10))
-    before = server_pids(demo_log)
+    starts = mcp_tools._servers[SPEC].starts
 
     def episode(action: str):
         turn = tok.encode(action, add_special_tokens=False)
@@ -193,7 +193,9 @@ def test_a_dead_server_fails_its_episode_with_its_row_and_is_started_again(tmp_p
     assert "step 1: the environment failed on row 0 (data_source 'synthetic/lookup', extra_info.index 100" in caplog.text
     alive = episode(call("lookup"))  # a new server answers
     assert alive.finish_reason != "error" and "5" in tok.decode(alive.response_ids)
-    assert len(server_pids(demo_log) - before) == 1 and all(gone(pid) for pid in before)
+    pids = {line.split(" ", 1)[1]: int(line.split()[0]) for line in demo_log.read_text().splitlines()}
+    assert pids["misbehave exit"] != pids["lookup row 0"] and gone(pids["misbehave exit"])
+    assert mcp_tools._servers[SPEC].starts == starts + 1
 
 
 def test_a_server_that_cannot_start_is_a_user_error_with_its_stderr():

@@ -177,7 +177,11 @@ class McpServer:
         connection = await self._connect()
         listed, cursor = [], None
         while True:
-            page = await connection.client.list_tools(cursor=cursor)
+            try:
+                page = await asyncio.wait_for(connection.client.list_tools(cursor=cursor), self.start_timeout_s)
+            except asyncio.TimeoutError:
+                why = f"did not list its tools within {self.start_timeout_s:g} s (rollout.agent.call_timeout_s)"
+                raise ToolUnavailable(f"MCP server {self.spec.text!r} {why}") from None
             listed += page.tools
             cursor = page.next_cursor
             if not cursor:
