@@ -6,6 +6,8 @@ the test's process too (conftest.run_cli_in_process)."""
 from __future__ import annotations
 
 import json
+import sys
+from pathlib import Path
 
 import pytest
 from click.testing import Result
@@ -100,3 +102,29 @@ def test_a_failing_environment_costs_episodes_then_stops_the_run_above_the_rate(
 
     strict = _train(tmp_path, "strict", *env, "rollout.agent.max_error_rate=0", exit_code=2)
     assert "more than rollout.agent.max_error_rate=0 allows" in strict.stderr
+
+
+def _gone(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z"  # a zombie runs nothing
+    except FileNotFoundError:
+        return True
+
+
+def test_the_demo_trains_with_its_tool_served_by_an_mcp_server(tmp_path, monkeypatch):
+    """The demo's `lookup` from tests/mcp_server_demo.py over stdio: its schema in the prompts, the policy's
+    calls answered by the server (with the row it reads from the call's _meta), one server for the
+    controller's schemas and the in-process worker's calls, stopped when the run ends."""
+    log = tmp_path / "calls.log"
+    monkeypatch.setenv("RLKIT_MCP_DEMO_LOG", str(log))  # the server writes its pid and each call there
+    server = f"mcp:stdio:{sys.executable} {Path(__file__).with_name('mcp_server_demo.py')}"
+    # 32 prompts x 8 samples a step: the untrained policy calls (1 token of 64) in ~4 episodes of each step.
+    _train(tmp_path, "mcp", f"rollout.agent.tools=[{server}]", "data.train_batch_size=32", "trainer.total_steps=2",
+           "trainer.val_before_train=false")
+    rows = _metrics(tmp_path, "mcp")
+    assert [row["step"] for row in rows] == [1, 2]
+    assert all(row["agent/env_errors"] == 0 for row in rows) and max(row["agent/turns_mean"] for row in rows) > 1
+    calls = log.read_text().splitlines()
+    assert sum(" lookup row " in line for line in calls) >= 2
+    [pid] = {int(line.split()[0]) for line in calls}
+    assert _gone(pid)

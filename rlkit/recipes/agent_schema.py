@@ -66,7 +66,10 @@ class AgentConfig(BaseModel):
         default_factory=list,
         description="loop=tool: built-in tools (calculator, python) and your own as 'path/file.py:function' "
         "(JSON schema from its type hints and docstring; a parameter named `row` receives the "
-        "episode's data row and is not shown to the model).",
+        "episode's data row and is not shown to the model), and MCP servers, each bringing all its tools: "
+        "'mcp:stdio:COMMAND ARGS' (started once per rollout worker, stopped at the end of the run) or "
+        "'mcp:http://HOST:PORT/mcp' (a running streamable-HTTP server); the row goes in each call's "
+        "_meta as 'rlkit/row' (docs/agents.md).",
     )
     max_turns: int = Field(
         4, ge=1, description="Policy turns per episode; an episode still running after them is marked truncated."

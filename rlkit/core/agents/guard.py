@@ -32,6 +32,7 @@ _SPARE_IDLE_S = 60.0
 class Outcome:
     value: Any = None
     error: str | None = None  # the exception's traceback, or why the call timed out
+    exception: BaseException | None = None  # what the call raised, for a caller that tells kinds apart
 
 
 class Guard:
@@ -71,7 +72,7 @@ class Guard:
             return Outcome(error=self._timeout_message())
         error = task.exception()  # user code may raise anything: it costs one call
         if error is not None:
-            return Outcome(error="".join(traceback.format_exception(error)).rstrip())
+            return Outcome(error="".join(traceback.format_exception(error)).rstrip(), exception=error)
         return Outcome(value=task.result())
 
     async def _invoke(self, fn: Callable[..., Any], args: tuple) -> Any:

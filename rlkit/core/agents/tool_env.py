@@ -3,18 +3,11 @@
 from __future__ import annotations
 
 import functools
-import inspect
 import json
 from typing import TYPE_CHECKING, Any
 
 from rlkit.core.agents.guard import Guard
-from rlkit.core.agents.tools import (
-    ROW_PARAMETER,
-    Tool,
-    ToolCall,
-    ToolDefinitionError,
-    parse_tool_calls,
-)
+from rlkit.core.agents.tools import Tool, ToolCall, ToolDefinitionError, ToolUnavailable, parse_tool_calls
 from rlkit.core.registrations import BUILTIN_TOOLS
 from rlkit.errors import UserError
 
@@ -25,17 +18,25 @@ KEY = "rollout.agent.tools"
 
 
 def load_tools(config: AgentConfig) -> list[Tool]:
-    """The tools `rollout.agent.tools` names, each with its schema; UserError for a bad one."""
+    """The tools `rollout.agent.tools` names, each with its schema; UserError for a bad one. An MCP server
+    ('mcp:...') brings all of its tools, and is started here (once per process: rlkit.core.agents.mcp_tools)."""
+    from rlkit.core.agents.mcp_tools import is_mcp, server_tools
     from rlkit.core.rewards.custom import load_function
 
-    tools = []
+    tools: list[Tool] = []
     for spec in config.tools:
+        if is_mcp(spec):
+            tools += server_tools(spec, config.call_timeout_s, KEY)
+            continue
         if spec in BUILTIN_TOOLS:
             fn = BUILTIN_TOOLS.get(spec)(config)
         elif ":" in spec:
             fn = load_function(spec, KEY)
         else:
-            raise UserError(f"{KEY}: {BUILTIN_TOOLS.unknown_message(spec)}; name your own as 'path/file.py:function'")
+            raise UserError(
+                f"{KEY}: {BUILTIN_TOOLS.unknown_message(spec)}; name your own as 'path/file.py:function', "
+                "or an MCP server as 'mcp:stdio:COMMAND' or 'mcp:http://HOST:PORT/mcp'"
+            )
         try:
             tools.append(Tool.from_function(fn))
         except ToolDefinitionError as exc:
@@ -93,6 +94,8 @@ class ToolEnv:
                 answers.append(None)
         outcomes = self.guard.call_all([(fn, ()) for _, fn in runnable])
         for (index, _), outcome in zip(runnable, outcomes):
+            if isinstance(outcome.exception, ToolUnavailable):  # not the model's doing: the episode fails
+                raise outcome.exception
             if outcome.error is not None:
                 answers[index] = f"error: {outcome.error.strip().splitlines()[-1]}"
             else:
@@ -107,14 +110,7 @@ class ToolEnv:
         tool = self.tools.get(call.name)
         if tool is None:
             return f"error: there is no tool {call.name!r}; the tools are {', '.join(sorted(self.tools))}"
-        arguments = dict(call.arguments)
-        if tool.wants_row:
-            arguments[ROW_PARAMETER] = self.row
-        try:
-            inspect.signature(tool.fn).bind(**arguments)
-        except TypeError as exc:
-            return f"error: wrong arguments for {call.name}: {exc}"
-        return functools.partial(tool.fn, **arguments)
+        return tool.bind(call.arguments, self.row)
 
     def cut(self, text: str) -> str:
         if len(text) <= self.output_chars:

@@ -14,6 +14,7 @@ an error message the model can read, never a crash.
 
 from __future__ import annotations
 
+import functools
 import inspect
 import json
 import re
@@ -32,6 +33,11 @@ class ToolDefinitionError(ValueError):
     """A function that cannot be offered as a tool (message says why)."""
 
 
+class ToolUnavailable(RuntimeError):
+    """Raised by a tool whose service is gone (an MCP server that exited): the episode fails (scored 0,
+    reported with its row) instead of the model reading an error it did not cause."""
+
+
 @dataclass
 class Tool:
     fn: Callable[..., Any]
@@ -48,6 +54,18 @@ class Tool:
     @classmethod
     def from_function(cls, fn: Callable[..., Any]) -> Tool:
         return cls(fn, function_schema(fn))
+
+    def bind(self, arguments: dict[str, Any], row: dict[str, Any]) -> functools.partial | str:
+        """The call ready to run (with the episode's `row` where the function takes one), or an error
+        message for the model when the arguments do not fit the function."""
+        arguments = dict(arguments)
+        if self.wants_row:
+            arguments[ROW_PARAMETER] = row
+        try:
+            inspect.signature(self.fn).bind(**arguments)
+        except TypeError as exc:
+            return f"error: wrong arguments for {self.name}: {exc}"
+        return functools.partial(self.fn, **arguments)
 
 
 @dataclass

@@ -13,6 +13,7 @@ from typing import Any
 
 import torch
 
+from rlkit.core.agents.mcp_tools import close_servers
 from rlkit.core.agents.preflight import WEAK_SANDBOX_WARNING, uses_sandbox
 from rlkit.core.algos.algorithm import Algorithm
 from rlkit.core.algos.kl import kl_estimate
@@ -258,11 +259,14 @@ class Controller:
         self.completed_steps = state["step"]
 
     def close(self) -> None:
-        self.scorer.close()
-        if self.critic is not None:
-            self.critic.shutdown()
-        self.placement.shutdown()
-        self.backend.shutdown()
+        try:
+            self.scorer.close()
+            if self.critic is not None:
+                self.critic.shutdown()
+            self.placement.shutdown()
+            self.backend.shutdown()
+        finally:  # the MCP tool servers this process started (the prompts' schemas; in-process workers' calls)
+            close_servers()
 
 
 def save_run_checkpoint(
