@@ -35,10 +35,10 @@ def _rows(tok, env: str) -> list[PromptRow]:
             for i, r in enumerate(built)]
 
 
-def _run(tok, spec: str, replies: dict[str, list[str]], *, max_turns=3, timeout=5.0):
+def _run(tok, spec: str, replies: dict[str, list[str]], *, max_turns=3, total=64, timeout=5.0):
     """Each prompt's policy replies, turn by turn (keyed by the task's prompt), through the agent loop."""
     env = load_verifiers_env(spec)
-    limits = Limits(max_turns=max_turns, max_tokens_per_turn=4, max_response_tokens=64, max_prompt_tokens=32)
+    limits = Limits(max_turns=max_turns, max_tokens_per_turn=4, max_response_tokens=total, max_prompt_tokens=32)
     loop = AgentLoop(tok, lambda: VerifiersEpisode(env), limits, Guard(timeout))
 
     def policy(context: list[int]) -> tuple[list[int], bool]:
@@ -91,6 +91,13 @@ def test_an_episode_cut_at_max_turns_is_still_scored_by_the_rubric(tok):
     [_, cut, _] = _run(tok, GUESS, {"0+1=": ["1"], "1+1=": ["5"], "2+1=": ["3"]}, max_turns=1)
     assert cut.finish_reason == "truncated" and cut.reward == 0.5 and cut.info["env_error"] is None
     assert cut.loss_mask == [1, 1]  # the env's answer to a turn that had no successor is not appended
+
+
+def test_a_turn_cut_at_the_token_limit_reaches_the_rubric(tok):
+    # A one-token response: "22" for 1+1= is cut to "2" (step never sees it), which the rubric scores right and
+    # brief (2.5).
+    [_, cut, _] = _run(tok, "verifiers:vf_arith", {"0+1=": ["1"], "1+1=": ["22"], "2+1=": ["3"]}, total=1)
+    assert cut.finish_reason == "truncated" and cut.response_ids == tok.encode("2") and cut.reward == 2.5
 
 
 FAILING = '''
