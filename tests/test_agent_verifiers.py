@@ -31,7 +31,8 @@ def _rows(tok, env: str) -> list[PromptRow]:
     built = build_verifiers(env=env)["train"]
     return [PromptRow(index=i, prompt_token_ids=tok.apply_chat_template(r["prompt"], add_generation_prompt=True,
                                                                          tokenize=True, return_dict=False),
-                      data_source=r["data_source"], ground_truth="", extra_info=r["extra_info"], prompt=r["prompt"])
+                      data_source=r["data_source"], ground_truth=r["reward_model"]["ground_truth"],
+                      extra_info=r["extra_info"], prompt=r["prompt"])
             for i, r in enumerate(built)]
 
 
@@ -57,7 +58,7 @@ def test_prep_data_writes_the_tasksets_tasks_as_rows():
                                                      [{"role": "user", "content": "1+1="}]]
     [test] = split["test"]
     assert test["data_source"] == "verifiers/vf_arith" and test["extra_info"]["split"] == "test"
-    assert json.loads(test["extra_info"]["verifiers_task"])["answer"] == "3"
+    assert json.loads(test["reward_model"]["ground_truth"])["answer"] == "3"
 
 
 def test_the_rubric_scores_a_single_turn_episode_and_each_reward_is_reported(tok):

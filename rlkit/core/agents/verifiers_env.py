@@ -12,8 +12,8 @@ exchange closes, the Task scores the conversation (`Task.score`, as a verifiers 
 `Env.finalize` runs; the episode's reward is the trace's weighted sum, and each reward's score and each
 metric is logged (`verifiers/reward/<name>`, `verifiers/metric/<name>`).
 
-The data: `rlkit prep-data verifiers -o env=ENV` writes the taskset's tasks as rows whose
-`extra_info.verifiers_task` holds the task's data; each episode rebuilds its Task from it.
+The data: `rlkit prep-data verifiers -o env=ENV` writes the taskset's tasks as rows whose ground truth
+(`reward_model.ground_truth`) is the task's data as JSON; each episode rebuilds its Task from it.
 """
 
 from __future__ import annotations
@@ -28,7 +28,6 @@ from rlkit.errors import UserError
 
 PREFIX = "verifiers:"
 KEY = "rollout.agent.loop"
-TASK_COLUMN = "verifiers_task"  # the key in a row's extra_info that holds its task's data (JSON)
 
 
 def _vf() -> Any:
@@ -98,8 +97,8 @@ def build_verifiers(source: str | None = None, *, env: str = "", test_size: int 
             "data_source": f"verifiers/{env}",
             "prompt": messages,
             "ability": "verifiers",
-            "reward_model": {"style": "verifiers", "ground_truth": ""},
-            "extra_info": {"index": index, TASK_COLUMN: data},
+            "reward_model": {"style": "verifiers", "ground_truth": data},
+            "extra_info": {"index": index},
         }
         for index, (messages, data) in enumerate(tasks)
     ]
@@ -141,13 +140,15 @@ class VerifiersEpisode:
 
     async def reset(self, row: dict[str, Any]) -> list[dict[str, Any]] | None:
         vf = _vf()
-        payload = (row.get("extra_info") or {}).get(TASK_COLUMN)
-        if payload is None:
-            raise ValueError(
-                f"the row has no extra_info.{TASK_COLUMN}; build the data with `rlkit prep-data verifiers -o env=...`"
-            )
         task_cls = type(self.env.taskset).task_type()
-        task = task_cls(task_cls.data_type().model_validate(json.loads(payload)), self.env.taskset.config.task)
+        try:
+            data = task_cls.data_type().model_validate_json(row["ground_truth"])
+        except ValueError as exc:
+            raise ValueError(
+                f"the row's ground truth is not a {task_cls.__name__}'s data as JSON ({exc}); build the data "
+                "with `rlkit prep-data verifiers -o env=...`"
+            ) from None
+        task = task_cls(data, self.env.taskset.config.task)
         self._wants = asyncio.get_running_loop().create_future()
         self._run = asyncio.ensure_future(self._play(vf, task))
         wanted = await self._next()
@@ -266,6 +267,8 @@ class _Exchange:
         if self.over:
             return vf.Segment(messages=[], terminated=True)
         first = not self.trace.nodes
+        if first and self.task.data.prompt is not None and message is not None:  # verifiers' own contract
+            raise ValueError("the task's prompt opens this exchange: take its first reply with a bare turn()")
         new = opening_messages(self.task.data, message) if first else as_dicts(message)
         if not new:
             raise ValueError("turn() needs a message here: the task has no prompt to open the exchange with")
