@@ -34,6 +34,8 @@ def test_bad_environment_code_exits_2_before_ray(tmp_path, source, overrides, me
      "rollout.agent.loop='chat': choose one of single_turn, tool, env, verifiers:ENV (a verifiers environment), or"),
     (["rollout.agent.loop=verifiers:no_such_env"], "rollout.agent.loop=verifiers:no_such_env: loading the environment "
      "failed: ModuleNotFoundError: taskset 'no_such_env' not found"),
+    (["rollout.agent.loop=verifiers:vf_arith", "reward.function=x.py:f"],
+     "reward.function is set but rollout.agent.loop=verifiers:vf_arith is scored by its rubric; drop it"),
     (["rollout.agent.loop=verifiers:vf_arith", "rollout.agent.tools=[calculator]"],
      "rollout.agent.env and rollout.agent.tools are not used by rollout.agent.loop=verifiers:vf_arith"),
     (["rollout.agent.tools=[calculator]"], "rollout.agent.tools is set but rollout.agent.loop=single_turn never uses it"),

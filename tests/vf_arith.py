@@ -1,5 +1,5 @@
 """A verifiers 0.4 taskset for the tests, importable by its id `vf_arith` (verifiers' installed-environment
-convention): three one-digit sums; a rubric of two weighted rewards and a metric."""
+convention): four one-digit sums; a rubric of two weighted rewards and a metric."""
 
 from __future__ import annotations
 
@@ -30,5 +30,5 @@ class ArithTask(vf.Task[ArithData]):
 
 class ArithTaskset(vf.Taskset[ArithTask]):
     def load(self):
-        for a in range(3):
+        for a in range(4):
             yield ArithTask(ArithData(prompt=f"{a}+1=", answer=str(a + 1)))

@@ -137,6 +137,7 @@ class VerifiersEpisode:
         self._reply: asyncio.Future | None = None
         self._cut = False  # the loop ended the episode: every later turn is terminated
         self._run: asyncio.Task | None = None
+        self.trace: Any = None  # the policy's vf.Trace, scored, once Env.run() and finalize ended
 
     async def reset(self, row: dict[str, Any]) -> list[dict[str, Any]] | None:
         vf = _vf()
@@ -167,9 +168,8 @@ class VerifiersEpisode:
         """The loop cut the episode (max_turns or the token limit): the pending turn gets `action` (the cut turn,
         None when step() already had it), every later turn comes back terminated, and the rubric scores it."""
         self._cut = True
-        self._answer(action)
-        while await self._next() is not None:
-            self._answer(None)
+        self._answer(action)  # the env's run is waiting for this reply: from here on, it only ends
+        await self._next()
         return self._reward()
 
     def _answer(self, action: str | None) -> None:
@@ -236,11 +236,16 @@ class _PolicySeat:
         """One reply to the task's prompt (verifiers: one harness segment), scored."""
         async with self.interaction(task) as exchange:
             await exchange.turn()
+            exchange.trace.stop("agent_completed")
         return exchange.trace
 
     @contextlib.asynccontextmanager
     async def interaction(self, task: Any, **_: Any) -> AsyncIterator[_Exchange]:
         """A conversation the env drives with turn(message); leaving it scores the trace (Task.score)."""
+        if self.trace is not None:
+            raise ValueError(
+                "the environment opened a second exchange with the policy; rlkit trains one conversation per episode"
+            )
         vf = self.vf
         trace = vf.Trace(
             task=vf.TraceTask(type=type(task).__name__, data=task.data, key=task.key, hash=task.hash),
@@ -249,8 +254,7 @@ class _PolicySeat:
         self.trace = trace
         exchange = _Exchange(self.episode, vf, task, trace)
         yield exchange
-        if trace.stop_condition is None:
-            trace.stop("user_closed")
+        trace.stop("user_closed")  # keeps a condition set before (agent_completed, max_turns)
         await task.score(trace)
         trace.is_completed, trace.ok = True, True
 

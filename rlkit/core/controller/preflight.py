@@ -136,8 +136,15 @@ class Preflight:
             f"data: {len(rows)} training prompts of {where}, each within "
             f"data.max_prompt_length={data.max_prompt_length}"
         )
-        if self.config.rollout.agent.loop.startswith(VERIFIERS):  # its rubric scores every episode
-            self.checked.append(f"reward: the rubric of rollout.agent.loop={self.config.rollout.agent.loop}")
+        loop = self.config.rollout.agent.loop
+        if loop.startswith(VERIFIERS):  # its rubric scores every episode
+            for key, value in (
+                ("reward.function", self.config.reward.function),
+                ("reward_model.path", self.config.reward_model.path),
+            ):
+                if value:
+                    raise UserError(f"{key} is set but rollout.agent.loop={loop} is scored by its rubric; drop it")
+            self.checked.append(f"reward: the rubric of rollout.agent.loop={loop}")
         elif not self.config.reward_model.path:
             self.checked.append(check_reward_functions(self.config.reward, [r.data_source for r in rows], where))
             if self.dry_run:  # a real run scores rows at step 1 anyway; a dry run has no other chance
