@@ -57,6 +57,11 @@ $(STAMP): pyproject.toml Makefile
 	# above; these four are all `sglang.Engine` on a CPU imports beyond them. torchvision: its tests
 	# bring a stand-in (tests/stubs).
 	$(UV_PIP) install $(UV_ARGS) --no-deps sglang==0.5.21 orjson==3.13.0 ipython==9.18.1 traitlets==5.16.1 gguf==0.19.0
+	# verifiers 0.4 (rollout.agent.loop=verifiers:ENV, docs/agents.md). --no-deps: its metadata pins openai<3 and
+	# mcp==2.0.0, older than the openai and mcp this venv holds (rlkit runs it with them); `import verifiers.v1` needs only these.
+	$(UV_PIP) install $(UV_ARGS) --no-deps verifiers==0.4.0 prime-pydantic-config==0.4.3 renderers==0.1.12 \
+		prime-sandboxes==0.4.2 tenacity==9.2.1 connectrpc==0.11.1 pyqwest==0.12.0 protobuf-py==0.1.1 \
+		aiofiles==25.1.0 tomli-w==1.2.0
 	# The stack imports; this also writes the .pyc of all it imports, which every engine and worker imports again.
 	$(BIN)/python -c "import torch, transformers, vllm, ray, sglang; print('rlkit venv ok: torch', torch.__version__, 'vllm', vllm.__version__, 'sglang', sglang.__version__)"
 	touch $@

@@ -128,3 +128,23 @@ def test_the_demo_trains_with_its_tool_served_by_an_mcp_server(tmp_path, monkeyp
     assert sum(" lookup row " in line for line in calls) >= 2
     [pid] = {int(line.split()[0]) for line in calls}
     assert _gone(pid)
+def test_a_verifiers_environment_trains_through_the_cli(tmp_path):
+    """prep-data writes vf_arith's tasks; the tiny model plays the multi-turn guessing env (tests/vf_guess.py)
+    for two steps; its rubric's rewards are the metrics, validation runs its episodes, inspect shows a step."""
+    pytest.importorskip("verifiers.v1")
+    run_cli_in_process("prep-data", "verifiers", "-o", "env=vf_arith", "-o", "test_size=1", "--out", f"{tmp_path}/d")
+    guess = f"{Path(__file__).parent}/vf_guess.py:guess_env"
+    _train(tmp_path, "vf", f"rollout.agent.loop=verifiers:{guess}", "rollout.agent.tools=[]",
+           "data.synthetic_task=null",           f"data.train_files=[{tmp_path}/d/train.parquet]", f"data.val_files=[{tmp_path}/d/test.parquet]",
+           "data.train_batch_size=2", "actor.mini_batch_size=2", "rollout.n=4", "data.max_response_length=16",
+           "trainer.total_steps=2", "trainer.val_freq=2", "trainer.val_n=0", "trainer.record_rollouts=true")
+    rows = _metrics(tmp_path, "vf")
+    assert [row["step"] for row in rows] == [1, 2] and all(row["agent/env_errors"] == 0 for row in rows)
+    for row in rows:  # the rubric's weighted sum: correct x 2.0 + brief x 0.5, each reported on its own
+        rubric = 2.0 * row["verifiers/reward/correct"] + 0.5 * row["verifiers/reward/brief"]
+        assert row["reward/mean"] == pytest.approx(rubric) and 1.0 <= row["verifiers/metric/guesses"] <= 2.0
+    assert max(row["rollout/log_prob_diff"] for row in rows) < 1e-4
+    validated = [json.loads(line) for line in (tmp_path / "vf" / "metrics.jsonl").read_text().splitlines()]
+    assert [row["step"] for row in validated if "val/reward/mean@1" in row] == [0, 2]
+    shown = run_cli_in_process("inspect", "vf", "--step", "1", f"--runs-dir={tmp_path}")
+    assert f"step 1 of vf: samples 8, groups 2, reward_mean {rows[0]['reward/mean']:.4g}," in shown.stdout

@@ -59,7 +59,7 @@ def test_two_turn_tool_episode_keeps_the_engines_tokens_and_masks_the_tools(tiny
     # ... and turn 2's contexts are the prompt + turn 1 + the tool's tokens, exactly.
     assert engine.calls[1][0][0] == data[0].prompt_token_ids + first.response_ids[:6]
     assert engine.calls[0][1].seed != engine.calls[1][1].seed
-    assert all(t.reward is None and t.info == {"turns": 2, "env_error": None} for t in trajectories)
+    assert all(t.reward is None and t.info == {"turns": 2, "env_error": None, "env_metrics": {}} for t in trajectories)
 
 
 def test_an_answer_without_a_call_ends_the_episode(tiny_tokenizer):
@@ -195,3 +195,32 @@ def test_messages_the_template_cannot_write_cost_the_episode(tmp_path):
                        (Refusing, "TemplateError: system only first")):
         [t] = AgentLoop(tok, env, limits, Guard(2.0)).run(engine, rows(tok, ["x"], ["1"]), [0], Sampling(n=1))
         assert t.finish_reason == "error" and error in t.info["env_error"], t.info
+
+
+def test_an_environment_may_score_a_cut_episode_and_report_metrics(tiny_tokenizer):
+    """truncate(action) gets the turn step() never saw (cut at the response limit) and its number is the reward;
+    episode_metrics travels with the trajectory."""
+    tok = tiny_tokenizer
+
+    class Scoring:
+        episode_metrics: dict = {}
+
+        def reset(self, row):
+            return None
+
+        def step(self, action):
+            return "again", 0.25, False
+
+        def truncate(self, action):
+            self.episode_metrics = {"cut/length": float(len(action or ""))}
+            return 0.5 if action == "55" else None
+
+    five = tok.convert_tokens_to_ids("5")
+    engine = ScriptedEngine(lambda ctx: ([five, five, five], False))
+    cut_by_length = Limits(max_turns=3, max_tokens_per_turn=3, max_response_tokens=2, max_prompt_tokens=32)
+    [t] = AgentLoop(tok, Scoring, cut_by_length, Guard(2.0)).run(engine, rows(tok, ["x"], ["5"]), [0], Sampling(n=1))
+    assert t.finish_reason == "truncated" and t.reward == 0.5 and t.info["env_metrics"] == {"cut/length": 2.0}
+    cut_by_turns = Limits(max_turns=1, max_tokens_per_turn=1, max_response_tokens=16, max_prompt_tokens=32)
+    [t] = AgentLoop(tok, Scoring, cut_by_turns, Guard(2.0)).run(engine, rows(tok, ["x"], ["5"]), [0], Sampling(n=1))
+    assert t.finish_reason == "truncated" and t.reward == 0.25  # step's 0.25; truncate(None) added nothing
+    assert t.info["env_metrics"] == {"cut/length": 0.0}

@@ -103,6 +103,7 @@ DATASET_BUILDERS = Registry(
         "humaneval": "rlkit.core.data.humaneval:build_humaneval",
         "math": "rlkit.core.data.math:build_math",
         "synthetic": f"{_SYNTHETIC}:build_synthetic",
+        "verifiers": "rlkit.core.agents.verifiers_env:build_verifiers",
     },
 )
 

@@ -51,7 +51,9 @@ class AgentConfig(BaseModel):
         description="single_turn: one completion per sample (no agent code). tool: the policy calls "
         "rollout.agent.tools in the Hermes/Qwen2.5 `<tool_call>{json}</tool_call>` format and sees "
         "their results as tool messages; a turn without a call ends the episode. env: "
-        "rollout.agent.env answers every turn (reset/step). 'path/file.py:fn': your "
+        "rollout.agent.env answers every turn (reset/step). verifiers:ENV: a verifiers 0.4 environment (an "
+        "installed id, or path/file.py:fn returning a vf.Env) answers, its rubric is the reward. "
+        "'path/file.py:fn': your "
         "`async def rollout(client, row) -> float` drives each episode through an openai client "
         "served by the rollout worker (docs/agents.md).",
     )

@@ -10,6 +10,10 @@ How an episode ends (Trajectory.finish_reason): "stop" when the environment says
 "truncated" when it runs out of turns (rollout.agent.max_turns) or of tokens (the response,
 every turn together, is cut at data.max_response_length); "error" when the environment
 raised, timed out or returned something unusable, which scores it 0.
+
+An environment with `truncate(action)` scores the episodes the loop cut (`action`: the cut turn's text
+when step() never saw it, else None; it returns a number or None), and one with an `episode_metrics`
+dict reports it with the episode (logged as the mean over the episodes that report each key).
 """
 
 from __future__ import annotations
@@ -48,6 +52,7 @@ class Episode:
     rewards: list[float] = field(default_factory=list)  # the numbers the environment gave
     turns: int = 0
     last_turn: list[int] = field(default_factory=list)  # the policy's tokens of the turn being stepped
+    stepped: bool = False  # the environment's step() has seen last_turn
     finish_reason: str | None = None  # None while running
     error: str | None = None
 
@@ -81,8 +86,14 @@ class Episode:
             log_probs=self.log_probs if with_log_probs else [],
             finish_reason=self.finish_reason,
             reward=reward,
-            info={"turns": self.turns, "env_error": self.error},
+            info={"turns": self.turns, "env_error": self.error, "env_metrics": self.env_metrics()},
         )
+
+    def env_metrics(self) -> dict[str, float]:
+        reported = getattr(self.env, "episode_metrics", None)
+        if self.error is not None or not isinstance(reported, dict):
+            return {}
+        return {str(k): float(v) for k, v in reported.items() if isinstance(v, (int, float))}
 
 
 class AgentLoop:
@@ -113,6 +124,7 @@ class AgentLoop:
                 break
             self.generate(engine, active, sampling, turn)
             self.step([e for e in active if e.running], last=turn == self.limits.max_turns - 1)
+        self.truncate([e for e in episodes if e.finish_reason == "truncated"])
         return [e.trajectory(sampling.log_probs) for e in episodes]
 
     def start(self, episodes: list[Episode]) -> None:
@@ -153,7 +165,7 @@ class AgentLoop:
             tokens = sample.token_ids[:budget]
             episode.append(tokens, policy=True, log_probs=sample.log_probs[:budget] if sampling.log_probs else None)
             episode.turns += 1
-            episode.last_turn = tokens
+            episode.last_turn, episode.stepped = tokens, False
             if len(sample.token_ids) > budget or (
                 len(episode.response_ids) >= limits.max_response_tokens and not sample.finished
             ):
@@ -164,6 +176,7 @@ class AgentLoop:
         actions = [self.tokenizer.decode(e.last_turn, skip_special_tokens=True) for e in episodes]
         outcomes = self.guard.call_all([(e.env.step, (action,)) for e, action in zip(episodes, actions)])
         for episode, outcome in zip(episodes, outcomes):
+            episode.stepped = True
             if outcome.error is not None:
                 episode.fail(f"step failed:\n{outcome.error}")
                 continue
@@ -180,6 +193,23 @@ class AgentLoop:
                 episode.finish_reason = "truncated"
             else:
                 self.answer(episode, messages)
+
+    def truncate(self, episodes: list[Episode]) -> None:
+        """Environments that score a cut episode (truncate) do; a failure there is the episode's, as in step."""
+        cut = [e for e in episodes if callable(getattr(e.env, "truncate", None))]
+        actions = [None if e.stepped else self.tokenizer.decode(e.last_turn, skip_special_tokens=True) for e in cut]
+        outcomes = self.guard.call_all([(e.env.truncate, (action,)) for e, action in zip(cut, actions)])
+        for episode, outcome in zip(cut, outcomes):
+            if outcome.error is not None:
+                episode.fail(f"truncate failed:\n{outcome.error}")
+                continue
+            try:
+                _, reward, _ = parse_step((None, outcome.value, True))
+            except ValueError as exc:
+                episode.fail(str(exc).replace("step returned", "truncate returned"))
+                continue
+            if reward is not None:
+                episode.rewards.append(reward)
 
     def answer(self, episode: Episode, messages: list[dict[str, Any]]) -> None:
         try:

@@ -11,6 +11,8 @@ from rlkit.core.agents.chat import TurnBoundary
 from rlkit.core.agents.client_loop import agent_function
 from rlkit.core.agents.envs import load_env_class
 from rlkit.core.agents.tool_env import load_tools
+from rlkit.core.agents.verifiers_env import PREFIX as VERIFIERS
+from rlkit.core.agents.verifiers_env import load_verifiers_env
 from rlkit.core.sandbox.isolation import SETTING, require_isolation
 from rlkit.errors import UserError
 
@@ -34,8 +36,8 @@ def check_agent(agent: AgentConfig, tokenizer: Any, *, max_response_length: int,
     template cannot write the loop's messages)."""
     if agent.loop not in LOOPS and ":" not in agent.loop:
         raise UserError(
-            f"rollout.agent.loop={agent.loop!r}: choose one of {', '.join(LOOPS)}, or your own "
-            "`async def rollout(client, row)` as path/file.py:function"
+            f"rollout.agent.loop={agent.loop!r}: choose one of {', '.join(LOOPS)}, verifiers:ENV (a verifiers "
+            "environment), or your own `async def rollout(client, row)` as path/file.py:function"
         )
     if agent.loop == "single_turn":
         for key, value in (("env", agent.env), ("tools", agent.tools)):
@@ -51,7 +53,15 @@ def check_agent(agent: AgentConfig, tokenizer: Any, *, max_response_length: int,
             f"response may hold (data.max_response_length={max_response_length})"
         )
     tools, role = None, "tool"
-    if agent.loop not in LOOPS:  # an agent function: it writes its own messages
+    if agent.loop.startswith(VERIFIERS):  # a verifiers environment: it writes user messages
+        role = "user"
+        if agent.env or agent.tools:
+            raise UserError(
+                f"rollout.agent.env and rollout.agent.tools are not used by rollout.agent.loop={agent.loop} "
+                "(the verifiers environment answers the policy's turns); drop them"
+            )
+        load_verifiers_env(agent.loop)
+    elif agent.loop not in LOOPS:  # an agent function: it writes its own messages
         if agent.env or agent.tools:
             raise UserError(
                 "rollout.agent.env and rollout.agent.tools are not used by an agent function "

@@ -35,7 +35,12 @@ def episode_metrics(trajectories: list[Trajectory], config: AgentConfig, at: str
         )
     count = max(len(trajectories), 1)
     env_tokens = sum(len(t.loss_mask) - sum(t.loss_mask) for t in trajectories)
+    reported: dict[str, list[float]] = {}
+    for t in trajectories:
+        for key, value in (t.info.get("env_metrics") or {}).items():
+            reported.setdefault(key, []).append(value)
     return {
+        **{key: sum(values) / len(values) for key, values in reported.items()},
         "agent/env_errors": float(len(failed)),
         "agent/turns_mean": sum(t.info.get("turns", 0) for t in trajectories) / count,
         "agent/truncated": sum(t.finish_reason == "truncated" for t in trajectories) / count,

@@ -16,6 +16,8 @@ from rlkit.core.agents.envs import env_factory, load_env_class
 from rlkit.core.agents.guard import Guard
 from rlkit.core.agents.loop import AgentLoop, Limits
 from rlkit.core.agents.tool_env import ToolEnv, load_tools
+from rlkit.core.agents.verifiers_env import PREFIX as VERIFIERS
+from rlkit.core.agents.verifiers_env import VerifiersEpisode, load_verifiers_env
 from rlkit.core.rollout.trajectory import Trajectory
 
 if TYPE_CHECKING:
@@ -50,6 +52,9 @@ def build_agent_loop(agent: AgentConfig, data: DataConfig, tokenizer: Any) -> Ag
     if agent.loop == "env":
         make_env = env_factory(load_env_class(agent.env or ""), agent.env_kwargs)
         return AgentLoop(tokenizer, make_env, limits, Guard(agent.call_timeout_s))
+    if agent.loop.startswith(VERIFIERS):
+        verifiers_env = load_verifiers_env(agent.loop)
+        return AgentLoop(tokenizer, lambda: VerifiersEpisode(verifiers_env), limits, Guard(agent.call_timeout_s))
     return ClientAgentLoop(tokenizer, agent_function(agent.loop), limits, agent.call_timeout_s)
 
 

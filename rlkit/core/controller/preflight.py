@@ -110,6 +110,7 @@ class Preflight:
     def training_data(self, model_path: str, tokenizer: Any) -> RunInputs:
         """Every training prompt tokenized and within data.max_prompt_length, enough of them for one
         batch, a reward for each; the validation files readable."""
+        from rlkit.core.agents.verifiers_env import PREFIX as VERIFIERS
         from rlkit.core.rewards.probe import probe_reward
         from rlkit.core.rewards.scoring import check_reward_functions
 
@@ -135,7 +136,16 @@ class Preflight:
             f"data: {len(rows)} training prompts of {where}, each within "
             f"data.max_prompt_length={data.max_prompt_length}"
         )
-        if not self.config.reward_model.path:
+        loop = self.config.rollout.agent.loop
+        if loop.startswith(VERIFIERS):  # its rubric scores every episode
+            for key, value in (
+                ("reward.function", self.config.reward.function),
+                ("reward_model.path", self.config.reward_model.path),
+            ):
+                if value:
+                    raise UserError(f"{key} is set but rollout.agent.loop={loop} is scored by its rubric; drop it")
+            self.checked.append(f"reward: the rubric of rollout.agent.loop={loop}")
+        elif not self.config.reward_model.path:
             self.checked.append(check_reward_functions(self.config.reward, [r.data_source for r in rows], where))
             if self.dry_run:  # a real run scores rows at step 1 anyway; a dry run has no other chance
                 self.checked.append(probe_reward(self.config.reward, rows))
