@@ -57,6 +57,11 @@ $(STAMP): pyproject.toml Makefile
 	# above; these four are all `sglang.Engine` on a CPU imports beyond them. torchvision: its tests
 	# bring a stand-in (tests/stubs).
 	$(UV_PIP) install $(UV_ARGS) --no-deps sglang==0.5.21 orjson==3.13.0 ipython==9.18.1 traitlets==5.16.1 gguf==0.19.0
+	# OpenEnv (rollout.agent.loop=openenv:<env>). --no-deps: openenv-core 0.3.0 declares gradio, fastmcp's whole
+	# server stack and more for its web UI and CLI. Its client and server (openenv.core) import, beyond what is
+	# here already, only fastmcp's client (fastmcp-slim 4.1.6, whose client accepts mcp 2.3) and these four.
+	$(UV_PIP) install $(UV_ARGS) --no-deps openenv-core==0.3.0 fastmcp-slim==4.1.6 py-key-value-aio==0.4.6 \
+		beartype==0.23.1 exceptiongroup==1.3.2 platformdirs==4.14.9
 	# The stack imports; this also writes the .pyc of all it imports, which every engine and worker imports again.
 	$(BIN)/python -c "import torch, transformers, vllm, ray, sglang; print('rlkit venv ok: torch', torch.__version__, 'vllm', vllm.__version__, 'sglang', sglang.__version__)"
 	touch $@

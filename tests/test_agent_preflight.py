@@ -30,7 +30,7 @@ def test_bad_environment_code_exits_2_before_ray(tmp_path, source, overrides, me
     (["rollout.agent.loop=env", "rollout.agent.env=nowhere"], "unknown environment 'nowhere'"),
     (["rollout.agent.loop=tool"], "rollout.agent.loop=tool needs rollout.agent.tools"),
     (["rollout.agent.loop=tool", "rollout.agent.tools=[calculater]"], "did you mean 'calculator'"),
-    (["rollout.agent.loop=chat"], "rollout.agent.loop='chat': choose one of single_turn, tool, env, or your own"),
+    (["rollout.agent.loop=chat"], "rollout.agent.loop='chat': choose one of single_turn, tool, env, openenv:<env>, or your own"),
     (["rollout.agent.tools=[calculator]"], "rollout.agent.tools is set but rollout.agent.loop=single_turn never uses it"),
     (["rollout.agent.loop=tool", "rollout.agent.tools=[calculator]", "rollout.agent.max_tokens_per_turn=9",
       "data.max_response_length=8"], "rollout.agent.max_tokens_per_turn=9 is more than the whole response may hold"),

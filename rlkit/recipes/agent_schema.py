@@ -51,7 +51,9 @@ class AgentConfig(BaseModel):
         description="single_turn: one completion per sample (no agent code). tool: the policy calls "
         "rollout.agent.tools in the Hermes/Qwen2.5 `<tool_call>{json}</tool_call>` format and sees "
         "their results as tool messages; a turn without a call ends the episode. env: "
-        "rollout.agent.env answers every turn (reset/step). 'path/file.py:fn': your "
+        "rollout.agent.env answers every turn (reset/step). 'openenv:<env>': an OpenEnv environment answers, "
+        "in-process ('path/file.py:ClassName', 'package.module:ClassName') or at a server's URL. "
+        "'path/file.py:fn': your "
         "`async def rollout(client, row) -> float` drives each episode through an openai client "
         "served by the rollout worker (docs/agents.md).",
     )
@@ -62,6 +64,12 @@ class AgentConfig(BaseModel):
         "methods may be async. One instance per episode.",
     )
     env_kwargs: dict[str, Any] = Field(default_factory=dict, description="Keyword arguments for the environment class.")
+    openenv_adapter: str | None = Field(
+        None,
+        description="loop=openenv:<env>: your class 'path/file.py:ClassName' defining any of reset_kwargs(row), "
+        "action(text, row) -> the Action's fields, observation(fields, row) -> the next user turn; rlkit's "
+        "defaults for the rest (docs/agents.md, OpenEnv).",
+    )
     tools: list[str] = Field(
         default_factory=list,
         description="loop=tool: built-in tools (calculator, python) and your own as 'path/file.py:function' "

@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Any
 from rlkit.core.agents.chat import TurnBoundary
 from rlkit.core.agents.client_loop import agent_function
 from rlkit.core.agents.envs import load_env_class
+from rlkit.core.agents.openenv_env import check_openenv, is_openenv
 from rlkit.core.agents.tool_env import load_tools
 from rlkit.core.sandbox.isolation import SETTING, require_isolation
 from rlkit.errors import UserError
@@ -34,8 +35,12 @@ def check_agent(agent: AgentConfig, tokenizer: Any, *, max_response_length: int,
     template cannot write the loop's messages)."""
     if agent.loop not in LOOPS and ":" not in agent.loop:
         raise UserError(
-            f"rollout.agent.loop={agent.loop!r}: choose one of {', '.join(LOOPS)}, or your own "
+            f"rollout.agent.loop={agent.loop!r}: choose one of {', '.join(LOOPS)}, openenv:<env>, or your own "
             "`async def rollout(client, row)` as path/file.py:function"
+        )
+    if agent.openenv_adapter and not is_openenv(agent.loop):
+        raise UserError(
+            f"rollout.agent.openenv_adapter is set but rollout.agent.loop={agent.loop} never uses it; drop it"
         )
     if agent.loop == "single_turn":
         for key, value in (("env", agent.env), ("tools", agent.tools)):
@@ -51,7 +56,10 @@ def check_agent(agent: AgentConfig, tokenizer: Any, *, max_response_length: int,
             f"response may hold (data.max_response_length={max_response_length})"
         )
     tools, role = None, "tool"
-    if agent.loop not in LOOPS:  # an agent function: it writes its own messages
+    if is_openenv(agent.loop):
+        role = "user"
+        check_openenv(agent)
+    elif agent.loop not in LOOPS:  # an agent function: it writes its own messages
         if agent.env or agent.tools:
             raise UserError(
                 "rollout.agent.env and rollout.agent.tools are not used by an agent function "
