@@ -22,10 +22,12 @@ class SayObservation(Observation):
 class SayDigit(Environment):
     """Asks "digit?"; after the policy's first turn (any text, reward 0.25) names the digit seed % 10; the second
     turn ends the episode with reward 1 where it says that digit, else 0. Episodes whose seed is `fail_seed`
-    raise in step, those whose seed is `hang_seed` sleep there."""
+    raise in step, those whose seed is `hang_seed` sleep there. Like an environment holding a thread-bound
+    resource (a sqlite connection, a browser), step refuses a thread other than reset's."""
 
     SUPPORTS_CONCURRENT_SESSIONS = True
     closed = 0  # instances closed, over the class
+    step_threads: set[int] = set()  # the threads steps ran on, over the class
 
     def __init__(self, fail_seed: int | None = None, hang_seed: int | None = None) -> None:
         super().__init__()
@@ -33,10 +35,13 @@ class SayDigit(Environment):
         self.seed, self.turn = 0, 0
 
     def reset(self, seed: int | None = None, episode_id: str | None = None, **kwargs) -> SayObservation:
-        self.seed, self.turn = seed or 0, 0
+        self.seed, self.turn, self.thread = seed or 0, 0, threading.get_ident()
         return SayObservation(text="digit?")
 
     def step(self, action: SayAction, timeout_s: float | None = None, **kwargs) -> SayObservation:
+        if threading.get_ident() != self.thread:
+            raise RuntimeError("step on another thread than reset's")
+        type(self).step_threads.add(self.thread)
         if self.seed == self.fail_seed:
             raise ValueError(f"cannot play seed {self.seed}")
         if self.seed == self.hang_seed:
@@ -53,6 +58,11 @@ class SayDigit(Environment):
 
     def close(self) -> None:
         type(self).closed += 1
+
+
+class SayDigitOnOneThread(SayDigit):
+    REQUIRES_SINGLE_THREAD_EXECUTOR = True
+    step_threads: set[int] = set()
 
 
 class AddAction(Action):

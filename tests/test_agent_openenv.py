@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 from agent_helpers import ScriptedEngine, rows
-from openenv_envs import SayDigit, serve
+from openenv_envs import SayDigit, SayDigitOnOneThread, serve
 from transformers import AutoTokenizer
 
 from rlkit.core.agents.guard import Guard
@@ -75,6 +75,16 @@ def test_the_same_environment_behind_openenvs_server_gives_the_same_episodes(tok
     for trajectories in (remote, again):
         assert [(t.response_ids, t.loss_mask, t.log_probs, t.reward, t.finish_reason) for t in trajectories] == [
             (t.response_ids, t.loss_mask, t.log_probs, t.reward, t.finish_reason) for t in local]
+
+
+def test_each_episode_keeps_one_thread_and_single_thread_environments_share_one(tok):
+    """As openenv's server runs a session: the 6 episodes' steps on 6 threads, each its reset's (SayDigit
+    checks); a class with REQUIRES_SINGLE_THREAD_EXECUTOR gets one thread for all."""
+    SayDigit.step_threads.clear()
+    assert [t.reward for t in _run(tok, "openenv_envs:SayDigit", _digit_policy(tok))] == [1.25] * 6
+    assert len(SayDigit.step_threads) == 6
+    assert [t.reward for t in _run(tok, "openenv_envs:SayDigitOnOneThread", _digit_policy(tok))] == [1.25] * 6
+    assert len(SayDigitOnOneThread.step_threads) == 1
 
 
 def test_wrong_answers_score_only_the_first_turns_reward_and_environments_are_closed(tok):

@@ -21,12 +21,16 @@ episode's reward is the sum of step()'s rewards (reset's is not the policy's doi
 
 from __future__ import annotations
 
+import asyncio
 import importlib
 import inspect
 import json
+import queue
+import threading
 import typing
 import urllib.error
 import urllib.request
+from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
@@ -237,33 +241,77 @@ def _accepted(fn: Callable[..., Any], kwargs: dict[str, Any]) -> dict[str, Any]:
 
 
 class LocalEpisode:
-    """One episode on an environment object in this process; sync, so the guard runs each call in a thread
-    of its own and a hung step holds nothing else up."""
+    """One episode on an environment object in this process. Its calls (the constructor's too) run on one thread
+    of its own, as openenv's server runs a session's, so an environment may keep thread-bound resources (one
+    thread for every episode where the class sets REQUIRES_SINGLE_THREAD_EXECUTOR, as the server does); the
+    adapter's hooks run there too, off the guard's event loop. A hung call holds up its episode's thread only."""
 
-    def __init__(self, target: Target, adapter: Adapter) -> None:
-        self.adapter, self.action_cls = adapter, target.action_cls
-        self.env = target.env_cls(**target.env_kwargs)
+    def __init__(self, target: Target, adapter: Adapter, shared: CallThread | None) -> None:
+        self.adapter, self.action_cls, self.shared = adapter, target.action_cls, shared
+        self.thread = shared or CallThread()
+        self.env = self.thread.submit(lambda: target.env_cls(**target.env_kwargs)).result()
         self.row: dict[str, Any] = {}
 
-    def reset(self, row: dict[str, Any]) -> Any:
+    async def reset(self, row: dict[str, Any]) -> Any:
         self.row = row
-        observation = self.env.reset(**_accepted(self.env.reset, self.adapter.reset_kwargs(row)))
-        return self.adapter.observation(self._wire(observation)["observation"], row)
+        return await self._on_thread(self._reset)
 
-    def step(self, text: str) -> tuple:
+    async def step(self, text: str) -> tuple:
+        return await self._on_thread(self._step, text)
+
+    async def close(self) -> None:
+        try:
+            await self._on_thread(self.env.close)
+        finally:
+            if self.shared is None:
+                self.thread.stop()
+
+    def _reset(self) -> Any:
+        observation = self.env.reset(**_accepted(self.env.reset, self.adapter.reset_kwargs(self.row)))
+        return self.adapter.observation(_wire(observation)["observation"], self.row)
+
+    def _step(self, text: str) -> tuple:
         from openenv.core.env_server.serialization import deserialize_action
 
-        action = deserialize_action(self.adapter.action(text, self.row), self.action_cls)
-        result = self._wire(self.env.step(action))
+        result = _wire(self.env.step(deserialize_action(self.adapter.action(text, self.row), self.action_cls)))
         return self.adapter.step_result(result["observation"], result["reward"], result["done"], self.row)
 
-    def close(self) -> None:
-        self.env.close()
+    async def _on_thread(self, fn: Callable[..., Any], *args: Any) -> Any:
+        return await asyncio.wrap_future(self.thread.submit(fn, *args))
 
-    def _wire(self, observation: Any) -> dict[str, Any]:
-        from openenv.core.env_server.serialization import serialize_observation
 
-        return serialize_observation(observation)
+class CallThread:
+    """One daemon thread that runs the calls submitted to it in order. Daemon: a call that never returns keeps
+    its thread but never keeps the process from exiting (a ThreadPoolExecutor's thread would)."""
+
+    def __init__(self) -> None:
+        self._calls: queue.SimpleQueue = queue.SimpleQueue()
+        threading.Thread(target=self._serve, name="rlkit-openenv", daemon=True).start()
+
+    def submit(self, fn: Callable[..., Any], *args: Any) -> Future:
+        future: Future = Future()
+        self._calls.put((future, fn, args))
+        return future
+
+    def stop(self) -> None:
+        self._calls.put(None)
+
+    def _serve(self) -> None:
+        while (call := self._calls.get()) is not None:
+            future, fn, args = call
+            if not future.set_running_or_notify_cancel():
+                continue
+            try:
+                future.set_result(fn(*args))
+            except BaseException as exc:  # noqa: BLE001 - the caller's outcome, whatever the environment raised
+                future.set_exception(exc)
+
+
+def _wire(observation: Any) -> dict[str, Any]:
+    """An Observation as openenv's server sends it: {"observation": its fields, "reward", "done"}."""
+    from openenv.core.env_server.serialization import serialize_observation
+
+    return serialize_observation(observation)
 
 
 class RemoteEpisode:
@@ -295,15 +343,30 @@ class RemoteEpisode:
             await self.client.close()
 
     async def _call(self, request: Any) -> Any:
+        """The request's result; its failure as the server explained it, with the fix where it is capacity."""
+        from websockets.exceptions import ConnectionClosed
+
         try:
             return await request
-        except RuntimeError as exc:
-            if "CAPACITY_REACHED" in str(exc):
-                raise RuntimeError(
-                    f"{exc}: the server at {self.url} allows fewer sessions than a rollout worker runs episodes at "
-                    "once; start it with a larger max_concurrent_envs (create_app(..., max_concurrent_envs=N))"
-                ) from None
-            raise
+        except ConnectionClosed as exc:  # the server may have sent why before closing: a session it refused
+            problem = await self._last_word() or f"the server closed the session ({exc})"
+        except RuntimeError as exc:  # the client's "Server error: ... (code: ...)"
+            problem = str(exc)
+        if "CAPACITY_REACHED" in problem:
+            problem += (
+                f": the server at {self.url} allows fewer sessions than a rollout worker runs episodes at once; "
+                "start it with a larger max_concurrent_envs (create_app(..., max_concurrent_envs=N))"
+            )
+        raise RuntimeError(problem)
+
+    async def _last_word(self) -> str | None:
+        """The error message the server sent before it closed, still buffered in the connection (openenv's
+        client reads replies only after a send, which the closed connection refused)."""
+        try:
+            data = json.loads(await asyncio.wait_for(self.client._ws.recv(), timeout=1.0)).get("data", {})
+            return f"Server error: {data['message']} (code: {data['code']})"
+        except Exception:  # noqa: BLE001 - nothing readable was left: the caller says the session closed
+            return None
 
 
 def episode_factory(loop: str, env_kwargs: dict[str, Any], adapter_spec: str | None, timeout_s: float) -> Callable:
@@ -312,7 +375,9 @@ def episode_factory(loop: str, env_kwargs: dict[str, Any], adapter_spec: str | N
     adapter = Adapter(target, load_adapter(adapter_spec))
     if target.url is not None:
         return lambda: RemoteEpisode(target, adapter, timeout_s)
-    return lambda: LocalEpisode(target, adapter)
+    single_thread = getattr(target.env_cls, "REQUIRES_SINGLE_THREAD_EXECUTOR", False)
+    shared = CallThread() if single_thread else None
+    return lambda: LocalEpisode(target, adapter, shared)
 
 
 def check_openenv(agent: Any) -> None:
