@@ -77,7 +77,7 @@ class AddObservation(Observation):
 class AddUp(Environment):
     """Integer actions: the total grows by each; done at the target (reward 1) or past it (reward 0)."""
 
-    def reset(self, seed: int | None = None, **kwargs) -> AddObservation:
+    def reset(self, seed: int | None = None) -> AddObservation:  # no **kwargs: others are dropped for it
         self.total, self.target = 0, seed or 0
         return AddObservation(total=0, target=self.target)
 

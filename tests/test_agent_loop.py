@@ -180,3 +180,26 @@ def test_messages_the_template_cannot_write_cost_the_episode(tmp_path):
                        (Refusing, "TemplateError: system only first")):
         [t] = AgentLoop(tok, env, limits, Guard(2.0)).run(engine, rows(tok, ["x"], ["1"]), [0], Sampling(n=1))
         assert t.finish_reason == "error" and error in t.info["env_error"], t.info
+
+
+def test_environments_are_closed_after_the_episodes_and_a_failing_close_is_only_logged(tiny_tokenizer, caplog):
+    tok, closed = tiny_tokenizer, []
+
+    class Closing:
+        def reset(self, row):
+            self.index = row["index"]
+
+        def step(self, action):
+            return None, 1.0, True
+
+        def close(self):
+            closed.append(self.index)
+            if self.index == 1:
+                raise OSError("session already gone")
+
+    limits = Limits(max_turns=1, max_tokens_per_turn=1, max_response_tokens=4, max_prompt_tokens=32)
+    engine = ScriptedEngine(lambda ctx: ([tok.convert_tokens_to_ids("a")], True))
+    trajectories = AgentLoop(tok, Closing, limits, Guard(2.0)).run(engine, rows(tok, ["a"] * 2, ["1"] * 2), [0, 1],
+                                                                  Sampling(n=1))
+    assert sorted(closed) == [0, 1] and [t.reward for t in trajectories] == [1.0, 1.0]
+    assert "closing the environment of row 1 failed" in caplog.text and "OSError: session already gone" in caplog.text

@@ -125,7 +125,7 @@ def test_a_server_that_fails_or_goes_away_costs_episodes(tok):
 ADAPTER = '''
 class Numbers:
     def reset_kwargs(self, row):
-        return {"seed": int(row["ground_truth"])}
+        return {"seed": int(row["ground_truth"]), "level": "easy"}  # AddUp.reset takes no level: dropped
 
     def action(self, text, row):
         return {"value": int(text) if text.isdigit() else 0}
@@ -140,12 +140,14 @@ def test_an_adapter_maps_text_to_typed_actions_and_observations_to_turns(tok, tm
     three = tok.convert_tokens_to_ids("3")
     limits = Limits(max_turns=4, max_tokens_per_turn=1, max_response_tokens=40, max_prompt_tokens=32)
     make_env = episode_factory(f"openenv:{ENVS}:AddUp", {}, f"{tmp_path}/adapter.py:Numbers", 5.0)
-    data = rows(tok, ["x", "x"], ["6", "7"])
+    data = rows(tok, ["x", "x", "x"], ["6", "7", "six"])
     trajectories = AgentLoop(tok, make_env, limits, Guard(5.0)).run(
-        ScriptedEngine(lambda ctx: ([three], False)), data, [0, 1], Sampling(n=1, max_tokens=1))
+        ScriptedEngine(lambda ctx: ([three], False)), data, [0, 1, 2], Sampling(n=1, max_tokens=1))
     assert tok.decode(trajectories[0].row.prompt_token_ids, skip_special_tokens=True) == "at 0 of 6"
     # 3 + 3 reaches 6 (reward 1); 3 + 3 + 3 passes 7 (reward 0); the turn between says the total.
-    assert [(t.info["turns"], t.reward) for t in trajectories] == [(2, 1.0), (3, 0.0)]
+    assert [(t.info["turns"], t.reward) for t in trajectories[:2]] == [(2, 1.0), (3, 0.0)]
+    # A hook that raises (int("six")) costs its episode only.
+    assert trajectories[2].finish_reason == "error" and "invalid literal for int()" in trajectories[2].info["env_error"]
     assert "at 3 of 6" in tok.decode(trajectories[0].response_ids, skip_special_tokens=True)
 
 
