@@ -180,7 +180,7 @@ def test_checks_before_the_run_name_the_key_and_the_fix(tok, tmp_path):
         ({"loop": f"openenv:{ENVS}:AddUp"}, "has fields {'metadata': 'object', 'value': 'integer'}, not one required "
                                             "string field for the policy's text; write rollout.agent.openenv_adapter"),
         ({"loop": f"openenv:{ENVS}:SayAction"}, "'SayAction' is not a subclass of openenv's Environment"),
-        ({"loop": "openenv:no_such_module:Env"}, "cannot import no_such_module"),
+        ({"loop": "openenv:no_such_module:Env"}, "cannot import no_such_module (ModuleNotFoundError"),
         ({"loop": f"openenv:{ENVS}:SayDigit", "env_kwargs": {"tries": 2}}, "rollout.agent.env_kwargs={'tries': 2} "
                                                                           "do not fit SayDigit"),
         ({"loop": "openenv:http://127.0.0.1:9", "env_kwargs": {"a": 1}}, "are not used by a server"),

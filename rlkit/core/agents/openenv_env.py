@@ -111,8 +111,8 @@ def _load_class(spec: str, where: str) -> type:
             raise UserError(f"{where}: write path/file.py:ClassName, package.module:ClassName or a URL")
         try:
             module = importlib.import_module(module_text)
-        except ImportError as exc:
-            raise UserError(f"{where}: cannot import {module_text} ({exc})") from None
+        except Exception as exc:  # noqa: BLE001 - the user's module: any failure to import it is theirs to fix
+            raise UserError(f"{where}: cannot import {module_text} ({type(exc).__name__}: {exc})") from None
         cls = getattr(module, name, None)
     environment = _openenv().Environment
     if not (inspect.isclass(cls) and issubclass(cls, environment)):
