@@ -62,6 +62,11 @@ $(STAMP): pyproject.toml Makefile
 	$(UV_PIP) install $(UV_ARGS) --no-deps verifiers==0.4.0 prime-pydantic-config==0.4.3 renderers==0.1.12 \
 		prime-sandboxes==0.4.2 tenacity==9.2.1 connectrpc==0.11.1 pyqwest==0.12.0 protobuf-py==0.1.1 \
 		aiofiles==25.1.0 tomli-w==1.2.0
+	# OpenEnv (rollout.agent.loop=openenv:<env>). --no-deps: openenv-core 0.3.0 declares gradio, fastmcp's whole
+	# server stack and more for its web UI and CLI. Its client and server (openenv.core) import, beyond what is
+	# here already, only fastmcp's client (fastmcp-slim 4.1.6, whose client accepts mcp 2.3) and these four.
+	$(UV_PIP) install $(UV_ARGS) --no-deps openenv-core==0.3.0 fastmcp-slim==4.1.6 py-key-value-aio==0.4.6 \
+		beartype==0.23.1 exceptiongroup==1.3.2 platformdirs==4.14.9
 	# The stack imports; this also writes the .pyc of all it imports, which every engine and worker imports again.
 	$(BIN)/python -c "import torch, transformers, vllm, ray, sglang; print('rlkit venv ok: torch', torch.__version__, 'vllm', vllm.__version__, 'sglang', sglang.__version__)"
 	touch $@

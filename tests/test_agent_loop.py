@@ -22,6 +22,8 @@ IM_START, IM_END = 1, 2  # the tiny tokenizer's special tokens
 
 
 @pytest.fixture(scope="module")
+
+
 def tiny_tokenizer(tiny_model_dir):
     return AutoTokenizer.from_pretrained(tiny_model_dir)
 
@@ -224,3 +226,26 @@ def test_an_environment_may_score_a_cut_episode_and_report_metrics(tiny_tokenize
     [t] = AgentLoop(tok, Scoring, cut_by_turns, Guard(2.0)).run(engine, rows(tok, ["x"], ["5"]), [0], Sampling(n=1))
     assert t.finish_reason == "truncated" and t.reward == 0.25  # step's 0.25; truncate(None) added nothing
     assert t.info["env_metrics"] == {"cut/length": 0.0}
+
+
+def test_environments_are_closed_after_the_episodes_and_a_failing_close_is_only_logged(tiny_tokenizer, caplog):
+    tok, closed = tiny_tokenizer, []
+
+    class Closing:
+        def reset(self, row):
+            self.index = row["index"]
+
+        def step(self, action):
+            return None, 1.0, True
+
+        def close(self):
+            closed.append(self.index)
+            if self.index == 1:
+                raise OSError("session already gone")
+
+    limits = Limits(max_turns=1, max_tokens_per_turn=1, max_response_tokens=4, max_prompt_tokens=32)
+    engine = ScriptedEngine(lambda ctx: ([tok.convert_tokens_to_ids("a")], True))
+    trajectories = AgentLoop(tok, Closing, limits, Guard(2.0)).run(engine, rows(tok, ["a"] * 2, ["1"] * 2), [0, 1],
+                                                                  Sampling(n=1))
+    assert sorted(closed) == [0, 1] and [t.reward for t in trajectories] == [1.0, 1.0]
+    assert "closing the environment of row 1 failed" in caplog.text and "OSError: session already gone" in caplog.text

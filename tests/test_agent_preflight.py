@@ -31,7 +31,8 @@ def test_bad_environment_code_exits_2_before_ray(tmp_path, source, overrides, me
     (["rollout.agent.loop=tool"], "rollout.agent.loop=tool needs rollout.agent.tools"),
     (["rollout.agent.loop=tool", "rollout.agent.tools=[calculater]"], "did you mean 'calculator'"),
     (["rollout.agent.loop=chat"],
-     "rollout.agent.loop='chat': choose one of single_turn, tool, env, verifiers:ENV (a verifiers environment), or"),
+     "rollout.agent.loop='chat': choose one of single_turn, tool, env, verifiers:ENV (a verifiers environment), "
+     "openenv:<env> (an OpenEnv environment), or your own"),
     (["rollout.agent.loop=verifiers:no_such_env"], "rollout.agent.loop=verifiers:no_such_env: loading the environment "
      "failed: ModuleNotFoundError: taskset 'no_such_env' not found"),
     (["rollout.agent.loop=verifiers:vf_arith", "reward.function=x.py:f"],

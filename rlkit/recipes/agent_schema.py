@@ -53,6 +53,8 @@ class AgentConfig(BaseModel):
         "their results as tool messages; a turn without a call ends the episode. env: "
         "rollout.agent.env answers every turn (reset/step). verifiers:ENV: a verifiers 0.4 environment (an "
         "installed id, or path/file.py:fn returning a vf.Env) answers, its rubric is the reward. "
+        "rollout.agent.env answers every turn (reset/step). 'openenv:<env>': an OpenEnv environment answers, "
+        "in-process ('path/file.py:ClassName', 'package.module:ClassName') or at a server's URL. "
         "'path/file.py:fn': your "
         "`async def rollout(client, row) -> float` drives each episode through an openai client "
         "served by the rollout worker (docs/agents.md).",
@@ -64,6 +66,12 @@ class AgentConfig(BaseModel):
         "methods may be async. One instance per episode.",
     )
     env_kwargs: dict[str, Any] = Field(default_factory=dict, description="Keyword arguments for the environment class.")
+    openenv_adapter: str | None = Field(
+        None,
+        description="loop=openenv:<env>: your class 'path/file.py:ClassName' defining any of reset_kwargs(row), "
+        "action(text, row) -> the Action's fields, observation(fields, row) -> the next user turn; rlkit's "
+        "defaults for the rest (docs/agents.md, OpenEnv).",
+    )
     tools: list[str] = Field(
         default_factory=list,
         description="loop=tool: built-in tools (calculator, python) and your own as 'path/file.py:function' "

@@ -3,8 +3,9 @@
 An environment is a class; rlkit makes one instance per episode and calls
   reset(row) -> observation                  before the first turn
   step(action) -> (observation, reward, done) after every policy turn
-(either may be `async def`). `row` is the episode's data row as a dict (index, data_source,
-ground_truth, extra_info); `action` is the policy's turn as text. An observation is None
+  close()                                    where it defines one: after the worker's episodes ended
+(any may be `async def`). `row` is the episode's data row as a dict (index, data_source, ground_truth,
+extra_info); `action` is the policy's turn as text. An observation is None
 (reset: keep the row's prompt), a string (a user message), a message dict
 {"role", "content"} or a list of them. `reward` is a number or None; the episode's reward is
 the sum of the numbers it got (None if it got none: then the reward functions score it).

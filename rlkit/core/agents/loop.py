@@ -19,6 +19,7 @@ dict reports it with the episode (logged as the mean over the episodes that repo
 from __future__ import annotations
 
 import dataclasses
+import logging
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
@@ -27,6 +28,8 @@ from rlkit.core.agents.envs import as_messages, parse_step, row_dict
 from rlkit.core.agents.guard import Guard
 from rlkit.core.rollout.base import RolloutEngine, Sampling
 from rlkit.core.rollout.trajectory import Trajectory
+
+logger = logging.getLogger(__name__)
 
 # Seeds of turn t's samples start t * this apart (a worker samples far fewer per turn).
 _TURN_SEED_STRIDE = 1_000_003
@@ -125,6 +128,7 @@ class AgentLoop:
             self.generate(engine, active, sampling, turn)
             self.step([e for e in active if e.running], last=turn == self.limits.max_turns - 1)
         self.truncate([e for e in episodes if e.finish_reason == "truncated"])
+        self.close(episodes)
         return [e.trajectory(sampling.log_probs) for e in episodes]
 
     def start(self, episodes: list[Episode]) -> None:
@@ -151,6 +155,14 @@ class AgentLoop:
                     )
                     continue
                 episode.prompt_ids = prompt
+
+    def close(self, episodes: list[Episode]) -> None:
+        """Environments with a close() give back what they hold (a server's session) once every episode ended;
+        a failure there is logged and costs nothing: the episode is already scored."""
+        closing = [e for e in episodes if callable(getattr(e.env, "close", None))]
+        for episode, outcome in zip(closing, self.guard.call_all([(e.env.close, ()) for e in closing])):
+            if outcome.error is not None:
+                logger.warning("closing the environment of row %s failed:\n%s", episode.row.index, outcome.error)
 
     def generate(self, engine: RolloutEngine, episodes: list[Episode], sampling: Sampling, turn: int) -> None:
         """One engine call for every running episode's next turn; a turn longer than the episode's

@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Any
 from rlkit.core.agents.chat import TurnBoundary
 from rlkit.core.agents.client_loop import agent_function
 from rlkit.core.agents.envs import load_env_class
+from rlkit.core.agents.openenv_env import check_openenv, is_openenv
 from rlkit.core.agents.tool_env import load_tools
 from rlkit.core.agents.verifiers_env import PREFIX as VERIFIERS
 from rlkit.core.agents.verifiers_env import load_verifiers_env
@@ -37,7 +38,12 @@ def check_agent(agent: AgentConfig, tokenizer: Any, *, max_response_length: int,
     if agent.loop not in LOOPS and ":" not in agent.loop:
         raise UserError(
             f"rollout.agent.loop={agent.loop!r}: choose one of {', '.join(LOOPS)}, verifiers:ENV (a verifiers "
-            "environment), or your own `async def rollout(client, row)` as path/file.py:function"
+            "environment), openenv:<env> (an OpenEnv environment), or your own `async def rollout(client, row)` "
+            "as path/file.py:function"
+        )
+    if agent.openenv_adapter and not is_openenv(agent.loop):
+        raise UserError(
+            f"rollout.agent.openenv_adapter is set but rollout.agent.loop={agent.loop} never uses it; drop it"
         )
     if agent.loop == "single_turn":
         for key, value in (("env", agent.env), ("tools", agent.tools)):
@@ -61,6 +67,9 @@ def check_agent(agent: AgentConfig, tokenizer: Any, *, max_response_length: int,
                 "(the verifiers environment answers the policy's turns); drop them"
             )
         load_verifiers_env(agent.loop)
+    elif is_openenv(agent.loop):
+        role = "user"
+        check_openenv(agent)
     elif agent.loop not in LOOPS:  # an agent function: it writes its own messages
         if agent.env or agent.tools:
             raise UserError(

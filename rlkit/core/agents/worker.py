@@ -15,6 +15,7 @@ from rlkit.core.agents.client_loop import ClientAgentLoop, agent_function
 from rlkit.core.agents.envs import env_factory, load_env_class
 from rlkit.core.agents.guard import Guard
 from rlkit.core.agents.loop import AgentLoop, Limits
+from rlkit.core.agents.openenv_env import episode_factory, is_openenv
 from rlkit.core.agents.tool_env import ToolEnv, load_tools
 from rlkit.core.agents.verifiers_env import PREFIX as VERIFIERS
 from rlkit.core.agents.verifiers_env import VerifiersEpisode, load_verifiers_env
@@ -55,6 +56,9 @@ def build_agent_loop(agent: AgentConfig, data: DataConfig, tokenizer: Any) -> Ag
     if agent.loop.startswith(VERIFIERS):
         verifiers_env = load_verifiers_env(agent.loop)
         return AgentLoop(tokenizer, lambda: VerifiersEpisode(verifiers_env), limits, Guard(agent.call_timeout_s))
+    if is_openenv(agent.loop):
+        make_env = episode_factory(agent.loop, agent.env_kwargs, agent.openenv_adapter, agent.call_timeout_s)
+        return AgentLoop(tokenizer, make_env, limits, Guard(agent.call_timeout_s))
     return ClientAgentLoop(tokenizer, agent_function(agent.loop), limits, agent.call_timeout_s)
 
 
