@@ -26,6 +26,7 @@ from rlkit.core.data.dataset import (
 )
 from rlkit.errors import UserError
 from rlkit.recipes.schema import RLConfig
+from rlkit.recipes.user_code import reference
 
 
 @dataclass
@@ -65,7 +66,7 @@ class Preflight:
                     max_response_length=cfg.data.max_response_length,
                     model_path=cfg.model.path,
                 )
-                self.checked.append(f"rollout.agent.loop={cfg.rollout.agent.loop}")
+                self.checked.append(f"rollout.agent.loop={reference(cfg.rollout.agent.loop)}")
         else:  # only a dry run gets here: the config check demands a model otherwise
             self.skipped.append("the model, its tokenizer and the training prompts (no model.path given)")
         if cfg.reward_model.path and not cfg.offline:
