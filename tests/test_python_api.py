@@ -5,11 +5,13 @@ examples/train_from_python.py end to end."""
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import threading
 from pathlib import Path
 
+import cloudpickle
 import pytest
 import yaml
 from conftest import REPO, run_cli_in_process
@@ -27,7 +29,7 @@ from rlkit.core.rewards.worker_pool import RewardError
 from rlkit.core.state.checkpoint import latest_checkpoint
 from rlkit.errors import ConfigError, UserError
 from rlkit.recipes.agent_schema import AgentConfig
-from rlkit.recipes.loader import config_to_yaml, load_config
+from rlkit.recipes.loader import config_to_yaml, load_config, overrides_text
 from rlkit.recipes.reward_schema import RewardConfig
 from rlkit.recipes.user_code import reference
 
@@ -59,7 +61,8 @@ async def rollout(client, row):
 
 # -- overrides --------------------------------------------------------------------------------------------------
 def test_a_dict_of_overrides_is_the_command_lines_key_value_with_python_values() -> None:
-    from_cli = load_config("grpo-demo", ["rollout.n=4", "trainer.logger=[jsonl]", "actor_rollout_ref.actor.ppo_epochs=2"])
+    from_cli = load_config("grpo-demo",
+                           ["rollout.n=4", "trainer.logger=[jsonl]", "actor_rollout_ref.actor.ppo_epochs=2"])
     from_dict = load_config("grpo-demo", {"rollout.n": 4, "trainer.logger": ["jsonl"],
                                           "actor_rollout_ref.actor.ppo_epochs": 2})  # verl's spelling works too
     assert from_dict == from_cli
@@ -73,6 +76,12 @@ def test_a_bad_override_in_the_dict_is_named_with_where_it_was_written() -> None
         load_config("grpo-demo", {"rollout.n": 0})
     with pytest.raises(ConfigError, match="pass a dict"):
         load_config("grpo-demo", "rollout.n=4")  # one string, not a list of them
+
+
+def test_overrides_are_logged_as_written() -> None:
+    assert overrides_text(["rollout.n=4", "trainer.logger=[jsonl]"]) == "rollout.n=4 trainer.logger=[jsonl]"
+    assert overrides_text({"trainer.total_steps": 3, "reward.function": exact_match}) == (
+        "trainer.total_steps=3 reward.function=python:test_python_api:exact_match")
 
 
 # -- user code as objects ---------------------------------------------------------------------------------------
@@ -91,6 +100,22 @@ def test_config_yaml_records_an_object_by_its_module_and_name() -> None:
                                 ".<locals>.nested"
     assert reference(lambda *args: 0.0).endswith(":test_config_yaml_records_an_object_by_its_module_and_name"
                                                  ".<locals>.<lambda>")
+
+
+def test_a_config_holding_a_closure_crosses_to_another_process_as_ray_sends_it() -> None:
+    """Ray hands the config to its workers through cloudpickle: a function defined in a function (as in a notebook)
+    travels by value."""
+    offset = 0.5
+
+    def shifted(data_source, response, ground_truth, extra_info):
+        return float(response == ground_truth) + offset
+
+    config = load_config("grpo-demo", {"reward.function": shifted}, require_inputs=False)
+    code = "import pickle, sys; c = pickle.loads(sys.stdin.buffer.read()); print(c.reward.function('s', '1', '1', {}))"
+    proc = subprocess.run([sys.executable, "-c", code], input=cloudpickle.dumps(config), capture_output=True,
+                          cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)}, timeout=120)
+    assert proc.returncode == 0, proc.stderr.decode()[-2000:]
+    assert proc.stdout.decode().strip() == "1.5"
 
 
 def test_the_string_form_resolves_to_the_same_object() -> None:

@@ -30,8 +30,8 @@ def test_the_example_trains_with_its_python_reward_reads_the_metrics_and_exports
     assert [r["step"] for r in records] == [0, 1, 2]  # step 0: the validation before training
     for record in records[1:]:  # scored by echo_reward: its dict's other key is logged, no row failed
         assert 0.0 <= record["reward/digit"] <= 1.0 and record["reward/errors"] == 0.0
-    digits = {r["step"]: r["reward/digit"] for r in records[1:]}
-    assert f"share of digit answers (reward/digit, from echo_reward's dict): {digits}" in proc.stdout
+    digits = [r["reward/digit"] for r in records[1:]]
+    assert f"answers that are a digit: {digits[0]:.2f} at step 1 -> {digits[1]:.2f} at step 2" in proc.stdout
     assert "checkpoints: [2]" in proc.stdout
     assert (run_dir / "export" / "config.json").is_file() and (run_dir / "export" / "model.safetensors").is_file()
     assert json.loads((run_dir / "export" / "rlkit_export.json").read_text())["step"] == 2

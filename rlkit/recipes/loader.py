@@ -217,7 +217,9 @@ def overrides_text(overrides: Overrides | None) -> str:
     """The overrides as one line of KEY=VALUE (an object as config.yaml records it), for logs and messages."""
     from rlkit.recipes.user_code import reference
 
-    return " ".join(f"{key}={reference(value)}" for key, value, _ in override_items(overrides))
+    if isinstance(overrides, Mapping):
+        return " ".join(f"{key}={reference(value) if callable(value) else value}" for key, value in overrides.items())
+    return " ".join(overrides or [])
 
 
 def config_to_yaml(config: RLConfig) -> str:
