@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import pickle
 import subprocess
 import sys
 import threading
@@ -150,6 +151,20 @@ def test_an_object_reward_scores_in_the_worker_processes() -> None:
     with RewardScorer(RewardConfig(function=closure, num_workers=1)) as scorer:
         with pytest.raises(RewardError, match="row 1 .*ValueError: no"):
             scorer.score(["7", "boom"], ["synthetic/echo"] * 2, ["x"] * 2, [{}] * 2)
+
+
+def test_a_large_reward_object_crosses_to_the_workers_as_a_small_handle() -> None:
+    """A closure over a ~1 MB table is pickled once, to a file; each call sends the file's path, not the table."""
+    table = {str(i): "x" * 100 for i in range(10_000)}
+
+    def in_table(data_source, response, ground_truth, extra_info):
+        return float(response in table)
+
+    handle = user_function(in_table, "reward.function")
+    assert len(pickle.dumps(handle)) < 1000 < Path(handle.path).stat().st_size
+    assert Path(handle.path).stat().st_mode & 0o777 == 0o600
+    with RewardScorer(RewardConfig(function=in_table, num_workers=1)) as scorer:
+        assert scorer.score(["5", "x"], ["synthetic/echo"] * 2, ["", ""], [{}, {}]).scores == [1.0, 0.0]
 
 
 def test_an_object_that_does_not_pickle_is_refused_saying_why() -> None:

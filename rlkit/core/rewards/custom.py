@@ -4,9 +4,12 @@ dataset builders)."""
 
 from __future__ import annotations
 
+import atexit
 import hashlib
 import importlib.util
+import os
 import sys
+import tempfile
 from pathlib import Path
 from typing import Any, Callable
 
@@ -16,6 +19,7 @@ from rlkit.recipes.user_code import PYTHON_REF, reference
 _MODULES: dict[Path, Any] = {}  # imported user files, once per process
 _FUNCTIONS: dict[str, Callable[..., Any]] = {}  # FileFunction's resolved functions, by spec
 _OBJECTS: dict[str, Any] = {}  # ObjectFunction's objects, by the sha1 of their pickle
+_SPILLED: dict[str, str] = {}  # ObjectFunction's pickle files in this process, by the same sha1
 
 
 def split_spec(spec: str, what: str) -> tuple[Path, str]:
@@ -140,13 +144,16 @@ def _import_reference(text: str, what: str) -> Any:
 
 
 class ObjectFunction:
-    """A picklable handle on a Python object passed as a reward function: pickles as the object's cloudpickle
-    bytes (made once), which each reward worker process loads once (by their sha1)."""
+    """A picklable handle on a Python object passed as a reward function. The object is pickled once, into a file
+    only this user can read (removed when this process exits); the handle pickles as that file's path, so a
+    call sent to a reward worker process stays small whatever the object holds (a closure over a large table),
+    and each worker process loads the object once."""
 
     def __init__(self, obj: Callable[..., Any], what: str) -> None:
-        self.payload = pickled(obj, what)
-        self.key = hashlib.sha1(self.payload).hexdigest()
+        payload = pickled(obj, what)
+        self.key = hashlib.sha1(payload).hexdigest()
         self.spec = reference(obj)
+        self.path = _SPILLED.get(self.key) or _spill(payload, self.key)
         _OBJECTS[self.key] = obj  # in this process: the object itself
 
     @property
@@ -155,7 +162,7 @@ class ObjectFunction:
         if obj is None:
             import cloudpickle
 
-            obj = _OBJECTS[self.key] = cloudpickle.loads(self.payload)
+            obj = _OBJECTS[self.key] = cloudpickle.loads(Path(self.path).read_bytes())
         return obj
 
     def __call__(self, *args: Any) -> Any:
@@ -163,6 +170,15 @@ class ObjectFunction:
 
     def __repr__(self) -> str:
         return self.spec
+
+
+def _spill(payload: bytes, key: str) -> str:
+    fd, path = tempfile.mkstemp(prefix="rlkit-reward-", suffix=".pkl")  # mode 0600
+    with os.fdopen(fd, "wb") as handle:
+        handle.write(payload)
+    atexit.register(Path(path).unlink, missing_ok=True)
+    _SPILLED[key] = path
+    return path
 
 
 def user_function(value: str | Callable[..., Any], what: str) -> FileFunction | ObjectFunction:
