@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import os
 import pickle
+import re
 import subprocess
 import sys
 import threading
@@ -260,6 +261,23 @@ def test_user_errors_raise_instead_of_exiting(tmp_path: Path) -> None:
         rlkit.resume("beta", runs_dir=tmp_path)
     with pytest.raises(UserError, match="is not empty; pick a new directory"):
         Run.load("alpha", runs_dir=tmp_path).export(tmp_path / "alpha")
+
+
+def test_bad_code_objects_stop_train_before_anything_starts(tmp_path: Path) -> None:
+    """rlkit.train's preflight checks an object as it checks a file's code: a UserError, no run directory, no Ray."""
+    import ray
+
+    class NoReset:
+        def step(self, action):
+            return None, 1.0, True
+
+    runs = tmp_path / "runs"
+    cases = [({"rollout.agent.loop": "env", "rollout.agent.env": NoReset}, "class NoReset has no method reset(row)"),
+             ({"rollout.agent.loop": exact_match}, "exact_match must be `async def rollout(client, row)")]
+    for overrides, message in cases:
+        with pytest.raises(UserError, match=re.escape(message)):
+            rlkit.train("grpo-demo", overrides={"trainer.runs_dir": str(runs), **overrides})
+    assert not ray.is_initialized() and not runs.exists()
 
 
 def test_the_command_line_still_exits_2_on_the_same_errors() -> None:
