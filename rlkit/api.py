@@ -43,6 +43,19 @@ def train(
     return Run(train_run(config, run_id=run_id))
 
 
+def dry_run(recipe: str | Path, *, model: str | None = None, overrides: Overrides | None = None) -> list[str]:
+    """`rlkit train RECIPE --dry-run`'s checks, which need no GPU: the model, its tokenizer, every training prompt,
+    the environment or tools, and the reward called on the first two training rows under reward.timeout_s, as
+    the run will call it. Returns what was checked and what was skipped, a line each; raises UserError at the
+    first problem. Arguments as `train`'s (model and data may still be missing: what needs them is skipped)."""
+    from rlkit.core.controller.preflight import Preflight
+    from rlkit.recipes.loader import load_config
+
+    checks = Preflight(load_config(str(recipe), overrides, model=model, require_inputs=False), dry_run=True)
+    checks.run()
+    return [f"ok: {line}" for line in checks.checked] + [f"skipped: {line}" for line in checks.skipped]
+
+
 def resume(run: str | Path | Run, *, overrides: Overrides | None = None, runs_dir: str | Path | None = None) -> Run:
     """Continue a run exactly from its latest complete checkpoint, as `rlkit resume RUN [KEY=VALUE ...]` does.
 

@@ -280,6 +280,27 @@ def test_bad_code_objects_stop_train_before_anything_starts(tmp_path: Path) -> N
     assert not ray.is_initialized() and not runs.exists()
 
 
+def test_dry_run_calls_an_object_reward_as_the_run_will() -> None:
+    """(Functions defined here, as a notebook's are: one of this module would be imported in the reward worker,
+    and with it this test module's own imports.)"""
+
+    def exact(data_source, response, ground_truth, extra_info):
+        return float(response.strip() == ground_truth)
+
+    lines = rlkit.dry_run("grpo-demo", overrides={"reward.function": exact})
+    assert ("ok: reward python:test_python_api:test_dry_run_calls_an_object_reward_as_the_run_will.<locals>.exact "
+            "called on training row(s) 0, 1 within reward.timeout_s=10: response the row's ground truth scores 1, 1; "
+            "response an empty string scores 0, 0") in lines
+    assert any(line.startswith("skipped: loading the weights") for line in lines)
+
+    def inverse_length(data_source, response, ground_truth, extra_info):
+        return 1.0 / len(response)
+
+    with pytest.raises(UserError, match=r"inverse_length failed on training row 0 .*response: an empty string\): "
+                                        "ZeroDivisionError"):
+        rlkit.dry_run("grpo-demo", overrides={"reward.function": inverse_length})
+
+
 def test_the_command_line_still_exits_2_on_the_same_errors() -> None:
     result = run_cli_in_process("train", "grpo-dmeo", exit_code=2)
     assert "did you mean 'grpo-demo'" in result.stderr and "Traceback" not in result.output
@@ -289,7 +310,7 @@ def test_the_command_line_still_exits_2_on_the_same_errors() -> None:
 
 def test_import_rlkit_imports_nothing_heavy() -> None:
     heavy = ("torch", "ray", "vllm", "transformers", "pydantic", "yaml", "typer", "rich", "numpy")
-    code = ("import sys, rlkit; from rlkit import Run, resume, train; "
+    code = ("import sys, rlkit; from rlkit import Run, dry_run, resume, train; "
             f"print(sorted(m for m in {heavy!r} if m in sys.modules))")
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO, timeout=60)
     assert proc.returncode == 0, proc.stderr
