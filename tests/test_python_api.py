@@ -94,6 +94,9 @@ def test_config_yaml_records_an_object_by_its_module_and_name() -> None:
     saved = yaml.safe_load(config_to_yaml(config))
     assert saved["reward"]["function"] == "python:test_python_api:exact_match"
     assert saved["rollout"]["agent"]["env"] == "python:test_python_api:CountingEnv"
+    tools = load_config("grpo-demo", {"rollout.agent.loop": "tool", "rollout.agent.tools": ["calculator", lookup]})
+    assert yaml.safe_load(config_to_yaml(tools))["rollout"]["agent"]["tools"] == [
+        "calculator", "python:test_python_api:lookup"]
 
     def nested(data_source, response, ground_truth, extra_info):
         return 0.0
