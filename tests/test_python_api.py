@@ -186,9 +186,14 @@ def test_an_object_that_does_not_pickle_is_refused_saying_why() -> None:
         load_env_class(type("Env", (CountingEnv,), {"lock": threading.Lock()}))
 
 
-def test_a_module_attribute_that_is_not_code_is_refused() -> None:
+def test_a_module_attribute_that_is_not_code_or_a_module_that_fails_is_refused(tmp_path, monkeypatch) -> None:
     with pytest.raises(UserError, match=r"reward.function='python:math:pi' is float, not a function or a class"):
         user_function("python:math:pi", "reward.function")
+    (tmp_path / "broken_rewards.py").write_text("raise RuntimeError('no GPU here')\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    with pytest.raises(UserError, match=r"reward.function='python:broken_rewards:score': importing broken_rewards "
+                                        r"failed: RuntimeError: no GPU here"):
+        user_function("python:broken_rewards:score", "reward.function")
 
 
 def test_tools_and_agent_functions_may_be_objects() -> None:

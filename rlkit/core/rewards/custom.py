@@ -136,8 +136,10 @@ def _import_reference(text: str, what: str) -> Any:
         target: Any = importlib.import_module(module_name)
         for part in qualname.split("."):
             target = getattr(target, part)
-    except (ImportError, AttributeError):
+    except (ModuleNotFoundError, AttributeError):
         raise UserError(again) from None
+    except Exception as exc:  # noqa: BLE001 - the module's own code failed while it was imported
+        raise UserError(f"{what}={text!r}: importing {module_name} failed: {type(exc).__name__}: {exc}") from exc
     if not callable(target):
         raise UserError(f"{what}={text!r} is {type(target).__name__}, not a function or a class")
     return target
