@@ -1,4 +1,5 @@
-"""The sub-packages import one way: cli -> controller -> rollout/train/agents/planning ->
+"""The sub-packages import one way: cli and the Python API (rlkit.api, and the package itself, which loads
+its names) -> controller -> rollout/train/agents/planning ->
 cluster/state/rewards/data -> algos/recipes -> base modules (errors, console, batch, compat, tiny, the
 sandbox, ...).
 
@@ -12,7 +13,7 @@ from __future__ import annotations
 from test_import_graph import graph
 
 LAYERS = {
-    "cli": 0, "core.doctor": 0, "core.doctor_cluster": 0,
+    "cli": 0, "api": 0, "core.doctor": 0, "core.doctor_cluster": 0,
     "core.controller": 1,
     "core.rollout": 2, "core.train": 2, "core.agents": 2, "core.planning": 2,
     "core.cluster": 3, "core.state": 3, "core.rewards": 3, "core.data": 3,
@@ -22,6 +23,8 @@ BASE = 5  # every other module: rlkit.errors, rlkit.console, rlkit.core.batch, r
 
 
 def layer_of(module: str) -> tuple[str, int]:
+    if module == "rlkit":  # the package's __init__: `from rlkit import train` loads rlkit.api's names
+        return "api", LAYERS["api"]
     parts = module.split(".")[1:]
     for depth in (2, 1):
         name = ".".join(parts[:depth])

@@ -6,6 +6,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from rlkit.recipes.user_code import UserCode
+
 
 class SandboxConfig(BaseModel):
     """A sandboxed Python program: the `python` tool's limits (code rewards use their own), and for both the
@@ -46,7 +48,7 @@ class AgentConfig(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    loop: str = Field(
+    loop: UserCode = Field(
         "single_turn",
         description="single_turn: one completion per sample (no agent code). tool: the policy calls "
         "rollout.agent.tools in the Hermes/Qwen2.5 `<tool_call>{json}</tool_call>` format and sees "
@@ -57,11 +59,12 @@ class AgentConfig(BaseModel):
         "in-process ('path/file.py:ClassName', 'package.module:ClassName') or at a server's URL. "
         "'path/file.py:fn': your "
         "`async def rollout(client, row) -> float` drives each episode through an openai client "
-        "served by the rollout worker (docs/agents.md).",
+        "served by the rollout worker (docs/agents.md). From Python, the function itself (docs/python_api.md).",
     )
-    env: str | None = Field(
+    env: UserCode | None = Field(
         None,
-        description="loop=env: your environment class as 'path/file.py:ClassName' (or a registered name), "
+        description="loop=env: your environment class as 'path/file.py:ClassName' (or a registered name, or the "
+        "class itself from Python), "
         "with reset(row) -> observation and step(action) -> (observation, reward, done); "
         "methods may be async. One instance per episode.",
     )
@@ -72,9 +75,10 @@ class AgentConfig(BaseModel):
         "action(text, row) -> the Action's fields, observation(fields, row) -> the next user turn; rlkit's "
         "defaults for the rest (docs/agents.md, OpenEnv).",
     )
-    tools: list[str] = Field(
+    tools: list[UserCode] = Field(
         default_factory=list,
         description="loop=tool: built-in tools (calculator, python) and your own as 'path/file.py:function' "
+        "(or the function itself from Python) "
         "(JSON schema from its type hints and docstring; a parameter named `row` receives the "
         "episode's data row and is not shown to the model), and MCP servers, each bringing all its tools: "
         "'mcp:stdio:COMMAND ARGS' (started once per rollout worker, stopped at the end of the run) or "

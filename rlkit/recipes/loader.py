@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import difflib
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -15,6 +16,10 @@ from rlkit.recipes.schema import RLConfig
 
 BUILTIN_DIR = Path(__file__).parent / "builtin"
 META_KEYS = ("description", "base")
+# The command line's 'KEY=VALUE' texts (each value read as YAML), or the Python API's {key: value}: the value as
+# it is, which may be an object no YAML can hold (a reward function, an environment class).
+Overrides = Sequence[str] | Mapping[str, Any]
+COMMAND_LINE, PYTHON_OVERRIDES = "command line", "overrides"
 
 
 def list_recipes() -> dict[str, str]:
@@ -75,6 +80,22 @@ def parse_override(text: str) -> tuple[str, Any]:
     except yaml.YAMLError:
         value = raw
     return key.strip().lstrip("+"), value
+
+
+def override_items(overrides: Overrides | None) -> list[tuple[str, Any, str]]:
+    """(dotted key, value, where it was written) for each override, in order."""
+    if not overrides:
+        return []
+    if isinstance(overrides, Mapping):
+        for key in overrides:
+            if not isinstance(key, str) or not key.strip():
+                raise ConfigError(f"override key {key!r} is not a dotted key such as 'rollout.n'")
+        return [(key.strip(), value, PYTHON_OVERRIDES) for key, value in overrides.items()]
+    if isinstance(overrides, (str, bytes)) or not all(isinstance(text, str) for text in overrides):
+        raise ConfigError(
+            f"overrides={overrides!r:.80}: pass a dict {{'rollout.n': 8}} or a list of 'KEY=VALUE' strings"
+        )
+    return [(*parse_override(text), COMMAND_LINE) for text in overrides]
 
 
 def _set_dotted(tree: dict[str, Any], key: str, value: Any, origin: str, origins: dict[str, str]) -> None:
@@ -163,9 +184,10 @@ def _explain(exc: ValidationError, origins: dict[str, str], flat: dict[str, Any]
 
 
 def load_config(
-    recipe: str, overrides: list[str] | None = None, *, model: str | None = None, require_inputs: bool = True
+    recipe: str, overrides: Overrides | None = None, *, model: str | None = None, require_inputs: bool = True
 ) -> RLConfig:
-    """Resolve a recipe (name or path), its bases, then KEY=VALUE overrides, into one RLConfig.
+    """Resolve a recipe (name or path), its bases, then the overrides (KEY=VALUE texts, or a {key: value} dict),
+    into one RLConfig.
 
     `require_inputs=False` (for --dry-run) accepts a config that names no model or data yet.
     """
@@ -176,9 +198,8 @@ def load_config(
         body = {k: v for k, v in data.items() if k not in META_KEYS}
         for key, value in _flatten(body).items():
             _set_dotted(tree, translate_key(key, f"{path.name}"), value, path.name, origins)
-    for text in overrides or []:
-        key, value = parse_override(text)
-        _set_dotted(tree, translate_key(key, "command line"), value, "command line", origins)
+    for key, value, origin in override_items(overrides):
+        _set_dotted(tree, translate_key(key, origin), value, origin, origins)
     if model:
         _set_dotted(tree, "model.path", model, "--model", origins)
     tree["recipe"] = tree.get("recipe") or layers[-1][0].stem  # a run's config.yaml keeps its recipe's name
@@ -190,6 +211,15 @@ def load_config(
 
     check_config(config, origins, require_inputs=require_inputs)
     return config
+
+
+def overrides_text(overrides: Overrides | None) -> str:
+    """The overrides as one line of KEY=VALUE (an object as config.yaml records it), for logs and messages."""
+    from rlkit.recipes.user_code import reference
+
+    if isinstance(overrides, Mapping):
+        return " ".join(f"{key}={reference(value) if callable(value) else value}" for key, value in overrides.items())
+    return " ".join(overrides or [])
 
 
 def config_to_yaml(config: RLConfig) -> str:

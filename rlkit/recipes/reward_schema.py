@@ -6,6 +6,8 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from rlkit.recipes.user_code import UserCode
+
 
 class OverlongBufferConfig(BaseModel):
     """DAPO's soft overlong punishment, added to the verifier score (rlkit.core.algos.dapo.overlong_penalty)."""
@@ -36,9 +38,10 @@ class RewardConfig(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    function: str | None = Field(
+    function: UserCode | None = Field(
         None,
-        description="Your reward function as 'path/file.py:fn', used for every row instead of the "
+        description="Your reward function as 'path/file.py:fn' (or 'python:module:fn', or the function itself "
+        "from Python: rlkit.train(..., overrides={'reward.function': fn})), used for every row instead of the "
         "data_source registry. Called as fn(data_source, response, ground_truth, extra_info); "
         "returns a float or a dict with 'score' (its other keys are logged as reward/<key>).",
     )

@@ -85,14 +85,16 @@ class ClientAgentLoop:
         )
 
 
-def agent_function(spec: str) -> Callable[..., Any]:
-    """The `async def rollout(client, row)` that rollout.agent.loop names; UserError if it is not one."""
+def agent_function(value: str | Callable[..., Any]) -> Callable[..., Any]:
+    """The `async def rollout(client, row)` that rollout.agent.loop names (or is); UserError if it is not one."""
     import inspect
 
-    from rlkit.core.rewards.custom import load_function
+    from rlkit.core.rewards.custom import resolve
     from rlkit.errors import UserError
+    from rlkit.recipes.user_code import reference
 
-    fn = load_function(spec, "rollout.agent.loop")
+    spec = reference(value)
+    fn = resolve(value, "rollout.agent.loop")
     if not inspect.iscoroutinefunction(fn):
         raise UserError(
             f"rollout.agent.loop={spec!r}: {getattr(fn, '__name__', fn)} must be `async def "

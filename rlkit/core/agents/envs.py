@@ -19,23 +19,25 @@ from typing import Any, Callable
 
 from rlkit.core.registrations import ENVIRONMENTS
 from rlkit.errors import UserError
+from rlkit.recipes.user_code import reference
 
 Message = dict[str, Any]
 
 
-def load_env_class(spec: str, key: str = "rollout.agent.env") -> type:
-    """The class `spec` names (a registered name or 'path/file.py:ClassName'), checked to be usable."""
-    from rlkit.core.rewards.custom import load_function
+def load_env_class(spec: str | type, key: str = "rollout.agent.env") -> type:
+    """The class `spec` names (a registered name, 'path/file.py:ClassName', or the class itself), checked to be
+    usable."""
+    from rlkit.core.rewards.custom import names_code, resolve
 
-    if spec in ENVIRONMENTS:
+    if isinstance(spec, str) and spec in ENVIRONMENTS:
         cls = ENVIRONMENTS.get(spec)
-    elif ":" in spec:
-        cls = load_function(spec, key)
+    elif names_code(spec):
+        cls = resolve(spec, key)
     else:
         raise UserError(
             f"{key}={spec!r}: {ENVIRONMENTS.unknown_message(spec)}; name your own as 'path/file.py:ClassName'"
         )
-    check_env_class(cls, f"{key}={spec!r}")
+    check_env_class(cls, f"{key}={reference(spec)!r}")
     return cls
 
 

@@ -44,8 +44,9 @@ _URL_SCHEMES = ("http://", "https://", "ws://", "wss://")
 _SCHEMA_TIMEOUT_S = 10.0
 
 
-def is_openenv(loop: str) -> bool:
-    return loop.startswith(PREFIX)
+def is_openenv(loop: Any) -> bool:
+    """Whether rollout.agent.loop names an OpenEnv environment (an object from the Python API never does)."""
+    return isinstance(loop, str) and loop.startswith(PREFIX)
 
 
 def _openenv() -> Any:

@@ -12,10 +12,11 @@ from rlkit.core.agents.client_loop import agent_function
 from rlkit.core.agents.envs import load_env_class
 from rlkit.core.agents.openenv_env import check_openenv, is_openenv
 from rlkit.core.agents.tool_env import load_tools
-from rlkit.core.agents.verifiers_env import PREFIX as VERIFIERS
-from rlkit.core.agents.verifiers_env import load_verifiers_env
+from rlkit.core.agents.verifiers_env import is_verifiers, load_verifiers_env
+from rlkit.core.rewards.custom import names_code
 from rlkit.core.sandbox.isolation import SETTING, require_isolation
 from rlkit.errors import UserError
+from rlkit.recipes.user_code import reference
 
 if TYPE_CHECKING:
     from rlkit.recipes.agent_schema import AgentConfig
@@ -35,7 +36,7 @@ def check_agent(agent: AgentConfig, tokenizer: Any, *, max_response_length: int,
     """UserError naming the rollout.agent key and the fix, for anything that would fail in the workers
     (`max_response_length`: data.max_response_length; `model_path`: model.path, named when its tokenizer's chat
     template cannot write the loop's messages)."""
-    if agent.loop not in LOOPS and ":" not in agent.loop:
+    if not names_code(agent.loop) and agent.loop not in LOOPS:
         raise UserError(
             f"rollout.agent.loop={agent.loop!r}: choose one of {', '.join(LOOPS)}, verifiers:ENV (a verifiers "
             "environment), openenv:<env> (an OpenEnv environment), or your own `async def rollout(client, row)` "
@@ -59,7 +60,7 @@ def check_agent(agent: AgentConfig, tokenizer: Any, *, max_response_length: int,
             f"response may hold (data.max_response_length={max_response_length})"
         )
     tools, role = None, "tool"
-    if agent.loop.startswith(VERIFIERS):  # a verifiers environment: it writes user messages
+    if is_verifiers(agent.loop):  # a verifiers environment: it writes user messages
         role = "user"
         if agent.env or agent.tools:
             raise UserError(
@@ -74,7 +75,7 @@ def check_agent(agent: AgentConfig, tokenizer: Any, *, max_response_length: int,
         if agent.env or agent.tools:
             raise UserError(
                 "rollout.agent.env and rollout.agent.tools are not used by an agent function "
-                f"(rollout.agent.loop={agent.loop}); drop them"
+                f"(rollout.agent.loop={reference(agent.loop)}); drop them"
             )
         agent_function(agent.loop)
     elif agent.loop == "env":
@@ -104,7 +105,7 @@ def check_agent(agent: AgentConfig, tokenizer: Any, *, max_response_length: int,
         TurnBoundary(tokenizer, tools).delta([{"role": role, "content": "probe"}])
     except Exception as exc:  # noqa: BLE001 - a template can fail in many ways (jinja, a missing role)
         raise UserError(
-            f"rollout.agent.loop={agent.loop}: the chat template of model.path={model_path} cannot "
+            f"rollout.agent.loop={reference(agent.loop)}: the chat template of model.path={model_path} cannot "
             f"write a {role!r} message ({type(exc).__name__}: {exc}); use a chat model whose template "
             "has that role"
         ) from None

@@ -10,6 +10,7 @@ from rlkit.core.agents.guard import Guard
 from rlkit.core.agents.tools import Tool, ToolCall, ToolDefinitionError, ToolUnavailable, parse_tool_calls
 from rlkit.core.registrations import BUILTIN_TOOLS
 from rlkit.errors import UserError
+from rlkit.recipes.user_code import reference
 
 if TYPE_CHECKING:
     from rlkit.recipes.agent_schema import AgentConfig
@@ -21,17 +22,17 @@ def load_tools(config: AgentConfig) -> list[Tool]:
     """The tools `rollout.agent.tools` names, each with its schema; UserError for a bad one. An MCP server
     ('mcp:...') brings all of its tools, and is started here (once per process: rlkit.core.agents.mcp_tools)."""
     from rlkit.core.agents.mcp_tools import is_mcp, server_tools
-    from rlkit.core.rewards.custom import load_function
+    from rlkit.core.rewards.custom import names_code, resolve
 
     tools: list[Tool] = []
     for spec in config.tools:
-        if is_mcp(spec):
+        if isinstance(spec, str) and is_mcp(spec):
             tools += server_tools(spec, config.call_timeout_s, KEY)
             continue
-        if spec in BUILTIN_TOOLS:
+        if isinstance(spec, str) and spec in BUILTIN_TOOLS:
             fn = BUILTIN_TOOLS.get(spec)(config)
-        elif ":" in spec:
-            fn = load_function(spec, KEY)
+        elif names_code(spec):
+            fn = resolve(spec, KEY)
         else:
             raise UserError(
                 f"{KEY}: {BUILTIN_TOOLS.unknown_message(spec)}; name your own as 'path/file.py:function', "
@@ -40,7 +41,7 @@ def load_tools(config: AgentConfig) -> list[Tool]:
         try:
             tools.append(Tool.from_function(fn))
         except ToolDefinitionError as exc:
-            raise UserError(f"{KEY}: {spec}: {exc}") from None
+            raise UserError(f"{KEY}: {reference(spec)}: {exc}") from None
     names = [tool.name for tool in tools]
     twice = sorted({name for name in names if names.count(name) > 1})
     if twice:

@@ -41,6 +41,11 @@ def _vf() -> Any:
     return vf
 
 
+def is_verifiers(loop: Any) -> bool:
+    """Whether rollout.agent.loop names a verifiers environment (an object from the Python API never does)."""
+    return isinstance(loop, str) and loop.startswith(PREFIX)
+
+
 def load_verifiers_env(spec: str) -> Any:
     """The vf.Env that `spec` ('verifiers:ID' or 'verifiers:path/file.py:fn') names; UserError naming the key."""
     from rlkit.core.rewards.custom import load_function

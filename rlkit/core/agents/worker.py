@@ -17,8 +17,7 @@ from rlkit.core.agents.guard import Guard
 from rlkit.core.agents.loop import AgentLoop, Limits
 from rlkit.core.agents.openenv_env import episode_factory, is_openenv
 from rlkit.core.agents.tool_env import ToolEnv, load_tools
-from rlkit.core.agents.verifiers_env import PREFIX as VERIFIERS
-from rlkit.core.agents.verifiers_env import VerifiersEpisode, load_verifiers_env
+from rlkit.core.agents.verifiers_env import VerifiersEpisode, is_verifiers, load_verifiers_env
 from rlkit.core.rollout.trajectory import Trajectory
 
 if TYPE_CHECKING:
@@ -53,7 +52,7 @@ def build_agent_loop(agent: AgentConfig, data: DataConfig, tokenizer: Any) -> Ag
     if agent.loop == "env":
         make_env = env_factory(load_env_class(agent.env or ""), agent.env_kwargs)
         return AgentLoop(tokenizer, make_env, limits, Guard(agent.call_timeout_s))
-    if agent.loop.startswith(VERIFIERS):
+    if is_verifiers(agent.loop):
         verifiers_env = load_verifiers_env(agent.loop)
         return AgentLoop(tokenizer, lambda: VerifiersEpisode(verifiers_env), limits, Guard(agent.call_timeout_s))
     if is_openenv(agent.loop):

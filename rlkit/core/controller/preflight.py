@@ -26,6 +26,7 @@ from rlkit.core.data.dataset import (
 )
 from rlkit.errors import UserError
 from rlkit.recipes.schema import RLConfig
+from rlkit.recipes.user_code import reference
 
 
 @dataclass
@@ -65,7 +66,7 @@ class Preflight:
                     max_response_length=cfg.data.max_response_length,
                     model_path=cfg.model.path,
                 )
-                self.checked.append(f"rollout.agent.loop={cfg.rollout.agent.loop}")
+                self.checked.append(f"rollout.agent.loop={reference(cfg.rollout.agent.loop)}")
         else:  # only a dry run gets here: the config check demands a model otherwise
             self.skipped.append("the model, its tokenizer and the training prompts (no model.path given)")
         if cfg.reward_model.path and not cfg.offline:
@@ -110,7 +111,7 @@ class Preflight:
     def training_data(self, model_path: str, tokenizer: Any) -> RunInputs:
         """Every training prompt tokenized and within data.max_prompt_length, enough of them for one
         batch, a reward for each; the validation files readable."""
-        from rlkit.core.agents.verifiers_env import PREFIX as VERIFIERS
+        from rlkit.core.agents.verifiers_env import is_verifiers
         from rlkit.core.rewards.probe import probe_reward
         from rlkit.core.rewards.scoring import check_reward_functions
 
@@ -137,7 +138,7 @@ class Preflight:
             f"data.max_prompt_length={data.max_prompt_length}"
         )
         loop = self.config.rollout.agent.loop
-        if loop.startswith(VERIFIERS):  # its rubric scores every episode
+        if is_verifiers(loop):  # its rubric scores every episode
             for key, value in (
                 ("reward.function", self.config.reward.function),
                 ("reward_model.path", self.config.reward_model.path),

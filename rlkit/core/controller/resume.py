@@ -17,7 +17,7 @@ from rlkit.core.cluster.failures import restart_command, resume_command
 from rlkit.core.state import checkpoint, provenance
 from rlkit.core.state.run_dir import RunDir
 from rlkit.errors import UserError
-from rlkit.recipes.loader import config_to_yaml, load_config
+from rlkit.recipes.loader import Overrides, config_to_yaml, load_config, overrides_text
 from rlkit.recipes.schema import RLConfig
 
 logger = logging.getLogger(__name__)
@@ -56,7 +56,7 @@ RESUME_SAFE_KEYS = {
 }
 
 
-def resume_config(run: RunDir, ckpt: checkpoint.Checkpoint, overrides: list[str]) -> RLConfig:
+def resume_config(run: RunDir, ckpt: checkpoint.Checkpoint, overrides: Overrides | None) -> RLConfig:
     """The checkpoint's config with `overrides`; refuses any that would change the math."""
     saved_yaml = ckpt.path / checkpoint.CONFIG_FILE
     # load_config names the recipe after the file it read (config.yaml); keep the original name.
@@ -91,8 +91,9 @@ def resume_config(run: RunDir, ckpt: checkpoint.Checkpoint, overrides: list[str]
     return config
 
 
-def resume_run(run_id: str, overrides: list[str], runs_dir: str | Path = "runs") -> Path:
-    """Continue run `run_id` (an id under runs_dir, or a path) from its latest complete checkpoint."""
+def resume_run(run_id: str, overrides: Overrides | None, runs_dir: str | Path = "runs") -> Path:
+    """Continue run `run_id` (an id under runs_dir, or a path) from its latest complete checkpoint, with `overrides`
+    (KEY=VALUE texts, or the Python API's {key: value})."""
     from rlkit.core.controller.loop import CONSOLE_LOG, run_log, run_training
     from rlkit.core.controller.preflight import check_inputs
 
@@ -119,7 +120,7 @@ def resume_run(run_id: str, overrides: list[str], runs_dir: str | Path = "runs")
             run.run_id,
             ckpt.path.name,
             ckpt.step,
-            f" with {' '.join(overrides)}" if overrides else "",
+            f" with {overrides_text(overrides)}" if overrides else "",
         )
         inputs = check_inputs(config)  # the model and data may have moved since
         provenance.warn_if_changed(ckpt.path, config, run.path)

@@ -15,10 +15,11 @@ import inspect
 
 from rlkit.core.data.dataset import PromptRow
 from rlkit.core.rewards.checked_call import CheckedCall, ReturnValueProblem
-from rlkit.core.rewards.custom import load_function
+from rlkit.core.rewards.custom import resolve
 from rlkit.core.rewards.scoring import RewardScorer
 from rlkit.errors import UserError
 from rlkit.recipes.reward_schema import RewardConfig
+from rlkit.recipes.user_code import reference
 
 PROBED_ROWS = 2
 RESPONSES = (("the row's ground truth", lambda row: row.ground_truth), ("an empty string", lambda row: ""))
@@ -30,7 +31,7 @@ def signature_problem(config: RewardConfig) -> str | None:
     if not config.function:
         return None
     try:
-        signature = inspect.signature(load_function(config.function, "reward.function"))
+        signature = inspect.signature(resolve(config.function, "reward.function"))
     except (TypeError, ValueError):  # no signature to read (a builtin, a C extension): the call itself will tell
         return None
     try:
@@ -47,7 +48,7 @@ def probe_reward(config: RewardConfig, rows: list[PromptRow]) -> str:
     problem = signature_problem(config)
     if problem:
         raise UserError(
-            f"reward.function={config.function} cannot be called on training row {rows[0].index}: "
+            f"reward.function={reference(config.function)} cannot be called on training row {rows[0].index}: "
             f"it {problem}; `rlkit train --dry-run` calls it as the run will"
         )
     cases = [(what, row, response(row)) for what, response in RESPONSES for row in rows]

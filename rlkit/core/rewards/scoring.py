@@ -25,7 +25,7 @@ import inspect
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from rlkit.core.rewards.custom import FileFunction, load_function
+from rlkit.core.rewards.custom import user_function
 from rlkit.core.rewards.registry import clamp, declared_range, reward_fn_for
 from rlkit.core.rewards.worker_pool import Outcome, RewardError, WorkerPool
 from rlkit.recipes.reward_schema import RewardConfig
@@ -68,7 +68,7 @@ def rule_for(data_source: str, where: str) -> Callable[..., Any]:
 def check_reward_functions(config: RewardConfig, data_sources: list[str], where: str) -> str:
     """Before a run: reward.function imports, or every row's data_source has a rule; says which."""
     if config.function:
-        return f"reward.function={FileFunction(config.function, 'reward.function').spec}"
+        return f"reward.function={user_function(config.function, 'reward.function').spec}"
     rules = {}
     for row, source in enumerate(data_sources):
         if source not in rules:
@@ -91,9 +91,8 @@ class RewardScorer:
         self.config = config
         self._custom: _Function | None = None
         if config.function:
-            custom = FileFunction(config.function, "reward.function")
-            loaded = load_function(custom.spec, "reward.function")
-            self._custom = _Function(custom, custom.spec, declared_range(loaded, custom.spec))
+            custom = user_function(config.function, "reward.function")
+            self._custom = _Function(custom, custom.spec, declared_range(custom.target, custom.spec))
         self._rules: dict[str, _Function] = {}
         self._pool: WorkerPool | None = WorkerPool(config.num_workers, config.timeout_s)
 
