@@ -117,7 +117,8 @@ def test_metadata_stored_as_text_is_checked_by_scoring(monkeypatch) -> None:
     (["--task", "basic_arithmetc"], "unknown reasoning-gym task 'basic_arithmetc'; did you mean 'basic_arithmetic'?"),
     ([], "name a task: --task NAME"),
     (["--task", "composite"], "--task composite: not supported, it mixes tasks"),
-    (["--task", "gcd", "--size", "0"], "--size 0 --test-size 100: both must be at least 1"),
+    (["--task", "gcd", "--size", "0"], "--size 0 --test-size 100 --seed 0: whole numbers, sizes at least 1"),
+    (["--task", "gcd", "-o", "size=ten"], "--size 'ten' --test-size 100 --seed 0: whole numbers, sizes at least 1"),
     (["--task", "gcd", "--source", "dir"], "reasoning-gym generates its data: drop --source"),
 ])
 def test_user_errors_exit_2_with_the_fix(tmp_path: Path, args: list[str], message: str) -> None:

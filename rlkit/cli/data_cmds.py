@@ -137,13 +137,18 @@ def prep_data(
         None, "--option", "-o", help="Builder option KEY=VALUE, repeatable (e.g. -o task=add -o n_train=4096)."
     ),
     task: Optional[str] = typer.Option(
-        None, "--task", help="The builder's task (reasoning-gym: one of `prep-data reasoning-gym --list`). -o task=..."
+        None,
+        "--task",
+        help="The builder's task (reasoning-gym: see `prep-data reasoning-gym --list`; synthetic: echo, succ, add, "
+        "lookup). -o task=...",
     ),
     size: Optional[int] = typer.Option(None, "--size", help="Train rows to generate (reasoning-gym). -o size=..."),
     test_size: Optional[int] = typer.Option(
         None, "--test-size", help="Test rows to generate (reasoning-gym). -o test_size=..."
     ),
-    seed: Optional[int] = typer.Option(None, "--seed", help="Generator seed (reasoning-gym, arithmetic). -o seed=..."),
+    seed: Optional[int] = typer.Option(
+        None, "--seed", help="Seed of a generating builder (reasoning-gym, arithmetic, synthetic, gsm8k-pairs)."
+    ),
     builder: Optional[str] = typer.Option(
         None, "--builder", help="Your builder as path/file.py:function, instead of NAME."
     ),
@@ -181,7 +186,7 @@ def prep_data(
         _list_one(fn, label, kwargs)
         return
     out_dir = (out or Path("~/data") / label).expanduser()
-    with console.status(f"building {label} from {source or 'the Hugging Face hub'}"):
+    with console.status(f"building {label}" + (f" from {source}" if source else "")):
         try:
             splits = fn(source, **kwargs)
         except UserError:

@@ -32,7 +32,7 @@ from rlkit.errors import UserError
 INSTRUCTION = "Think it through, then write the final answer alone between <answer> and </answer>."
 FORMATS = ("rl", "sft")
 # Far above any train size: train entries come from Random(seed + i), i < size, test entries from Random(seed + this
-# + j). 2**31 keeps every seed inside the 32-bit range reasoning-gym draws its own from.
+# + j), so the two never share a generator seed.
 TEST_SEED_OFFSET = 2**31
 BUILDER_KEYS = ("seed", "size")  # config keys the builder sets itself (from --seed and --size/--test-size)
 NOT_TASKS = {"composite": "it mixes tasks: build each task, then list their files in data.train_files"}
@@ -41,10 +41,11 @@ NO_SINGLE_ANSWER = "(no single answer: the task's scorer checks the response)"
 
 def _registry() -> dict[str, tuple[type, type]]:
     """reasoning-gym's tasks: name -> (dataset class, config dataclass), less those that are not one task."""
-    from reasoning_gym.factory import DATASETS
-
-    import_reasoning_gym()
-    return {name: classes for name, classes in sorted(DATASETS.items()) if name not in NOT_TASKS}
+    try:
+        datasets = import_reasoning_gym().factory.DATASETS
+    except ImportError as exc:
+        raise UserError(str(exc)) from None
+    return {name: classes for name, classes in sorted(datasets.items()) if name not in NOT_TASKS}
 
 
 def _first_line(cls: type) -> str:
@@ -106,7 +107,7 @@ def _generate(task: str, options: dict[str, Any], seed: int, count: int) -> tupl
         dataset = create(task, **config)
         entries = [dataset[index] for index in range(count)]
         again = create(task, **config)[0]
-    except (AssertionError, ValueError, TypeError, KeyError) as exc:  # a config value the task refuses
+    except Exception as exc:  # noqa: BLE001 - the task's own checks and generator, on the user's config values
         shown = " ".join(f"-o {k}={v!r}" for k, v in options.items()) or "its default config"
         raise UserError(
             f"reasoning-gym task {task!r} cannot generate with {shown}: {type(exc).__name__}: {exc}"
@@ -152,8 +153,8 @@ def build_reasoning_gym(
         raise UserError("reasoning-gym generates its data: drop --source")
     if format not in FORMATS:
         raise UserError(f"reasoning-gym: format={format!r}; choose one of {', '.join(FORMATS)}")
-    if size < 1 or test_size < 1:
-        raise UserError(f"--size {size} --test-size {test_size}: both must be at least 1")
+    if not all(isinstance(n, int) for n in (size, test_size, seed)) or size < 1 or test_size < 1:
+        raise UserError(f"--size {size!r} --test-size {test_size!r} --seed {seed!r}: whole numbers, sizes at least 1")
     tasks = _registry()
     name = _known_task(task, tasks)
     _check_options(name, tasks[name][1], task_options)
