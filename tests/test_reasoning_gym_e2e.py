@@ -46,7 +46,7 @@ def test_grpo_lifts_a_warm_started_model_on_a_reasoning_gym_task(tmp_path: Path,
           *IN_PROCESS, "reward.num_workers=1", "reward.timeout_s=60", f"trainer.runs_dir={runs}", "--run-id", "grpo")
     grpo = validations(runs / "grpo")
     start, end = grpo[0], grpo[20]
-    print({k: (start[k], end[k]) for k in start if k.startswith("val/reward/")})
     # Step 0 is the SFT model: it writes <answer>N</answer> and copies some numbers right.
     assert 0.2 <= start["val/reward/mean@4"] <= 0.95, start
+    # Measured 2026-12-04 on 2 CPU cores: mean@4 0.364 -> 0.438 (greedy 0.898 at both ends).
     assert end["val/reward/mean@4"] >= start["val/reward/mean@4"] + 0.03, (start, end)
