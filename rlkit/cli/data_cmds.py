@@ -34,13 +34,25 @@ def _builder_options(fn: Builder) -> dict[str, Any]:
     return {p.name: p.default for p in params if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY) and p.name != "_"}
 
 
+def _open_options(fn: Builder) -> str | None:
+    """The name of a builder's **kwargs when it takes options beyond its named ones and checks them itself
+    (reasoning-gym: the task's config keys), else None (`**_` swallows options without reading them)."""
+    params = inspect.signature(fn).parameters.values()
+    return next((p.name for p in params if p.kind is p.VAR_KEYWORD and p.name != "_"), None)
+
+
+def _options_text(fn: Builder) -> str:
+    named = [f"{k}={v!r}" for k, v in _builder_options(fn).items()]
+    open_name = _open_options(fn)
+    return ", ".join(named + ([f"**{open_name}"] if open_name else []))
+
+
 def _list_builders() -> None:
     table = Table("builder", "what", "options (-o KEY=VALUE)")
     for name in DATASET_BUILDERS.names():
         fn = DATASET_BUILDERS.get(name)
         summary = (inspect.getdoc(fn) or "").split("\n")[0]
-        options = ", ".join(f"{k}={v!r}" for k, v in _builder_options(fn).items())
-        table.add_row(name, summary, options)
+        table.add_row(name, summary, _options_text(fn))
     console.print(table)
     console.print(
         "Your own: --builder path/file.py:function, called as function(source, **options) "
@@ -49,16 +61,28 @@ def _list_builders() -> None:
     )
 
 
-def _parse_options(
-    texts: list[str], instruction: str | None, fn: Builder, name: str, data_format: str | None = None
-) -> dict[str, Any]:
+def _list_one(fn: Builder, label: str, options: dict[str, Any]) -> None:
+    """`prep-data NAME --list`: what the builder's `catalogue(**options)` lists (reasoning-gym: its tasks, or with
+    --task a task's options), or, for a builder without one, its options."""
+    catalogue = getattr(fn, "catalogue", None)
+    if catalogue is None:
+        console.print(f"{label} options (-o KEY=VALUE): {_options_text(fn) or 'none'}", markup=False)
+        return
+    header, rows = catalogue(**options)
+    table = Table(*header)
+    for row in rows:
+        table.add_row(*row)
+    console.print(table)
+
+
+def _parse_options(texts: list[str], named: dict[str, Any], fn: Builder, name: str) -> dict[str, Any]:
+    """The builder's keyword arguments: -o KEY=VALUE texts, then the named flags given (--format, --task, ...)."""
     from rlkit.recipes.loader import parse_override
 
     options = dict(parse_override(text) for text in texts)
-    if instruction is not None:
-        options["instruction"] = instruction
-    if data_format is not None:
-        options["format"] = data_format
+    options.update({key: value for key, value in named.items() if value is not None})
+    if _open_options(fn):  # it checks the options its named parameters do not take
+        return options
     known = _builder_options(fn)
     for key in options:
         if key not in known:
@@ -88,7 +112,8 @@ def _clean_split(split: str, rows: Any, progress: Progress, dropped: Counter) ->
 
 def prep_data(
     name: Optional[str] = typer.Argument(
-        None, help="Builder to run: gsm8k, gsm8k-pairs, math, humaneval, synthetic, arithmetic (see --list)."
+        None,
+        help="Builder to run: gsm8k, gsm8k-pairs, math, humaneval, synthetic, arithmetic, reasoning-gym (see --list).",
     ),
     out: Optional[Path] = typer.Option(
         None, "--out", help="Output directory for {split}.parquet (default: ~/data/NAME)."
@@ -100,7 +125,7 @@ def prep_data(
         "is downloaded from the Hugging Face hub (needs `pip install datasets`).",
     ),
     instruction: Optional[str] = typer.Option(
-        None, "--instruction", help="Text appended to every question (gsm8k, math); '' appends nothing."
+        None, "--instruction", help="Text appended to every question (gsm8k, math, reasoning-gym); '' appends nothing."
     ),
     data_format: Optional[str] = typer.Option(
         None,
@@ -111,17 +136,33 @@ def prep_data(
     options: Optional[list[str]] = typer.Option(
         None, "--option", "-o", help="Builder option KEY=VALUE, repeatable (e.g. -o task=add -o n_train=4096)."
     ),
+    task: Optional[str] = typer.Option(
+        None,
+        "--task",
+        help="The builder's task (reasoning-gym: see `prep-data reasoning-gym --list`; synthetic: echo, succ, add, "
+        "lookup). -o task=...",
+    ),
+    size: Optional[int] = typer.Option(None, "--size", help="Train rows to generate (reasoning-gym). -o size=..."),
+    test_size: Optional[int] = typer.Option(
+        None, "--test-size", help="Test rows to generate (reasoning-gym). -o test_size=..."
+    ),
+    seed: Optional[int] = typer.Option(
+        None, "--seed", help="Seed of a generating builder (reasoning-gym, arithmetic, synthetic, gsm8k-pairs)."
+    ),
     builder: Optional[str] = typer.Option(
         None, "--builder", help="Your builder as path/file.py:function, instead of NAME."
     ),
-    list_builders: bool = typer.Option(False, "--list", help="List the builders and their options, then stop."),
+    list_builders: bool = typer.Option(
+        False, "--list", help="List the builders and their options (with NAME: what that builder lists), then stop."
+    ),
 ) -> None:
     """Build train/test parquet files (prompt as chat messages, reward_model.ground_truth, ...).
 
     Example: rlkit prep-data gsm8k --source ~/gsm8k-jsonl --out ~/data/gsm8k
-    (SFT rows: rlkit prep-data gsm8k --format sft --out ~/data/gsm8k-sft)
+    (SFT rows: rlkit prep-data gsm8k --format sft --out ~/data/gsm8k-sft;
+    generated: rlkit prep-data reasoning-gym --task chain_sum -o max_terms=3 --size 2000 --test-size 200)
     """
-    if list_builders:
+    if list_builders and name is None and builder is None:
         _list_builders()
         return
     if (name is None) == (builder is None):
@@ -132,9 +173,20 @@ def prep_data(
         fn, label = DATASET_BUILDERS.get(name), name
     else:
         raise UserError(DATASET_BUILDERS.unknown_message(name) + " (or use --builder path/file.py:function)")
-    kwargs = _parse_options(options or [], instruction, fn, label, data_format)
+    named = {
+        "instruction": instruction,
+        "format": data_format,
+        "task": task,
+        "size": size,
+        "test_size": test_size,
+        "seed": seed,
+    }
+    kwargs = _parse_options(options or [], named, fn, label)
+    if list_builders:
+        _list_one(fn, label, kwargs)
+        return
     out_dir = (out or Path("~/data") / label).expanduser()
-    with console.status(f"building {label} from {source or 'the Hugging Face hub'}"):
+    with console.status(f"building {label}" + (f" from {source}" if source else "")):
         try:
             splits = fn(source, **kwargs)
         except UserError:

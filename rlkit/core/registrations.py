@@ -18,6 +18,7 @@ _KL = "rlkit.core.algos.kl"
 _SYNTHETIC = "rlkit.core.data.synthetic"
 _MATH_REWARD = "rlkit.core.rewards.math"
 _GSM8K_REWARD = "rlkit.core.rewards.gsm8k"
+_REASONING_GYM_REWARD = "rlkit.core.rewards.reasoning_gym"
 # The data_source names MATH rows carry (the hub's own names and the short one).
 _MATH_SOURCES = ("math", "DigitalLearningGmbH/MATH-lighteval", "lighteval/MATH", "hendrycks/competition_math")
 
@@ -80,6 +81,7 @@ REWARD_FNS = Registry(
         "openai/humaneval": "rlkit.core.rewards.code:humaneval_reward",
         "synthetic": f"{_SYNTHETIC}:exact_match_reward",
         "synthetic/lookup": f"{_SYNTHETIC}:lookup_reward",
+        "reasoning_gym": f"{_REASONING_GYM_REWARD}:reasoning_gym_reward",  # 'reasoning_gym/<task>' rows
     },
 )
 ANSWER_FNS = Registry(
@@ -90,6 +92,7 @@ ANSWER_FNS = Registry(
         "gsm8k": f"{_GSM8K_REWARD}:gsm8k_answer",
         "synthetic": f"{_SYNTHETIC}:synthetic_answer",
         "synthetic/lookup": f"{_SYNTHETIC}:lookup_answer",
+        "reasoning_gym": f"{_REASONING_GYM_REWARD}:reasoning_gym_answer",
     },
 )
 
@@ -102,6 +105,7 @@ DATASET_BUILDERS = Registry(
         "gsm8k-pairs": "rlkit.core.data.gsm8k_pairs:build_gsm8k_pairs",
         "humaneval": "rlkit.core.data.humaneval:build_humaneval",
         "math": "rlkit.core.data.math:build_math",
+        "reasoning-gym": "rlkit.core.data.reasoning_gym:build_reasoning_gym",
         "synthetic": f"{_SYNTHETIC}:build_synthetic",
         "verifiers": "rlkit.core.agents.verifiers_env:build_verifiers",
     },
