@@ -258,6 +258,7 @@ class Controller:
         self.completed_steps = state["step"]
 
     def close(self) -> None:
+        self.recorder.close()  # the last step's record reaches the disk
         self.scorer.close()
         if self.critic is not None:
             self.critic.shutdown()
