@@ -55,6 +55,24 @@ def test_a_batch_round_trips_exactly(tmp_path) -> None:
     assert records.read_record(tmp_path).step == 7  # the newest by default
 
 
+def test_bfloat16_and_values_json_cannot_hold_are_recorded(tmp_path) -> None:
+    batch = recorded_batch()
+    batch["advantages"] = torch.tensor([[0.1, -0.3, 0.7]] * 4, dtype=torch.bfloat16)  # numpy has no bfloat16
+    batch.meta["extra_info"][0] = {"raw": b"\x01", "split": "train"}  # bytes from a parquet column
+    records.write_record(records.record_path(tmp_path, 1), 1, batch, {})
+    record = records.read_record(tmp_path, 1)
+    assert record.batch["advantages"].dtype == torch.bfloat16 and torch.equal(record.batch["advantages"],
+                                                                                batch["advantages"])
+    assert record.batch.meta["extra_info"][0] == {"raw": "b'\\x01'", "split": "train"}
+
+
+def test_a_step_that_cannot_be_recorded_is_logged_and_skipped(tmp_path, caplog) -> None:
+    recorder = records.RolloutRecorder(tmp_path, keep_steps=3)
+    assert recorder.record(1, recorded_batch(), {"odd": object()}) is None  # a metric JSON cannot hold
+    recorder.close()
+    assert "recording step 1's rollouts failed (TypeError" in caplog.text and records.recorded_steps(tmp_path) == []
+
+
 def test_missing_records_name_the_file_the_recorded_steps_and_the_option(tmp_path) -> None:
     run = fake_run(tmp_path, ["trainer.record_rollouts=false"], steps=0)
     with pytest.raises(UserError, match=r"no recorded step is missing: .*/rollouts/ holds no step_N.parquet, the run "

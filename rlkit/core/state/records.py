@@ -91,7 +91,11 @@ class RolloutRecorder:
         """Copy the step's batch and start writing it (wait() until it is on disk); the path it will have."""
         if self.run_path is None or self._writer is None:
             return None
-        table = record_table(step, batch, metrics)
+        try:
+            table = record_table(step, batch, metrics)
+        except Exception as exc:  # noqa: BLE001 - as a failed write: this step goes unrecorded, training goes on
+            _lost(step, exc)
+            return None
         self.wait()
         path = record_path(self.run_path, step)
         self._pending = step, self._writer.submit(self._write, path, table, step)
@@ -105,8 +109,7 @@ class RolloutRecorder:
         try:
             pending.result()
         except Exception as exc:  # noqa: BLE001 - a record is for looking: losing one must not stop training
-            what = f"{type(exc).__name__}: {exc}"
-            logger.warning("recording step %d's rollouts failed (%s); training goes on", step, what)
+            _lost(step, exc)
 
     def close(self) -> None:
         self.wait()
@@ -119,6 +122,10 @@ class RolloutRecorder:
             for old in recorded_steps(self.run_path):
                 if old <= step - self.keep_steps:
                     record_path(self.run_path, old).unlink(missing_ok=True)
+
+
+def _lost(step: int, exc: Exception) -> None:
+    logger.warning("recording step %d's rollouts failed (%s: %s); training goes on", step, type(exc).__name__, exc)
 
 
 def discard_partial_writes(run_path: Path) -> None:
@@ -141,11 +148,14 @@ def record_table(step: int, batch: Batch, metrics: dict[str, Any]) -> pa.Table:
     """The batch's values (copied: the table does not share memory with the batch) and the step's metrics."""
     columns: dict[str, pa.Array] = {}
     for key, tensor in batch.tensors.items():
-        values = tensor.detach().to("cpu", copy=True).contiguous().numpy()
+        # numpy has no bfloat16: stored as float32 (exact), read back as bfloat16 from "dtypes"
+        wide = tensor.detach().float() if tensor.dtype == torch.bfloat16 else tensor.detach()
+        values = wide.to("cpu", copy=True).contiguous().numpy()
         flat = pa.array(values.reshape(-1))
         columns[key] = pa.FixedSizeListArray.from_arrays(flat, values.shape[1]) if values.ndim == 2 else flat
     for key, values in batch.meta.items():
-        columns[META_COLUMN + key] = pa.array([json.dumps(v) for v in values])
+        # default=str: a value JSON cannot hold (bytes, a date from a parquet column) is shown as text
+        columns[META_COLUMN + key] = pa.array([json.dumps(v, default=str) for v in values])
     info = {
         "step": step,
         "metrics": {k: _plain(v) for k, v in metrics.items()},
