@@ -168,7 +168,8 @@ def test_responses_sampled_from_a_tiny_model_and_saved(tmp_path: Path) -> None:
 
 def test_json_report_holds_each_rows_scores_and_reasons(gsm8k_test, tmp_path: Path) -> None:
     data = small_gsm8k(tmp_path, gsm8k_test)
-    answers = write_lines(tmp_path / "r.jsonl", [{"responses": [f"#### {a}", "#### 0", "no idea"]} for a in (18, 3, 1, 1)])
+    responses = [{"responses": [f"#### {a}", "#### 0", "no idea"]} for a in (18, 3, 1, 1)]
+    answers = write_lines(tmp_path / "r.jsonl", responses)
     result = report("--data", str(data), "--responses", str(answers))
     wrong = "wrong answer: the extracted answer is not the ground truth"
     none = "no answer extracted: the response holds no answer in the form the rule reads"

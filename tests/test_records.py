@@ -228,8 +228,9 @@ def test_replay_accepts_update_settings_and_refuses_the_rest(tmp_path) -> None:
     with pytest.raises(UserError, match=r"a replay re-runs only the update on the recorded batch, so "
                                         r"algorithm.adv_estimator, rollout.n would change nothing or break it"):
         replay_config(run, 2, ["rollout.n=4", "algorithm.adv_estimator=rloo"])
-    with pytest.raises(UserError, match=r"replaying step 5 needs the checkpoint of step 4 \(.*/checkpoints/step_00000004\)"
-                                        r": .*checkpoints: 1, 2\)\. Train with trainer.save_freq=1"):
+    with pytest.raises(UserError, match=r"replaying step 5 needs the checkpoint of step 4 "
+                                        r"\(.*/checkpoints/step_00000004\): .*checkpoints: 1, 2\)\. "
+                                        r"Train with trainer.save_freq=1"):
         replay_config(run, 5, [])
 
 

@@ -76,7 +76,8 @@ HE = {p["task_id"]: p for p in problems()}
 
 def _result(task: str, response: str) -> dict:
     problem = HE[task]
-    return humaneval_reward(response, problem["test"], {"prompt": problem["prompt"], "entry_point": problem["entry_point"]})
+    extra_info = {"prompt": problem["prompt"], "entry_point": problem["entry_point"]}
+    return humaneval_reward(response, problem["test"], extra_info)
 
 
 def _score(task: str, response: str) -> float:
@@ -121,7 +122,8 @@ REASONS = [  # HumanEval/0: 7 tests; the first expects True, the second False
                          "== False) (3 of 7 tests failed)"),
     ("    import os, signal\n    os.kill(os.getpid(), signal.SIGSEGV)\n",
      "signal: test 1: the program ended: killed by signal SIGSEGV (7 of 7 tests failed)"),
-    ("    syntax error here\n", "does not run: loading the program: SyntaxError: invalid syntax (solution.py, line 12)"),
+    ("    syntax error here\n",
+     "does not run: loading the program: SyntaxError: invalid syntax (solution.py, line 12)"),
     ("def has_close_elements(numbers, threshold):\n    return True\nwhile True:\n    pass\n",
      "timeout: loading the program: no answer within 0.5 s"),
     ("", "empty response: no code to run"),
