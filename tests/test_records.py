@@ -91,6 +91,18 @@ def test_missing_records_name_the_file_the_recorded_steps_and_the_option(tmp_pat
         records.read_record(run.path, 9)
 
 
+def test_a_record_pruned_between_listing_and_reading_is_a_user_error(tmp_path, monkeypatch) -> None:
+    run = fake_run(tmp_path, [], steps=0)
+    for step in (2, 3, 4, 5):
+        records.write_record(records.record_path(run.path, step), step, recorded_batch(), {})
+    listings = iter([[1, 2, 3, 4, 5]])  # the first listing still had step 1, which the running run then pruned
+    real = records.recorded_steps
+    monkeypatch.setattr(records, "recorded_steps", lambda path: next(listings, None) or real(path))
+    with pytest.raises(UserError, match=r"step 1's batch .* is not on disk: the run keeps only the last "
+                                        r"trainer.record_keep_steps=3 \(recorded: 2-5\)"):
+        records.read_record(run.path, 1)
+
+
 def test_the_recorder_keeps_the_last_steps_and_touches_nothing_else(tmp_path) -> None:
     (tmp_path / "checkpoints" / "step_00000001").mkdir(parents=True)
     recorder = records.RolloutRecorder.for_run(load_config("grpo-demo", ["trainer.record_keep_steps=2"]), tmp_path)

@@ -179,7 +179,10 @@ def read_record(run_path: Path, step: int | None = None) -> Record:
     if not steps or (step is not None and step not in steps):
         raise UserError(missing_record_message(run_path, step, steps))
     step = steps[-1] if step is None else step
-    table = pq.read_table(record_path(run_path, step))
+    try:
+        table = pq.read_table(record_path(run_path, step))
+    except FileNotFoundError:  # pruned by the running run since it was listed
+        raise UserError(missing_record_message(run_path, step, recorded_steps(run_path))) from None
     info = json.loads(table.schema.metadata[METADATA_KEY])
     tensors, meta = {}, {}
     for name in table.column_names:
