@@ -47,6 +47,7 @@ from __future__ import annotations
 import os
 import re
 import select
+import subprocess
 import time
 from pathlib import Path
 from typing import Any
@@ -59,6 +60,7 @@ HUMANEVAL = "openai/humaneval"
 PER_TEST_S = 3.0  # each statement of `check`, the candidate's calls included
 LIMITS = Limits(wall_s=8.0, cpu_s=8, memory_mb=1024)  # wall_s: the whole row, below reward.timeout_s (10 s)
 _JUDGE_GRACE_S = 0.5  # how long the judge may take to report a test after the candidate's deadline
+_EXIT_GRACE_S = 0.5  # how long a candidate that stopped answering may take to exit, for its exit status
 _FENCE = re.compile(r"```(?:python|py)?[ \t]*\n(.*?)```", re.DOTALL)
 _HERE = Path(__file__).parent
 _SOURCES = {name: (_HERE / name).read_text() for name in ("candidate_server.py", "judge_server.py", "plain_data.py")}
@@ -285,7 +287,9 @@ def _no_answer_reason(channel: _Channel, exc: _NoAnswer) -> Reason:
         return "timeout", f"no answer within {PER_TEST_S:g} s"
     if "a line over" in str(exc):
         return "output limit", f"an answer line over {plain_data.MAX_LINE_BYTES} bytes"
-    if not str(exc).startswith("it ended") and channel.program.process.poll() is None:  # alive, off the protocol
+    try:  # a program that ended has its exit status at once; one that only closed its output has none
+        channel.program.process.wait(timeout=_EXIT_GRACE_S)
+    except subprocess.TimeoutExpired:
         return "exception", f"the program broke the call protocol ({exc})"
     ended = channel.program.finish()
     return ended.kind, f"the program ended: {ended.describe()}"
