@@ -166,13 +166,42 @@ def test_responses_sampled_from_a_tiny_model_and_saved(tmp_path: Path) -> None:
     assert rescored["mean_score"] == sampled["mean_score"]
 
 
-def test_json_report_holds_each_rows_scores(gsm8k_test, tmp_path: Path) -> None:
+def test_json_report_holds_each_rows_scores_and_reasons(gsm8k_test, tmp_path: Path) -> None:
     data = small_gsm8k(tmp_path, gsm8k_test)
-    answers = write_lines(tmp_path / "r.jsonl", [{"responses": [f"#### {a}", "#### 0"]} for a in (18, 3, 1, 1)])
+    responses = [{"responses": [f"#### {a}", "#### 0", "no idea"]} for a in (18, 3, 1, 1)]
+    answers = write_lines(tmp_path / "r.jsonl", responses)
     result = report("--data", str(data), "--responses", str(answers))
+    wrong = "wrong answer: the extracted answer is not the ground truth"
+    none = "no answer extracted: the response holds no answer in the form the rule reads"
     assert result["per_row"] == [
-        {"row": 0, "ground_truth": "18", "scores": [1.0, 0.0]}, {"row": 1, "ground_truth": "3", "scores": [1.0, 0.0]},
-        {"row": 2, "ground_truth": "70000", "scores": [0.0, 0.0]}, {"row": 3, "ground_truth": "540", "scores": [0.0, 0.0]}]
+        {"row": 0, "ground_truth": "18", "scores": [1.0, 0.0, 0.0], "reasons": [None, wrong, none]},
+        {"row": 1, "ground_truth": "3", "scores": [1.0, 0.0, 0.0], "reasons": [None, wrong, none]},
+        {"row": 2, "ground_truth": "70000", "scores": [0.0, 0.0, 0.0], "reasons": [wrong, wrong, none]},
+        {"row": 3, "ground_truth": "540", "scores": [0.0, 0.0, 0.0], "reasons": [wrong, wrong, none]}]
+    assert result["reasons"] == {"wrong answer": 6, "no answer extracted": 4}
+    assert [(e["row"], e["response"]) for e in result["reason_examples"]] == [(0, 1), (0, 2), (1, 1), (1, 2), (2, 0),
+                                                                              (2, 2)]  # 3 of each kind
+
+
+REASONED = '''
+def short(data_source, response, ground_truth, extra_info):
+    if response == "bad":
+        return {"score": 0.0, "reason": 3}
+    if len(response) < 3:
+        return {"score": 0.0, "reason": "too short: under 3 characters"}
+    return {"score": 0.0} if response == "zero" else 1.0
+'''
+
+
+def test_a_custom_rewards_reason_is_shown_and_a_zero_without_one_says_so(tmp_path: Path) -> None:
+    data = write_parquet(build_synthetic(task="echo", n_test=4)["test"], tmp_path / "echo.parquet")
+    (tmp_path / "mine.py").write_text(REASONED)
+    answers = write_lines(tmp_path / "r.jsonl", ["ab", "zero", "long enough", "bad"])
+    result = report("--data", str(data), "--responses", str(answers), f"reward.function={tmp_path}/mine.py:short")
+    assert [row["reasons"] for row in result["per_row"]] == [
+        ["too short: under 3 characters"], ["scored 0: the reward gave no reason"], [None],
+        ["invalid score: key 'reason' is 3 (int), not a string"]]
+    assert result["metrics"]["reward/errors"] == 0 and "reward/reason" not in result["metrics"]
 
 
 def test_a_data_file_without_rows_exits_2(gsm8k_test, tmp_path: Path) -> None:

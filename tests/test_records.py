@@ -13,7 +13,7 @@ from transformers import AutoTokenizer
 
 from rlkit.core.algos.update_inputs import UpdateInputs
 from rlkit.core.batch import Batch, build_batch
-from rlkit.core.controller.replay import Replay, replay_config
+from rlkit.core.controller.replay import Replay, replay_config, replay_inputs
 from rlkit.core.state.run_dir import RunDir, resolve_model_path
 from rlkit.core.data.dataset import PromptRow
 from rlkit.core.rollout.base import RolloutSample
@@ -55,18 +55,107 @@ def test_a_batch_round_trips_exactly(tmp_path) -> None:
     assert records.read_record(tmp_path).step == 7  # the newest by default
 
 
-def test_missing_records_name_the_recorded_steps(tmp_path) -> None:
-    with pytest.raises(UserError, match="recorded no rollouts; train with trainer.record_rollouts=true"):
-        records.read_record(tmp_path, 1)
+def test_bfloat16_and_values_json_cannot_hold_are_recorded(tmp_path) -> None:
+    batch = recorded_batch()
+    batch["advantages"] = torch.tensor([[0.1, -0.3, 0.7]] * 4, dtype=torch.bfloat16)  # numpy has no bfloat16
+    batch.meta["extra_info"][0] = {"raw": b"\x01", "split": "train"}  # bytes from a parquet column
+    records.write_record(records.record_path(tmp_path, 1), 1, batch, {})
+    record = records.read_record(tmp_path, 1)
+    assert record.batch["advantages"].dtype == torch.bfloat16 and torch.equal(record.batch["advantages"],
+                                                                                batch["advantages"])
+    assert record.batch.meta["extra_info"][0] == {"raw": "b'\\x01'", "split": "train"}
+
+
+def test_a_step_that_cannot_be_recorded_is_logged_and_skipped(tmp_path, caplog) -> None:
+    recorder = records.RolloutRecorder(tmp_path, keep_steps=3)
+    assert recorder.record(1, recorded_batch(), {"odd": object()}) is None  # a metric JSON cannot hold
+    recorder.close()
+    assert "recording step 1's rollouts failed (TypeError" in caplog.text and records.recorded_steps(tmp_path) == []
+
+
+def test_missing_records_name_the_file_the_recorded_steps_and_the_option(tmp_path) -> None:
+    run = fake_run(tmp_path, ["trainer.record_rollouts=false"], steps=0)
+    with pytest.raises(UserError, match=r"no recorded step is missing: .*/rollouts/ holds no step_N.parquet, the run "
+                                        r"trained with trainer.record_rollouts=false. Train, or resume, with "
+                                        r"trainer.record_rollouts=true"):
+        records.read_record(run.path)
+    run = fake_run(tmp_path / "default", [], steps=0)  # recording on, keeping the last 3 steps (the defaults)
     for step in (1, 2, 3, 7):
+        records.write_record(records.record_path(run.path, step), step, recorded_batch(), {})
+    assert records.recorded_steps(run.path) == [1, 2, 3, 7]
+    with pytest.raises(UserError, match=r"step 5's batch \(.*/rollouts/step_00000005.parquet\) is not on disk: the run "
+                                        r"keeps only the last trainer.record_keep_steps=3 \(recorded: 1-3, 7\)\. To "
+                                        r"keep more, train with trainer.record_keep_steps=0"):
+        records.read_record(run.path, 5)
+    with pytest.raises(UserError, match=r"step 9's batch .* that step was not recorded \(recorded: 1-3, 7\)"):
+        records.read_record(run.path, 9)
+
+
+def test_a_record_pruned_between_listing_and_reading_is_a_user_error(tmp_path, monkeypatch) -> None:
+    run = fake_run(tmp_path, [], steps=0)
+    for step in (2, 3, 4, 5):
+        records.write_record(records.record_path(run.path, step), step, recorded_batch(), {})
+    listings = iter([[1, 2, 3, 4, 5]])  # the first listing still had step 1, which the running run then pruned
+    real = records.recorded_steps
+    monkeypatch.setattr(records, "recorded_steps", lambda path: next(listings, None) or real(path))
+    with pytest.raises(UserError, match=r"step 1's batch .* is not on disk: the run keeps only the last "
+                                        r"trainer.record_keep_steps=3 \(recorded: 2-5\)"):
+        records.read_record(run.path, 1)
+
+
+def test_the_recorder_keeps_the_last_steps_and_touches_nothing_else(tmp_path) -> None:
+    (tmp_path / "checkpoints" / "step_00000001").mkdir(parents=True)
+    recorder = records.RolloutRecorder.for_run(load_config("grpo-demo", ["trainer.record_keep_steps=2"]), tmp_path)
+    for step in (1, 2, 3, 4):
+        recorder.record(step, recorded_batch(), {})
+    recorder.wait()  # written on the recorder's thread
+    assert records.recorded_steps(tmp_path) == [3, 4]
+    # A killed run left steps 5 and 6; resumed from step 3's checkpoint, it writes step 4 again: the newer
+    # records stay until the resumed run overwrites them, the older ones go.
+    for step in (5, 6):
         records.write_record(records.record_path(tmp_path, step), step, recorded_batch(), {})
-    assert records.recorded_steps(tmp_path) == [1, 2, 3, 7]
-    with pytest.raises(UserError, match=r"no recorded batch of step 5 \(recorded: 1-3, 7\)"):
-        records.read_record(tmp_path, 5)
+    recorder.record(4, recorded_batch(), {})
+    recorder.wait()
+    assert records.recorded_steps(tmp_path) == [3, 4, 5, 6]
+    recorder.record(5, recorded_batch(), {})
+    recorder.close()
+    assert records.recorded_steps(tmp_path) == [4, 5, 6]
+    assert (tmp_path / "checkpoints" / "step_00000001").is_dir()
+    every = records.RolloutRecorder.for_run(load_config("grpo-demo", ["trainer.record_keep_steps=0"]), tmp_path)
+    every.record(9, recorded_batch(), {})
+    every.close()
+    assert records.recorded_steps(tmp_path) == [4, 5, 6, 9]
+
+
+def test_a_record_that_cannot_be_written_is_logged_and_the_run_goes_on(tmp_path, caplog) -> None:
+    (tmp_path / "rollouts").write_text("a file where the folder should be")
+    recorder = records.RolloutRecorder(tmp_path, keep_steps=3)
+    assert recorder.record(2, recorded_batch(), {}) == tmp_path / "rollouts" / "step_00000002.parquet"
+    recorder.close()
+    assert "recording step 2's rollouts failed (FileExistsError" in caplog.text
+    assert "training goes on" in caplog.text
+
+
+def test_a_write_killed_midway_leaves_nothing_that_is_read_and_is_cleaned_on_restart(tmp_path, monkeypatch) -> None:
+    records.write_record(records.record_path(tmp_path, 1), 1, recorded_batch(), {})
+
+    def dies_midway(table, where, **kwargs) -> None:
+        Path(where).write_bytes(b"PAR1 half a file")
+        raise KeyboardInterrupt  # stands for the SIGKILL: nothing after this line runs
+
+    monkeypatch.setattr(records.pq, "write_table", dies_midway)
+    with pytest.raises(KeyboardInterrupt):
+        records.write_record(records.record_path(tmp_path, 2), 2, recorded_batch(), {})
+    monkeypatch.undo()
+    partial = tmp_path / "rollouts" / ".step_00000002.parquet.tmp"
+    assert partial.exists() and records.recorded_steps(tmp_path) == [1]
+    assert records.read_record(tmp_path).step == 1  # the newest complete record
+    records.RolloutRecorder.for_run(load_config("grpo-demo"), tmp_path)  # the run starts again (resume)
+    assert not partial.exists() and records.recorded_steps(tmp_path) == [1]
 
 
 def test_the_recorder_writes_only_when_asked(tmp_path) -> None:
-    off = records.RolloutRecorder.for_run(load_config("grpo-demo"), tmp_path)
+    off = records.RolloutRecorder.for_run(load_config("grpo-demo", ["trainer.record_rollouts=false"]), tmp_path)
     batch = recorded_batch()
     del batch.tensors["old_log_probs"]
     own_old = UpdateInputs(old_log_probs_from_update=True, rollout_log_probs=True, rollout_correction=None,
@@ -74,7 +163,7 @@ def test_the_recorder_writes_only_when_asked(tmp_path) -> None:
     off.add_trainer_log_probs(batch, lambda b, which: pytest.fail("no pass when recording is off"), own_old)
     assert off.record(1, batch, {}) is None and not (tmp_path / "rollouts").exists()
 
-    on = records.RolloutRecorder.for_run(load_config("grpo-demo", ["trainer.record_rollouts=true"]), tmp_path)
+    on = records.RolloutRecorder.for_run(load_config("grpo-demo"), tmp_path)  # on by default
     calls = []
     on.add_trainer_log_probs(batch, lambda b, which: calls.append(which) or {"log_probs": b["rollout_log_probs"] + 1},
                              own_old)
@@ -85,6 +174,9 @@ def test_the_recorder_writes_only_when_asked(tmp_path) -> None:
     no_engine = replace(own_old, rollout_log_probs=False)  # the engine gave no log-probs this step
     on.add_trainer_log_probs(recorded_batch(), lambda b, which: pytest.fail("nothing to compare with"), no_engine)
     assert on.record(3, batch, {"reward/mean": 0.5}) == tmp_path / "rollouts" / "step_00000003.parquet"
+    batch["scores"][0] = 7.0  # the batch changes while the record is written: the record keeps the step's values
+    on.close()
+    assert records.read_record(tmp_path, 3).batch["scores"][0] == 1.0
 
 
 @pytest.fixture
@@ -148,9 +240,22 @@ def test_replay_accepts_update_settings_and_refuses_the_rest(tmp_path) -> None:
     with pytest.raises(UserError, match=r"a replay re-runs only the update on the recorded batch, so "
                                         r"algorithm.adv_estimator, rollout.n would change nothing or break it"):
         replay_config(run, 2, ["rollout.n=4", "algorithm.adv_estimator=rloo"])
-    with pytest.raises(UserError, match=r"replaying step 5 needs the checkpoint of step 4: .*checkpoints: 1, 2\)\. "
-                                        r"Record with trainer.save_freq=1"):
+    with pytest.raises(UserError, match=r"replaying step 5 needs the checkpoint of step 4 "
+                                        r"\(.*/checkpoints/step_00000004\): .*checkpoints: 1, 2\)\. "
+                                        r"Train with trainer.save_freq=1"):
         replay_config(run, 5, [])
+
+
+def test_replay_names_everything_it_misses_at_once(tmp_path) -> None:
+    run = fake_run(tmp_path, [], steps=2)
+    records.write_record(records.record_path(run.path, 3), 3, recorded_batch(), {})
+    assert replay_inputs(run, 3, [])[0].step == 3  # record of step 3, checkpoint of step 2: enough
+    with pytest.raises(UserError) as missing:
+        replay_inputs(run, 5, [])
+    lines = str(missing.value).splitlines()
+    assert lines[0] == "cannot replay step 5:" and len(lines) == 3
+    assert "step 5's batch" in lines[1] and "/rollouts/step_00000005.parquet" in lines[1]
+    assert "needs the checkpoint of step 4" in lines[2] and "trainer.save_freq=1" in lines[2]
 
 
 def test_replay_refuses_a_critic_warm_up_step(tmp_path) -> None:

@@ -43,7 +43,7 @@ def run(tmp_path_factory) -> dict:
                            f"reward.function={root / 'reward.py'}:dense", f"trainer.total_steps={STEPS}",
                            "trainer.save_freq=1", "trainer.keep_last=5", "trainer.workers=in_process",
                            "trainer.device=cpu", "trainer.logger=[jsonl]", f"trainer.runs_dir={runs}",
-                           "trainer.record_rollouts=true", "--run-id", "recorded")
+                           "--run-id", "recorded")  # recording is on by default, keeping the last 3 steps
         yield {"root": root, "runs": runs, "path": runs / "recorded"}
 
 

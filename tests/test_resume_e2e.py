@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Iterator
 
 import pytest
+import torch
 import warm_cli
 from conftest import run_cli_in_process
 from ray_head import descendants, is_zombie, wait_until_idle
@@ -39,6 +40,7 @@ from rlkit.core.controller.tracking import is_timing_key
 from rlkit.core.data.builders import write_parquet
 from rlkit.core.data.synthetic import build_synthetic
 from rlkit.core.state.checkpoint import MARKER, step_dir_name
+from rlkit.core.state.records import read_record, recorded_steps
 
 pytestmark = pytest.mark.slow
 
@@ -166,6 +168,16 @@ def assert_same_metrics(run: Path, reference: list[dict], reference_run: Path | 
             assert (run / "validation" / name).read_text() == (reference_run / "validation" / name).read_text()
 
 
+def assert_same_records(run: Path, reference_run: Path) -> None:
+    """Recording is on by default, keeping the last 3 steps: a killed and resumed run keeps the same batches."""
+    assert recorded_steps(reference_run) == recorded_steps(run) == [N - 2, N - 1, N]
+    assert not list((run / "rollouts").glob(".*.tmp"))  # a write the kill cut short was cleaned on resume
+    for step in recorded_steps(run):
+        got, want = read_record(run, step).batch, read_record(reference_run, step).batch
+        assert set(got.tensors) == set(want.tensors) and got.meta == want.meta
+        assert all(torch.equal(got[key], want[key]) for key in want.tensors), step
+
+
 @pytest.fixture(scope="module")
 def world(tmp_path_factory) -> Iterator[dict]:
     with pytest.MonkeyPatch.context() as patch:  # the subprocesses build the tiny model in the test cache too
@@ -199,6 +211,7 @@ def test_sigkill_after_a_checkpoint_then_resume_is_exact(world) -> None:
     resumed_from = int(re.search(r"from checkpoint step_(\d+)", output).group(1))
     assert resumed_from in (K, K + 1)  # the kill lands within one poll of the marker appearing
     assert_same_metrics(runs / "killed", world["reference"], runs / "reference")
+    assert_same_records(runs / "killed", runs / "reference")
     assert json.loads((runs / "killed" / "status.json").read_text())["status"] == "finished"
 
 
@@ -216,6 +229,7 @@ def test_sigkill_while_writing_a_checkpoint_then_resume_is_exact(world) -> None:
     assert f"ignoring .tmp-{step_dir_name(K + 1)}" in output
     assert f"from checkpoint {step_dir_name(K)}" in output
     assert_same_metrics(runs / "torn", world["reference"], runs / "reference")
+    assert_same_records(runs / "torn", runs / "reference")
 
 
 def test_truncated_newest_checkpoint_resumes_from_the_previous_one(world) -> None:

@@ -9,6 +9,7 @@ import pytest
 from rlkit.core.sandbox.isolation import ISOLATION_ENV
 from rlkit.core.sandbox.process import Limits, run_python
 from rlkit.core.data.humaneval import problems
+from rlkit.core.rewards import code
 from rlkit.core.rewards.code import humaneval_reward, program_for, run_tests
 
 FAST = Limits(wall_s=2.0, cpu_s=1, memory_mb=512)
@@ -73,10 +74,14 @@ def test_output_is_bounded():
 HE = {p["task_id"]: p for p in problems()}
 
 
-def _score(task: str, response: str) -> float:
+def _result(task: str, response: str) -> dict:
     problem = HE[task]
-    return humaneval_reward(response, problem["test"], {"prompt": problem["prompt"],
-                                                        "entry_point": problem["entry_point"]})["score"]
+    extra_info = {"prompt": problem["prompt"], "entry_point": problem["entry_point"]}
+    return humaneval_reward(response, problem["test"], extra_info)
+
+
+def _score(task: str, response: str) -> float:
+    return _result(task, response)["score"]
 
 
 @pytest.mark.parametrize("task", ["HumanEval/0", "HumanEval/32", "HumanEval/38", "HumanEval/53", "HumanEval/151"])
@@ -104,6 +109,37 @@ def test_a_solution_that_hangs_allocates_or_connects_scores_zero(body):
     problem = HE["HumanEval/0"]
     program = program_for(body, problem["prompt"], problem["entry_point"])
     assert run_tests(program, problem["prompt"], problem["test"], problem["entry_point"], FAST)["score"] == 0.0
+
+
+REASONS = [  # HumanEval/0: 7 tests; the first expects True, the second False
+    ("    while True:\n        pass\n", "timeout: test 1: no answer within 0.5 s (7 of 7 tests failed)"),
+    ("    while True:\n        print('x' * 65536)\n",  # 1 MiB of output: the write over the file-size limit fails
+     "output limit: test 1: the program raised OSError: [Errno 27] File too large (7 of 7 tests failed)"),
+    ("    print('x' * 10**9)\n", "memory limit: test 1: the program raised MemoryError (7 of 7 tests failed)"),
+    ("    return 1 / 0\n",
+     "exception: test 1: the program raised ZeroDivisionError: division by zero (7 of 7 tests failed)"),
+    ("    return True\n", "test failed: test 2: AssertionError (assert candidate([1.0, 2.0, 3.9, 4.0, 5.0, 2.2], 0.05) "
+                         "== False) (3 of 7 tests failed)"),
+    ("    import os, signal\n    os.kill(os.getpid(), signal.SIGSEGV)\n",
+     "signal: test 1: the program ended: killed by signal SIGSEGV (7 of 7 tests failed)"),
+    ("    syntax error here\n",
+     "does not run: loading the program: SyntaxError: invalid syntax (solution.py, line 12)"),
+    ("def has_close_elements(numbers, threshold):\n    return True\nwhile True:\n    pass\n",
+     "timeout: loading the program: no answer within 0.5 s"),
+    ("", "empty response: no code to run"),
+    (HE["HumanEval/0"]["canonical_solution"], None),
+]
+
+
+@pytest.mark.parametrize(("response", "reason"), REASONS)
+def test_each_failure_says_why(response, reason, monkeypatch):
+    monkeypatch.setattr(code, "PER_TEST_S", 0.5)
+    problem = HE["HumanEval/0"]
+    program = program_for(response, problem["prompt"], problem["entry_point"])
+    limits = Limits(wall_s=1.5, cpu_s=1, memory_mb=512)
+    result = run_tests(program, problem["prompt"], problem["test"], problem["entry_point"], limits) if program else (
+        _result("HumanEval/0", response))
+    assert result.get("reason") == reason
 
 
 @pytest.mark.slow

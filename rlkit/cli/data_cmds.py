@@ -267,7 +267,10 @@ def eval_reward(
         None, "--save", help="Write the sampled responses here as jsonl (re-score with --responses)."
     ),
     examples: int = typer.Option(
-        3, "--examples", min=0, help="How many extraction failures, errors and invalid scores to show."
+        3,
+        "--examples",
+        min=0,
+        help="How many extraction failures, errors, invalid scores and responses of each reason kind to show.",
     ),
     as_json: bool = typer.Option(
         False, "--json", help="Print the report as one JSON object, each row's scores included (for scripts)."
@@ -339,6 +342,8 @@ def _print_report(report: dict[str, Any]) -> None:
         f"{per_call * 1e3:.3g} ms (max {report['seconds_per_call_max'] * 1e3:.3g} ms)" if per_call is not None else "-",
     )
     summary.add_row("time total", f"{report['seconds_total']:.2f} s")
+    for kind, count in report["reasons"].items():  # why responses scored 0 (or below full marks), by kind
+        summary.add_row(f"reason: {kind}", str(count))
     # The reward's own per-response numbers (a dict reward's other keys: a code reward's tests passed, runs,
     # timeouts), as means over the responses: what a training run logs as reward/<key>.
     shown = {"reward/errors", "reward/invalid", "reward/call_seconds_mean", "reward/call_seconds_max"}
@@ -357,6 +362,11 @@ def _print_report(report: dict[str, Any]) -> None:
         for example in report["extraction_failure_examples"]:
             failures.add_row(str(example["row"]), example["ground_truth"], example["response_tail"])
         console.print(failures)
+    if report["reason_examples"]:
+        why = Table("row", "response", "score", "reason", title="why (examples per reason; every row's in --json)")
+        for example in report["reason_examples"]:
+            why.add_row(str(example["row"]), str(example["response"]), fmt(example["score"]), example["reason"])
+        console.print(why)
     for error in report["error_examples"]:
         console.print(f"[red]error:[/] {error}", highlight=False)
     for invalid in report["invalid_examples"]:  # "invalid score on row N (...): why; scored 0"

@@ -1,4 +1,5 @@
-"""Commands on recorded rollouts (trainer.record_rollouts): replay a step's update, inspect its samples."""
+"""Commands on recorded rollouts (trainer.record_rollouts, on by default: the last trainer.record_keep_steps steps):
+replay a step's update, inspect its samples."""
 
 from __future__ import annotations
 
@@ -70,7 +71,7 @@ def inspect(
     runs_dir: str = RUNS_DIR_OPTION,
 ) -> None:
     """Show a recorded step's rollouts: prompt, response, reward, advantage, and each response token
-    coloured by its rollout-vs-trainer log-prob gap (needs trainer.record_rollouts=true).
+    coloured by its rollout-vs-trainer log-prob gap (runs keep the last trainer.record_keep_steps steps: 3 by default).
 
     Example: rlkit inspect grpo-demo-20261130-101500 --step 40 --sort advantage --ascending
     """

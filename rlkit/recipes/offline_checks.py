@@ -24,7 +24,7 @@ RL_ONLY_PREFIXES = (
     "actor.old_log_probs",
     "trainer.val_n",
     "trainer.val_temperature",
-    "trainer.record_rollouts",
+    "trainer.record_",
     "trainer.invariant",
 )
 # The offline objectives (each with its own section of options) and how to make data for each.

@@ -260,6 +260,7 @@ class Controller:
 
     def close(self) -> None:
         try:
+            self.recorder.close()  # the last step's record reaches the disk
             self.scorer.close()
             if self.critic is not None:
                 self.critic.shutdown()

@@ -13,6 +13,25 @@ from rlkit.errors import UserError
 from rlkit.recipes.reward_schema import RewardConfig
 
 _TAIL_CHARS = 200  # how much of a response an example shows
+NO_REASON = "scored 0: the reward gave no reason"  # a dict reward's "reason" key gives one
+
+
+def response_reason(score: float, details: dict[str, float], reason: str | None) -> str | None:
+    """Why a response scored what it did: the scorer's reason (the reward's own "reason" key, a failed call,
+    an unusable score); for a 0 without one, what an answer-extracting rule's answer_found says; else None."""
+    if reason or score != 0.0:
+        return reason
+    found = details.get("answer_found")
+    if found == 0.0:
+        return "no answer extracted: the response holds no answer in the form the rule reads"
+    if found == 1.0:
+        return "wrong answer: the extracted answer is not the ground truth"
+    return NO_REASON
+
+
+def reason_kind(reason: str) -> str:
+    """A reason's kind, the text before its first ': ' (`timeout`, `no answer extracted`, ...)."""
+    return reason.split(": ", 1)[0]
 
 
 def read_responses(path: str | Path, num_rows: int, *, first_only: bool = False) -> list[list[str]]:
@@ -100,11 +119,35 @@ def _histogram(scores: list[float]) -> list[dict[str, float]]:
     return [{"low": low + i * width, "high": low + (i + 1) * width, "count": counts[i]} for i in range(10)]
 
 
+def _reason_examples(
+    flat: list[tuple[int, str]], scores: list[float], reasons: list[str | None], per_kind: int
+) -> list[dict[str, Any]]:
+    """Up to `per_kind` responses of each reason kind, in row order: row, response (its number in the row), score,
+    reason and the response's end."""
+    shown: Counter[str] = Counter()
+    examples, number = [], Counter()
+    for (row, text), score, reason in zip(flat, scores, reasons, strict=True):
+        number[row] += 1
+        if reason and shown[reason_kind(reason)] < per_kind:
+            shown[reason_kind(reason)] += 1
+            examples.append(
+                {
+                    "row": row,
+                    "response": number[row] - 1,
+                    "score": score,
+                    "reason": reason,
+                    "response_tail": text[-_TAIL_CHARS:],
+                }
+            )
+    return examples
+
+
 def evaluate(
     rows: list[dict[str, Any]], responses: list[list[str]], config: RewardConfig, *, examples: int = 3
 ) -> dict[str, Any]:
     """Score every response and summarise: mean, accuracy, histogram, extraction failures, errors and
-    invalid scores (with examples), timing, and each row's scores (`per_row`, in response order)."""
+    invalid scores (with examples), each response's reason (response_reason) and a count per reason kind,
+    timing, and each row's scores and reasons (`per_row`, in response order)."""
     flat = [(i, text) for i, texts in enumerate(responses) for text in texts]
     ground_truths = [str((row.get("reward_model") or {}).get("ground_truth", "")) for row in rows]
     extra_infos = [dict(row.get("extra_info") or {}) for row in rows]
@@ -118,6 +161,7 @@ def evaluate(
         )
     seconds = time.perf_counter() - start
     scores = scored.scores
+    reasons = [response_reason(*r) for r in zip(scores, scored.details, scored.reasons, strict=True)]
     binary = all(0.0 <= s <= 1.0 for s in scores)
     not_found = [k for k, d in enumerate(scored.details) if d.get("answer_found") == 0.0]
     reports_extraction = any("answer_found" in d for d in scored.details)
@@ -138,14 +182,19 @@ def evaluate(
         "error_examples": scored.errors[:examples],
         "invalid": len(scored.invalid),
         "invalid_examples": scored.invalid[:examples],
+        "reasons": dict(Counter(reason_kind(r) for r in reasons if r).most_common()),
+        "reason_examples": _reason_examples(flat, scores, reasons, examples),
         "seconds_per_call_mean": scored.metrics.get("reward/call_seconds_mean"),
         "seconds_per_call_max": scored.metrics.get("reward/call_seconds_max"),
         "seconds_total": seconds,
         "metrics": scored.metrics,
-        "per_row": [{"row": i, "ground_truth": ground_truths[i], "scores": []} for i in range(len(rows))],
+        "per_row": [
+            {"row": i, "ground_truth": ground_truths[i], "scores": [], "reasons": []} for i in range(len(rows))
+        ],
     }
-    for (i, _), score in zip(flat, scores, strict=True):
+    for (i, _), score, reason in zip(flat, scores, reasons, strict=True):
         report["per_row"][i]["scores"].append(score)
+        report["per_row"][i]["reasons"].append(reason)
     if n > 1 and binary:
         by_row = Counter(flat[k][0] for k, s in enumerate(scores) if s >= 1.0)
         report[f"pass@{n}"] = len(by_row) / len(rows)

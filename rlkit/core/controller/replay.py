@@ -83,9 +83,9 @@ def replay_config(
             ckpt = checkpoint.checkpoint_at(run.path, step - 1)
         except UserError as exc:
             raise UserError(
-                f"replaying step {step} needs the checkpoint of step {step - 1}: {exc}. Record with "
-                "trainer.save_freq=1 and a trainer.keep_last that keeps the steps to replay "
-                "(docs/replay.md)"
+                f"replaying step {step} needs the checkpoint of step {step - 1} "
+                f"({checkpoint.checkpoints_dir(run.path) / checkpoint.step_dir_name(step - 1)}): {exc}. Train with "
+                "trainer.save_freq=1 and a trainer.keep_last that keeps the steps to replay (docs/replay.md)"
             ) from None
     source = str((ckpt.path if ckpt else run.path) / checkpoint.CONFIG_FILE)
     saved, config = load_config(source), load_config(source, overrides)
@@ -104,14 +104,31 @@ def replay_config(
     return config, ckpt, changed
 
 
+def replay_inputs(
+    run: RunDir, step: int, overrides: list[str]
+) -> tuple[records.Record, RLConfig, checkpoint.Checkpoint | None, dict[str, tuple[object, object]]]:
+    """Step `step`'s record and replay_config's answer; when either is missing, one UserError saying all that is."""
+    problems, record = [], None
+    try:
+        record = records.read_record(run.path, step)
+    except UserError as exc:
+        problems.append(str(exc))
+    try:
+        config, ckpt, changed = replay_config(run, step, overrides)
+    except UserError as exc:
+        problems.append(str(exc))
+    if problems or record is None:
+        raise UserError(f"cannot replay step {step}:\n- " + "\n- ".join(problems))
+    return record, config, ckpt, changed
+
+
 def replay_step(run_id: str, step: int, overrides: list[str], runs_dir: str | Path = "runs") -> Replay:
     """Run step `step`'s actor update again; compare its metrics with the recorded ones."""
     from rlkit.core.cluster.backend import start_backend
     from rlkit.core.train.policy_worker import PolicyWorker
 
     run = RunDir.open(run_id, runs_dir)
-    record = records.read_record(run.path, step)
-    config, ckpt, changed = replay_config(run, step, overrides)
+    record, config, ckpt, changed = replay_inputs(run, step, overrides)
     algorithm = Algorithm.from_config(config)
     needed = ["ref_log_probs"] if algorithm.kl_loss else []
     needed += ["rollout_log_probs"] if algorithm.rollout_log_probs else []

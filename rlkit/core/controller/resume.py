@@ -50,6 +50,7 @@ RESUME_SAFE_KEYS = {
     "rollout.sync_check": "what a failed sync check does, not the math",
     "trainer.invariants": "checked at step 1 only",
     "trainer.record_rollouts": "only writes down what each step computed",
+    "trainer.record_keep_steps": "how many recorded steps stay on disk",
     "trainer.invariant_tolerance": "checked at step 1 only",
     "rollout.weight_sync": "how the weights travel to the rollout workers (the same values arrive)",
     "rollout.weight_sync_timeout_s": "a deadline, not the math",

@@ -5,7 +5,7 @@ problem's prompt and the model's response) and plain_data.py, and calls `serve(e
 function's name. It runs the solution, then answers calls over its stdin and stdout, one line each:
   first line out:  {"ready": true} or {"ready": false, "error": "..."}
   in:              {"id": N, "args": <plain list>, "kwargs": <plain dict>}
-  out:             {"id": N, "value": <plain>}, or {"id": N, "raised": "ExceptionName"}
+  out:             {"id": N, "value": <plain>}, or {"id": N, "raised": "ExceptionName", "message": "..."}
 The solution's own prints go to stderr and its stdin is empty, so an honest program that prints
 cannot break the protocol. Nothing here is trusted: the solution can replace any of it, and the
 judge's side (rlkit.core.rewards.code and judge_server.py) treats every line as the candidate's.
@@ -41,7 +41,7 @@ def serve(entry_point: str) -> None:
             value = function(*plain_data.decode(request["args"]), **plain_data.decode(request["kwargs"]))
             reply = {"id": request["id"], "value": plain_data.encode(value)}
         except BaseException as exc:  # noqa: BLE001 - the call's own failure is its answer
-            reply = {"id": request["id"], "raised": type(exc).__name__}
+            reply = {"id": request["id"], "raised": type(exc).__name__, "message": str(exc)[:200]}
         try:
             send(reply)
         except ValueError:  # json refuses it (an int of over 4300 digits)

@@ -22,7 +22,11 @@ def value_problem(value: Any) -> str | None:
         if "score" not in value:
             return f"returned a dict without a 'score' key (keys: {sorted(map(str, value))})"
         return next(
-            (f"returned key {key!r} = {shown(v)}, not a finite number" for key, v in value.items() if _not_finite(v)),
+            (
+                f"returned key {key!r} = {shown(v)}, not a finite number"
+                for key, v in value.items()
+                if _not_finite(v) and not (key == "reason" and isinstance(v, str))  # worker_pool.REASON_KEY
+            ),
             None,
         )
     return f"returned {shown(value)}, not a finite number" if _not_finite(value) else None

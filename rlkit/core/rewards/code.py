@@ -32,6 +32,14 @@ would take the reward worker (and with reward.on_error=raise, the run) with it. 
 data set's code off the host as before. Every wait ends by the row's budget, `limits.wall_s` (the
 judge's by _JUDGE_GRACE_S more), and both sandboxes are killed when the row is scored. The reward
 declares its range, [0, 1], so the scorer clamps it (rlkit.core.rewards.scoring).
+
+A score below 1 comes with a "reason" (worker_pool.REASON_KEY; `rlkit eval-reward` shows it per row):
+the first failed test and why, "KIND: WHERE: DETAIL", KIND one of empty response, does not run (the
+program raised while loading), timeout (no answer by the deadline), memory limit (MemoryError: the
+address-space limit), output limit (a write over limits.output_bytes fails, or an answer line is too
+long), cpu limit, signal (killed by one), exit (the program exited), exception (a call raised), test
+failed (an assert or the test's own error, as the judge reports it). The candidate's words in it are
+display only: no score reads them.
 """
 
 from __future__ import annotations
@@ -39,6 +47,7 @@ from __future__ import annotations
 import os
 import re
 import select
+import subprocess
 import time
 from pathlib import Path
 from typing import Any
@@ -51,9 +60,22 @@ HUMANEVAL = "openai/humaneval"
 PER_TEST_S = 3.0  # each statement of `check`, the candidate's calls included
 LIMITS = Limits(wall_s=8.0, cpu_s=8, memory_mb=1024)  # wall_s: the whole row, below reward.timeout_s (10 s)
 _JUDGE_GRACE_S = 0.5  # how long the judge may take to report a test after the candidate's deadline
+_EXIT_GRACE_S = 0.5  # how long a candidate that stopped answering may take to exit, for its exit status
 _FENCE = re.compile(r"```(?:python|py)?[ \t]*\n(.*?)```", re.DOTALL)
 _HERE = Path(__file__).parent
 _SOURCES = {name: (_HERE / name).read_text() for name in ("candidate_server.py", "judge_server.py", "plain_data.py")}
+
+
+Reason = tuple[str, str]  # (kind, detail)
+
+
+def _exception_kind(name: str, message: str) -> str:
+    """The reason's kind of an exception the program raised: a sandbox limit shows up as one."""
+    if name == "MemoryError":
+        return "memory limit"
+    if name == "OSError" and "File too large" in message:  # RLIMIT_FSIZE: Python ignores SIGXFSZ, the write fails
+        return "output limit"
+    return "exception"
 
 
 class _NoAnswer(Exception):
@@ -123,27 +145,42 @@ class _Trial:
         self.statements: list[bool] = []  # per statement of check's body: is it a test
         self.calls = self.restarts = 0
         self.late = False  # the current statement's candidate call ran out of time
+        self.call_failure: Reason | None = None  # the current statement's candidate call gave no answer: why
+        self.raised: tuple[str, str] | None = None  # ... or raised: (exception name, message)
 
-    def run(self) -> dict[str, float]:
+    def run(self) -> dict[str, float | str]:
         self.candidate = _Channel(start_python(*self._candidate_source))
         self._start_judge()
-        if not self._ready(self.candidate, min(time.monotonic() + PER_TEST_S, self.end)):
-            return {"score": 0.0, "passed": 0.0, "tests": float(sum(self.statements)), "runs": 0.0, "timed_out": 0.0}
+        failed_start = self._start_failure(self.candidate, min(time.monotonic() + PER_TEST_S, self.end))
+        if failed_start is not None:
+            kind, detail = failed_start
+            result = {"score": 0.0, "passed": 0.0, "tests": float(sum(self.statements)), "runs": 0.0}
+            return {**result, "timed_out": 0.0, "reason": f"{kind}: loading the program: {detail}"}
         passed = timed_out = 0
+        first_failure: str | None = None
         for index, is_test in enumerate(self.statements):
-            ok, late = self._statement(index) if time.monotonic() < self.end else (False, True)
+            if time.monotonic() < self.end:
+                ok, late, failure = self._statement(index)
+            else:
+                ok, late, failure = False, True, ("timeout", f"the row's {self.limits.wall_s:g} s ran out")
             passed += ok and is_test
             timed_out += late and is_test and not ok
+            if not ok and first_failure is None:
+                where = f"test {sum(self.statements[: index + 1])}" if is_test else "a setup statement of the tests"
+                first_failure = f"{failure[0]}: {where}: {failure[1]}"
             if not ok and not is_test:
                 break  # setup failed: the remaining tests cannot run
         total = sum(self.statements)
-        return {
+        result: dict[str, float | str] = {
             "score": passed / max(total, 1),
             "passed": float(passed),
             "tests": float(total),
             "runs": 1.0,
             "timed_out": float(timed_out),
         }
+        if first_failure is not None:
+            result["reason"] = first_failure + (f" ({total - passed} of {total} tests failed)" if total > 1 else "")
+        return result
 
     def close(self) -> None:
         for channel in (self.candidate, self.judge):
@@ -160,29 +197,47 @@ class _Trial:
             result = self.judge.program.finish()
             raise RuntimeError(f"the tests do not run ({exc}): {result.stderr.strip()[-500:]}") from None
 
-    def _ready(self, candidate: _Channel, deadline: float) -> bool:
+    def _start_failure(self, candidate: _Channel, deadline: float) -> Reason | None:
+        """None when the candidate loaded its program and serves calls; else why not."""
         try:
-            return candidate.receive(deadline).get("ready") is True
-        except _NoAnswer:
-            return False
+            ready = candidate.receive(deadline)
+        except _NoAnswer as exc:
+            return _no_answer_reason(candidate, exc)
+        if ready.get("ready") is True:
+            return None
+        error = str(ready.get("error"))[:300]
+        kind = _exception_kind(error.partition(":")[0], error)
+        return ("does not run" if kind == "exception" else kind), error
 
-    def _statement(self, index: int) -> tuple[bool, bool]:
-        """(passed, ran out of time) for statement `index` of check's body."""
+    def _statement(self, index: int) -> tuple[bool, bool, Reason]:
+        """(passed, ran out of time, why it failed) for statement `index` of check's body."""
         deadline = min(time.monotonic() + PER_TEST_S, self.end)
-        self.late = False
+        self.late, self.call_failure, self.raised = False, None, None
         try:
             if self.judge is None:  # the last statement killed it: a fresh one, its setup statements run again
                 self._start_judge()
                 for setup in (i for i in range(index) if not self.statements[i]):
                     self._judge_runs(setup, deadline)
-            return self._judge_runs(index, deadline), self.late
+            ok, error = self._judge_runs(index, deadline)
+            return ok, self.late, self._failure(error)
         except _NoAnswer as exc:
             if self.judge is not None:
                 self.judge.program.close()
                 self.judge = None
-            return False, self.late or exc.late
+            late = self.late or exc.late
+            return False, late, self._failure(f"the tests gave no verdict in time ({exc})" if late else str(exc))
 
-    def _judge_runs(self, index: int, deadline: float) -> bool:
+    def _failure(self, judge_error: str | None) -> Reason:
+        """Why the current statement failed: the candidate's missing answer or exception, else the judge's word."""
+        if self.call_failure is not None:
+            return self.call_failure
+        if self.raised is not None:
+            name, message = self.raised
+            return _exception_kind(name, message), f"the program raised {name}" + (f": {message}" if message else "")
+        return "test failed", judge_error or "the tests failed"
+
+    def _judge_runs(self, index: int, deadline: float) -> tuple[bool, str | None]:
+        """Whether statement `index` passed, and the judge's words on its failure."""
         assert self.judge is not None
         self.judge.send({"run": index}, deadline + _JUDGE_GRACE_S)
         while True:
@@ -190,7 +245,8 @@ class _Trial:
             if "call" in message:
                 self.judge.send(self._call(message["call"], deadline), deadline + _JUDGE_GRACE_S)
             elif message.get("done") == index:
-                return message.get("ok") is True
+                error = message.get("error")
+                return message.get("ok") is True, error if isinstance(error, str) else None
             else:
                 raise _NoAnswer(f"the judge said {str(message)[:80]}")
 
@@ -201,7 +257,9 @@ class _Trial:
             if self.candidate is None:  # the last call killed it
                 self.restarts += 1
                 self.candidate = _Channel(start_python(*self._candidate_source))
-                if not self._ready(self.candidate, deadline):
+                failed_start = self._start_failure(self.candidate, deadline)
+                if failed_start is not None:
+                    self.call_failure = failed_start[0], f"restarting the program: {failed_start[1]}"
                     raise _NoAnswer("it did not start again", late=time.monotonic() >= deadline)
             self.candidate.send({"id": self.calls, **request}, deadline)
             reply = self.candidate.receive(deadline)
@@ -210,14 +268,31 @@ class _Trial:
             if "value" in reply:
                 return {"value": reply["value"]}
             if isinstance(reply.get("raised"), str):
+                message = reply.get("message")
+                self.raised = reply["raised"][:100], message[:200] if isinstance(message, str) else ""
                 return {"raised": reply["raised"][:100]}
             raise _NoAnswer("neither a value nor an exception")
         except _NoAnswer as exc:
             self.late = self.late or exc.late
             if self.candidate is not None:
+                self.call_failure = self.call_failure or _no_answer_reason(self.candidate, exc)
                 self.candidate.program.close()
                 self.candidate = None
             return {"failed": str(exc)}
+
+
+def _no_answer_reason(channel: _Channel, exc: _NoAnswer) -> Reason:
+    """Why a sandboxed program gave no answer: our deadline, the sandbox's kill cause, or its own end."""
+    if exc.late:
+        return "timeout", f"no answer within {PER_TEST_S:g} s"
+    if "a line over" in str(exc):
+        return "output limit", f"an answer line over {plain_data.MAX_LINE_BYTES} bytes"
+    try:  # a program that ended has its exit status at once; one that only closed its output has none
+        channel.program.process.wait(timeout=_EXIT_GRACE_S)
+    except subprocess.TimeoutExpired:
+        return "exception", f"the program broke the call protocol ({exc})"
+    ended = channel.program.finish()
+    return ended.kind, f"the program ended: {ended.describe()}"
 
 
 def program_for(response: str, prompt: str, entry_point: str) -> str | None:
@@ -231,10 +306,12 @@ def program_for(response: str, prompt: str, entry_point: str) -> str | None:
     return prompt + response  # HumanEval's completion format: the stub's body
 
 
-def run_tests(program: str, prompt: str, tests: str, entry_point: str, limits: Limits = LIMITS) -> dict[str, float]:
+def run_tests(
+    program: str, prompt: str, tests: str, entry_point: str, limits: Limits = LIMITS
+) -> dict[str, float | str]:
     """Judge `program` by `tests` (a `check(candidate)` function, with `prompt`'s helper functions in scope):
-    score (passed / tests), passed, tests, runs (1 when the program loaded and defined the entry point) and
-    timed_out (tests failed by a deadline)."""
+    score (passed / tests), passed, tests, runs (1 when the program loaded and defined the entry point),
+    timed_out (tests failed by a deadline), and below a full score the reason (the first failure)."""
     trial = _Trial(program, prompt, tests, entry_point, limits)
     try:
         return trial.run()
@@ -243,11 +320,12 @@ def run_tests(program: str, prompt: str, tests: str, entry_point: str, limits: L
 
 
 @score_range(0.0, 1.0)
-def humaneval_reward(response: str, ground_truth: str, extra_info: dict[str, Any]) -> dict[str, float]:
+def humaneval_reward(response: str, ground_truth: str, extra_info: dict[str, Any]) -> dict[str, float | str]:
     """Share of the problem's tests passed; ground_truth holds its `check` function, extra_info
     its `prompt` and `entry_point` (`rlkit prep-data humaneval`)."""
     prompt, entry_point = extra_info["prompt"], extra_info["entry_point"]
     program = program_for(response, prompt, entry_point)
     if program is None:
-        return {"score": 0.0, "passed": 0.0, "tests": 0.0, "runs": 0.0, "timed_out": 0.0}
+        result = {"score": 0.0, "passed": 0.0, "tests": 0.0, "runs": 0.0, "timed_out": 0.0}
+        return {**result, "reason": "empty response: no code to run"}
     return run_tests(program, prompt, ground_truth, entry_point)

@@ -6,7 +6,7 @@ which the tests use), tests.py (the data set's `check(candidate)`) and plain_dat
 `serve(entry_point)`. Only trusted code runs here; the candidate's program runs in another sandbox,
 and its answers arrive as plain data. One line each way:
   first line out:  {"ready": true, "tests": [bool, ...]}  (per statement of check's body: holds an assert)
-  in:  {"run": i}   out, when statement i has run:  {"done": i, "ok": bool}
+  in:  {"run": i}   out, when statement i has run:  {"done": i, "ok": bool, "error": "why it failed" (when not ok)}
   while statement i runs, for each call of `candidate`:
       out: {"call": {"args": <plain list>, "kwargs": <plain dict>}}
       in:  {"value": <plain>}, {"raised": "ExceptionName"} or {"failed": "why"}
@@ -69,9 +69,18 @@ def serve(entry_point: str) -> None:
     send({"ready": True, "tests": [any(isinstance(n, ast.Assert) for n in ast.walk(s)) for s in check.body]})
     for line in requests:
         index = plain_data.loads(line)["run"]
+        statement = check.body[index]
         try:
-            exec(compile(ast.Module([check.body[index]], []), "tests.py", "exec"), scope)
-            ok = True
-        except BaseException:  # noqa: BLE001 - a failed assert, an error, or a candidate without an answer
-            ok = False
-        send({"done": index, "ok": ok})
+            exec(compile(ast.Module([statement], []), "tests.py", "exec"), scope)
+            send({"done": index, "ok": True})
+        except BaseException as exc:  # noqa: BLE001 - a failed assert, an error, or a candidate without an answer
+            send({"done": index, "ok": False, "error": _failure(exc, statement)})
+
+
+def _failure(exc: BaseException, statement: ast.stmt) -> str:
+    """A failed statement in words: the exception, and for a bare assert the assert's source."""
+    text = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
+    if isinstance(exc, AssertionError) and not str(exc):
+        failed = next((n for n in ast.walk(statement) if isinstance(n, ast.Assert)), statement)
+        text += f" ({ast.unparse(failed)})"
+    return text[:300]

@@ -42,6 +42,9 @@ class ScoredBatch:
     details: list[dict[str, float]] = field(default_factory=list)  # per row: its extra dict keys
     errors: list[str] = field(default_factory=list)  # failed rows' messages (on_error=zero)
     invalid: list[str] = field(default_factory=list)  # rows scored 0 for an unusable return value, and why
+    # per row: why its score is what it is, when something says so: the reward's "reason" key, or the row's
+    # failure ("reward error: ...", on_error=zero) or unusable return value ("invalid score: ..."); else None
+    reasons: list[str | None] = field(default_factory=list)
 
 
 def _call_rule(
@@ -165,7 +168,12 @@ class RewardScorer:
             clamp(o.score, f.score_range) if o.score is not None else 0.0
             for o, f in zip(scored, functions, strict=True)
         ]
-        return ScoredBatch(scores, metrics, details, errors, invalid)
+        reasons = [
+            o.reason
+            or (f"reward error: {o.error}" if o.error else f"invalid score: {o.invalid}" if o.invalid else None)
+            for o in scored
+        ]
+        return ScoredBatch(scores, metrics, details, errors, invalid, reasons)
 
     def call_each(
         self,

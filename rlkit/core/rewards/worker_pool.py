@@ -27,6 +27,10 @@ from rlkit.errors import UserError
 
 MAX_ABS_SCORE = 1e6  # a larger score is a bug or a forgery: in float32 advantages its square overflows
 STARTUP_TIMEOUT_S = 120.0
+# A dict reward may say why its score is low in words ({"score": 0.0, "reason": "timeout: ..."}): not a number, so not
+# logged as reward/<key>; `rlkit eval-reward` shows it per row. The text up to its first ": " is its kind.
+REASON_KEY = "reason"
+MAX_REASON_CHARS = 500
 # fn(data_source, response, ground_truth, extra_info) -> float | dict
 Call = tuple[Callable[..., Any], tuple[str, str, str, dict[str, Any]]]
 
@@ -42,6 +46,7 @@ class Outcome:
     error: str | None
     seconds: float
     invalid: str | None = None  # why the return value is not a usable score
+    reason: str | None = None  # the reward's own word on its score (a dict's "reason" key): why it is low
 
 
 class _Invalid(ValueError):
@@ -62,13 +67,18 @@ def _number(value: Any, what: str, limit: float = math.inf) -> float:
     return number
 
 
-def _normalize(result: Any) -> tuple[float, dict[str, float]]:
+def _normalize(result: Any) -> tuple[float, dict[str, float], str | None]:
+    """(score, the dict's other numbers, its "reason" text) of a return value."""
     if isinstance(result, dict):
         if "score" not in result:
             raise ValueError(f"returned a dict without a 'score' key (keys: {sorted(map(str, result))})")
-        details = {str(k): _number(v, f"key {k!r}") for k, v in result.items() if k != "score"}
-        return _number(result["score"], "'score'", MAX_ABS_SCORE), details
-    return _number(result, "the return value", MAX_ABS_SCORE), {}
+        reason = result.get(REASON_KEY)
+        if reason is not None and not isinstance(reason, str):
+            raise _Invalid(f"key {REASON_KEY!r} is {reason!r:.80} ({type(reason).__name__}), not a string")
+        numbers = {k: v for k, v in result.items() if k not in ("score", REASON_KEY)}
+        details = {str(k): _number(v, f"key {k!r}") for k, v in numbers.items()}
+        return _number(result["score"], "'score'", MAX_ABS_SCORE), details, reason and reason[:MAX_REASON_CHARS]
+    return _number(result, "the return value", MAX_ABS_SCORE), {}, None
 
 
 def _describe(exc: BaseException) -> str:
@@ -86,7 +96,8 @@ def _run(call: Call) -> Outcome:
         return Outcome(None, {}, _describe(exc), time.perf_counter() - start)
     seconds = time.perf_counter() - start
     try:
-        return Outcome(*_normalize(result), None, seconds)
+        score, details, reason = _normalize(result)
+        return Outcome(score, details, None, seconds, reason=reason)
     except _Invalid as exc:
         return Outcome(None, {}, None, seconds, invalid=str(exc))
     except ValueError as exc:  # the function's shape, which no response changes: a bug to stop on

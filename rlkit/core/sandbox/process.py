@@ -113,7 +113,25 @@ class Result:
             return "killed: CPU-time limit"
         if self.exit_code == -signal.SIGXFSZ:
             return "killed: output size limit"
+        if self.exit_code is not None and self.exit_code < 0:
+            return f"killed by signal {_signal_name(-self.exit_code)}"
         return f"exit code {self.exit_code}"
+
+    @property
+    def kind(self) -> str:
+        """describe()'s cause as one word or two: timeout, cpu limit, output limit, signal or exit."""
+        if self.timed_out:
+            return "timeout"
+        return {-signal.SIGXCPU: "cpu limit", -signal.SIGKILL: "cpu limit", -signal.SIGXFSZ: "output limit"}.get(
+            self.exit_code or 0, "signal" if (self.exit_code or 0) < 0 else "exit"
+        )
+
+
+def _signal_name(number: int) -> str:
+    try:
+        return signal.Signals(number).name
+    except ValueError:
+        return str(number)
 
 
 class SandboxedProcess:
