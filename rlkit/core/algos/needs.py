@@ -32,6 +32,7 @@ ESTIMATOR_NEEDS: dict[str, EstimatorNeeds] = {
     "grpo_passk": EstimatorNeeds(groups=True, options=("norm_adv_by_std",)),
     "opo": EstimatorNeeds(groups=True),
     "optimal_token_baseline": EstimatorNeeds(groups=True, token_stats=True),
+    "tir_optimal_token_baseline": EstimatorNeeds(groups=True, token_stats=True),
 }
 
 

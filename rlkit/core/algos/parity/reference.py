@@ -93,6 +93,13 @@ ADV_ARGUMENTS = {
     "grpo_passk": ("token_level_rewards", "response_mask", "index", "epsilon", "config"),
     "opo": ("token_level_rewards", "response_mask", "index", "config"),
     "optimal_token_baseline": ("token_level_rewards", "response_mask", "index", "old_log_probs", "sum_pi_squared"),
+    "tir_optimal_token_baseline": (
+        "token_level_rewards",
+        "response_mask",
+        "index",
+        "old_log_probs",
+        "sum_pi_squared",
+    ),
 }
 GAMMA, LAM, EPSILON = 0.9, 0.95, 1e-6
 
