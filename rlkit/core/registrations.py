@@ -35,6 +35,7 @@ ADV_ESTIMATORS = Registry(
         "opo": "rlkit.core.algos.opo:opo",
         "optimal_token_baseline": "rlkit.core.algos.optimal_token_baseline:optimal_token_baseline",
         "tir_optimal_token_baseline": "rlkit.core.algos.tir_optimal_token_baseline:tir_optimal_token_baseline",
+        "gdpo": "rlkit.core.algos.gdpo:gdpo",
     },
 )
 POLICY_LOSSES = Registry(

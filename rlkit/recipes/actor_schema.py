@@ -138,7 +138,7 @@ class AlgorithmConfig(Section):
     adv_estimator: str = Field(
         "grpo",
         description="Registered advantage estimator: grpo, gae, rloo, remax, reinforce_plus_plus, grpo_passk, opo, "
-        "optimal_token_baseline, ... (docs/algorithms.md).",
+        "optimal_token_baseline, tir_optimal_token_baseline, gdpo, ... (docs/algorithms.md).",
     )
     norm_adv_by_std: bool = Field(
         True, description="grpo and grpo_passk: divide by the group std (false = Dr.GRPO; grpo_passk's plain margin)."
@@ -149,3 +149,11 @@ class AlgorithmConfig(Section):
     kl_penalty: str = Field("k1", description="KL estimator for the in-reward penalty.")
     kl_ctrl: KLControlConfig = Field(default_factory=KLControlConfig)
     dynamic_sampling: DynamicSamplingConfig = Field(default_factory=DynamicSamplingConfig)
+    gdpo_reward_keys: list[str] | None = Field(
+        None,
+        description="gdpo: the reward components, keys of the dict the reward function returns besides 'score' "
+        "(e.g. [accuracy, format]); each is normalised within its group before they are summed.",
+    )
+    gdpo_reward_weights: list[float] | None = Field(
+        None, description="gdpo: one weight per gdpo_reward_keys entry, in order (None = 1 each)."
+    )

@@ -12,6 +12,7 @@ from rlkit.errors import ConfigError
 from rlkit.recipes.actor_schema import CPU_MICRO_BATCH_TOKENS
 from rlkit.recipes.correction_checks import check_rollout_correction
 from rlkit.recipes.offline_checks import check_offline
+from rlkit.recipes.reward_component_checks import check_reward_components
 from rlkit.recipes.schema import RLConfig
 
 # vllm.LLM arguments rlkit derives from its own keys (rlkit.core.rollout.vllm_engine).
@@ -177,6 +178,7 @@ def check_config(config: RLConfig, origins: dict[str, str] | None = None, *, req
                 f"{', '.join(reserved)} is set by rlkit; use its own key instead ({own})",
             )
     check_algorithm(config, algorithm, origins, fail)
+    check_reward_components(config, algorithm, fail)
 
 
 def check_rollout_mode(config: RLConfig, algorithm: Algorithm, fail: Callable[[str, str], None]) -> None:

@@ -42,6 +42,7 @@ class ScoredBatch:
     details: list[dict[str, float]] = field(default_factory=list)  # per row: its extra dict keys
     errors: list[str] = field(default_factory=list)  # failed rows' messages (on_error=zero)
     invalid: list[str] = field(default_factory=list)  # rows scored 0 for an unusable return value, and why
+    failed: list[bool] = field(default_factory=list)  # per row: its call failed or its value was unusable (scored 0)
 
 
 def _call_rule(
@@ -166,7 +167,8 @@ class RewardScorer:
             clamp(o.score, f.score_range) if o.score is not None else 0.0
             for o, f in zip(scored, functions, strict=True)
         ]
-        return ScoredBatch(scores, metrics, details, errors, invalid)
+        failed = [o.error is not None or o.invalid is not None for o in scored]
+        return ScoredBatch(scores, metrics, details, errors, invalid, failed)
 
     def call_each(
         self,

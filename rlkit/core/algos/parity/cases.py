@@ -238,6 +238,24 @@ TIR_OPTIMAL_TOKEN_BASELINE = Case(
     source="tests/test_algos_tir_optimal_token_baseline.py::test_the_samples_are_compared_at_their_kth_own_token",
 )
 
+# Components (accuracy, format): group 0 (1, 1), (0, 0); group 1 (1, 0), (0, 0); one token each. Weights (2, 1),
+# centred only (norm_adv_by_std off): group 0 2 x .5 + .5 = 1.5 -> +-1.5; group 1 2 x .5 + 0 -> +-1. Whitened over
+# the 4 tokens: mean 0, unbiased var (2.25 + 2.25 + 1 + 1) / 3 = 13/6 -> each times sqrt(6/13).
+_GDPO = [[v * math.sqrt(6 / 13), 0.0] for v in (1.5, -1.5, 1.0, -1.0)]
+GDPO = Case(
+    ADVANTAGE,
+    "gdpo",
+    {
+        "token_rewards": [[2.0, G], [0.0, G], [1.0, G], [0.0, G]],
+        "response_mask": [[1, 0]] * 4,
+        "group_ids": [0, 0, 1, 1],
+        "reward_components": [[1.0, 1.0], [0.0, 0.0], [1.0, 0.0], [0.0, 0.0]],
+    },
+    {"advantages": _GDPO, "returns": _GDPO},
+    {"norm_adv_by_std": False, "gdpo_reward_weights": [2.0, 1.0]},
+    "tests/test_algos_gdpo.py::test_weights_and_no_std_division",
+)
+
 ADVANTAGE_CASES = (
     GAE,
     GRPO,
@@ -249,4 +267,5 @@ ADVANTAGE_CASES = (
     OPO,
     OPTIMAL_TOKEN_BASELINE,
     TIR_OPTIMAL_TOKEN_BASELINE,
+    GDPO,
 )
