@@ -156,12 +156,6 @@ def check_config(config: RLConfig, origins: dict[str, str] | None = None, *, req
             f"{actor.micro_batch_tokens} tokens cannot hold {what} of "
             f"max_prompt_length + max_response_length = {data.max_prompt_length + data.max_response_length}",
         )
-    if actor.old_log_probs == "rollout" and (actor.ppo_epochs > 1 or actor.mini_batch_size != data.train_batch_size):
-        fail(
-            "actor.old_log_probs",
-            "rollout log-probs stand in for old log-probs only with one "
-            "optimizer step per RL step (ppo_epochs=1, mini_batch_size == data.train_batch_size); use auto",
-        )
     if config.offline:  # no rollout, reward or advantage: the rest are RL's
         return
     check_rollout_mode(config, algorithm, fail)

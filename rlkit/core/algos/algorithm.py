@@ -39,6 +39,7 @@ if TYPE_CHECKING:
 #   trainer  a log-prob pass of the policy before the update
 #   rollout  the engine's log-probs of the sampled tokens (actor.old_log_probs=rollout)
 OldLogProbs = Literal["update", "trainer", "rollout"]
+_PLAIN_GRADIENT_LOSSES = frozenset({"gpg"})  # policy losses with no ratio to pi_old (rlkit.core.algos.gpg)
 
 
 @dataclass(frozen=True)
@@ -138,7 +139,7 @@ class Algorithm:
             reward_components=tuple(algo.gdpo_reward_keys or ()) if rl and needs.reward_components else (),
             group_filter=group_filter,
             max_gen_rounds=algo.dynamic_sampling.max_gen_rounds if group_filter else 1,
-            rollout_log_probs=actor.old_log_probs == "rollout" or correction is not None or options.rs is not None,
+            rollout_log_probs=actor.old_log_probs == "rollout" or correction is not None or bool(options.rs),
             rollout_correction=correction,
             rollout_correction_options=options,
             loss=actor.policy_loss,
@@ -152,6 +153,12 @@ class Algorithm:
     def old_log_probs_from_update(self) -> bool:
         """The policy before the update is the one being updated: no separate old-log-prob pass."""
         return self.old_log_probs == "update"
+
+    @property
+    def loss_has_ratio(self) -> bool:
+        """The policy loss weighs each token by pi / pi_old (all but the plain policy gradient): in bypass its
+        ratio to the engine's policy is already the importance correction."""
+        return self.loss not in _PLAIN_GRADIENT_LOSSES
 
     @property
     def loss_terms(self) -> tuple[str, ...]:
