@@ -83,7 +83,8 @@ VERL_ANSWERS: dict[str, str] = {
     f"{_ARR}.rollout.calculate_log_probs": "the engine returns log-probs every rollout.log_prob_check_freq steps "
     "(1 = every step)",
     "algorithm.rollout_correction.loss_type": "the policy loss is actor.policy_loss (vanilla = PPO clip, "
-    "gpg = the plain policy gradient), whatever actor.old_log_probs is",
+    "gpg = the plain policy gradient), whatever actor.old_log_probs is; verl's bypass with loss_type=reinforce is "
+    "actor.old_log_probs=rollout actor.policy_loss=gpg actor.rollout_correction.rollout_is=token (or sequence)",
 }
 
 # rlkit keys that were renamed: the new spelling, for configs and run dirs written before.
