@@ -177,9 +177,10 @@ class RewardScorer:
         ground_truths: list[str],
         extra_infos: list[dict],
         wrap: Callable[[Callable[..., Any]], Callable[..., Any]],
-    ) -> list[tuple[str, float | None, str | None]]:
+    ) -> list[tuple[str, float | None, str | None, dict[str, float]]]:
         """Each row's function, wrapped by `wrap` (picklable: it runs in the workers), called once in the pool
-        under reward.timeout_s, every row run whatever the others do: per row (function name, score, error).
+        under reward.timeout_s, every row run whatever the others do: per row (function name, score, error, the
+        dict's other keys).
         For `rlkit train --dry-run`, which judges each raw return value in `wrap`, before scoring does."""
         functions = [self._function_for(ds, i) for i, ds in enumerate(data_sources)]
         rows = zip(data_sources, responses, ground_truths, extra_infos, strict=True)
@@ -189,7 +190,7 @@ class RewardScorer:
             raise RuntimeError("this RewardScorer is closed")
         outcomes = [o for o in self._pool.run(calls, names, stop_on_error=False) if o is not None]
         assert len(outcomes) == len(calls), "without stop_on_error every call runs"
-        return [(name, o.score, o.error) for name, o in zip(names, outcomes, strict=True)]
+        return [(name, o.score, o.error, o.details) for name, o in zip(names, outcomes, strict=True)]
 
     def close(self) -> None:
         """Stop the worker processes (idempotent)."""
