@@ -85,7 +85,10 @@ def train(recipe: str, model: Path, work: Path, steps: int, ppo_epochs: int) -> 
         "recipe": recipe,
         "seconds": time.perf_counter() - started,
         "val": {r["step"]: r for r in rows if "val/reward/mean@1" in r},
-        "reward": [(r["step"], r["reward/mean"]) for r in rows if "reward/mean" in r],
+        # With dynamic sampling (clip_cov, kl_cov) the trained batch holds only groups with signal: the policy's
+        # reward is the mean over every sample generated, as compare_algorithms.py plots it.
+        "reward": [(r["step"], r.get("dapo/reward_mean_sampled", r["reward/mean"]))
+                   for r in rows if "reward/mean" in r],
     }
 
 
@@ -100,7 +103,7 @@ def write_section(runs: list[dict], steps: int, ppo_epochs: int, out: Path, comm
     for run in runs:
         ax.plot([s for s, _ in run["reward"]], [r for _, r in run["reward"]], label=run["recipe"])
     ax.set_xlabel("RL step (16 prompts x 8 samples)")
-    ax.set_ylabel("mean reward of the step's samples")
+    ax.set_ylabel("mean reward of the step's samples (all generated)")
     ax.set_title(f"warm start (arithmetic, 0.6M-param scratch Qwen2 after SFT), ppo_epochs={ppo_epochs}")
     ax.grid(alpha=0.3)
     ax.legend()
