@@ -26,6 +26,7 @@ from rich.table import Table
 # 7B models (LR warm-up, weight decay, response lengths) are levelled out; each recipe's
 # algorithm (estimator, KL, clip bounds, dynamic sampling, loss aggregation) is kept.
 SAMPLES_PER_STEP = 128
+WARM_START_SECTION = "<!-- warm_start_algorithms.py -->"  # where that script's section starts
 TINY_WORLD = ["model.path=rlkit:tiny-qwen2", "data.synthetic_task=echo", "data.max_prompt_length=16",
               "data.max_response_length=1", "actor.micro_batch_tokens=4096", "actor.lr=1e-3",
               "actor.warmup_steps=0", "actor.weight_decay=0", "rollout.name=vllm", "reward.num_workers=1"]
@@ -138,7 +139,11 @@ def write_outputs(curves: list[Curve], budget: int, out: Path) -> None:
         rows += (f"| {c.name} | {c.seed} | {sum(c.rewards[-10:]) / len(c.rewards[-10:]):.3f} | {max(smooth):.3f} "
                  f"| {fmt(samples_to_reach(c, 0.5))} | {fmt(samples_to_reach(c, 0.9))} | {c.steps} "
                  f"| {c.seconds:.0f} |\n")
-    (out / "algorithm_comparison.md").write_text(
+    doc = out / "algorithm_comparison.md"
+    # scripts/warm_start_algorithms.py's section, between its markers, is kept.
+    earlier = doc.read_text() if doc.exists() else ""
+    warm_start = earlier[earlier.find(WARM_START_SECTION):] if WARM_START_SECTION in earlier else ""
+    doc.write_text(
         "# Algorithm comparison on the echo task\n\n"
         "Written by `python scripts/compare_algorithms.py`; do not edit by hand.\n\n"
         f"Each algorithm ran its recipe for {budget:,} generated samples (about {SAMPLES_PER_STEP} per step) "
@@ -154,7 +159,8 @@ def write_outputs(curves: list[Curve], budget: int, out: Path) -> None:
         "update starts on-policy (every ratio 1), where the clipped and reweighted losses (cispo, gmpo, sapo, "
         "clip_cov, kl_cov) all give the policy gradient: they follow grpo, and clip_cov and kl_cov follow dapo, "
         "whose dynamic sampling they share. They differ off-policy: several optimizer steps per batch "
-        "(actor.ppo_epochs, smaller mini-batches) or asynchronous rollout.\n")
+        "(actor.ppo_epochs, smaller mini-batches) or asynchronous rollout: the warm-start section below runs them "
+        "with actor.ppo_epochs=2.\n" + (f"\n{warm_start}" if warm_start else ""))
 
 
 def main() -> None:

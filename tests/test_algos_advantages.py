@@ -152,9 +152,10 @@ def full_inputs() -> AdvantageInputs:
     values = torch.where(mask, torch.tensor(0.3), torch.tensor(1e3))
     old_log_probs = torch.where(mask, torch.tensor(-0.5), torch.tensor(1e3))  # exp(1e3) = inf on padding
     sum_pi_squared = torch.where(mask, torch.tensor(0.6), torch.tensor(1e3))
+    components = torch.tensor([[1.0, 0.0], [0.0, 1.0], [0.5, 0.5], [0.0, 0.0]])  # per sequence: no padding
     return AdvantageInputs(
         rewards, mask, torch.tensor([5, 5, 2, 2]), values, torch.tensor([0.2, 0.2, 1.0, 1.0]),
-        old_log_probs=old_log_probs, sum_pi_squared=sum_pi_squared,
+        old_log_probs=old_log_probs, sum_pi_squared=sum_pi_squared, reward_components=components,
     )
 
 
@@ -170,7 +171,7 @@ def test_padding_is_exactly_zero(name: str) -> None:
 def test_registry_names() -> None:
     assert ADV_ESTIMATORS.names() == sorted(
         ["gae", "grpo", "rloo", "remax", "reinforce_plus_plus", "reinforce_plus_plus_baseline", "grpo_passk", "opo",
-         "optimal_token_baseline"]
+         "optimal_token_baseline", "tir_optimal_token_baseline", "gdpo"]
     )
 
 

@@ -18,7 +18,12 @@ import torch
 
 from rlkit.core.algos.algorithm import Algorithm
 from rlkit.core.algos.losses import aggregate_loss, rollout_importance_weights
-from rlkit.core.algos.rollout_correction import CorrectionOptions, correction_metrics, correction_weights
+from rlkit.core.algos.rollout_correction import (
+    CorrectionOptions,
+    RejectionRule,
+    correction_metrics,
+    correction_weights,
+)
 from rlkit.core.algos.update_inputs import UpdateInputs
 from rlkit.core.batch import Batch
 from rlkit.errors import ConfigError
@@ -28,6 +33,7 @@ LN = math.log
 MASK = torch.tensor([[1.0, 1.0, 1.0], [1.0, 1.0, 0.0], [1.0, 0.0, 0.0]])
 OLD = torch.tensor([[LN(2), LN(0.5), 0.0], [LN(4), 0.0, LN(100)], [LN(0.25), LN(100), LN(100)]])
 ROLLOUT = torch.zeros(3, 3)
+RC = "actor.rollout_correction"
 
 
 def metrics_of(weights: tuple[str, float] | None, options: CorrectionOptions, rows_per_micro_batch: int = 3):
@@ -118,7 +124,7 @@ def test_batch_normalised_weights_average_one():
     ("seq_mean_k3", 0.7, None, [[1, 1, 1], [0, 0, 0], [1, 0, 0]]),
 ])
 def test_rejection_sampling_masks_tokens_or_sequences(option, upper, lower, kept):
-    options = CorrectionOptions(rs=option, rs_threshold=upper, rs_threshold_lower=lower)
+    options = CorrectionOptions(rs=(RejectionRule(option, upper, lower),))
     w, m = metrics_of(None, options)  # rejection alone: weights 1, 0 where rejected
     kept = torch.tensor(kept, dtype=torch.float32)
     assert torch.equal(w, kept)
@@ -131,12 +137,59 @@ def test_rejection_sampling_masks_tokens_or_sequences(option, upper, lower, kept
 def test_rejection_multiplies_the_importance_weights():
     # TIS (cap 2) and token_k1 in [0.5, 2]: 2, .5, 1 | 0 (rejected), 1 | 0 (rejected). Rejected: 2 tokens of 6
     # (sequences 1 and 2: 2 of 3); the ESS is the importance weights' before rejection (81/110, above).
-    options = CorrectionOptions(rs="token_k1", rs_threshold=2.0)
+    options = CorrectionOptions(rs=(RejectionRule("token_k1", 2.0),))
     w, m = metrics_of(("token", 2.0), options, rows_per_micro_batch=1)
     assert torch.allclose(w, torch.tensor([[2.0, 0.5, 1.0], [0.0, 1.0, 0.0], [0.0, 0.0, 0.0]]))
     assert m["rollout_corr/rollout_rs_masked_fraction"] == pytest.approx(2 / 6)
     assert m["rollout_corr/rollout_rs_seq_masked_fraction"] == pytest.approx(2 / 3)
     assert m["rollout_corr/rollout_is_eff_sample_size"] == pytest.approx(81 / 110)
+
+
+def test_several_rejection_options_keep_a_token_only_where_each_keeps_it():
+    # seq_mean_k3 <= .7 rejects sequence 1 (.807; 2 tokens), seq_mean_k1 in [1/3, 3] rejects sequence 2 (1/r = 4;
+    # 1 token), both keep sequence 0. Together: 3 of 6 tokens, 2 of 3 sequences; each option's own shares too.
+    options = CorrectionOptions(rs=(RejectionRule("seq_mean_k3", 0.7), RejectionRule("seq_mean_k1", 3.0)))
+    w, m = metrics_of(None, options, rows_per_micro_batch=2)
+    assert torch.equal(w, torch.tensor([[1.0, 1, 1], [0, 0, 0], [0, 0, 0]]))
+    assert m["rollout_corr/rollout_rs_masked_fraction"] == pytest.approx(3 / 6)
+    assert m["rollout_corr/rollout_rs_seq_masked_fraction"] == pytest.approx(2 / 3)
+    assert m["rollout_corr/rollout_rs_seq_mean_k3_masked_fraction"] == pytest.approx(2 / 6)
+    assert m["rollout_corr/rollout_rs_seq_mean_k3_seq_masked_fraction"] == pytest.approx(1 / 3)
+    assert m["rollout_corr/rollout_rs_seq_mean_k1_masked_fraction"] == pytest.approx(1 / 6)
+    assert m["rollout_corr/rollout_rs_seq_mean_k1_seq_masked_fraction"] == pytest.approx(1 / 3)
+
+
+@pytest.mark.parametrize("overrides", [
+    # verl's comma-separated strings, one threshold per option; a k1 option's band as 'lower_upper'.
+    ["algorithm.rollout_correction.rollout_rs=seq_mean_k3,seq_mean_k1",
+     "algorithm.rollout_correction.rollout_rs_threshold=0.7,0.4_3.0"],
+    # rlkit's lists, the lower bounds by position (null for the k3 option).
+    [f"{RC}.rollout_rs=[seq_mean_k3,seq_mean_k1]", f"{RC}.rollout_rs_threshold=[0.7,3.0]",
+     f"{RC}.rollout_rs_threshold_lower=[null,0.4]"],
+])
+def test_several_rejection_options_from_the_keys(overrides):
+    options = _algorithm(overrides).rollout_correction_options
+    assert options.rs == (RejectionRule("seq_mean_k3", 0.7), RejectionRule("seq_mean_k1", 3.0, 0.4))
+
+
+def test_one_threshold_is_shared_by_every_option():
+    options = _algorithm([f"{RC}.rollout_rs=token_k1,seq_max_k2", f"{RC}.rollout_rs_threshold=2"])
+    assert options.rollout_correction_options.rs == (RejectionRule("token_k1", 2.0), RejectionRule("seq_max_k2", 2.0))
+
+
+def test_verl_bypass_mode_is_rollout_old_log_probs_and_rejects_against_the_policy_being_updated():
+    # bypass_mode=true: the engine's log-probs are the old ones on every optimizer step (2 epochs here), no pass;
+    # rejection stays on (it compares the updated policy with the engine's: tests/test_old_log_probs.py).
+    bypass = _algorithm(["algorithm.rollout_correction.bypass_mode=true", "actor.ppo_epochs=2",
+                         f"{RC}.rollout_rs=token_k1", f"{RC}.rollout_rs_threshold=2"])
+    assert bypass.old_log_probs == "rollout" and bypass.rollout_log_probs
+    inputs = UpdateInputs.for_step(bypass, log_prob_check=False)
+    assert inputs.old_log_probs_from_rollout and inputs.corrects_rollout
+    assert "old_log_probs" in inputs.keys() and "rollout_log_probs" in inputs.keys()
+    assert _algorithm(["algorithm.rollout_correction.bypass_mode=false"]).old_log_probs == "update"
+    # verl's bypass with loss_type=reinforce: the plain policy gradient with weights min(pi / pi_rollout, C).
+    reinforce = _algorithm(["actor.old_log_probs=rollout", "actor.policy_loss=gpg", f"{RC}.rollout_is=sequence"])
+    assert reinforce.rollout_correction == ("sequence", 2.0) and not reinforce.loss_has_ratio
 
 
 def test_equal_policies_give_weight_one_an_ess_of_one_and_no_divergence():
@@ -183,16 +236,14 @@ def test_the_earlier_keys_give_exactly_the_earlier_loss():
      CorrectionOptions(batch_normalize=True), "trainer"),                             # update, for the mean
     (["algorithm.rollout_correction.rollout_rs=seq_mean_k1",                          # rejection alone: no weights
       "algorithm.rollout_correction.rollout_rs_threshold=0.8_1.25"], None,
-     CorrectionOptions(rs="seq_mean_k1", rs_threshold=1.25, rs_threshold_lower=0.8), "update"),
+     CorrectionOptions(rs=(RejectionRule("seq_mean_k1", 1.25, 0.8),)), "update"),
 ])
 def test_keys_resolve_into_the_algorithm(overrides, weights, options, old):
     algorithm = _algorithm(overrides)
     assert (algorithm.rollout_correction, algorithm.rollout_correction_options) == (weights, options)
     assert algorithm.old_log_probs == old
-    assert algorithm.rollout_log_probs is (weights is not None or options.rs is not None)
+    assert algorithm.rollout_log_probs is (weights is not None or bool(options.rs))
 
-
-RC = "actor.rollout_correction"
 
 
 @pytest.mark.parametrize("overrides, message", [
@@ -210,13 +261,25 @@ RC = "actor.rollout_correction"
      f"{RC}.rollout_rs_threshold_lower (command line): only k1 options have a lower bound"),
     ([f"{RC}.rollout_rs=seq_mean_k1", f"{RC}.rollout_rs_threshold=0.5"],
      f"{RC}.rollout_rs_threshold (command line): seq_mean_k1's ratio band [2, 0.5] is empty"),
-    ([f"{RC}.rollout_rs=token_k1", f"{RC}.rollout_rs_threshold=2", "actor.old_log_probs=rollout"],
-     f"{RC}.rollout_rs (command line): with actor.old_log_probs=rollout the old and rollout log-probs are the same"),
+    ([f"{RC}.rollout_is=token", "actor.old_log_probs=rollout"],
+     f"{RC}.rollout_is (command line): with actor.old_log_probs=rollout (bypass) actor.policy_loss=vanilla's ratio "
+     "is already pi / pi_rollout"),
+    ([f"{RC}.rollout_is_batch_normalize=true", "actor.old_log_probs=rollout", "actor.policy_loss=gpg"],
+     f"{RC}.rollout_is_batch_normalize (command line): needs the batch's weights before the update"),
     (["actor.rollout_is_cap=3", f"{RC}.rollout_is_threshold=3"],
      f"actor.rollout_is_cap is the earlier spelling of {RC}.rollout_is_threshold, which is set too: keep one"),
     (["actor.rollout_is=tokn"], "actor.rollout_is='tokn' (command line): Input should be 'auto', 'token' or"),
-    (["algorithm.rollout_correction.bypass_mode=true"], "algorithm.rollout_correction.bypass_mode (command line) is "
-                                                        "verl's key: actor.old_log_probs=rollout takes the engine's"),
+    (["algorithm.rollout_correction.bypass_mode=true", "actor.old_log_probs=recompute"],
+     "rollout_correction.bypass_mode=true (verl's) is actor.old_log_probs=rollout, and actor.old_log_probs is "
+     "recompute: keep one"),
+    (["algorithm.rollout_correction.bypass_mode=false", "actor.old_log_probs=rollout"],
+     "rollout_correction.bypass_mode=false contradicts actor.old_log_probs=rollout"),
+    ([f"{RC}.rollout_rs=token_k1,seq_max_k2", f"{RC}.rollout_rs_threshold=[2,1,3]"],
+     f"{RC}.rollout_rs_threshold (command line): 3 values for 2 options (token_k1,seq_max_k2): one shared by all"),
+    ([f"{RC}.rollout_rs=[token_k1,token_k1]", f"{RC}.rollout_rs_threshold=2"],
+     f"{RC}.rollout_rs (command line): names token_k1 more than once"),
+    ([f"{RC}.rollout_rs=token_k1,seq_max_k2", f"{RC}.rollout_rs_threshold=0.5_2.0"],
+     f"{RC}.rollout_rs_threshold_lower: only k1 options have a lower bound (seq_max_k2 keeps divergences up to 2.0)"),
     ([f"{RC}.rollout_is_threshold=0.5_4.0", f"{RC}.rollout_is_threshold_lower=0.5"],
      "rollout_is_threshold='0.5_4.0' sets a lower bound and so does rollout_is_threshold_lower: keep one"),
 ])

@@ -88,13 +88,14 @@ def test_old_log_probs_come_from_the_update_only_when_it_is_the_batch_only_step(
     assert algorithm.old_log_probs_from_update is from_update
 
 
-def test_rollout_log_probs_as_old_ones_need_a_single_update():
-    with pytest.raises(ConfigError, match=r"actor.old_log_probs \(command line\): rollout log-probs stand in"):
-        load_config("grpo-demo", ["actor.old_log_probs=rollout", "actor.ppo_epochs=2"])
+def test_rollout_log_probs_anchor_every_optimizer_step_in_bypass():
+    # verl's bypass mode: pi_old = pi_rollout on every mini-batch and epoch, no old-log-prob pass.
+    config = load_config("grpo-demo", ["actor.old_log_probs=rollout", "actor.ppo_epochs=2"])
+    assert Algorithm.from_config(config).old_log_probs == "rollout"
 
 
-def test_importance_weights_against_rollout_old_log_probs_would_all_be_one():
-    with pytest.raises(ConfigError, match="actor.rollout_is_cap .*every weight is 1"):
+def test_importance_weights_on_a_ratio_loss_in_bypass_would_correct_twice():
+    with pytest.raises(ConfigError, match=r"actor.rollout_is_cap .*ratio is already pi / pi_rollout"):
         load_config("grpo-demo", ["actor.rollout_is_cap=2.0", "actor.old_log_probs=rollout"])
 
 
@@ -241,7 +242,7 @@ def test_rollout_importance_weights_by_mode_and_keys(overrides, correction, ever
     (["actor.rollout_is=off", "actor.rollout_is_cap=2"], "actor.rollout_is_cap (command line): truncates importance "
                                                           "weights that actor.rollout_is=off turns off"),
     (["actor.rollout_is=token", "actor.old_log_probs=rollout"], "actor.rollout_is (command line): with "
-                                                                "actor.old_log_probs=rollout the old and rollout"),
+                                                                "actor.old_log_probs=rollout (bypass)"),
 ])
 def test_rollout_mode_and_correction_misconfigurations_name_the_key(overrides, message):
     with pytest.raises(ConfigError) as info:

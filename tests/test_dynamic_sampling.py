@@ -78,3 +78,21 @@ def test_the_group_filter_stage_scores_rounds_until_enough_groups_have_signal() 
     # The last round's own metrics, and over all 8 samples: shaped scores summing to 5 - 8 * 0.5 = 1.
     assert metrics == {"reward/mean": 0.5, "dapo/gen_rounds": 2.0, "dapo/groups_dropped": 1.0,
                        "dapo/groups_filled": 0.0, "rollout/samples": 8.0, "dapo/reward_mean_sampled": 0.125}
+
+
+def test_the_group_filter_keeps_every_key_the_scoring_gives_with_its_groups() -> None:
+    """gdpo's reward components travel with their groups: round 0 keeps row 1's group, round 1 row 2's."""
+    scores = {0: [1.0, 1.0], 1: [0.0, 1.0], 2: [1.0, 0.0], 3: [1.0, 1.0]}
+
+    def scored_round(round_index: int) -> ScoredRound:
+        rows = [PromptRow(i, [7, 8], "synthetic/echo", str(i)) for i in (2 * round_index, 2 * round_index + 1)]
+        trajectories = [Trajectory(row, group, [5], [1]) for group, row in enumerate(rows) for _ in range(2)]
+        values = torch.tensor([s for row in rows for s in scores[row.index]])
+        components = torch.tensor([[float(row.index), s] for row in rows for s in scores[row.index]])
+        batch = build_batch(trajectories, pad_id=0).update(
+            {"scores": values, "verifier_scores": values, "reward_components": components})
+        return trajectories, batch, {}
+
+    keys = ("scores", "verifier_scores", "reward_components")
+    batch, _ = group_filter(scored_round, target=2, max_rounds=2, pad_id=0, keys=keys)
+    assert batch["reward_components"].tolist() == [[1.0, 0.0], [1.0, 1.0], [2.0, 1.0], [2.0, 0.0]]

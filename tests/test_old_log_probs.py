@@ -14,7 +14,7 @@ import torch
 import torch.distributed as dist
 
 from rlkit.core.algos.algorithm import Algorithm
-from rlkit.core.algos.rollout_correction import CorrectionOptions
+from rlkit.core.algos.rollout_correction import CorrectionOptions, RejectionRule
 from rlkit.core.algos.update_inputs import UpdateInputs
 from rlkit.core.batch import Batch, build_batch
 from rlkit.core.cluster.device_worker import free_port
@@ -41,7 +41,12 @@ WEIGHTED = UpdateInputs(old_log_probs_from_update=True, rollout_log_probs=True, 
 NORMALISED = UpdateInputs(True, True, ("token", 3.0), True, rollout_is_weight_mean=2.0,
                           rollout_correction_options=CorrectionOptions(batch_normalize=True))
 REJECTED = UpdateInputs(True, True, None, True,
-                        rollout_correction_options=CorrectionOptions(rs="token_k1", rs_threshold=1.5))
+                        rollout_correction_options=CorrectionOptions(rs=(RejectionRule("token_k1", 1.5),)))
+# Bypass (actor.old_log_probs=rollout): the engine's log-probs are the old ones, and the same rejection compares
+# the policy being updated (twice the engine's probability on every token, ratio 2 > 1.5) with them: all rejected.
+# Without the bypass flag the old (= the engine's) log-probs would be compared with themselves: none rejected.
+BYPASS = UpdateInputs(False, True, None, True, old_log_probs_from_rollout=True,
+                      rollout_correction_options=CorrectionOptions(rs=(RejectionRule("token_k1", 1.5),)))
 
 
 def _batch() -> Batch:
@@ -101,11 +106,13 @@ def _update_both_ways(folder: str) -> None:
         normalised = _update(worker, halved, NORMALISED)
         worker.load_checkpoint(f"{folder}/start")
         rejected = _update(worker, halved, REJECTED)
+        worker.load_checkpoint(f"{folder}/start")
+        bypass = _update(worker, Batch({**halved.tensors, "old_log_probs": halved["rollout_log_probs"]}), BYPASS)
     finally:
         dist.destroy_process_group()
     torch.save(dict(batch=batch.tensors, recomputed=recomputed, before=before, after_pass=after_pass,
                     after_update=after_update, with_pass=with_pass, from_update=from_update, weighted=weighted,
-                    normalised=normalised, rejected=rejected),
+                    normalised=normalised, rejected=rejected, bypass=bypass),
                f"{folder}/out.pt")
 
 
@@ -148,3 +155,4 @@ def test_update_with_its_own_old_log_probs_equals_recomputing_them(tmp_path):
     assert rejected["actor/pg_loss"] == 0.0 and rejected["actor/rollout_is_weight"] == 0.0
     assert rejected["rollout_corr/rollout_rs_masked_fraction"] == 1.0
     assert rejected["rollout_corr/rollout_rs_seq_masked_fraction"] == 1.0
+    assert out["bypass"]["actor/pg_loss"] == 0.0 and out["bypass"]["rollout_corr/rollout_rs_masked_fraction"] == 1.0

@@ -295,6 +295,10 @@ def three(data_source, response, ground_truth):
 
 def hang(data_source, response, ground_truth, extra_info):
     time.sleep(600)
+
+
+def no_format(data_source, response, ground_truth, extra_info):
+    return {"score": float(response == ground_truth), "accuracy": float(response == ground_truth)}
 '''
 
 
@@ -327,3 +331,11 @@ def test_dry_run_fails_on_a_reward_with_three_parameters(tmp_path):
     assert (f"error: reward.function={tmp_path / 'rewards.py'}:three cannot be called on training row 0: it takes "
             "(data_source, response, ground_truth), but rewards are called as fn(data_source, response, "
             "ground_truth, extra_info)") in line
+
+
+def test_dry_run_fails_on_a_reward_without_a_component_gdpo_reads(tmp_path):
+    line = " ".join(_one_line_error(_dry_run(tmp_path, _reward(tmp_path, "no_format"), "algorithm.adv_estimator=gdpo",
+                                             "algorithm.gdpo_reward_keys=[accuracy,format]")).split())
+    assert (f"error: reward function {tmp_path / 'rewards.py'}:no_format returned no 'format' on training row 0 "
+            "(data_source 'synthetic/echo', response: the row's ground truth) (its keys besides 'score': "
+            "['accuracy']); algorithm.gdpo_reward_keys names keys") in line

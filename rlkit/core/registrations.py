@@ -35,6 +35,8 @@ ADV_ESTIMATORS = Registry(
         "grpo_passk": "rlkit.core.algos.grpo_passk:grpo_passk",
         "opo": "rlkit.core.algos.opo:opo",
         "optimal_token_baseline": "rlkit.core.algos.optimal_token_baseline:optimal_token_baseline",
+        "tir_optimal_token_baseline": "rlkit.core.algos.tir_optimal_token_baseline:tir_optimal_token_baseline",
+        "gdpo": "rlkit.core.algos.gdpo:gdpo",
     },
 )
 POLICY_LOSSES = Registry(

@@ -6,7 +6,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import Field, model_validator
 
-from rlkit.recipes.correction_schema import RolloutCorrectionConfig, move_legacy_correction_keys
+from rlkit.recipes.correction_schema import RolloutCorrectionConfig, move_bypass_mode, move_legacy_correction_keys
 from rlkit.recipes.section import Section
 
 LossAggMode = Literal["token-mean", "token-sum", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm"]
@@ -86,13 +86,15 @@ class ActorConfig(Section):
     @model_validator(mode="before")
     @classmethod
     def _legacy_correction_keys(cls, data: Any) -> Any:
-        """actor.rollout_is and actor.rollout_is_cap, this section's earlier spellings, into rollout_correction."""
-        return move_legacy_correction_keys(data)
+        """actor.rollout_is and actor.rollout_is_cap, this section's earlier spellings, into rollout_correction; verl's
+        rollout_correction.bypass_mode into old_log_probs."""
+        return move_bypass_mode(move_legacy_correction_keys(data))
 
     old_log_probs: Literal["auto", "recompute", "rollout"] = Field(
         "auto",
         description="Where the PPO ratio's old log-probs come from. recompute: a forward pass of the trainer before "
-        "the update. rollout: the engine's (exact only with one optimizer step per RL step). auto: with "
+        "the update. rollout: the engine's, no pass (verl's rollout_correction.bypass_mode=true): the ratio is "
+        "pi / pi_rollout on every optimizer step, and rollout_rs rejects against the policy being updated. auto: with "
         "one optimizer step per RL step (ppo_epochs 1, mini_batch_size == train_batch_size), no KL in "
         "the reward and no batch-normalised rollout weights, the update's own log-probs, detached, which are "
         "the old policy's exactly (TRL's num_iterations=1), so the pass is skipped; otherwise recompute.",
@@ -138,7 +140,7 @@ class AlgorithmConfig(Section):
     adv_estimator: str = Field(
         "grpo",
         description="Registered advantage estimator: grpo, gae, rloo, remax, reinforce_plus_plus, grpo_passk, opo, "
-        "optimal_token_baseline, ... (docs/algorithms.md).",
+        "optimal_token_baseline, tir_optimal_token_baseline, gdpo, ... (docs/algorithms.md).",
     )
     norm_adv_by_std: bool = Field(
         True, description="grpo and grpo_passk: divide by the group std (false = Dr.GRPO; grpo_passk's plain margin)."
@@ -149,3 +151,11 @@ class AlgorithmConfig(Section):
     kl_penalty: str = Field("k1", description="KL estimator for the in-reward penalty.")
     kl_ctrl: KLControlConfig = Field(default_factory=KLControlConfig)
     dynamic_sampling: DynamicSamplingConfig = Field(default_factory=DynamicSamplingConfig)
+    gdpo_reward_keys: list[str] | None = Field(
+        None,
+        description="gdpo: the reward components, keys of the dict the reward function returns besides 'score' "
+        "(e.g. [accuracy, format]); each is normalised within its group before they are summed.",
+    )
+    gdpo_reward_weights: list[float] | None = Field(
+        None, description="gdpo: one weight per gdpo_reward_keys entry, in order (None = 1 each)."
+    )

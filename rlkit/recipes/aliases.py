@@ -82,10 +82,9 @@ VERL_ANSWERS: dict[str, str] = {
     f"{_ARR}.rollout.val_kwargs.top_k": "validation samples with rollout.top_k",
     f"{_ARR}.rollout.calculate_log_probs": "the engine returns log-probs every rollout.log_prob_check_freq steps "
     "(1 = every step)",
-    "algorithm.rollout_correction.bypass_mode": "actor.old_log_probs=rollout takes the engine's log-probs as the "
-    "old ones (no rollout correction then: its ratios would all be 1)",
     "algorithm.rollout_correction.loss_type": "the policy loss is actor.policy_loss (vanilla = PPO clip, "
-    "gpg = the plain policy gradient), whatever actor.old_log_probs is",
+    "gpg = the plain policy gradient), whatever actor.old_log_probs is; verl's bypass with loss_type=reinforce is "
+    "actor.old_log_probs=rollout actor.policy_loss=gpg actor.rollout_correction.rollout_is=token (or sequence)",
 }
 
 # rlkit keys that were renamed: the new spelling, for configs and run dirs written before.

@@ -12,6 +12,7 @@ from rlkit.errors import ConfigError
 from rlkit.recipes.actor_schema import CPU_MICRO_BATCH_TOKENS
 from rlkit.recipes.correction_checks import check_rollout_correction
 from rlkit.recipes.offline_checks import check_offline
+from rlkit.recipes.reward_component_checks import check_reward_components
 from rlkit.recipes.schema import RLConfig
 
 # vllm.LLM arguments rlkit derives from its own keys (rlkit.core.rollout.vllm_engine).
@@ -155,12 +156,6 @@ def check_config(config: RLConfig, origins: dict[str, str] | None = None, *, req
             f"{actor.micro_batch_tokens} tokens cannot hold {what} of "
             f"max_prompt_length + max_response_length = {data.max_prompt_length + data.max_response_length}",
         )
-    if actor.old_log_probs == "rollout" and (actor.ppo_epochs > 1 or actor.mini_batch_size != data.train_batch_size):
-        fail(
-            "actor.old_log_probs",
-            "rollout log-probs stand in for old log-probs only with one "
-            "optimizer step per RL step (ppo_epochs=1, mini_batch_size == data.train_batch_size); use auto",
-        )
     if config.offline:  # no rollout, reward or advantage: the rest are RL's
         return
     check_rollout_mode(config, algorithm, fail)
@@ -177,6 +172,7 @@ def check_config(config: RLConfig, origins: dict[str, str] | None = None, *, req
                 f"{', '.join(reserved)} is set by rlkit; use its own key instead ({own})",
             )
     check_algorithm(config, algorithm, origins, fail)
+    check_reward_components(config, algorithm, fail)
 
 
 def check_rollout_mode(config: RLConfig, algorithm: Algorithm, fail: Callable[[str, str], None]) -> None:

@@ -8,6 +8,7 @@ verl (``verl/trainer/ppo/core_algos.py``); docs/algorithms.md lists formulas and
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
@@ -33,6 +34,8 @@ class AdvantageInputs:
     old_log_probs: Tensor | None = None  # [B,R]
     sum_pi_squared: Tensor | None = None  # [B,R]
     rollout_is_weights: Tensor | None = None  # [B,R]
+    # The reward components gdpo normalises one by one (algorithm.gdpo_reward_keys, in order), [B,K].
+    reward_components: Tensor | None = None
 
 
 def compute_advantages(
@@ -42,6 +45,7 @@ def compute_advantages(
     gamma: float = 1.0,
     lam: float = 1.0,
     norm_adv_by_std: bool = True,
+    gdpo_reward_weights: Sequence[float] | None = None,
     eps: float = 1e-6,
 ) -> tuple[Tensor, Tensor]:
     """Run the estimator ``name``; returns ``(advantages, returns)``, both ``[B,R]`` and 0 on padding.
@@ -50,7 +54,9 @@ def compute_advantages(
     config layer can pass its values through without knowing which estimator is active.
     """
     estimator = ADV_ESTIMATORS.get(name)
-    return estimator(inputs, gamma=gamma, lam=lam, norm_adv_by_std=norm_adv_by_std, eps=eps)
+    return estimator(
+        inputs, gamma=gamma, lam=lam, norm_adv_by_std=norm_adv_by_std, gdpo_reward_weights=gdpo_reward_weights, eps=eps
+    )
 
 
 # --------------------------------------------------------------------------- helpers

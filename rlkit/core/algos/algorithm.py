@@ -39,6 +39,7 @@ if TYPE_CHECKING:
 #   trainer  a log-prob pass of the policy before the update
 #   rollout  the engine's log-probs of the sampled tokens (actor.old_log_probs=rollout)
 OldLogProbs = Literal["update", "trainer", "rollout"]
+_PLAIN_GRADIENT_LOSSES = frozenset({"gpg"})  # policy losses with no ratio to pi_old (rlkit.core.algos.gpg)
 
 
 @dataclass(frozen=True)
@@ -59,6 +60,8 @@ class Algorithm:
     # The old-log-prob pass also returns each token's sum of squared probabilities, which the estimator reads
     # with the old log-probs (optimal_token_baseline); the pass then always runs, before the advantages.
     token_stats: bool
+    # The reward components the estimator reads, by the reward function's dict keys (gdpo); () for none.
+    reward_components: tuple[str, ...]
     group_filter: bool  # groups whose samples all scored the same are dropped and refilled (DAPO)
     max_gen_rounds: int  # generation rounds a step may take (1 without the group filter)
     rollout_log_probs: bool  # the math reads the engine's log-probs on every step
@@ -115,7 +118,12 @@ class Algorithm:
         group_filter = rl and algo.dynamic_sampling.enable
         return cls(
             estimator=algo.adv_estimator,
-            estimator_options={"gamma": algo.gamma, "lam": algo.lam, "norm_adv_by_std": algo.norm_adv_by_std},
+            estimator_options={
+                "gamma": algo.gamma,
+                "lam": algo.lam,
+                "norm_adv_by_std": algo.norm_adv_by_std,
+                "gdpo_reward_weights": algo.gdpo_reward_weights,
+            },
             groups=rl and needs.groups,
             critic=has_critic,
             critic_warmup_steps=critic.warmup_steps if has_critic else 0,
@@ -128,9 +136,10 @@ class Algorithm:
             old_log_probs=old,
             greedy_baseline=rl and needs.greedy_baseline,
             token_stats=rl and needs.token_stats,
+            reward_components=tuple(algo.gdpo_reward_keys or ()) if rl and needs.reward_components else (),
             group_filter=group_filter,
             max_gen_rounds=algo.dynamic_sampling.max_gen_rounds if group_filter else 1,
-            rollout_log_probs=actor.old_log_probs == "rollout" or correction is not None or options.rs is not None,
+            rollout_log_probs=actor.old_log_probs == "rollout" or correction is not None or bool(options.rs),
             rollout_correction=correction,
             rollout_correction_options=options,
             loss=actor.policy_loss,
@@ -146,6 +155,12 @@ class Algorithm:
         return self.old_log_probs == "update"
 
     @property
+    def loss_has_ratio(self) -> bool:
+        """The policy loss weighs each token by pi / pi_old (all but the plain policy gradient): in bypass its
+        ratio to the engine's policy is already the importance correction."""
+        return self.loss not in _PLAIN_GRADIENT_LOSSES
+
+    @property
     def loss_terms(self) -> tuple[str, ...]:
         """The terms of the actor's loss: the policy loss, then the entropy bonus and the KL to the reference."""
         return ("policy", *(["entropy"] if self.entropy_coeff > 0 else []), *(["kl"] if self.kl_loss else []))
@@ -154,8 +169,9 @@ class Algorithm:
     def advantage_inputs(self, batch: Batch, kl_ctrl: AdaptiveKLController | FixedKLController) -> AdvantageInputs:
         """What the estimator reads of a scored batch: each score on its response's last policy token, less the
         in-reward KL penalty when it is on (coefficient `kl_ctrl.value`; the batch's KL then moves `kl_ctrl`),
-        the critic's values and the greedy baseline's scores when the algorithm has them, and the old-log-prob
-        pass's token statistics with the rollout importance weights (when they are on) for `token_stats`."""
+        the critic's values, the greedy baseline's scores and the reward components when the algorithm has them,
+        and the old-log-prob pass's token statistics with the rollout importance weights (when they are on) for
+        `token_stats`."""
         import torch
 
         from rlkit.core.algos.advantages import AdvantageInputs
@@ -184,6 +200,7 @@ class Algorithm:
             batch["group_ids"],
             values=batch["values"] if self.critic else None,
             baseline_scores=batch["baseline_scores"] if self.greedy_baseline else None,
+            reward_components=batch["reward_components"] if self.reward_components else None,
             **stats,
         )
 

@@ -19,6 +19,8 @@ class EstimatorNeeds:
     greedy_baseline: bool = False  # one more, greedy, sample per prompt, scored as the baseline
     # The trainer's old-log-prob pass before the advantages, with each token's sum of squared probabilities.
     token_stats: bool = False
+    # Each sample's reward components (the reward function's dict keys named by algorithm.gdpo_reward_keys).
+    reward_components: bool = False
     options: tuple[str, ...] = ()  # the algorithm.* keys it reads (set on the command line, any other does nothing)
 
 
@@ -32,6 +34,8 @@ ESTIMATOR_NEEDS: dict[str, EstimatorNeeds] = {
     "grpo_passk": EstimatorNeeds(groups=True, options=("norm_adv_by_std",)),
     "opo": EstimatorNeeds(groups=True),
     "optimal_token_baseline": EstimatorNeeds(groups=True, token_stats=True),
+    "tir_optimal_token_baseline": EstimatorNeeds(groups=True, token_stats=True),
+    "gdpo": EstimatorNeeds(groups=True, reward_components=True, options=("norm_adv_by_std", "gdpo_reward_weights")),
 }
 
 

@@ -37,6 +37,20 @@ def optimal_token_baseline(inputs: AdvantageInputs, **_: object) -> tuple[Tensor
             "advantage estimator 'optimal_token_baseline' needs the old-log-prob pass's per-token statistics "
             "(AdvantageInputs.old_log_probs and sum_pi_squared)"
         )
+    returns, path_energy, valid = returns_and_path_energy(inputs)
+    baseline = group_baseline(returns, path_energy, valid, inputs.group_ids)
+    dtype = inputs.token_rewards.dtype
+    return ((returns - baseline) * valid).to(dtype), returns.to(dtype)
+
+
+def returns_and_path_energy(inputs: AdvantageInputs) -> tuple[Tensor, Tensor, Tensor]:
+    """(G, W, valid) [B,R] in float64: each token's reward-to-go and its path's accumulated gradient energy,
+    0 on padding, and the valid tokens (read from the old-log-prob pass's statistics)."""
+    if inputs.old_log_probs is None or inputs.sum_pi_squared is None:
+        raise ValueError(
+            "advantage estimators 'optimal_token_baseline' and 'tir_optimal_token_baseline' need the old-log-prob "
+            "pass's per-token statistics (AdvantageInputs.old_log_probs and sum_pi_squared)"
+        )
     valid = inputs.response_mask.bool()
     mask = valid.to(torch.float64)
     rewards = torch.where(valid, inputs.token_rewards.to(torch.float64), 0.0)
@@ -45,7 +59,14 @@ def optimal_token_baseline(inputs: AdvantageInputs, **_: object) -> tuple[Tensor
     if inputs.rollout_is_weights is not None:
         energy = energy * inputs.rollout_is_weights.to(torch.float64) ** 2
     path_energy = torch.where(valid, energy, 0.0).cumsum(-1) * mask  # padding may hold anything, even inf
-    index, counts = group_index(inputs.group_ids)
+    return returns, path_energy, valid
+
+
+def group_baseline(returns: Tensor, path_energy: Tensor, valid: Tensor, group_ids: Tensor) -> Tensor:
+    """B [B,R]: per group and column, sum_i G_i W_i / sum_i W_i over the group's samples valid in that column;
+    0 where fewer than two are valid or no path has energy."""
+    mask = valid.to(torch.float64)
+    index, counts = group_index(group_ids)
     rows = index.unsqueeze(-1).expand_as(returns)
     per_group = torch.zeros(len(counts), returns.shape[1], dtype=torch.float64, device=returns.device)
     # Centre on the group's largest return at each position: equal returns then give a baseline of exactly it.
@@ -57,7 +78,4 @@ def optimal_token_baseline(inputs: AdvantageInputs, **_: object) -> tuple[Tensor
     total_energy = per_group.clone().index_add_(0, index, path_energy)
     samples_here = per_group.clone().index_add_(0, index, mask)
     spread = weighted / torch.where(total_energy > 0, total_energy, 1.0)
-    baseline = torch.where((samples_here > 1) & (total_energy > 0), top + spread, 0.0)
-    advantages = (returns - baseline[index]) * mask
-    dtype = inputs.token_rewards.dtype
-    return advantages.to(dtype), returns.to(dtype)
+    return torch.where((samples_here > 1) & (total_energy > 0), top + spread, 0.0)[index]

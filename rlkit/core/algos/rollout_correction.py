@@ -11,7 +11,15 @@ another attention), or an older version in asynchronous rollout. With r_t = pi_o
 - batch normalisation (`rollout_is_batch_normalize`): weights divided by their mean over the step's batch;
 - rejection sampling (`rollout_rs`, `rollout_rs_threshold`, `rollout_rs_threshold_lower`): tokens or
   sequences whose divergence is beyond the threshold get weight 0 (verl's options, `RejectionOption`; Li et al.
-  2025, Trust Region Masking, arXiv 2512.23075).
+  2025, Trust Region Masking, arXiv 2512.23075); with several options (`RejectionRule`s) a token is kept only
+  where every one keeps it, as verl's comma-separated list.
+
+Bypass (actor.old_log_probs=rollout; verl's `bypass_mode`): the engine's log-probs are the old ones and no
+old-log-prob pass runs, so pi_old = pi_rollout and the loss's ratio is pi_theta / pi_rollout. The correction then
+compares the policy being updated (its log-probs, detached) with the engine's, as verl's bypass loss does:
+rejection masks the tokens where pi_theta has moved beyond the bound from pi_rollout, and importance weights (only
+with a loss that has no ratio, gpg: verl's `loss_type=reinforce`) are min(pi_theta / pi_rollout, C). The caller
+passes that policy as `old_log_probs` (rlkit.core.train.actor); the functions here are the same in both modes.
 
 verl (verl/trainer/ppo/rollout_corr_helper.py, read at 1dda039b) removes rejected tokens from the response
 mask, and so from the loss's token count and the entropy and KL terms too; here they keep their place in the
@@ -44,14 +52,21 @@ Weights = tuple[str, float]  # the importance weights' level (token, sequence) a
 
 
 @dataclass(frozen=True)
+class RejectionRule:
+    """One rejection option and its bounds."""
+
+    option: str  # a RejectionOption
+    threshold: float | None  # None only in a config the checks refuse (rlkit.recipes.correction_checks)
+    threshold_lower: float | None = None  # k1 options: None = 1 / threshold
+
+
+@dataclass(frozen=True)
 class CorrectionOptions:
     """The correction beyond the truncated weights `(level, cap)`: IcePop, batch normalisation, rejection."""
 
     is_threshold_lower: float | None = None  # IcePop's lower bound (None: truncation)
     batch_normalize: bool = False
-    rs: str | None = None  # a RejectionOption, or None
-    rs_threshold: float | None = None
-    rs_threshold_lower: float | None = None  # k1 options: None = 1 / rs_threshold
+    rs: tuple[RejectionRule, ...] = ()  # every rule must keep a token (none: no rejection)
 
 
 def resolve(section: RolloutCorrectionConfig, mode: str) -> tuple[Weights | None, CorrectionOptions]:
@@ -69,14 +84,22 @@ def resolve(section: RolloutCorrectionConfig, mode: str) -> tuple[Weights | None
         level = "token" if section.rollout_is == "auto" else section.rollout_is
         cap = section.rollout_is_threshold if section.rollout_is_threshold is not None else DEFAULT_ROLLOUT_IS_CAP
         weights = (level, cap)
+    options_rs = section.rollout_rs or []
+    uppers = _per_option(section.rollout_rs_threshold, len(options_rs))
+    lowers = _per_option(section.rollout_rs_threshold_lower, len(options_rs))
     options = CorrectionOptions(
         is_threshold_lower=section.rollout_is_threshold_lower if weights else None,
         batch_normalize=section.rollout_is_batch_normalize and weights is not None,
-        rs=section.rollout_rs,
-        rs_threshold=section.rollout_rs_threshold,
-        rs_threshold_lower=section.rollout_rs_threshold_lower,
+        rs=tuple(RejectionRule(*rule) for rule in zip(options_rs, uppers, lowers, strict=True)),
     )
     return weights, options
+
+
+def _per_option(values: list | None, count: int) -> list:
+    """One value shared by `count` options, or one each (any other length the checks refuse: None each)."""
+    if values is not None and len(values) == 1:
+        return values * count
+    return list(values) if values is not None and len(values) == count else [None] * count
 
 
 def importance_weights(
@@ -107,17 +130,15 @@ def batch_weight_mean(
     return float(w[:, 0][has_tokens].mean()) if has_tokens.any() else 1.0
 
 
-def rejection_keep(log_ratio: Tensor, mask: Tensor, options: CorrectionOptions) -> Tensor:
-    """1 where rejection sampling keeps a token, 0 where it rejects it (or its whole sequence), [B,R].
+def rejection_keep(log_ratio: Tensor, mask: Tensor, rule: RejectionRule) -> Tensor:
+    """True where `rule` keeps a token (and its whole sequence, for seq_* options), [B,R] bool.
 
     With log r = log pi_old - log pi_rollout (bounded at +-20): k1 = -log r, k2 = (log r)^2 / 2,
     k3 = r - 1 - log r, per token (token_*), or their sum, mean or max over the sequence's valid tokens
     (seq_sum_*, seq_mean_*, seq_max_*). k1 statistics are kept within [log L, log U] (L = U's reciprocal
     unless given: seq_mean_k1 is then the geometric-mean ratio's band), k2 and k3 up to U."""
-    import torch
-
-    option, upper = options.rs, options.rs_threshold
-    assert option is not None and upper is not None, "rollout_rs needs rollout_rs_threshold (rlkit.recipes.checks)"
+    option, upper = rule.option, rule.threshold
+    assert upper is not None, "rollout_rs needs rollout_rs_threshold (rlkit.recipes.correction_checks)"
     log_r = log_ratio.clamp(-LOG_RATIO_BOUND, LOG_RATIO_BOUND)
     divergence = option.rsplit("_", 1)[-1]
     per_token = {"k1": -log_r, "k2": 0.5 * log_r**2, "k3": log_r.exp() - 1 - log_r}[divergence]
@@ -130,11 +151,11 @@ def rejection_keep(log_ratio: Tensor, mask: Tensor, options: CorrectionOptions) 
         total = per_token.where(valid, per_token.new_zeros(())).sum(-1)
         stat = (total if option.startswith("seq_sum_") else total / valid.sum(-1).clamp(min=1)).unsqueeze(-1)
     if divergence == "k1":
-        lower = options.rs_threshold_lower if options.rs_threshold_lower is not None else 1 / upper
+        lower = rule.threshold_lower if rule.threshold_lower is not None else 1 / upper
         keep = (stat >= math.log(lower)) & (stat <= math.log(upper))
     else:
         keep = stat <= upper
-    return keep.expand_as(log_ratio).to(torch.float32)
+    return keep.expand_as(log_ratio)
 
 
 def correction_weights(
@@ -166,9 +187,16 @@ def correction_weights(
             sums[SUMS + "oob"] = ((out == 0) & valid).sum().to(torch.float32)
         if weight_mean is not None:
             out = out / weight_mean
-    if options.rs is not None:
-        keep = rejection_keep(log_ratio, mask, options)
-        rejected = (keep == 0) & valid
+    if options.rs:
+        keep = torch.ones_like(valid)
+        for rule in options.rs:
+            kept_here = rejection_keep(log_ratio, mask, rule)
+            if len(options.rs) > 1:  # each option's own share, as verl reports them
+                rejected_here = ~kept_here & valid
+                sums[f"{SUMS}rs_tokens/{rule.option}"] = rejected_here.sum().to(torch.float32)
+                sums[f"{SUMS}rs_seqs/{rule.option}"] = rejected_here.any(-1).sum().to(torch.float32)
+            keep = keep & kept_here
+        rejected = ~keep & valid
         sums[SUMS + "rs_tokens"] = rejected.sum().to(torch.float32)
         sums[SUMS + "rs_seqs"] = rejected.any(-1).sum().to(torch.float32)
         out = out * keep
@@ -212,4 +240,9 @@ def correction_metrics(totals: dict[str, float]) -> dict[str, float]:
     if "rs_tokens" in sums:
         out["rollout_corr/rollout_rs_masked_fraction"] = sums["rs_tokens"] / tokens
         out["rollout_corr/rollout_rs_seq_masked_fraction"] = sums["rs_seqs"] / seqs
+    for key, value in sums.items():
+        if key.startswith("rs_tokens/"):
+            option = key.split("/", 1)[1]
+            out[f"rollout_corr/rollout_rs_{option}_masked_fraction"] = value / tokens
+            out[f"rollout_corr/rollout_rs_{option}_seq_masked_fraction"] = sums[f"rs_seqs/{option}"] / seqs
     return out

@@ -31,6 +31,9 @@ class UpdateInputs:
     # IcePop's band, batch normalisation, rejection sampling (rlkit.core.algos.rollout_correction)
     rollout_correction_options: CorrectionOptions = field(default_factory=CorrectionOptions)
     rollout_is_weight_mean: float | None = None  # the batch's mean weight, with batch normalisation (`for_batch`)
+    # Bypass (actor.old_log_probs=rollout): the old log-probs are the engine's, so the correction compares the
+    # policy being updated with the engine's (rlkit.core.algos.rollout_correction).
+    old_log_probs_from_rollout: bool = False
 
     @classmethod
     def for_step(cls, algorithm: Algorithm, *, log_prob_check: bool) -> UpdateInputs:
@@ -42,12 +45,13 @@ class UpdateInputs:
             rollout_correction=algorithm.rollout_correction,
             reference=algorithm.kl_loss,
             rollout_correction_options=algorithm.rollout_correction_options,
+            old_log_probs_from_rollout=algorithm.old_log_probs == "rollout",
         )
 
     @property
     def corrects_rollout(self) -> bool:
         """The policy loss is weighted or masked against the rollout policy (importance weights, rejection)."""
-        return self.rollout_correction is not None or self.rollout_correction_options.rs is not None
+        return self.rollout_correction is not None or bool(self.rollout_correction_options.rs)
 
     def for_batch(self, batch: Batch) -> UpdateInputs:
         """These inputs with what the whole batch decides: the mean weight that batch normalisation divides

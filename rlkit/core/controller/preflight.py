@@ -112,6 +112,7 @@ class Preflight:
         """Every training prompt tokenized and within data.max_prompt_length, enough of them for one
         batch, a reward for each; the validation files readable."""
         from rlkit.core.agents.verifiers_env import is_verifiers
+        from rlkit.core.algos.algorithm import Algorithm
         from rlkit.core.rewards.probe import probe_reward
         from rlkit.core.rewards.scoring import check_reward_functions
 
@@ -149,7 +150,8 @@ class Preflight:
         elif not self.config.reward_model.path:
             self.checked.append(check_reward_functions(self.config.reward, [r.data_source for r in rows], where))
             if self.dry_run:  # a real run scores rows at step 1 anyway; a dry run has no other chance
-                self.checked.append(probe_reward(self.config.reward, rows))
+                components = Algorithm.from_config(self.config).reward_components  # gdpo's, checked too
+                self.checked.append(probe_reward(self.config.reward, rows, components))
         cfg = self.config
         sandbox = check_sandbox(cfg.rollout.agent, cfg.reward, cfg.reward_model, {row.data_source for row in rows})
         if sandbox:

@@ -41,9 +41,10 @@ def signature_problem(config: RewardConfig) -> str | None:
     return None
 
 
-def probe_reward(config: RewardConfig, rows: list[PromptRow]) -> str:
+def probe_reward(config: RewardConfig, rows: list[PromptRow], components: tuple[str, ...] = ()) -> str:
     """The first PROBED_ROWS rows scored with each canned response; what they scored, in words. UserError
-    naming the function, the row and the problem at the first call that fails."""
+    naming the function, the row and the problem at the first call that fails, or that returns without one of
+    the reward `components` the estimator reads (gdpo: algorithm.gdpo_reward_keys)."""
     rows = rows[:PROBED_ROWS]
     problem = signature_problem(config)
     if problem:
@@ -60,17 +61,24 @@ def probe_reward(config: RewardConfig, rows: list[PromptRow]) -> str:
             [row.extra_info for _, row, _ in cases],
             CheckedCall,
         )
-    for (what, row, _), (name, _, error) in zip(cases, results, strict=True):
+    for (what, row, _), (name, _, error, details) in zip(cases, results, strict=True):
+        where = f"training row {row.index} (data_source {row.data_source!r}, response: {what})"
         if error:
             raise UserError(
-                f"reward function {name} failed on training row {row.index} (data_source "
-                f"{row.data_source!r}, response: {what}): {_plain(error)}; `rlkit train "
+                f"reward function {name} failed on {where}: {_plain(error)}; `rlkit train "
                 "--dry-run` calls it as the run will. Fix the function"
             )
+        missing = [key for key in components if key not in details]
+        if missing:
+            raise UserError(
+                f"reward function {name} returned no {', '.join(map(repr, missing))} on {where} (its keys besides "
+                f"'score': {sorted(details)}); algorithm.gdpo_reward_keys names keys of the dict it returns: return "
+                "them on every row, or fix the keys"
+            )
     scores: dict[str, list[str]] = {what: [] for what, _ in RESPONSES}
-    for (what, _, _), (_, score, _) in zip(cases, results, strict=True):
+    for (what, _, _), (_, score, _, _) in zip(cases, results, strict=True):
         scores[what].append(f"{score:g}")
-    names = ", ".join(sorted({name for name, _, _ in results}))
+    names = ", ".join(sorted({name for name, _, _, _ in results}))
     return (
         f"reward {names} called on training row(s) {', '.join(str(row.index) for row in rows)} within "
         f"reward.timeout_s={config.timeout_s:g}: "

@@ -45,6 +45,7 @@ class ScoredBatch:
     # per row: why its score is what it is, when something says so: the reward's "reason" key, or the row's
     # failure ("reward error: ...", on_error=zero) or unusable return value ("invalid score: ..."); else None
     reasons: list[str | None] = field(default_factory=list)
+    failed: list[bool] = field(default_factory=list)  # per row: its call failed or its value was unusable (scored 0)
 
 
 def _call_rule(
@@ -173,7 +174,8 @@ class RewardScorer:
             or (f"reward error: {o.error}" if o.error else f"invalid score: {o.invalid}" if o.invalid else None)
             for o in scored
         ]
-        return ScoredBatch(scores, metrics, details, errors, invalid, reasons)
+        failed = [o.error is not None or o.invalid is not None for o in scored]
+        return ScoredBatch(scores, metrics, details, errors, invalid, reasons, failed)
 
     def call_each(
         self,
@@ -182,9 +184,10 @@ class RewardScorer:
         ground_truths: list[str],
         extra_infos: list[dict],
         wrap: Callable[[Callable[..., Any]], Callable[..., Any]],
-    ) -> list[tuple[str, float | None, str | None]]:
+    ) -> list[tuple[str, float | None, str | None, dict[str, float]]]:
         """Each row's function, wrapped by `wrap` (picklable: it runs in the workers), called once in the pool
-        under reward.timeout_s, every row run whatever the others do: per row (function name, score, error).
+        under reward.timeout_s, every row run whatever the others do: per row (function name, score, error, the
+        dict's other keys).
         For `rlkit train --dry-run`, which judges each raw return value in `wrap`, before scoring does."""
         functions = [self._function_for(ds, i) for i, ds in enumerate(data_sources)]
         rows = zip(data_sources, responses, ground_truths, extra_infos, strict=True)
@@ -194,7 +197,7 @@ class RewardScorer:
             raise RuntimeError("this RewardScorer is closed")
         outcomes = [o for o in self._pool.run(calls, names, stop_on_error=False) if o is not None]
         assert len(outcomes) == len(calls), "without stop_on_error every call runs"
-        return [(name, o.score, o.error) for name, o in zip(names, outcomes, strict=True)]
+        return [(name, o.score, o.error, o.details) for name, o in zip(names, outcomes, strict=True)]
 
     def close(self) -> None:
         """Stop the worker processes (idempotent)."""

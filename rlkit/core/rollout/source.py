@@ -59,7 +59,11 @@ def stage_batch(
 
     if stages.algorithm.group_filter:
         batch, metrics = group_filter(
-            scored_round, target=stages.train_batch_size, max_rounds=stages.plan.gen_rounds, pad_id=stages.score.pad_id
+            scored_round,
+            target=stages.train_batch_size,
+            max_rounds=stages.plan.gen_rounds,
+            pad_id=stages.score.pad_id,
+            keys=stages.score.keys,
         )
     else:
         _, batch, metrics = scored_round(0)

@@ -24,6 +24,7 @@ from rlkit.core.agents.report import episode_metrics
 from rlkit.core.algos.dapo import groups_with_signal, overlong_penalty
 from rlkit.core.algos.phase_plan import PhasePlan, phase_plan
 from rlkit.core.batch import Batch, build_batch
+from rlkit.core.rewards.worker_pool import RewardError
 from rlkit.core.rollout.base import Sampling
 from rlkit.core.rollout.dynamic_sampling import GroupCollector, group_rows
 from rlkit.core.rollout.generator import Generator
@@ -170,8 +171,10 @@ class Score:
         *,
         reward_model: bool,
         max_response_length: int,
+        components: tuple[str, ...] = (),
     ) -> None:
-        """`reward_model`: the reward model scores (reward_model.path is set), on the training ranks."""
+        """`reward_model`: the reward model scores (reward_model.path is set), on the training ranks. `components`:
+        the reward function's dict keys the estimator reads (gdpo), into `reward_components` [B,K]."""
         self.reward, self.agent, self.tokenizer, self.scorer, self.placement = (
             reward,
             agent,
@@ -181,21 +184,24 @@ class Score:
         )
         self.use_reward_model, self.max_response_length = reward_model, max_response_length
         self.pad_id = tokenizer.pad_token_id or 0
+        self.components = components
 
     def __call__(self, batch: Batch) -> tuple[dict[str, torch.Tensor], dict[str, float]]:
         """`verifier_scores` from the reward functions (or the reward model, when reward_model.path
         is set); `scores` adds DAPO's overlong shaping when on."""
         env_rewards = batch.meta["env_reward"]  # an environment's own score replaces the reward function's
+        components: dict[str, torch.Tensor] = {}
         if all(r is not None for r in env_rewards):
             verifier, metrics = torch.tensor(env_rewards, dtype=torch.float32), {}
         else:
-            verifier, metrics = (
-                (self.reward_model_scores(batch), {}) if self.use_reward_model else self.rule_scores(batch)
-            )
+            if self.use_reward_model:
+                verifier, metrics = self.reward_model_scores(batch), {}
+            else:
+                verifier, metrics, components = self.rule_scores(batch)
             verifier = torch.tensor([v if r is None else r for r, v in zip(env_rewards, verifier.tolist())])
         overlong = self.reward.overlong_buffer
         if not overlong.enable:
-            return {"scores": verifier, "verifier_scores": verifier}, metrics
+            return {"scores": verifier, "verifier_scores": verifier, **components}, metrics
         penalty = overlong_penalty(
             batch["response_mask"].sum(-1),
             max_response_length=self.max_response_length,
@@ -203,7 +209,7 @@ class Score:
             penalty_factor=overlong.penalty_factor,
         )
         metrics["reward/overlong_penalty"] = float(penalty.mean())
-        return {"scores": verifier + penalty, "verifier_scores": verifier}, metrics
+        return {"scores": verifier + penalty, "verifier_scores": verifier, **components}, metrics
 
     def batch(self, trajectories: list[Trajectory]) -> Batch:
         return build_batch(trajectories, pad_id=self.pad_id)
@@ -220,12 +226,32 @@ class Score:
         results = self.placement.train.call(Scoring.reward_model_scores, per_rank=per_rank, phase="reward model")
         return torch.cat(results)
 
-    def rule_scores(self, batch: Batch) -> tuple[torch.Tensor, dict[str, float]]:
+    @property
+    def keys(self) -> tuple[str, ...]:
+        """The batch keys a scored batch gets."""
+        return ("scores", "verifier_scores", *(["reward_components"] if self.components else []))
+
+    def rule_scores(self, batch: Batch) -> tuple[torch.Tensor, dict[str, float], dict[str, torch.Tensor]]:
+        """The reward functions' scores and metrics, and with `components` their `reward_components` [B,K]: a row
+        whose call failed (scored 0) has components 0; a row that scored without one of them is a RewardError."""
         texts = self.decode_responses(batch)
         scored = self.scorer.score(
             texts, batch.meta["data_source"], batch.meta["ground_truth"], batch.meta["extra_info"]
         )
-        return torch.tensor(scored.scores, dtype=torch.float32), dict(scored.metrics)
+        scores, metrics = torch.tensor(scored.scores, dtype=torch.float32), dict(scored.metrics)
+        if not self.components:
+            return scores, metrics, {}
+        rows = []
+        for row, (details, failed) in enumerate(zip(scored.details, scored.failed, strict=True)):
+            missing = [key for key in self.components if key not in details]
+            if missing and not failed:
+                raise RewardError(
+                    f"row {row} (data_source {batch.meta['data_source'][row]!r}): the reward function returned no "
+                    f"{', '.join(map(repr, missing))} (returned keys: {sorted(details)}); algorithm.gdpo_reward_keys "
+                    "names keys of the dict it returns besides 'score': return them on every row, or fix the keys"
+                )
+            rows.append([details.get(key, 0.0) for key in self.components])
+        return scores, metrics, {"reward_components": torch.tensor(rows, dtype=torch.float32)}
 
     def decode_responses(self, batch: Batch) -> list[str]:
         """The policy's own tokens of each response (a multi-turn episode's tool/environment tokens are not its
@@ -253,18 +279,24 @@ ScoredRound = tuple[list[Trajectory], Batch, dict[str, float]]
 
 
 def group_filter(
-    scored_round: Callable[[int], ScoredRound], *, target: int, max_rounds: int, pad_id: int
+    scored_round: Callable[[int], ScoredRound],
+    *,
+    target: int,
+    max_rounds: int,
+    pad_id: int,
+    keys: tuple[str, ...] = ("scores", "verifier_scores"),
 ) -> tuple[Batch, dict[str, float]]:
     """DAPO's dynamic sampling: groups whose verifier scores are all equal are dropped and round after round
     (`scored_round(round_index)`) is scored until `target` groups have signal or `max_rounds` ran out
-    (rlkit.core.rollout.dynamic_sampling). The kept groups are the batch's groups 0..target-1, in order."""
+    (rlkit.core.rollout.dynamic_sampling). The kept groups are the batch's groups 0..target-1, in order, with
+    the scoring's `keys`."""
     collector: GroupCollector[Trajectory] = GroupCollector(target)
     sampled_scores = []
     for round_index in range(max_rounds):
         trajectories, batch, metrics = scored_round(round_index)
         sampled_scores.append(batch["scores"])
         signal = groups_with_signal(batch["verifier_scores"], batch["group_ids"])
-        collector.add(trajectories, batch["group_ids"], {k: batch[k] for k in ("scores", "verifier_scores")}, signal)
+        collector.add(trajectories, batch["group_ids"], {k: batch[k] for k in keys}, signal)
         if collector.full:
             break
     groups, scores, dapo_metrics = collector.take()
@@ -315,6 +347,7 @@ class RolloutStages:
                 placement,
                 reward_model=bool(config.reward_model.path),
                 max_response_length=config.data.max_response_length,
+                components=algorithm.reward_components,
             ),
             algorithm,
             phase_plan(algorithm),

@@ -154,8 +154,10 @@ class Actor(Role, OfflineUpdates):
         per_token, pg_metrics = algorithm.policy_loss(log_probs, old_log_probs, mb["advantages"], mask)
         correction_sums: dict[str, torch.Tensor] = {}
         if inputs.corrects_rollout:  # importance weights and rejection (rlkit.core.algos.rollout_correction)
+            # Bypass: pi_old is the engine's, so the trainer's side of the comparison is the policy being updated.
+            trainer_side = log_probs.detach() if inputs.old_log_probs_from_rollout else old_log_probs
             weights, correction_sums = correction_weights(
-                old_log_probs,
+                trainer_side,
                 mb["rollout_log_probs"],
                 mask,
                 inputs.rollout_correction,

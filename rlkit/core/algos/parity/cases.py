@@ -199,6 +199,63 @@ OPTIMAL_TOKEN_BASELINE = Case(
     "position",
 )
 
+# R = 4; a 0 before a 1 in the mask is a tool token: the samples are compared at their k-th own token. W: the running
+# sum of w = 1 - 2 pi + sum pi^2 over each sample's own tokens (this batch's sums equal its pi, token by token).
+# Group 0: seq 0 (positions 0, 3; pi .5, .5 -> W .5, 1; scores 1), seq 1 (positions 0, 1; pi .25 -> W .75, 1.5;
+#   scores 0): B_0 = .5 / 1.25 = .4, B_1 = 1 / 2.5 = .4 -> seq 0 [.6, 0, 0, .6], seq 1 [-.4, -.4, 0, 0].
+# Group 5: seq 2 (positions 0-2, pi .5 -> W .5, 1, 1.5; scores 2), seq 3 (positions 0, 2; pi .5, .25 -> W .5, 1.25;
+#   scores 1): B_0 = (1 + .5) / 1 = 1.5, B_1 = (2 + 1.25) / 2.25 = 13/9, k = 2 only seq 2: B = 0
+#   -> seq 2 [.5, 5/9, 2, 0], seq 3 [-.5, 0, -4/9, 0]. Group 9: seq 5 has no token, seq 4 alone: its returns.
+_TIR_PI = [[0.5, G, G, 0.5], [0.25, 0.25, G, G], [0.5, 0.5, 0.5, G], [0.5, G, 0.25, G], [G, 0.5, 0.5, G], [G] * 4]
+TIR_OPTIMAL_TOKEN_BASELINE = Case(
+    ADVANTAGE,
+    "tir_optimal_token_baseline",
+    {
+        "token_rewards": [
+            [0.0, G, G, 1.0],
+            [0.0, 0.0, G, G],
+            [0.0, 0.0, 2.0, G],
+            [0.0, G, 1.0, G],
+            [G, -0.1, 0.5, G],
+            [G] * 4,
+        ],
+        "response_mask": [[1, 0, 0, 1], [1, 1, 0, 0], [1, 1, 1, 0], [1, 0, 1, 0], [0, 1, 1, 0], [0, 0, 0, 0]],
+        "group_ids": [0, 0, 5, 5, 9, 9],
+        "old_log_probs": [[LN(p) for p in row] for row in _TIR_PI],
+        "sum_pi_squared": _TIR_PI,
+    },
+    {
+        "advantages": [
+            [0.6, 0, 0, 0.6],
+            [-0.4, -0.4, 0, 0],
+            [0.5, 5 / 9, 2, 0],
+            [-0.5, 0, -4 / 9, 0],
+            [0, 0.4, 0.5, 0],
+            [0, 0, 0, 0],
+        ],
+        "returns": [[1.0, 0, 0, 1], [0, 0, 0, 0], [2, 2, 2, 0], [1, 0, 1, 0], [0, 0.4, 0.5, 0], [0, 0, 0, 0]],
+    },
+    source="tests/test_algos_tir_optimal_token_baseline.py::test_the_samples_are_compared_at_their_kth_own_token",
+)
+
+# Components (accuracy, format): group 0 (1, 1), (0, 0); group 1 (1, 0), (0, 0); one token each. Weights (2, 1),
+# centred only (norm_adv_by_std off): group 0 2 x .5 + .5 = 1.5 -> +-1.5; group 1 2 x .5 + 0 -> +-1. Whitened over
+# the 4 tokens: mean 0, unbiased var (2.25 + 2.25 + 1 + 1) / 3 = 13/6 -> each times sqrt(6/13).
+_GDPO = [[v * math.sqrt(6 / 13), 0.0] for v in (1.5, -1.5, 1.0, -1.0)]
+GDPO = Case(
+    ADVANTAGE,
+    "gdpo",
+    {
+        "token_rewards": [[2.0, G], [0.0, G], [1.0, G], [0.0, G]],
+        "response_mask": [[1, 0]] * 4,
+        "group_ids": [0, 0, 1, 1],
+        "reward_components": [[1.0, 1.0], [0.0, 0.0], [1.0, 0.0], [0.0, 0.0]],
+    },
+    {"advantages": _GDPO, "returns": _GDPO},
+    {"norm_adv_by_std": False, "gdpo_reward_weights": [2.0, 1.0]},
+    "tests/test_algos_gdpo.py::test_weights_and_no_std_division",
+)
+
 ADVANTAGE_CASES = (
     GAE,
     GRPO,
@@ -209,4 +266,6 @@ ADVANTAGE_CASES = (
     GRPO_PASSK,
     OPO,
     OPTIMAL_TOKEN_BASELINE,
+    TIR_OPTIMAL_TOKEN_BASELINE,
+    GDPO,
 )

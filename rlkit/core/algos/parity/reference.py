@@ -93,7 +93,18 @@ ADV_ARGUMENTS = {
     "grpo_passk": ("token_level_rewards", "response_mask", "index", "epsilon", "config"),
     "opo": ("token_level_rewards", "response_mask", "index", "config"),
     "optimal_token_baseline": ("token_level_rewards", "response_mask", "index", "old_log_probs", "sum_pi_squared"),
+    "tir_optimal_token_baseline": (
+        "token_level_rewards",
+        "response_mask",
+        "index",
+        "old_log_probs",
+        "sum_pi_squared",
+    ),
+    # verl reads the components from non_tensor_batch by config.gdpo_reward_keys, on each response's last token
+    # (batch's attention_mask past the prompts).
+    "gdpo": ("token_level_rewards", "response_mask", "index", "epsilon", "config", "non_tensor_batch", "batch"),
 }
+GDPO_KEYS, GDPO_WEIGHTS = ["accuracy", "format"], [1.0, 0.5]
 GAMMA, LAM, EPSILON = 0.9, 0.95, 1e-6
 
 
@@ -139,6 +150,7 @@ def random_batch(seed: int = SEED) -> dict[str, Tensor]:
         "advantages": torch.randn(B, generator=gen, dtype=torch.float64).unsqueeze(-1) * mask,
         "ref_log_probs": probs.log() + 0.5 * torch.randn(B, R, generator=gen, dtype=torch.float64),
         "per_token_loss": torch.randn(B, R, generator=gen, dtype=torch.float64),
+        "reward_components": torch.randint(0, 3, (B, len(GDPO_KEYS)), generator=gen).double() / 2,
     }
 
 
@@ -156,8 +168,11 @@ def _advantages(verl: ModuleType, name: str, x: dict[str, Tensor]) -> dict[str, 
         x["baselines"],
         old_log_probs=x["old_log_probs"],
         sum_pi_squared=x["sum_pi_squared"],
+        reward_components=x["reward_components"],
     )
-    ours = compute_advantages(name, inputs, gamma=GAMMA, lam=LAM, eps=EPSILON)
+    ours = compute_advantages(name, inputs, gamma=GAMMA, lam=LAM, eps=EPSILON, gdpo_reward_weights=GDPO_WEIGHTS)
+    settings = {"gamma": GAMMA, "lam": LAM, "norm_adv_by_std_in_grpo": True}
+    gdpo = {"gdpo_reward_keys": GDPO_KEYS, "gdpo_reward_weights": GDPO_WEIGHTS}
     available = {
         "token_level_rewards": x["rewards"],
         "values": x["values"],
@@ -167,7 +182,12 @@ def _advantages(verl: ModuleType, name: str, x: dict[str, Tensor]) -> dict[str, 
         "index": x["group_ids"].numpy(),
         "epsilon": EPSILON,
         "norm_adv_by_std_in_grpo": True,
-        "config": _AlgoSettings(gamma=GAMMA, lam=LAM, norm_adv_by_std_in_grpo=True),
+        "config": _AlgoSettings(**settings, **gdpo),
+        "non_tensor_batch": {key: x["reward_components"][:, k].numpy() for k, key in enumerate(GDPO_KEYS)},
+        "batch": {  # verl's integer token tensors
+            "prompts": torch.zeros(B, 1, dtype=torch.long),
+            "attention_mask": torch.cat([torch.ones(B, 1), x["mask"]], -1).long(),
+        },
         "reward_baselines": x["baselines"],
         "old_log_probs": x["old_log_probs"],
         "sum_pi_squared": x["sum_pi_squared"],
