@@ -30,6 +30,7 @@ RLKIT, TRL, ROLLOUT = str(HERE / "rlkit_grpo.py"), str(HERE / "trl_grpo.py"), st
 AGENT = str(HERE / "agent_grpo.py")  # the same workload, each response in 3 turns with an environment between
 FAST = [RLKIT, "--compile", "--cuda-graphs"]
 ASYNC = ["--engine-kwargs", "{async_scheduling: true}"]
+TWO_WAYS = "without_log_probs,with_log_probs"  # the trainer's two calls (vllm_rollout.py --ways)
 
 # name -> (script arguments, GPUs needed, estimated seconds on an H200 incl. start-up)
 CONFIGS: dict[str, tuple[list[str], int, int]] = {
@@ -57,6 +58,16 @@ CONFIGS: dict[str, tuple[list[str], int, int]] = {
     "vllm-rollout-1gpu-separate": ([ROLLOUT, "--separate-process", "true"], 1, 200),
     "rlkit-1gpu-defaults-separate": ([RLKIT, "--defaults", "--override", "rollout.vllm.separate_process=true"], 1, 200),
     "rlkit-1gpu-defaults-logprobs": ([RLKIT, "--defaults", "--rollout-is-cap", "2"], 1, 200),
+    # N vLLM engines on the one GPU, each engine core in a process of its own (rollout.vllm.replicas)
+    "vllm-rollout-1gpu-replicas2": ([ROLLOUT, "--replicas", "2", "--ways", TWO_WAYS], 1, 240),
+    "vllm-rollout-1gpu-replicas3": ([ROLLOUT, "--replicas", "3", "--ways", TWO_WAYS], 1, 280),
+    "vllm-rollout-1gpu-block64": ([ROLLOUT, "--engine-kwargs", "{block_size: 64}", "--ways", TWO_WAYS], 1, 150),
+    "rlkit-1gpu-defaults-replicas2": ([RLKIT, "--defaults", "--override", "rollout.vllm.replicas=2"], 1, 240),
+    "rlkit-1gpu-defaults-replicas3": ([RLKIT, "--defaults", "--override", "rollout.vllm.replicas=3"], 1, 280),
+    "rlkit-1gpu-defaults-replicas2-logprobs": ([RLKIT, "--defaults", "--override", "rollout.vllm.replicas=2",
+                                               "--rollout-is-cap", "2"], 1, 240),
+    "rlkit-1gpu-defaults-replicas3-logprobs": ([RLKIT, "--defaults", "--override", "rollout.vllm.replicas=3",
+                                               "--rollout-is-cap", "2"], 1, 280),
     "vllm-rollout-1gpu-async": ([ROLLOUT, "--async-scheduling"], 1, 200),
     "rlkit-1gpu-vllm-gradckpt": ([RLKIT, "--grad-ckpt"], 1, 150),
     "rlkit-1gpu-hf": ([RLKIT, "--rollout", "hf", "--steps", "2"], 1, 200),
@@ -179,9 +190,10 @@ def table(results: dict) -> str:
     for name, res in results["configs"].items():
         for way, run in res.get("runs", {}).items():  # vllm_rollout.py
             busy = f", GPU busy {100 * run['gpu_busy_fraction']:.0f}%" if "gpu_busy_fraction" in run else ""
+            busy += f", NVML busy {100 * run['nvml_busy_fraction']:.0f}%" if "nvml_busy_fraction" in run else ""
             gc_time = f", gc {run['gc_seconds']:.2f} s" if "gc_seconds" in run else ""
             ratios.append(f"- {name} {way}: {min(run['seconds']):.2f} s, {run['tokens_per_s']:,.0f} tok/s"
-                          f"{busy}{gc_time}")
+                          f"{busy}{gc_time} (engine start {res.get('engine_start_seconds', 0):.0f} s)")
     return "\n".join(lines + (["", "Same workload, same run (and rollout probes):"] + ratios if ratios else [])) + "\n"
 
 

@@ -2,6 +2,7 @@
 
   python bench/vllm_rollout.py --workdir /tmp/bench --out rollout.json [--async-scheduling] [--tiny]
       [--separate-process true|false] [--prefix-caching true|false] [--engine-kwargs '{block_size: 64}']
+      [--replicas N] [--ways with_log_probs,without_log_probs,without_seeds]
       [--profile DIR] [--heap-objects 3000000]
 
 One engine (rlkit's VLLMEngine, the way the trainer starts it) generates the workload's
@@ -15,6 +16,8 @@ and on a GPU one more run while nvidia-smi samples the GPU's utilisation (`nvml_
 process); with the engine core in this process, one more under torch.profiler gives the share of the
 wall time the GPU was busy (`gpu_busy_fraction`: the union of all kernels and copies over the wall time).
 --separate-process: rollout.vllm.separate_process (default: rlkit's, off).
+--replicas: rollout.vllm.replicas, N engines on the device, each in a process of its own (`without_seeds` then
+needs one engine: leave it out of --ways).
 --heap-objects: afterwards, the same ways again with that many more long-lived Python objects in the
 process (a trainer's heap: model, compiled graphs, Ray) to show what garbage collection then costs.
 --profile DIR: cProfile tables and py-spy stacks (where installed) of one generate per way, in DIR.
@@ -39,19 +42,22 @@ from bench.workload import Workload, prepared  # noqa: E402
 
 def start_engine(workload: Workload, workdir: Path, gpu_memory_utilization: float,
                  engine_kwargs: dict[str, Any] | None = None, separate_process: bool = False,
-                 prefix_caching: bool = True):
-    """rlkit's VLLMEngine as the trainer starts it (CUDA graphs on a GPU, eager on a CPU)."""
+                 prefix_caching: bool = True, replicas: int = 1):
+    """rlkit's engine as the trainer starts it (`make_engine`; CUDA graphs on a GPU, eager on a CPU)."""
     import torch
 
-    from rlkit.core.rollout.vllm_engine import VLLMEngine
+    from rlkit.core.rollout.engines import make_engine
+    from rlkit.recipes.rollout_schema import RolloutConfig
 
     on_gpu = torch.cuda.is_available()
-    return VLLMEngine(str(workdir / "model"), dtype="bfloat16" if on_gpu else "float32", seed=0,
-                      max_model_len=workload.prompt_tokens + workload.response_tokens,
-                      device=torch.device("cuda", 0) if on_gpu else torch.device("cpu"),
-                      gpu_memory_utilization=gpu_memory_utilization, enforce_eager=not on_gpu,
-                      max_num_seqs=workload.sequences, sleep_mode=False, separate_process=separate_process,
-                      prefix_caching=prefix_caching, engine_kwargs=engine_kwargs)
+    rollout = RolloutConfig(name="vllm", gpu_memory_utilization=gpu_memory_utilization,
+                            max_num_seqs=workload.sequences,
+                            vllm={"enforce_eager": not on_gpu, "separate_process": separate_process,
+                                  "prefix_caching": prefix_caching, "replicas": replicas,
+                                  "engine_kwargs": engine_kwargs or {}})
+    return make_engine(rollout, str(workdir / "model"), max_model_len=workload.prompt_tokens + workload.response_tokens,
+                       device=torch.device("cuda", 0) if on_gpu else torch.device("cpu"),
+                       dtype="bfloat16" if on_gpu else "float32", seed=0, sleep_mode=False)
 
 
 def bench_prompts(workload: Workload) -> list[list[int]]:
@@ -80,6 +86,9 @@ def main() -> None:
     parser.add_argument("--separate-process", choices=["true", "false"], help="rollout.vllm.separate_process")
     parser.add_argument("--prefix-caching", default="true", choices=["true", "false"],
                         help="rollout.vllm.prefix_caching")
+    parser.add_argument("--replicas", type=int, default=1, help="rollout.vllm.replicas (engines on the device)")
+    parser.add_argument("--ways", default="with_log_probs,without_log_probs,without_seeds",
+                        help="which ways to time, comma-separated")
     parser.add_argument("--engine-kwargs", default="{}", help="rollout.vllm.engine_kwargs (YAML), e.g. '{block_size: 64}'")
     parser.add_argument("--heap-objects", type=int, default=0, help="then again with this many more Python objects")
     parser.add_argument("--profile", help="folder for cProfile tables and py-spy stacks of one generate per way")
@@ -95,8 +104,9 @@ def main() -> None:
     start = time.perf_counter()
     engine_kwargs = {**yaml.safe_load(args.engine_kwargs), **({"async_scheduling": True} if args.async_scheduling else {})}
     engine = start_engine(workload, workdir, args.gpu_memory_utilization, engine_kwargs,
-                          args.separate_process == "true", args.prefix_caching == "true")
-    args.separate_process = engine.separate_process
+                          args.separate_process == "true", args.prefix_caching == "true", args.replicas)
+    separate = getattr(engine, "separate_process", True)  # replicas: each engine core in its own process
+    args.separate_process = separate
     result: dict = {"label": args.label, "args": vars(args), "engine_start_seconds": time.perf_counter() - start, "runs": {}}
     prompts = bench_prompts(workload)
     tokens = workload.sequences * workload.response_tokens
@@ -115,6 +125,7 @@ def main() -> None:
         engine.sleep()
 
     ways = {"with_log_probs": call(True), "without_log_probs": call(False), "without_seeds": unseeded}
+    ways = {name: ways[name] for name in args.ways.split(",")}
     heap: list[Any] = []
     for suffix in [""] + (["_big_heap"] if args.heap_objects else []):
         if suffix:  # long-lived objects, as a trainer's process holds them, gc-tracked and not frozen
@@ -132,12 +143,12 @@ def main() -> None:
             entry = {"seconds": seconds, "tokens_per_s": tokens / min(seconds), **timers[best].summary()}
             if torch.cuda.is_available():
                 entry.update(nvml_busy(run))
-                if not engine.separate_process:  # torch.profiler sees this process's kernels only
+                if not separate:  # torch.profiler sees this process's kernels only
                     entry.update(gpu_busy(run))
             if args.profile and not suffix and name != "without_seeds":  # the trainer's two ways
                 folder = Path(args.profile)
                 folder.mkdir(parents=True, exist_ok=True)
-                with py_spy(folder / f"py-spy-{name}{suffix}.txt", min(seconds), engine.separate_process):
+                with py_spy(folder / f"py-spy-{name}{suffix}.txt", min(seconds), separate):
                     run()
                 entry["wall_seconds_under_cprofile"], table = python_profile(run)
                 with (folder / "python_profiles.txt").open("a") as f:

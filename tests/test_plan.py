@@ -142,6 +142,20 @@ def test_a_short_kv_cache_generates_in_rounds(qwen05) -> None:
     assert any("holds 100 full-length sequences" in note for note in short.notes)
 
 
+def test_vllm_replicas_split_the_devices_share_and_each_holds_the_weights(qwen05) -> None:
+    shape = model_shape(qwen05)
+    gib = 1024**3
+    one, two = (
+        memory.kv_cache(load_config("grpo", [*BENCH, "rollout.max_num_seqs=256", f"rollout.vllm.replicas={n}"], model=qwen05,
+                                    require_inputs=False), shape, 100 * gib, True)
+        for n in (1, 2)
+    )
+    weights = shape.params * 2  # bf16
+    assert one["bytes"] == pytest.approx(0.35 * 100 * gib - weights - gib)  # rollout.gpu_memory_utilization 0.35
+    assert two["bytes"] == pytest.approx(0.35 * 100 * gib - 2 * (weights + gib))
+    assert (one["sequences"], two["sequences"]) == (256, 512)  # rollout.max_num_seqs each; 512 samples a step
+
+
 def test_the_calibration_is_the_fit_of_the_measured_runs() -> None:
     """bench/plan_time_fit.py refits the constants on the four H200 runs: the table holds them, rounded."""
     import tempfile

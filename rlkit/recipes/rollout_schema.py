@@ -25,6 +25,16 @@ class VLLMOptions(Section):
         "outputs into results overlaps the next decode step; weights then move by CUDA IPC handles. Off by default: "
         "on an H200 (0.5B GRPO, 2026-12-04) a step took 12.7 s with it and 10.3 s without (docs/benchmarks.md).",
     )
+    replicas: int = Field(
+        1,
+        ge=1,
+        description="vLLM engines per rollout device, each with its engine core in a process of its own (whatever "
+        "separate_process says) and 1/replicas of rollout.gpu_memory_utilization; a call's prompts are split into "
+        "contiguous shares, one per engine, generated at the same time (rollout.max_num_seqs is per engine). vLLM's "
+        "engine loop is single-threaded Python that leaves an H200 idle most of a 0.5B model's decode; several "
+        "loops on several cores fill it (docs/benchmarks.md). Samples keep a single engine's seeds, and which "
+        "engine serves a prompt depends only on the number of replicas.",
+    )
     prefix_caching: bool = Field(
         True,
         description="vLLM's prefix cache within one rollout: an agent's next turn, and the other samples of a "

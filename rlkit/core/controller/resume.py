@@ -44,6 +44,8 @@ RESUME_SAFE_KEYS = {
     "rollout.gpu_memory_utilization": "performance only",
     "rollout.vllm.enforce_eager": "performance only",
     "rollout.vllm.separate_process": "performance only (where vLLM's engine core runs)",
+    "rollout.vllm.replicas": "performance only (which engine serves a prompt; a batch's floats may differ in the "
+    "last bits)",
     "rollout.vllm.prefix_caching": "performance only (a cached prefix may differ from a prefill in the last bits)",
     "rollout.log_prob_check_freq": "when the sync check runs (the samples stay the same)",
     "rollout.log_prob_tolerance": "what the sync check accepts, not the math",

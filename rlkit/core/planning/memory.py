@@ -311,17 +311,23 @@ def engine_bytes(config: RLConfig, shape: ModelShape, device_bytes: float, on_gp
     if on_gpu and config.rollout.name == "vllm":
         return config.rollout.gpu_memory_utilization * device_bytes
     weights = shape.params * compute_bytes(config, on_gpu)
-    return weights + (CPU_KV_CACHE if config.rollout.name == "vllm" else 0.0)
+    if config.rollout.name != "vllm":
+        return weights
+    return config.rollout.vllm.replicas * (weights + CPU_KV_CACHE)  # each replica its weights and KV space
 
 
 def kv_cache(config: RLConfig, shape: ModelShape, device_bytes: float, on_gpu: bool) -> dict[str, float]:
-    """vLLM's KV cache on one engine: bytes, tokens it holds, and tokens a full batch of sequences needs."""
+    """vLLM's KV cache on one device: bytes, tokens it holds, and tokens a full batch of sequences needs.
+    Replicas (rollout.vllm.replicas) split the device's share, each holding its own copy of the weights."""
     c = compute_bytes(config, on_gpu)  # the engine runs in the compute dtype
+    replicas = config.rollout.vllm.replicas
     weights = shape.params * c
-    space = (config.rollout.gpu_memory_utilization * device_bytes - weights - VLLM_OVERHEAD) if on_gpu else CPU_KV_CACHE
+    share = config.rollout.gpu_memory_utilization * device_bytes
+    space = (share - replicas * (weights + VLLM_OVERHEAD)) if on_gpu else replicas * CPU_KV_CACHE
     per_token = 2 * shape.layers * shape.kv_heads * shape.head_dim * c
     engines = config.world_size if config.rollout.placement == "colocated" else config.rollout.devices
-    sequences = min(config.rollout.max_num_seqs, -(-config.data.train_batch_size * config.rollout.n // engines))
+    per_device = -(-config.data.train_batch_size * config.rollout.n // engines)
+    sequences = min(replicas * config.rollout.max_num_seqs, per_device)
     wanted = sequences * (config.data.max_prompt_length + config.data.max_response_length)
     return {
         "bytes": space,

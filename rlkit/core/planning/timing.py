@@ -137,6 +137,11 @@ def step_time(
     if kv_tokens is not None and kv_tokens // sequence < concurrent:
         concurrent = max(1, int(kv_tokens // sequence))
         notes.append(f"the KV cache holds {concurrent} full-length sequences at once: generation in rounds")
+    if config.rollout.name == "vllm" and config.rollout.vllm.replicas > 1:
+        notes.append(
+            f"rollout.vllm.replicas={config.rollout.vllm.replicas}: generation is priced as one engine's "
+            "(replicas are not calibrated)"
+        )
     every = config.rollout.log_prob_check_freq
     with_log_probs = 1.0 if algorithm.rollout_log_probs else (1.0 / every if every else 0.0)
     slowdown = with_log_probs / cal["log_prob_decode_factor"] + (1 - with_log_probs)

@@ -56,20 +56,31 @@ def vllm_engine(
     from rlkit.core.rollout.vllm_engine import VLLMEngine
 
     options = rollout.vllm
-    return VLLMEngine(
-        model_path,
-        dtype=dtype,
-        seed=seed,
-        device=device,
-        max_model_len=max_model_len,
-        gpu_memory_utilization=rollout.gpu_memory_utilization,
-        enforce_eager=options.enforce_eager,
-        max_num_seqs=rollout.max_num_seqs,
-        sleep_mode=sleep_mode,
-        separate_process=options.separate_process,
-        prefix_caching=options.prefix_caching,
-        engine_kwargs=options.engine_kwargs,
-    )
+    replicas = options.replicas
+
+    def one_engine() -> VLLMEngine:
+        return VLLMEngine(
+            model_path,
+            dtype=dtype,
+            seed=seed,
+            device=device,
+            max_model_len=max_model_len,
+            # Replicas share the device: each takes its share of the memory rollout.gpu_memory_utilization gives.
+            gpu_memory_utilization=rollout.gpu_memory_utilization / replicas,
+            enforce_eager=options.enforce_eager,
+            max_num_seqs=rollout.max_num_seqs,
+            sleep_mode=sleep_mode,
+            # Replicas in one process would take turns on its interpreter: each engine core gets a process.
+            separate_process=options.separate_process or replicas > 1,
+            prefix_caching=options.prefix_caching,
+            engine_kwargs=options.engine_kwargs,
+        )
+
+    if replicas == 1:
+        return one_engine()
+    from rlkit.core.rollout.replicas import ReplicatedEngine
+
+    return ReplicatedEngine([one_engine() for _ in range(replicas)])
 
 
 def sglang_engine(
