@@ -59,8 +59,9 @@ CONFIGS: dict[str, tuple[list[str], int, int]] = {
     "rlkit-1gpu-defaults-separate": ([RLKIT, "--defaults", "--override", "rollout.vllm.separate_process=true"], 1, 200),
     "rlkit-1gpu-defaults-logprobs": ([RLKIT, "--defaults", "--rollout-is-cap", "2"], 1, 200),
     # N vLLM engines on the one GPU, each engine core in a process of its own (rollout.vllm.replicas)
-    "vllm-rollout-1gpu-replicas2": ([ROLLOUT, "--replicas", "2", "--ways", TWO_WAYS], 1, 240),
-    "vllm-rollout-1gpu-replicas3": ([ROLLOUT, "--replicas", "3", "--ways", TWO_WAYS], 1, 280),
+    "vllm-rollout-1gpu-inprocess": ([ROLLOUT, "--ways", TWO_WAYS], 1, 130),  # the replicas' one-engine baseline
+    "vllm-rollout-1gpu-replicas2": ([ROLLOUT, "--replicas", "2", "--ways", TWO_WAYS], 1, 180),
+    "vllm-rollout-1gpu-replicas3": ([ROLLOUT, "--replicas", "3", "--ways", TWO_WAYS], 1, 220),
     "vllm-rollout-1gpu-block64": ([ROLLOUT, "--engine-kwargs", "{block_size: 64}", "--ways", TWO_WAYS], 1, 150),
     "rlkit-1gpu-defaults-replicas2": ([RLKIT, "--defaults", "--override", "rollout.vllm.replicas=2"], 1, 240),
     "rlkit-1gpu-defaults-replicas3": ([RLKIT, "--defaults", "--override", "rollout.vllm.replicas=3"], 1, 280),
