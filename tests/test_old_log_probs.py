@@ -31,7 +31,7 @@ from rlkit.recipes.loader import load_config
 WITH_PASS = UpdateInputs(old_log_probs_from_update=False, rollout_log_probs=False, rollout_correction=None,
                          reference=True)
 FROM_UPDATE = UpdateInputs(old_log_probs_from_update=True, rollout_log_probs=True, rollout_correction=None,
-                           reference=True)
+                           reference=True, keep_log_probs=True)  # and hand them back for the step's record
 OWN_OLD = UpdateInputs(old_log_probs_from_update=True, rollout_log_probs=False, rollout_correction=None,
                        reference=True)  # the update's own old log-probs, a KL loss (tests/test_lora.py)
 WEIGHTED = UpdateInputs(old_log_probs_from_update=True, rollout_log_probs=True, rollout_correction=("token", 3.0),
@@ -137,6 +137,10 @@ def test_update_with_its_own_old_log_probs_equals_recomputing_them(tmp_path):
     assert abs(from_update["rollout/log_prob_diff"] - gap) < 1e-5
     assert abs(from_update["actor/kl_ref"] - masked_mean(recomputed["log_probs"] - batch["ref_log_probs"], mask)) < 1e-6
     assert "actor/entropy" not in with_pass
+    # The log-probs the update handed back (for the record) are the skipped pass's, row by row, though the update
+    # split the 8 rows into micro-batches of at most 32 tokens; an update not asked for them hands back none.
+    torch.testing.assert_close(from_update["trainer_log_probs"], recomputed["log_probs"], rtol=0, atol=1e-6)
+    assert "trainer_log_probs" not in with_pass and "trainer_log_probs" not in out["weighted"]
     # Importance weights of 2 on every token double the policy-gradient loss (token-mean).
     assert abs(out["weighted"]["actor/rollout_is_weight"] - 2.0) < 1e-5
     assert abs(out["weighted"]["actor/pg_loss"] - 2 * from_update["actor/pg_loss"]) < 1e-5

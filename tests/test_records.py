@@ -4,13 +4,13 @@ what `rlkit inspect` computes from a record (per-token gaps, advantages, sorting
 from __future__ import annotations
 
 import json
-from dataclasses import replace
 from pathlib import Path
 
 import pytest
 import torch
 from transformers import AutoTokenizer
 
+from rlkit.core.algos.algorithm import Algorithm
 from rlkit.core.algos.update_inputs import UpdateInputs
 from rlkit.core.batch import Batch, build_batch
 from rlkit.core.controller.replay import Replay, replay_config, replay_inputs
@@ -157,22 +157,28 @@ def test_a_write_killed_midway_leaves_nothing_that_is_read_and_is_cleaned_on_res
 def test_the_recorder_writes_only_when_asked(tmp_path) -> None:
     off = records.RolloutRecorder.for_run(load_config("grpo-demo", ["trainer.record_rollouts=false"]), tmp_path)
     batch = recorded_batch()
-    del batch.tensors["old_log_probs"]
-    own_old = UpdateInputs(old_log_probs_from_update=True, rollout_log_probs=True, rollout_correction=None,
-                           reference=False)
-    off.add_trainer_log_probs(batch, lambda b, which: pytest.fail("no pass when recording is off"), own_old)
-    assert off.record(1, batch, {}) is None and not (tmp_path / "rollouts").exists()
+    assert not off.on and off.record(1, batch, {}) is None and not (tmp_path / "rollouts").exists()
 
     on = records.RolloutRecorder.for_run(load_config("grpo-demo"), tmp_path)  # on by default
-    calls = []
-    on.add_trainer_log_probs(batch, lambda b, which: calls.append(which) or {"log_probs": b["rollout_log_probs"] + 1},
-                             own_old)
-    assert calls == ["actor"] and torch.equal(batch["trainer_log_probs"], batch["rollout_log_probs"] + 1)
-    with_old = recorded_batch()  # the old-log-prob pass already gave the trainer's log-probs
-    passed_old = replace(own_old, old_log_probs_from_update=False)
-    on.add_trainer_log_probs(with_old, lambda b, which: pytest.fail("no second pass"), passed_old)
-    no_engine = replace(own_old, rollout_log_probs=False)  # the engine gave no log-probs this step
-    on.add_trainer_log_probs(recorded_batch(), lambda b, which: pytest.fail("nothing to compare with"), no_engine)
+    assert on.on
+
+
+def test_a_recorded_step_asks_its_update_for_the_trainer_log_probs() -> None:
+    """Only where no old-log-prob pass gave them (one optimizer step) and the engine gave its own to compare."""
+    own_old = Algorithm.from_config(load_config("grpo-demo"))
+    assert own_old.old_log_probs_from_update and not own_old.rollout_log_probs
+    asks = UpdateInputs.for_step(own_old, log_prob_check=True, recording=True)
+    assert asks.keep_log_probs and "trainer_log_probs" not in asks.keys()  # not an input: the update's output
+    assert not UpdateInputs.for_step(own_old, log_prob_check=True, recording=False).keep_log_probs
+    assert not UpdateInputs.for_step(own_old, log_prob_check=False, recording=True).keep_log_probs  # no engine side
+    with_pass = Algorithm.from_config(load_config("grpo-demo", ["actor.ppo_epochs=2"]))  # old log-probs recorded
+    assert not with_pass.old_log_probs_from_update
+    assert not UpdateInputs.for_step(with_pass, log_prob_check=True, recording=True).keep_log_probs
+
+
+def test_a_record_keeps_the_step_s_values(tmp_path) -> None:
+    on = records.RolloutRecorder.for_run(load_config("grpo-demo"), tmp_path)
+    batch = recorded_batch()
     assert on.record(3, batch, {"reward/mean": 0.5}) == tmp_path / "rollouts" / "step_00000003.parquet"
     batch["scores"][0] = 7.0  # the batch changes while the record is written: the record keeps the step's values
     on.close()

@@ -34,18 +34,25 @@ class UpdateInputs:
     # Bypass (actor.old_log_probs=rollout): the old log-probs are the engine's, so the correction compares the
     # policy being updated with the engine's (rlkit.core.algos.rollout_correction).
     old_log_probs_from_rollout: bool = False
+    # The update hands back its per-token log-probs (the trainer's, before its one optimizer step) for the step's
+    # rollout record: `rlkit inspect` shows their gap to the engine's, without a forward pass of its own.
+    keep_log_probs: bool = False
 
     @classmethod
-    def for_step(cls, algorithm: Algorithm, *, log_prob_check: bool) -> UpdateInputs:
+    def for_step(cls, algorithm: Algorithm, *, log_prob_check: bool, recording: bool = False) -> UpdateInputs:
         """The inputs of a step's update; `log_prob_check`: the engine returned its log-probs this step
-        (rollout.log_prob_check_freq, or step 1 under trainer.invariants) although the math does not read them."""
+        (rollout.log_prob_check_freq, or step 1 under trainer.invariants) although the math does not read them;
+        `recording`: the step's batch is recorded (trainer.record_rollouts)."""
+        rollout_log_probs = algorithm.rollout_log_probs or log_prob_check
         return cls(
             old_log_probs_from_update=algorithm.old_log_probs_from_update,
-            rollout_log_probs=algorithm.rollout_log_probs or log_prob_check,
+            rollout_log_probs=rollout_log_probs,
             rollout_correction=algorithm.rollout_correction,
             reference=algorithm.kl_loss,
             rollout_correction_options=algorithm.rollout_correction_options,
             old_log_probs_from_rollout=algorithm.old_log_probs == "rollout",
+            # Else an old-log-prob pass gave them (the record keeps old_log_probs), or there is no gap to show.
+            keep_log_probs=recording and rollout_log_probs and algorithm.old_log_probs_from_update,
         )
 
     @property

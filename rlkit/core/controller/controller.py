@@ -37,7 +37,7 @@ from rlkit.core.state.disk_errors import os_error_behind
 from rlkit.core.state.records import RolloutRecorder
 from rlkit.core.state.run_dir import RunDir
 from rlkit.core.state.shards import rng_state, set_rng_state
-from rlkit.core.train.actor import Actor
+from rlkit.core.train.actor import KEPT_LOG_PROBS, Actor
 from rlkit.core.train.critic_worker import VALUE_INPUT_KEYS, CriticWorker, start_critic_group
 from rlkit.core.train.scoring import Scoring
 from rlkit.errors import UserError
@@ -106,7 +106,9 @@ class Controller:
     # -- the step -----------------------------------------------------------------------
     def step(self, step: int) -> dict[str, Any]:
         plan, timing = self.plan, {}  # the phases: rlkit.core.algos.phase_plan
-        inputs = UpdateInputs.for_step(self.algorithm, log_prob_check=self.config.log_prob_check_step(step))
+        inputs = UpdateInputs.for_step(
+            self.algorithm, log_prob_check=self.config.log_prob_check_step(step), recording=self.recorder.on
+        )
         with timed(timing, "step"):
             batch, metrics = self.source.next_batch(step, timing)  # gen (+ gen_baseline), scored: rollout.source
             if plan.runs("old_log_prob", step):  # else the update's own detached log-probs are the old ones
@@ -124,7 +126,6 @@ class Controller:
                 with timed(timing, "update_critic"):
                     metrics.update(self.update_critic(batch))
             if plan.runs("update_actor", step):  # not in the critic's warm-up
-                self.recorder.add_trainer_log_probs(batch, self.log_probs, inputs)
                 with timed(timing, "update_actor"):
                     metrics.update(self.update_actor(batch, inputs))
             if plan.runs("sync", step):  # the source's policy version becomes `step`
@@ -161,7 +162,10 @@ class Controller:
     def update_actor(self, batch: Batch, inputs: UpdateInputs) -> dict[str, float]:
         inputs = inputs.for_batch(batch)  # what the whole batch decides (batch-normalised rollout weights)
         per_rank = [(shards, norms, inputs) for shards, norms in self.minibatches(batch, inputs.keys())]
-        return self.workers.call(Actor.update_actor, per_rank=per_rank, phase="update_actor")[0]
+        results = self.workers.call(Actor.update_actor, per_rank=per_rank, phase="update_actor")
+        if inputs.keep_log_probs:  # for the record (`rlkit inspect`); each rank's rows, in rank order
+            batch[KEPT_LOG_PROBS] = torch.cat([result.pop(KEPT_LOG_PROBS) for result in results])
+        return results[0]
 
     def values(self, batch: Batch) -> torch.Tensor:
         shards = Batch({k: batch[k] for k in VALUE_INPUT_KEYS}).chunk(self.config.world_size)

@@ -31,7 +31,7 @@ import shutil
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
@@ -39,7 +39,6 @@ import pyarrow.parquet as pq
 import torch
 import yaml
 
-from rlkit.core.algos.update_inputs import UpdateInputs
 from rlkit.core.batch import Batch
 from rlkit.errors import UserError
 from rlkit.recipes.schema import RLConfig
@@ -79,13 +78,11 @@ class RolloutRecorder:
         on = config.trainer.record_rollouts
         return cls(run_path if on else None, config.trainer.record_keep_steps)
 
-    def add_trainer_log_probs(
-        self, batch: Batch, log_probs: Callable[[Batch, str], dict[str, torch.Tensor]], inputs: UpdateInputs
-    ) -> None:
-        """Right before the update, on a step with engine log-probs but no old-log-prob pass (`inputs`): keep the
-        trainer's per-token log-probs too (`rlkit inspect` shows the gap per token). Not used by the update."""
-        if self.run_path is not None and inputs.rollout_log_probs and inputs.old_log_probs_from_update:
-            batch["trainer_log_probs"] = log_probs(batch, "actor")["log_probs"]
+    @property
+    def on(self) -> bool:
+        """Steps are recorded: a step with engine log-probs but no old-log-prob pass also keeps the trainer's
+        per-token log-probs, which its update hands back (UpdateInputs.keep_log_probs), for `rlkit inspect`."""
+        return self.run_path is not None
 
     def record(self, step: int, batch: Batch, metrics: dict[str, Any]) -> Path | None:
         """Copy the step's batch and start writing it (wait() until it is on disk); the path it will have."""

@@ -32,6 +32,9 @@ from rlkit.core.train.offline_worker import OfflineUpdates
 from rlkit.recipes.actor_schema import ActorConfig
 from rlkit.recipes.trainer_schema import DPOConfig
 
+# The key of Actor.update_actor's result that holds its per-token log-probs (UpdateInputs.keep_log_probs).
+KEPT_LOG_PROBS = "trainer_log_probs"
+
 
 def response_log_probs(
     module: torch.nn.Module,
@@ -113,14 +116,19 @@ class Actor(Role, OfflineUpdates):
     @in_phase("update_actor")
     def update_actor(
         self, minibatches: list[Batch], norms: list[dict[str, float]], inputs: UpdateInputs
-    ) -> dict[str, float]:
+    ) -> dict[str, float | torch.Tensor]:
         """One optimizer step per mini-batch; `norms` are the whole mini-batch's token/sequence counts;
-        `inputs` what the loss reads (rlkit.core.algos.update_inputs).
+        `inputs` what the loss reads (rlkit.core.algos.update_inputs). With `inputs.keep_log_probs`, also this
+        rank's rows' per-token log-probs before the step, under KEPT_LOG_PROBS.
 
         Metrics are global (rlkit.core.train.learner): every worker returns the same numbers.
         """
         cfg = self.actor
-        micro_step = functools.partial(self._micro_step, inputs=inputs)
+        kept = None
+        if inputs.keep_log_probs:  # one mini-batch, one epoch (old log-probs from the update): rows in shard order
+            minibatches[0]["update_row"] = torch.arange(len(minibatches[0]))
+            kept = torch.zeros(minibatches[0]["responses"].shape)
+        micro_step = functools.partial(self._micro_step, inputs=inputs, kept=kept)
         totals = optimize(
             self.model,
             minibatches,
@@ -133,10 +141,13 @@ class Actor(Role, OfflineUpdates):
         totals = correction_metrics(totals)
         if inputs.rollout_is_weight_mean is not None:
             totals["rollout_corr/rollout_is_batch_norm_factor"] = inputs.rollout_is_weight_mean
-        return {k if "/" in k else f"actor/{k}": v for k, v in totals.items()}
+        metrics: dict[str, float | torch.Tensor] = {k if "/" in k else f"actor/{k}": v for k, v in totals.items()}
+        if kept is not None:  # not a metric: the controller takes it out (Controller.update_actor)
+            metrics[KEPT_LOG_PROBS] = kept
+        return metrics
 
     def _micro_step(
-        self, mb: Batch, norm: dict[str, float], *, inputs: UpdateInputs
+        self, mb: Batch, norm: dict[str, float], *, inputs: UpdateInputs, kept: torch.Tensor | None = None
     ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         """The loss of one micro-batch, and metric sums to aggregate across micro-batches and ranks."""
         algorithm = self.algorithm
@@ -151,6 +162,8 @@ class Actor(Role, OfflineUpdates):
         log_probs = packed.scatter(flat_log_probs)
         old_log_probs = log_probs.detach() if old_from_here else mb["old_log_probs"]
         mask = mb["response_mask"].float()
+        if kept is not None:
+            kept[mb["update_row"].cpu()] = (old_log_probs * mask).float().cpu()
         per_token, pg_metrics = algorithm.policy_loss(log_probs, old_log_probs, mb["advantages"], mask)
         correction_sums: dict[str, torch.Tensor] = {}
         if inputs.corrects_rollout:  # importance weights and rejection (rlkit.core.algos.rollout_correction)
