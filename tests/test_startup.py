@@ -5,9 +5,11 @@ from __future__ import annotations
 
 import logging
 import os
+from types import SimpleNamespace
 
 from rich.console import Console
 
+from rlkit.core.cluster.worker_env import worker_env
 from rlkit.core.controller.tracking import is_timing_key
 from rlkit.core.rollout import engine_start
 from rlkit.core.rollout.engine_start import start_parts, vllm_info_lines
@@ -125,3 +127,15 @@ def test_vllm_info_lines_are_captured_and_kept_off_the_screen(monkeypatch):
         vllm_logger.removeHandler(screen)
         vllm_logger.setLevel(before)
 
+
+def test_workers_keep_compile_caches_under_rlkits_cache(monkeypatch, tmp_path):
+    config = SimpleNamespace(trainer=SimpleNamespace(nvlink_multicast=False))  # all worker_env reads
+    for key in ("TORCHINDUCTOR_CACHE_DIR", "TRITON_CACHE_DIR", "VLLM_CACHE_ROOT"):
+        monkeypatch.delenv(key, raising=False)
+    monkeypatch.setenv("RLKIT_CACHE", str(tmp_path))
+    env = worker_env(config)
+    assert env["TORCHINDUCTOR_CACHE_DIR"] == str(tmp_path / "compile" / "inductor")
+    assert env["TRITON_CACHE_DIR"] == str(tmp_path / "compile" / "triton")
+    assert env["VLLM_CACHE_ROOT"] == str(tmp_path / "compile" / "vllm")
+    monkeypatch.setenv("TRITON_CACHE_DIR", "/elsewhere/triton")  # the caller's own folder wins
+    assert worker_env(config)["TRITON_CACHE_DIR"] == "/elsewhere/triton"
