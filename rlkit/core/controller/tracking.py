@@ -167,9 +167,9 @@ class Tracker:
     def show(self, table: Table) -> None:
         """A table once, above the live one; console.log gets its text."""
         self.console.print(table)
-        text = Console(width=120, file=io.StringIO(), color_system=None)
-        text.print(table)
-        step_logger.info("\n".join(line.rstrip() for line in text.file.getvalue().splitlines()))
+        plain = io.StringIO()
+        Console(width=120, file=plain, color_system=None).print(table)
+        step_logger.info("\n".join(line.rstrip() for line in plain.getvalue().splitlines()))
 
     def close(self) -> None:
         if self.live:
