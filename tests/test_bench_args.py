@@ -32,7 +32,8 @@ def test_run_all_caches_per_config_and_the_start_up_lines() -> None:
                             "TRITON_CACHE_DIR": "/c/rlkit-1gpu-defaults/triton",
                             "VLLM_CACHE_ROOT": "/c/rlkit-1gpu-defaults/vllm"}
     results = {"configs": {
-        "rlkit-1gpu-defaults": {"startup": {"ray_init_s": 4.0, "workers_setup_s": 30.0, "launch_to_first_step_s": 52.5}},
+        "rlkit-1gpu-defaults": {"startup": {"ray_init_s": 4.0, "workers_setup_s": 30.0,
+                                            "launch_to_first_step_s": 52.5}},
         "trl-1gpu-vllm": {"startup": {"launch_to_train_begin_s": 20.0, "launch_to_first_step_s": 45.0}},
         "rlkit-1gpu-defaults-again": {"startup": {"launch_to_first_step_s": 30.0}},
         "trl-1gpu-vllm-again": {"status": "timed out"},
