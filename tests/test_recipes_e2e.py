@@ -159,6 +159,16 @@ def test_recipe_trains_two_steps(recipe: str, tmp_path: Path, monkeypatch: pytes
         assert advantages.abs().max() > 0.01
         expected = expected_advantages(inputs, advantages).float()
         assert torch.allclose(advantages, expected, atol=1e-4), (recipe, advantages, expected)
+    # Step 1 carries the start-up's parts, which add up to the launch-to-first-step (docs/startup.md); step 2 none.
+    startup = {k.removeprefix("startup/").removesuffix("_s"): v for k, v in rows[0].items() if k.startswith("startup/")}
+    parts = ["imports_and_checks", "ray_init", "workers_setup", "critic_setup", "run_setup", "first_step"]
+    assert {"imports_and_checks", "ray_init", "workers_setup", "run_setup", "first_step", "process_group",
+            "model_load", "rollout_engine_start", "launch_to_first_step"} <= set(startup), sorted(startup)
+    assert sum(startup.get(p, 0.0) for p in parts) == pytest.approx(startup["launch_to_first_step"], abs=0.01)
+    assert ("critic_setup" in startup) == (recipe == "ppo")
+    if config.rollout.name == "vllm":  # what the engine logged of its start: the weights' load at least
+        assert startup["rollout_engine_weights_load"] <= startup["rollout_engine_start"]
+    assert not any(k.startswith("startup/") for k in rows[1])
     if recipe == "ppo":
         assert "actor/pg_loss" not in rows[0] and "actor/pg_loss" in rows[1]  # critic warm-up, then both
     if recipe == "dapo":

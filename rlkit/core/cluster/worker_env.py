@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
 from rlkit.recipes.schema import RLConfig
 
@@ -22,7 +23,20 @@ WORKER_ENV = {
 MULTICAST_OFF_ENV = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"}
 
 
+# What torch.compile (inductor, Triton) and vLLM (its compiled graphs) keep between runs, under one folder,
+# so that a run of a recipe compiled before starts from them (docs/startup.md).
+COMPILE_CACHES = {"TORCHINDUCTOR_CACHE_DIR": "inductor", "TRITON_CACHE_DIR": "triton", "VLLM_CACHE_ROOT": "vllm"}
+
+
+def compile_cache_root() -> Path:
+    """$RLKIT_CACHE/compile (RLKIT_CACHE: ~/.cache/rlkit unless set, the tiny model's folder too)."""
+    return Path(os.environ.get("RLKIT_CACHE", Path.home() / ".cache" / "rlkit")) / "compile"
+
+
 def worker_env(config: RLConfig) -> dict[str, str]:
-    """Environment of every worker: rlkit's settings, then the caller's VLLM_*/RLKIT_* variables."""
-    env = {**WORKER_ENV, **({} if config.trainer.nvlink_multicast else MULTICAST_OFF_ENV)}
-    return {**env, **{k: v for k, v in os.environ.items() if k.startswith(("VLLM_", "RLKIT_"))}}
+    """Environment of every worker: rlkit's settings and compile caches, then the caller's VLLM_*/RLKIT_*
+    variables and cache folders."""
+    caches = {key: str(compile_cache_root() / folder) for key, folder in COMPILE_CACHES.items()}
+    env = {**WORKER_ENV, **caches, **({} if config.trainer.nvlink_multicast else MULTICAST_OFF_ENV)}
+    callers = {k: v for k, v in os.environ.items() if k.startswith(("VLLM_", "RLKIT_")) or k in COMPILE_CACHES}
+    return {**env, **callers}

@@ -32,6 +32,7 @@ from rlkit.core.rollout.async_source import AsyncScheduler
 from rlkit.core.rollout.source import SyncScheduler, timed
 from rlkit.core.rollout.stages import RolloutStages
 from rlkit.core.sandbox.isolation import set_isolation
+from rlkit.core.startup import StartupClock
 from rlkit.core.state import checkpoint
 from rlkit.core.state.disk_errors import os_error_behind
 from rlkit.core.state.records import RolloutRecorder
@@ -57,6 +58,7 @@ class Controller:
 
     def __init__(self, config: RLConfig, run: RunDir, inputs: RunInputs | None = None) -> None:
         """`inputs`: what the preflight checks loaded (the run loop passes them; None runs the checks here)."""
+        self.startup = StartupClock.from_launch()  # the run loop marks the rest: validation, the first step
         self.config, self.run = config, run
         self.algorithm = Algorithm.from_config(config)  # what the step needs, its advantage and loss
         inputs = inputs or check_inputs(config)
@@ -75,17 +77,24 @@ class Controller:
             logger.warning(WEAK_SANDBOX_WARNING)
         self.scorer = RewardScorer(config.reward)
         self.recorder = RolloutRecorder.for_run(config, run.path)  # trainer.record_rollouts
+        self.startup.mark("imports_and_checks")
         backend: Backend | None = None
         try:
             self.backend = backend = start_backend(config)
+            self.startup.mark("ray_init")  # in_process: no Ray, this part is near 0
             self.placement = Placement(config, self.model_path, backend)
             self.workers = self.placement.train
             self.setup_info = self.placement.setup()
+            self.startup.mark("workers_setup")
+            self.startup.add_details([info["startup"] for info in self.setup_info + self.placement.rollout_setup])
             self.fast_paths = self.setup_info[0]["fast_paths"]  # the same on every rank
             # The critic and every checkpoint's config take the budget the workers resolved from "auto" (a copy:
-            # a validated config is never changed).
+            # a validated config is never changed). It loads after the policy's set-up, not beside it: it shares
+            # their devices, whose free memory the engine's start and the micro-batch budget measure.
             self.config = config = with_resolved_budget(config, self.fast_paths.micro_batch_tokens)
             self.critic = start_critic_group(config, self.model_path, self.workers, backend)
+            if self.critic:
+                self.startup.mark("critic_setup")
             # The rollout's stages, and the scheduler around them that rollout.mode picks (rlkit.core.rollout.source).
             stages = RolloutStages.build(
                 config, self.algorithm, self.rows, sampler, self.tokenizer, self.scorer, self.placement

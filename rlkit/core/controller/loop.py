@@ -101,18 +101,24 @@ def run_training(config: RLConfig, run: RunDir, inputs: RunInputs, resume_from: 
             )
             headline: list[float] = []  # the training metric the summary compares (reward, or the loss)
             val_scores: dict[int, float] = {}  # step -> the validation metric, for the summary
+            controller.startup.mark("run_setup")
             if validation and trainer.val_before_train and not resume_from:
                 val_metrics = validation(0)
                 val_scores[0] = val_metrics[controller.VAL_KEY]
                 tracker.log(val_metrics, 0)
+                controller.startup.mark("first_validation")
             for step in range(start + 1, trainer.total_steps + 1):
                 metrics = controller.step(step)
+                startup = controller.startup.finish()  # the first step's start-up parts, {} after: docs/startup.md
+                metrics.update(startup)
                 check_weight_sync(metrics, config.rollout, step)  # a stale rollout engine stops the run here
                 headline.append(metrics[controller.TRAIN_KEY])
                 if validation and validation_due(step, trainer):  # the policy this step's checkpoint holds
                     metrics.update(validation(step))
                     val_scores[step] = metrics[controller.VAL_KEY]
                 tracker.log(metrics, step)
+                if startup:
+                    tracker.show(controller.startup.table())
                 invariants.check_step(config, step, metrics)  # after logging: the broken step's metrics are kept
                 controller.completed_steps = step
                 run.write_status("running", step=step)  # with metrics.jsonl, not after a long checkpoint

@@ -30,6 +30,7 @@ from rlkit.core.controller.preflight import RunInputs
 from rlkit.core.data.dataset import PromptSampler
 from rlkit.core.data.offline import row_kind
 from rlkit.core.rollout.source import timed
+from rlkit.core.startup import StartupClock
 from rlkit.core.state import checkpoint
 from rlkit.core.state.run_dir import RunDir
 from rlkit.core.state.shards import set_rng_state
@@ -44,6 +45,7 @@ class OfflineController:
 
     def __init__(self, config: RLConfig, run: RunDir, inputs: RunInputs) -> None:
         """`inputs`: the rows the preflight checks loaded and tokenized (rlkit.core.controller.preflight)."""
+        self.startup = StartupClock.from_launch()  # the run loop marks the rest: validation, the first step
         self.config, self.run = config, run
         self.reference = Algorithm.from_config(config).reference  # dpo compares the policy with it
         self.model_path, self.tokenizer = inputs.model_path, inputs.tokenizer
@@ -53,12 +55,16 @@ class OfflineController:
         self.sampler = PromptSampler(
             len(self.rows), config.data.train_batch_size, seed=config.trainer.seed, shuffle=config.data.shuffle
         )
+        self.startup.mark("imports_and_checks")
         backend: Backend | None = None
         try:
             self.backend = backend = start_backend(config)
+            self.startup.mark("ray_init")
             self.workers = backend.group(PolicyWorker, self.model_path, name="worker")
             master = self.workers.call(DeviceWorker.address, phase="address")[0]
             setup = self.workers.call(PolicyWorker.setup, *master, False, phase="setup (model load)", startup=True)
+            self.startup.mark("workers_setup")
+            self.startup.add_details([info["startup"] for info in setup])
             self.fast_paths = setup[0]["fast_paths"]  # the same on every rank
             # Checkpoints keep the resolved budget (a copy: a validated config is never changed).
             self.config = config = with_resolved_budget(config, self.fast_paths.micro_batch_tokens)

@@ -59,17 +59,25 @@ class Placement:
             if self.split
             else self.train
         )
+        self.rollout_setup: list[dict[str, Any]] = []  # split placement: each rollout worker's, after setup()
 
     @property
     def rollout_size(self) -> int:
         return self.rollout.size
 
     def setup(self) -> list[Any]:
-        """Start process groups, load models, start engines; returns the training ranks' setup info."""
+        """Start process groups, load models, start engines; returns the training ranks' setup info
+        (the rollout workers' is `rollout_setup`).
+
+        Split placement: the rollout workers start their engines while the training workers load the
+        model, both at once: they share no device, and neither needs the other until the weight transfer.
+        """
         master = self.train.call(DeviceWorker.address, phase="address")[0]
-        info = self.train.call(PolicyWorker.setup, *master, phase="setup (model load + engine start)", startup=True)
+        train = self.train.submit(PolicyWorker.setup, *master)
+        rollout = self.rollout.submit(RolloutWorker.setup) if self.split else []
+        info = self.train.collect(train, "setup (model load + engine start)", startup=True)
         if self.split:
-            self.rollout.call(RolloutWorker.setup, phase="rollout setup (engine start)", startup=True)
+            self.rollout_setup = self.rollout.collect(rollout, "rollout setup (engine start)", startup=True)
         if self.broadcast:
             self.join_weight_transfer()
         return info

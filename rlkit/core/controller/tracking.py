@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import io
 import json
 import logging
 import math
@@ -163,6 +164,13 @@ class Tracker:
         self.console.print(text, soft_wrap=True)
         step_logger.info(Text.from_markup(text).plain)
 
+    def show(self, table: Table) -> None:
+        """A table once, above the live one; console.log gets its text."""
+        self.console.print(table)
+        plain = io.StringIO()
+        Console(width=120, file=plain, color_system=None).print(table)
+        step_logger.info("\n".join(line.rstrip() for line in plain.getvalue().splitlines()))
+
     def close(self) -> None:
         if self.live:
             self.live.stop()
@@ -209,7 +217,7 @@ def read_metrics(path: Path) -> list[dict[str, Any]]:
 
 def is_timing_key(key: str) -> bool:
     """Metrics that measure wall-clock time: they differ between otherwise identical runs."""
-    return key.startswith(("timing/", "perf/tokens_per_s")) or "seconds" in key
+    return key.startswith(("timing/", "perf/tokens_per_s", "startup/")) or "seconds" in key
 
 
 def _plain(value: Any) -> Any:

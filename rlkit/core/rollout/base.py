@@ -62,6 +62,11 @@ class RolloutEngine(ABC):
     def score(self, sequences: list[list[int]], prompt_len: int) -> list[list[float]]:
         """Log-probs (temperature 1) of each sequence's tokens after the first `prompt_len`."""
 
+    def start_parts(self) -> dict[str, float]:
+        """Seconds of the parts of this engine's start that it reported (`rollout_engine_<part>`,
+        rlkit.core.rollout.engine_start); empty where it reported none."""
+        return {}
+
     def sleep(self) -> None:
         """The end of a rollout: free device memory until the next (no-op where unsupported), and forget any
         cache of this rollout's prefixes."""

@@ -15,12 +15,14 @@ from __future__ import annotations
 
 import gc
 import os
+import time
 from contextlib import contextmanager
 from typing import Any, Iterable, Iterator, Sequence
 
 import torch
 
 from rlkit.core.rollout.base import RolloutEngine, RolloutSample, Sampling, limits_per_prompt
+from rlkit.core.rollout.engine_start import start_parts, vllm_info_lines
 from rlkit.core.rollout.vllm_worker import pack_weights
 
 
@@ -43,8 +45,11 @@ class VLLMEngine(RolloutEngine):
     ) -> None:
         self.on_gpu = device.type == "cuda"
         self.separate_process = separate_process
+        began = time.perf_counter()
         use_engine_process(self.separate_process)
         from vllm import LLM
+
+        imported = {"rollout_engine_import": time.perf_counter() - began}  # ~0 once vLLM is in the process
 
         self.sleep_mode = sleep_mode and self.on_gpu
         own = dict(
@@ -65,10 +70,15 @@ class VLLMEngine(RolloutEngine):
         )
         # engine_kwargs last: recipes cannot name rlkit's own arguments (rlkit.recipes.checks), a
         # benchmark can (bench/vllm_logprobs.py compares logprobs_mode and async_scheduling).
-        self.llm = LLM(**{**own, **self.cpu_defaults(), **(engine_kwargs or {})})
+        with vllm_info_lines() as lines:  # its start's parts (docs/startup.md), off the screen
+            self.llm = LLM(**{**own, **self.cpu_defaults(), **(engine_kwargs or {})})
+        self.reported_start = {**imported, **start_parts(lines)}
         self.asleep: set[str] = set()  # parts of device memory released by sleep()
         if self.separate_process:
             self.llm.collective_rpc("rlkit_exit_with", args=(os.getpid(),))
+
+    def start_parts(self) -> dict[str, float]:
+        return self.reported_start
 
     def cpu_defaults(self) -> dict[str, Any]:
         """On a CPU, prompts are prefilled whole: vLLM rewinds a seeded request's generator after a

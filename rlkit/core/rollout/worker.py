@@ -37,6 +37,7 @@ class RolloutWorker(DeviceWorker):
 
     def setup(self) -> dict[str, Any]:
         cfg = self.config
+        began = time.perf_counter()
         with self.reporting("setup/rollout-engine"):
             # Seeds continue after the training ranks', which seed their own engines when colocated.
             self.dtype = fsdp.compute_dtype(cfg.model.dtype, self.device)
@@ -61,7 +62,7 @@ class RolloutWorker(DeviceWorker):
                 sleep_mode=False,
             )
         self.idle_since = time.perf_counter()  # when the last call ended: the rollout's idle time starts there
-        return {"rank": self.rank}
+        return {"rank": self.rank, "startup": {"rollout_engine_start": self.idle_since - began, **engine.start_parts()}}
 
     def timed(self, method: Callable[..., Any], *args: Any) -> tuple[Any, dict[str, float]]:
         """`method`'s result (generate, agent_episodes), and how long this worker sat idle before the call and

@@ -20,6 +20,7 @@ from __future__ import annotations
 import os
 import random
 import socket
+import time
 from typing import Any
 
 import numpy as np
@@ -81,9 +82,12 @@ class PolicyWorker(DeviceWorker):
     def setup(self, master_addr: str, master_port: int, with_engine: bool = True) -> dict[str, Any]:
         """Load the models and start the rollout engine (`with_engine=False`: `rlkit replay` and offline
         objectives only update)."""
+        began = time.perf_counter()
         self.join_process_group(master_addr, master_port)
         self._seed(self.config.trainer.seed)
         cfg = self.config
+        startup = {"process_group": time.perf_counter() - began}  # the parts the controller's start-up table shows
+        began = time.perf_counter()
         with self.reporting("setup/load-models"):
             dtype = fsdp.compute_dtype(cfg.model.dtype, self.device)
             algorithm = Algorithm.from_config(cfg)
@@ -144,10 +148,12 @@ class PolicyWorker(DeviceWorker):
                 handshake_timeout_s=cfg.trainer.phase_timeout_s,
                 transfer_timeout_s=cfg.rollout.weight_sync_timeout_s,
             )
+        startup["model_load"] = time.perf_counter() - began
         with self.reporting("setup/rollout-engine"):
             # Split placement: rollout workers on other devices hold the engine (rlkit.core.controller.placement).
             self.generation = None
             if cfg.rollout.placement == "colocated" and with_engine:
+                began = time.perf_counter()
                 seed, device = cfg.trainer.seed + self.rank, self.device
                 engine = make_engine(
                     cfg.rollout,
@@ -169,7 +175,9 @@ class PolicyWorker(DeviceWorker):
                     sleep_mode=True,
                     weights=model.engine_weights,
                 )
-        return {"rank": self.rank, "shards": fsdp.shard_numels(model.module), "fast_paths": paths}
+                startup.update(rollout_engine_start=time.perf_counter() - began, **engine.start_parts())
+        shards = fsdp.shard_numels(model.module)
+        return {"rank": self.rank, "shards": shards, "fast_paths": paths, "startup": startup}
 
     def _size_micro_batches(self, model: TrainableModel, dtype: str) -> tuple[int, float] | None:
         """actor.micro_batch_tokens=auto on a GPU: (the budget all ranks agree on, this rank's free GiB)."""

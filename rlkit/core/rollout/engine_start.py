@@ -1,0 +1,88 @@
+"""The parts of a vLLM engine's start, read from the INFO lines vLLM logs while it starts.
+
+vLLM reports them only in its log: the weights' load, torch.compile, the memory profiling run,
+the CUDA graphs' capture and the engine core's whole initialisation. Their wording moved between
+releases ("torch.compile takes" in older ones, "took" in 0.32; "Memory profiling takes" became
+"Initial profiling/warmup run took"), so each part accepts every spelling seen; a part whose line
+did not come (enforce_eager: no compile or graphs; an engine core in another process logs there)
+is absent, never guessed. Several lines of one part (a model's language and encoder compiles) add up.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+from contextlib import contextmanager
+from typing import Iterable, Iterator
+
+_NUMBER = r"([0-9]+(?:\.[0-9]+)?)"
+# part -> the line that reports it, the seconds in the pattern's group
+PATTERNS: dict[str, re.Pattern[str]] = {
+    "weights_load": re.compile(rf"Loading weights took {_NUMBER} s"),
+    "model_load": re.compile(rf"Model loading took [0-9.]+ ?GiB(?: memory)? and {_NUMBER} s"),
+    "compile": re.compile(rf"torch\.compile (?:takes|took) {_NUMBER} s in total"),
+    "memory_profiling": re.compile(rf"(?:Memory profiling takes|Initial profiling/warmup run took) {_NUMBER} s"),
+    "cuda_graphs": re.compile(rf"(?<![Ee]ncoder )Graph capturing finished in {_NUMBER} secs"),
+    "init": re.compile(rf"init engine \(profile, create kv cache, warmup model\) took {_NUMBER} s"),
+}
+
+
+def start_parts(lines: Iterable[str]) -> dict[str, float]:
+    """Seconds per part found in `lines` (vLLM's messages), as `rollout_engine_<part>`."""
+    found: dict[str, float] = {}
+    for line in lines:
+        for part, pattern in PATTERNS.items():
+            match = pattern.search(line)
+            if match:
+                key = f"rollout_engine_{part}"
+                found[key] = found.get(key, 0.0) + float(match.group(1))
+    return found
+
+
+class _Lines(logging.Handler):
+    def __init__(self) -> None:
+        super().__init__(logging.INFO)
+        self.lines: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        try:
+            self.lines.append(record.getMessage())
+        except (TypeError, ValueError):  # a record whose arguments do not fit its message: not one of ours
+            pass
+
+
+@contextmanager
+def vllm_info_lines() -> Iterator[list[str]]:
+    """The messages vLLM logs at INFO or above in this process during the block.
+
+    Its logger is lowered to INFO for the block only, and its handlers raised to the level it had
+    (VLLM_LOGGING_LEVEL, ERROR in rlkit's workers): what reaches the screen stays as it was.
+    """
+    settle_vllm_logging()
+    vllm_logger = logging.getLogger("vllm")
+    shown, level = vllm_logger.getEffectiveLevel(), vllm_logger.level
+    quieted = {h: h.level for h in vllm_logger.handlers if h.level < shown}
+    for handler in quieted:
+        handler.setLevel(shown)
+    capture = _Lines()
+    vllm_logger.addHandler(capture)
+    vllm_logger.setLevel(min(shown, logging.INFO))
+    try:
+        yield capture.lines
+    finally:
+        vllm_logger.removeHandler(capture)
+        vllm_logger.setLevel(level)
+        for handler, was in quieted.items():
+            handler.setLevel(was)
+
+
+def settle_vllm_logging() -> None:
+    """Apply now the logging configuration vLLM applies as its engine starts (0.32: once per process,
+    unless already in force), so that the start does not reset the `vllm` logger under the capture.
+    Releases without it configure their logging once, when imported."""
+    try:
+        from vllm.config.logging import LoggingConfig
+        from vllm.logger import configure_logging_if_needed
+    except ImportError:
+        return
+    configure_logging_if_needed(LoggingConfig())
