@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import importlib.util
 import os
 import sys
@@ -31,6 +32,17 @@ def require_gsm8k() -> Path:
     if not GSM8K.is_dir():
         pytest.skip(f"the real GSM8K files are not at {GSM8K}")
     return GSM8K
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _heap_frozen() -> None:
+    """What is alive when a test file starts (torch, transformers, Ray, rlkit and, once imported, vLLM: about a
+    million objects the collector tracks) lives on: frozen (gc.freeze), a full collection no longer walks it
+    (0.4 s of CPU each, 0.002-0.02 s frozen; 243 fast tests in one process spent 10.1 of their 30.6 s of CPU in
+    full collections, 2.2 s frozen). Again at each file: an in-process vLLM engine freezes the heap at its start
+    and unfreezes all of it, ours too, when it is collected. Frozen still, the collection here walks the rest."""
+    gc.collect()  # the garbage first, so that only live objects are frozen
+    gc.freeze()
 
 
 @pytest.fixture(scope="session")
