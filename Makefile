@@ -11,12 +11,17 @@ export RAY_DEDUP_LOGS ?= 0
 # no .pyc for (import torch, transformers, vllm, ray, sglang: 30 s instead of 11 s). Here the first import writes it.
 unexport PYTHONDONTWRITEBYTECODE
 # pytest-xdist workers for `make test` and `make test-fast` (each worker starts its own Ray head and engines).
-# --maxschedchunk 1: a worker holds at most two tests at a time (the default hands the first worker an eighth
-# of the suite at once: every slow test, which tests/conftest.py puts first). Not `--dist loadgroup`: with
-# pytest 9.2 its `xdist_group` marks do nothing (xdist 3.8 renames the test's `_nodeid`, which pytest 9 no
-# longer reads), so a file's module fixture (a reference run) still runs once on each worker that runs its tests.
+# --dist loadfile: a worker takes a whole file at a time, so a file's module fixtures run once. With a test at a
+# time (`--maxschedchunk 1`, until 2026-12-05) both workers took tests of most files and each built the file's
+# reference run, Ray cluster or measured update (on the busy 2-core machine: test_validation_e2e's CLI run 41 s,
+# test_plan's measured update 23 s, the two-node cluster 20 s, test_export's two runs 16 s, the worker-group
+# tests' Ray 11 s, the resume, SFT and replay references 3-5 s each). Not `--dist loadgroup`: with pytest 9.2
+# its `xdist_group` marks do nothing (xdist 3.8 renames the test's `_nodeid`, which pytest 9 no longer reads).
+# --no-loadscope-reorder: files go out in tests/conftest.py's order, the longest first and the fast ones last,
+# which even out the end (xdist's own order, most tests first, would start the one-test runs of minutes last).
+# A worker takes its next file when two of its tests are left.
 TEST_WORKERS ?= 2
-XDIST   := -n $(TEST_WORKERS) --maxschedchunk 1
+XDIST   := -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder
 
 # The tests: one torch/OpenMP thread per process. Two xdist workers, their CLI runs and Ray workers share two
 # cores; a process with two threads stalls whenever the other core is busy (OpenMP threads wait for each other:

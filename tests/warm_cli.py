@@ -10,6 +10,7 @@ environment it is given (the forkserver's own is from when it started) and exits
 
 from __future__ import annotations
 
+import gc
 import multiprocessing
 import os
 import sys
@@ -31,6 +32,9 @@ def _forkserver() -> ForkServerContext:
 
 def _run(args: list[str], env: dict[str, str], log: str) -> None:
     """In the child: the CLI with `env`, its output to `log`; exits with the CLI's exit code."""
+    # What the forkserver imported lives as long as the child: frozen, the run's full collections skip it (a 3-step
+    # in-process GRPO run made 3, 0.51 s of CPU; 0.09 s frozen). No collection first: it would walk it all once more.
+    gc.freeze()
     os.environ.clear()
     os.environ.update(env)
     out = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
