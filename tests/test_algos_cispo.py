@@ -77,6 +77,12 @@ def test_the_recipe_and_the_config_carry_the_options_to_the_loss():
     grpo = load_config("grpo", [*TINY, "actor.clip_ratio_high=0.28"]).actor
     assert configured_loss_options("vanilla", grpo) == {"clip_ratio_low": 0.2, "clip_ratio_high": 0.28,
                                                          "clip_ratio_c": 3.0}
+    # verl's cispo reads clip_ratio_high as its bound; rlkit's reads is_clip_high, so the PPO key is refused, not
+    # silently ignored (the same for gmpo and sapo, which declare no PPO clip key either).
+    with pytest.raises(ConfigError, match=r"policy loss 'cispo' does not read actor.clip_ratio_high \(PPO's clip\), "
+                                          r"set to 0.3; its own options are actor.policy_loss_options.\{is_clip_low, "
+                                          r"is_clip_high\}.*Leave actor.clip_ratio_high at 0.2"):
+        load_config("cispo", [*TINY, "actor.clip_ratio_high=0.3"])
 
 
 @pytest.mark.parametrize(("overrides", "message"), [

@@ -55,6 +55,9 @@ def loss_options(name: str) -> dict[str, Any]:
     return {p.name: p.default for p in parameters if p.kind is inspect.Parameter.KEYWORD_ONLY}
 
 
+PPO_CLIP_KEYS = ("clip_ratio_low", "clip_ratio_high", "clip_ratio_c")  # the actor's keys a loss may declare
+
+
 def configured_loss_options(name: str, actor: Any) -> dict[str, Any]:
     """The options `name` runs with: PPO's clip keys from the actor config (actor.clip_ratio_low, ...) for
     a loss that declares them, and `actor.policy_loss_options` for the loss's own. ValueError names a key
@@ -70,6 +73,14 @@ def configured_loss_options(name: str, actor: Any) -> dict[str, Any]:
             )
         if hasattr(actor, key):
             raise ValueError(f"{key!r} is an actor key: set actor.{key}, not actor.policy_loss_options.{key}")
+    for key in PPO_CLIP_KEYS:  # verl's cispo, geo_mean and sapo read its clip_ratio_* as their own bounds: not here
+        default = type(actor).model_fields[key].default
+        if key not in declared and getattr(actor, key) != default:
+            raise ValueError(
+                f"policy loss {name!r} does not read actor.{key} (PPO's clip), set to {getattr(actor, key)}; its "
+                f"own options are actor.policy_loss_options.{{{', '.join(declared)}}} (docs/algorithms.md). "
+                f"Leave actor.{key} at {default}."
+            )
     from_actor = {key: getattr(actor, key) for key in declared if hasattr(actor, key)}
     return {**from_actor, **own}
 
