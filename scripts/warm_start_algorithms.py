@@ -237,7 +237,7 @@ def write_section(runs: list[dict], steps: int, overrides: list[str], out: Path,
         )
     ax.set_xlabel("RL step (16 prompts x 8 samples)")
     ax.set_ylabel("mean reward of the step's samples (all generated)")
-    ax.set_title("warm start (arithmetic, 0.6M-param scratch Qwen2 after SFT), mean over seeds")
+    ax.set_title("warm start (arithmetic, 0.6M-param Qwen2 after SFT), mean over seeds")
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
     fig.tight_layout()
