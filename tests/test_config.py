@@ -55,6 +55,18 @@ def test_verl_long_keys_are_aliases():
     assert (config.actor.mini_batch_size, config.trainer.total_steps) == (32, 7)
 
 
+def test_verls_loss_options_are_aliases_of_the_losss_options():
+    sapo = load_config("sapo", DEMO + ["actor_rollout_ref.actor.tau_neg=2.0"])
+    assert sapo.actor.policy_loss_options == {"tau_pos": 1.0, "tau_neg": 2.0}  # the recipe's tau_pos kept
+    kl_cov = load_config("kl_cov", DEMO + ["actor_rollout_ref.actor.policy_loss.kl_cov_ratio=0.01",
+                                           "actor_rollout_ref.actor.policy_loss.ppo_kl_coef=0.5"])
+    assert kl_cov.actor.policy_loss_options == {"kl_cov_ratio": 0.01, "ppo_kl_coef": 0.5}
+    clip_cov = load_config("clip_cov", DEMO + ["actor_rollout_ref.actor.policy_loss.clip_cov_ub=4.0"])
+    assert clip_cov.actor.policy_loss_options["clip_cov_ub"] == 4.0
+    with pytest.raises(ConfigError, match="tau_pos"):  # grpo's loss (vanilla) has no such option
+        load_config("grpo", DEMO + ["actor_rollout_ref.actor.tau_pos=2.0"])
+
+
 def test_unsupported_verl_key_is_answered_with_our_spelling():
     with pytest.raises(ConfigError, match="actor.clip_ratio_low and actor.clip_ratio_high"):
         load_config("grpo", DEMO + ["actor_rollout_ref.actor.clip_ratio=0.2"])

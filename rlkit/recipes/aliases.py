@@ -33,6 +33,15 @@ VERL_ALIASES: dict[str, str] = {
     f"{_ARR}.actor.clip_ratio_c": "actor.clip_ratio_c",
     f"{_ARR}.actor.loss_agg_mode": "actor.loss_agg_mode",
     f"{_ARR}.actor.policy_loss.loss_mode": "actor.policy_loss",
+    # The losses' own options where verl's name means one thing whatever the loss (its clip_ratio_low/high mean
+    # another bound for cispo, gmpo and dppo: actor.policy_loss_options, docs/algorithms.md).
+    f"{_ARR}.actor.tau_pos": "actor.policy_loss_options.tau_pos",
+    f"{_ARR}.actor.tau_neg": "actor.policy_loss_options.tau_neg",
+    f"{_ARR}.actor.policy_loss.clip_cov_ratio": "actor.policy_loss_options.clip_cov_ratio",
+    f"{_ARR}.actor.policy_loss.clip_cov_lb": "actor.policy_loss_options.clip_cov_lb",
+    f"{_ARR}.actor.policy_loss.clip_cov_ub": "actor.policy_loss_options.clip_cov_ub",
+    f"{_ARR}.actor.policy_loss.kl_cov_ratio": "actor.policy_loss_options.kl_cov_ratio",
+    f"{_ARR}.actor.policy_loss.ppo_kl_coef": "actor.policy_loss_options.ppo_kl_coef",
     f"{_ARR}.actor.entropy_coeff": "actor.entropy_coeff",
     f"{_ARR}.actor.use_kl_loss": "actor.use_kl_loss",
     f"{_ARR}.actor.kl_loss_coef": "actor.kl_loss_coef",
