@@ -221,27 +221,30 @@ class Bench:
             self.results["runs"][name] = {"tool": "rlkit", "recipe": recipe, "status": status, "points": points}
         self.save()
 
-    def trl_run(self, model: Path, deadline_s: float, gpu: str) -> None:
+    def trl_run(self, model: Path, deadline_s: float, gpu: str, name: str = "trl-grpo",
+                extra_spec: dict | None = None) -> None:
+        """bench/trl_learning.py on `model`, as run `name`; `extra_spec` adds to its spec (tools: learning_tools)."""
         s = self.settings
         if importlib.util.find_spec("trl") is None:
             with self.lock:
-                self.results["runs"]["trl-grpo"] = {"tool": "trl", "status": "skipped: trl is not installed",
-                                                    "points": []}
+                self.results["runs"][name] = {"tool": "trl", "status": "skipped: trl is not installed", "points": []}
             return
         spec = {"model": str(model), "train": str(self.data("rl") / "train.parquet"),
                 "test": str(self.data("rl") / "test.parquet"), "prompts": s.prompts, "samples": s.samples,
                 "response_length": s.response_length, "lr": s.rl_lr, "steps": s.rl_steps, "val_freq": s.val_freq,
-                "deadline_s": max(deadline_s - 30, 1), "gpu_memory_utilization": 0.3}
-        spec_file, result_file = self.workdir / "trl-spec.json", self.workdir / "trl-result.json"
+                "deadline_s": max(deadline_s - 30, 1), "gpu_memory_utilization": 0.3, "label": name,
+                **(extra_spec or {})}
+        spec_file, result_file = self.workdir / f"{name}-spec.json", self.workdir / f"{name}-result.json"
         spec_file.write_text(json.dumps(spec))
-        status = self.run("trl-grpo", [sys.executable, str(HERE / "trl_learning.py"), "--spec", str(spec_file),
-                                       "--out", str(result_file)], deadline_s, gpu)
+        status = self.run(name, [sys.executable, str(HERE / "trl_learning.py"), "--spec", str(spec_file),
+                                 "--out", str(result_file)], deadline_s, gpu)
         result = json.loads(result_file.read_text()) if result_file.exists() else {}
         with self.lock:
             if status == "ok" and "stopped_at_deadline" in result:  # TRL stops itself before its deadline
                 status = "stopped at its deadline"
-            self.results["runs"]["trl-grpo"] = {"tool": "trl", "recipe": "GRPOTrainer", "status": status,
-                                                "trl_status": result.get("status"), "points": result.get("points", [])}
+            self.results["runs"][name] = {"tool": "trl", "recipe": "GRPOTrainer", "status": status,
+                                          "trl_status": result.get("status"), "points": result.get("points", []),
+                                          "train": result.get("train", [])}
         self.save()
 
     def rl_run(self, name: str, model: Path, deadline_s: float, gpu: str) -> None:
