@@ -56,7 +56,7 @@ SETTINGS = {
         sft={"data.train_batch_size": 128, "actor.mini_batch_size": 128, "actor.lr": 5e-4, "actor.warmup_steps": 20,
              "actor.lr_schedule": "constant", "data.max_prompt_length": 192, "data.max_response_length": 224,
              "model.compile": "false"},
-        sft_steps=800, sft_save_freq=80, prompts=32, samples=8, response_length=224, rl_lr=1e-5, rl_steps=60,
+        sft_steps=800, sft_save_freq=80, prompts=32, samples=8, response_length=224, rl_lr=1e-5, rl_steps=40,
         val_freq=5,
         extra=["rollout.vllm.enforce_eager=true", "model.compile=false", "rollout.gpu_memory_utilization=0.3",
                "trainer.invariants=warn", "rollout.sync_check=warn"]),

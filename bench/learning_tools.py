@@ -13,9 +13,11 @@
 4. The RL runs (--runs, one after another on GPU 0, each an equal share of the time left):
    rlkit-grpo-tool  `rlkit train grpo` from sft-tool with rollout.agent.loop=tool, tools [calculator]
    trl-grpo-tool    TRL's GRPOTrainer from sft-tool with tools=[calculator] (bench/trl_learning.py)
-   rlkit-grpo-none  `rlkit train grpo` from sft-none, single turn: its step-0 validation is the no-tool SFT
-                    model's score (the line the tool runs must beat), its curve what RL does without the tool
+   rlkit-grpo-none  (not in the default runs) `rlkit train grpo` from sft-none, single turn: what RL does
+                    without the tool
    All with the same prompts x samples per step, response length, learning rate, greedy validation every few steps.
+   Before them, the no-tool SFT model's greedy score on the test split (bench/greedy_eval.py, single turn): the
+   line the tool runs must beat.
 5. OUT_DIR: results.json (per run: validation points with tool calls per episode, the training steps' reward and
    tool calls), results.md, learning_tools.png (validation, train reward and tool calls per episode against
    steps, from step 0), bench.log. A copy of results.json stays in the workdir: --reuse-sft starts --runs from the
@@ -44,6 +46,7 @@ from bench.learning_settings import Settings  # noqa: E402
 from bench.learning_tools_report import plot, table, tool_points  # noqa: E402
 
 RUNS = ("rlkit-grpo-tool", "trl-grpo-tool", "rlkit-grpo-none")
+DEFAULT_RUNS = RUNS[:2]
 MAX_TURNS = 3  # a call, the answer, and one more turn for a model that calls twice
 SETTINGS = {
     # NOT YET RUN on a GPU. The 114M-parameter model of bench/learning.py; 3-5 digit products (a 10-digit answer)
@@ -110,6 +113,14 @@ class ToolBench(Bench):
                 raise SystemExit(f"{phase} failed ({status}); see {self.out / 'bench.log'}")
         return export
 
+    def no_tool_score(self, model: Path) -> float | None:
+        """The no-tool SFT model's greedy score on the RL test split, single turn (bench/greedy_eval.py)."""
+        result = self.workdir / "sft-none-score.json"
+        command = [sys.executable, str(HERE / "greedy_eval.py"), "--model", str(model), "--data",
+                   str(self.data("rl") / "test.parquet"), "--max-new-tokens", "48", "--json-out", str(result)]
+        return json.loads(result.read_text())["accuracy"] if self.run("score-sft-none", command, 180, "0") == "ok" \
+            else None
+
     def tool_run(self, name: str, exports: dict[str, Path], deadline_s: float) -> None:
         agent = {"loop": "tool", "tools": ["calculator"], "max_turns": MAX_TURNS, "max_tokens_per_turn": 48}
         if name == "trl-grpo-tool":
@@ -133,7 +144,7 @@ def main() -> None:
     parser.add_argument("--budget", type=float, default=560, help="seconds for everything (the report comes after)")
     parser.add_argument("--sft-steps", type=int, default=None, help="steps of each SFT run (default: the settings')")
     parser.add_argument("--rl-steps", type=int, default=None, help="most steps of each RL run")
-    parser.add_argument("--runs", default=",".join(RUNS), help=f"of {','.join(RUNS)}, in order, or none")
+    parser.add_argument("--runs", default=",".join(DEFAULT_RUNS), help=f"of {','.join(RUNS)}, in order, or none")
     parser.add_argument("--reuse-sft", action="store_true", help="start --runs from an earlier call's exports")
     args = parser.parse_args()
     names = [] if args.runs == "none" else [n.strip() for n in args.runs.split(",") if n.strip()]
@@ -167,6 +178,7 @@ def main() -> None:
             bench.prepare()
             bench.results["exports"] = {"tool": str(bench.sft_export("sft-tool", "sft")),
                                         "none": str(bench.sft_export("sft-none", "sft-none"))}
+            bench.results["no_tool_sft"] = bench.no_tool_score(Path(bench.results["exports"]["none"]))
             bench.save()
         exports = {kind: Path(path) for kind, path in bench.results["exports"].items()}
         for index, name in enumerate(names):

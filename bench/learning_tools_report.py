@@ -28,12 +28,12 @@ def tool_points(run_dir: Path, began: float) -> dict[str, list[dict]]:
 def table(results: dict) -> str:
     """One row per run: its start (step-0 validation) and last and best validation, tool calls per episode at the
     start and the end, steps, samples, seconds; above it the calls and the no-tool line to beat."""
-    baseline = (results["runs"].get("rlkit-grpo-none", {}).get("points") or [{}])[0].get("val")
+    baseline = results.get("no_tool_sft")
     calls = "; ".join(f"`{c['command']}` ({c['date']}, {c['seconds']:.0f} s)" for c in results["calls"])
     model = results.get("model", {})
     lines = [f"Model {model.get('size')} ({model.get('params', 0) / 1e6:.1f}M parameters); versions "
              f"{results.get('versions', {})}; calls: {calls}.", "",
-             "The no-tool SFT model's greedy validation (rlkit-grpo-none at step 0): "
+             "The no-tool SFT model's greedy score on the test split (single turn, bench/greedy_eval.py): "
              + ("-" if baseline is None else f"{baseline:.3f}") + ".", "",
              "| run | status | start val | last val | best val | tool calls at start | at the end | steps | samples | "
              "seconds |", "|---|---|---|---|---|---|---|---|---|---|"]

@@ -37,7 +37,7 @@ def results() -> dict:
         return [{"step": s, "samples": s * 256, "seconds": 10.0 * s, "val": v, "tool_calls": c} for s, v, c in rows]
 
     return {"calls": [{"date": "2026-12-05 19:00 UTC", "command": "bench/learning_tools.py", "seconds": 480.2}],
-            "model": {"size": "large", "params": 114_000_000},
+            "model": {"size": "large", "params": 114_000_000}, "no_tool_sft": 0.0078125,
             "runs": {"rlkit-grpo-tool": {"tool": "rlkit", "status": "ok",
                                          "points": points((0, 0.5, 0.9), (10, 0.75, 1.0)),
                                          "train": [{"step": s, "reward": 0.5 + s / 40, "tool_calls": 1.0}
@@ -51,7 +51,8 @@ def results() -> dict:
 
 def test_table_shows_the_no_tool_line_and_tool_calls(tmp_path: Path) -> None:
     lines = table(results()).splitlines()
-    assert lines[2] == "The no-tool SFT model's greedy validation (rlkit-grpo-none at step 0): 0.000."
+    assert lines[2] == ("The no-tool SFT model's greedy score on the test split (single turn, bench/greedy_eval.py): "
+                        "0.008.")
     assert lines[6] == "| rlkit-grpo-tool | ok | 0.500 | 0.750 | 0.750 | 0.90 | 1.00 | 10 | 2,560 | 100 |"
     assert lines[7] == ("| trl-grpo-tool | stopped at its deadline | 0.500 | 0.625 | 0.625 | 0.90 | 1.00 | 5 | 1,280 "
                         "| 50 |")
