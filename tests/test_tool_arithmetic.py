@@ -109,6 +109,11 @@ def test_the_scratch_template_shows_tools_calls_and_results_as_qwen25_does(scrat
                                                 add_generation_prompt=True, tokenize=False)
     assert two.endswith("<tool_response>\n408\n</tool_response>\n<tool_response>\n1\n</tool_response><|im_end|>\n"
                         "<|im_start|>assistant\n") and two.startswith("<|im_start|>user\n")
+    # TRL passes functions, which transformers turns into a schema with a "return" too: the prompt is the same.
+    from transformers.utils import get_json_schema
+
+    assert "return" in get_json_schema(calculator)["function"]
+    assert scratch_tokenizer.apply_chat_template(chat, tools=[calculator], tokenize=False) == text
     # The tags are one token each.
     tokens = scratch_tokenizer.convert_ids_to_tokens(scratch_tokenizer(call)["input_ids"])
     assert tokens[0] == "<tool_call>" and tokens[-1] == "</tool_call>"

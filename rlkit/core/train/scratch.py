@@ -26,11 +26,14 @@ PAD, IM_START, IM_END = "<|endoftext|>", "<|im_start|>", "<|im_end|>"
 # Qwen2.5's tool format: `tools=` (function schemas) as a system turn listing them in <tools>, an assistant's
 # `tool_calls` as <tool_call>{"name": ..., "arguments": ...}</tool_call> after its content (what the policy writes
 # and rlkit.core.agents.tools parses), consecutive "tool" messages as one user turn of <tool_response> blocks.
-# A scratch model then takes the path a Qwen2.5 model takes: SFT rows with tools, rlkit's tool loop, TRL's.
+# A scratch model then takes the path a Qwen2.5 model takes: SFT rows with tools, rlkit's tool loop, TRL's. A tool
+# shows its name, description and parameters only: transformers' schema of a function (TRL's `tools=`) also has
+# "return", rlkit's has not, and the prompts a model was trained on must not change with the trainer.
 CHAT_TEMPLATE = (
     '{%- if tools %}{{ \'<|im_start|>system\\nTools (call one as <tool_call>{\\"name\\": ..., '
     '\\"arguments\\": {...}}</tool_call>):\\n<tools>\\n\' }}'
-    "{%- for tool in tools %}{{ (tool.function if tool.function is defined else tool) | tojson }}{{ '\\n' }}"
+    "{%- for tool in tools %}{%- set f = tool.function if tool.function is defined else tool %}"
+    "{{ {'name': f.name, 'description': f.description, 'parameters': f.parameters} | tojson }}{{ '\\n' }}"
     "{%- endfor %}{{ '</tools><|im_end|>\\n' }}{%- endif %}"
     "{%- for message in messages %}"
     "{%- if message['role'] == 'tool' %}"
