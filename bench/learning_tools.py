@@ -3,7 +3,7 @@
   python bench/learning_tools.py --out OUT_DIR [--tiny] [--budget 560] [--workdir DIR] [--sft-steps N]
       [--rl-steps N] [--runs NAME,...|none] [--reuse-sft]
 
-1. Task: `rlkit prep-data tool-arithmetic` ('What is 48213*977?'): SFT chats that call the calculator in the chat
+1. Task: `rlkit prep-data tool-arithmetic` ('What is 4821*9773?'): SFT chats that call the calculator in the chat
    template's tool format and copy its answer after '####' (`-o tool=calculator`, with the `tools` column), the
    same problems answered without it (`-o tool=none`), RL rows, a held-out test split.
 2. Tokenizer and model: a BPE trained on the tool chats and a Qwen2 from scratch (scripts/build_scratch_model.py);
@@ -49,12 +49,14 @@ RUNS = ("rlkit-grpo-tool", "trl-grpo-tool", "rlkit-grpo-none")
 DEFAULT_RUNS = RUNS[:2]
 MAX_TURNS = 3  # a call, the answer, and one more turn for a model that calls twice
 SETTINGS = {
-    # NOT YET RUN on a GPU. The 114M-parameter model of bench/learning.py; 3-5 digit products (a 10-digit answer)
-    # are beyond what SFT on answers alone teaches it, while copying numbers into a call and its result out is
-    # what a transformer learns first. SFT stops early (300 steps) so that RL has room: raise --sft-steps if the
-    # tool runs start without the call format, lower it if they start near 1.0.
+    # NOT YET RUN on a GPU. The 114M-parameter model of bench/learning.py; products of two 4-digit numbers (a 7-8
+    # digit answer) are beyond what SFT on answers alone teaches it, while copying numbers into a call and its
+    # result out is what a transformer learns first. One operand length: the tiny model learned to copy 2-digit
+    # operands in ~250 SFT steps but not mixed 1-2 or 2-3 digit ones in 200 (docs/learning.md); the GPU run is
+    # one try. SFT stops early (300 steps) so that RL has room: raise --sft-steps if the tool runs start without
+    # the call format or with calls that do not copy the operands, lower it if they start near 1.0.
     "gpu": Settings(
-        task={"n_train": 20000, "n_test": 256, "min_digits": 3, "max_digits": 5, "ops": "*"},
+        task={"n_train": 20000, "n_test": 256, "min_digits": 4, "max_digits": 4, "ops": "*"},
         size="large", vocab=1024,
         sft={"data.train_batch_size": 128, "actor.mini_batch_size": 128, "actor.lr": 5e-4, "actor.warmup_steps": 20,
              "actor.lr_schedule": "constant", "data.max_prompt_length": 256, "data.max_response_length": 96,
