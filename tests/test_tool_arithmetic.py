@@ -88,7 +88,7 @@ def test_prep_data_writes_the_chats_with_their_tools(tmp_path: Path) -> None:
         "user", "assistant", "tool", "assistant"]
 
 
-def test_the_scratch_template_shows_tools_calls_and_results_as_qwen25_does(scratch_tokenizer) -> None:
+def test_the_scratch_template_shows_tools_calls_and_results_as_qwen25_does(scratch_tokenizer, tmp_path) -> None:
     call = '<tool_call>{"name": "calculator", "arguments": {"expression": "12*34"}}</tool_call>'
     chat = [{"role": "user", "content": "What is 12*34?"}, {"role": "assistant", "content": call},
             {"role": "tool", "name": "calculator", "content": "408"}, {"role": "assistant", "content": "#### 408"}]
@@ -114,9 +114,13 @@ def test_the_scratch_template_shows_tools_calls_and_results_as_qwen25_does(scrat
 
     assert "return" in get_json_schema(calculator)["function"]
     assert scratch_tokenizer.apply_chat_template(chat, tools=[calculator], tokenize=False) == text
-    # The tags are one token each.
+    # The tags are one token each; a task without tool calls keeps its vocabulary (and so its model) as before.
     tokens = scratch_tokenizer.convert_ids_to_tokens(scratch_tokenizer(call)["input_ids"])
     assert tokens[0] == "<tool_call>" and tokens[-1] == "</tool_call>"
+    from rlkit.core.train.scratch import build_tokenizer
+
+    plain = build_tokenizer(["What is 12*34? #### 408"], tmp_path, vocab_size=300)
+    assert "<tool_call>" not in plain.get_vocab()
 
 
 def test_sft_rows_with_tools_train_the_call_and_the_answer_not_the_tool_result(scratch_tokenizer) -> None:

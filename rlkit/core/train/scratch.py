@@ -50,7 +50,8 @@ CHAT_TEMPLATE = (
     "{%- endif %}{%- endfor %}"
     "{%- if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{%- endif %}"
 )
-# Qwen2.5's tool tags, one token each (added, not special: decoded text keeps them, the parser reads them).
+# Qwen2.5's tool tags, one token each where the task has tool calls (added, not special: decoded text keeps them,
+# the parser reads them).
 TOOL_TAGS = ["<tool_call>", "</tool_call>", "<tool_response>", "</tool_response>"]
 ROLE_NAMES = ["system\n", "user\n", "assistant\n"]
 # Named sizes: hidden, layers, intermediate (heads = hidden / 64: vLLM's CPU attention needs head_dim 64).
@@ -63,7 +64,10 @@ SIZES: dict[str, tuple[int, int, int]] = {
 
 
 def build_tokenizer(texts: Iterable[str], out_dir: str | Path, *, vocab_size: int = 1024):
-    """Train a byte-level BPE of `vocab_size` tokens (specials included) on `texts`; save it to out_dir."""
+    """Train a byte-level BPE of `vocab_size` tokens (specials included) on `texts`; save it to out_dir. Texts with
+    tool calls (a tool task's chats) also get Qwen2.5's tool tags as tokens of their own; a task without them keeps
+    the vocabulary, hence the model's size and initialisation, that it had before tools existed."""
+    texts = list(texts)
     from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast
 
@@ -87,7 +91,8 @@ def build_tokenizer(texts: Iterable[str], out_dir: str | Path, *, vocab_size: in
     tokenizer = PreTrainedTokenizerFast(
         tokenizer_object=backend, pad_token=PAD, eos_token=IM_END, additional_special_tokens=[IM_START]
     )
-    tokenizer.add_tokens([AddedToken(tag, special=False, normalized=False) for tag in TOOL_TAGS])
+    if any(TOOL_TAGS[0] in text for text in texts):
+        tokenizer.add_tokens([AddedToken(tag, special=False, normalized=False) for tag in TOOL_TAGS])
     tokenizer.chat_template = CHAT_TEMPLATE
     tokenizer.save_pretrained(out_dir)
     return tokenizer
