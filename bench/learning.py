@@ -1,14 +1,17 @@
 """Learning, side by side: SFT a model built from scratch, then GRPO / PPO / DAPO with rlkit and GRPO with TRL.
 
   python bench/learning.py --out OUT_DIR [--tiny] [--gpus 2] [--budget 540] [--sft-budget 200] [--workdir DIR]
-      [--sft-steps N] [--rl-steps N] [--runs NAME,...|none] [--reuse-sft]
+      [--sft-steps N] [--rl-steps N] [--runs NAME,...|none] [--reuse-sft] [--sft-plateau MIN_GAIN]
 
 1. Task: `rlkit prep-data arithmetic` (GSM8K-format word problems, worked solutions ending in
    '#### N'), as SFT rows and as RL rows, with a held-out test split.
 2. Tokenizer and model: a BPE trained on the task's text and a Qwen2 of SETTINGS' size
    (rlkit.core.train.scratch), one `--model DIR` directory.
 3. SFT: `rlkit train sft` with a checkpoint every SETTINGS' sft_save_freq steps; the latest whose
-   greedy test score is at most 0.6 (a middling start) is exported with `rlkit export` in bf16.
+   greedy test score is at most 0.6 (a middling start) is exported with `rlkit export` in bf16. With
+   --sft-plateau MIN_GAIN (on a GPU with the harder task of learning_settings' gpu-hard), every checkpoint is
+   scored and RL starts from the SFT plateau: the first checkpoint after which no score rises by MIN_GAIN or
+   more; the RL runs then run --rl-steps steps each, equal samples (DAPO with one generation round).
 4. The RL runs (--runs: rlkit GRPO, TRL's GRPOTrainer (bench/trl_learning.py), rlkit PPO with a
    critic, rlkit DAPO), all from the SFT export, with the same prompts per step, samples per prompt,
    response length, learning rate and loss aggregation (token-mean), greedy validation on the test
@@ -43,80 +46,15 @@ import sys
 import tempfile
 import threading
 import time
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, replace
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))
 
 from bench.learning_report import plot, table  # noqa: E402
-from bench.learning_results import earlier_results, pick_checkpoint, rlkit_points, versions  # noqa: E402
-
-
-@dataclass(frozen=True)
-class Settings:
-    task: dict  # rlkit prep-data arithmetic options
-    size: str  # rlkit.core.train.scratch.SIZES
-    vocab: int
-    sft: dict  # SFT overrides
-    sft_steps: int
-    sft_save_freq: int  # every checkpoint is kept: the pick searches them all
-    prompts: int  # per RL step
-    samples: int  # per prompt
-    response_length: int
-    rl_lr: float
-    rl_steps: int  # the most RL steps of one run (the deadline usually ends it first)
-    val_freq: int
-    extra: list[str] = field(default_factory=list)  # overrides of every rlkit RL run
-
-
-SETTINGS = {
-    # ~114M-parameter Qwen2 on an H200: SFT ~1.5 min, RL ~2 s a step after ~45 s of engine start. No torch.compile:
-    # its start-up would be a large share of runs this short. Measured on the first GPU run (docs/learning.md), SFT
-    # with a cosine schedule over 800 steps scored 0.168 at step 160, 0.879 at 320, 0.984 at 574: the climb through
-    # 0.2-0.6 takes well under 160 steps. So SFT stops at 400 (every later checkpoint only scored above the mark),
-    # with a constant learning rate (the schedule no longer runs out on the climb), and saves every 40 steps so the
-    # pick lands inside 0.2-0.6. RL at 5e-5 fell from that start in both tools (TRL's train reward 0.18 -> 0.10 in
-    # two steps; rlkit's first update moved the engine's log-probs by up to 0.52 nats): RL runs at 1e-5.
-    "gpu": Settings(
-        task={"n_train": 20000, "n_test": 256, "min_steps": 2, "max_steps": 4, "max_number": 20, "max_factor": 5,
-              "max_value": 200},
-        size="large", vocab=1024,
-        sft={"data.train_batch_size": 128, "actor.mini_batch_size": 128, "actor.lr": 5e-4, "actor.warmup_steps": 20,
-             "actor.lr_schedule": "constant", "data.max_prompt_length": 160, "data.max_response_length": 160,
-             "model.compile": "false"},
-        sft_steps=400, sft_save_freq=40, prompts=32, samples=8, response_length=128, rl_lr=1e-5, rl_steps=200,
-        val_freq=5,
-        extra=["rollout.vllm.enforce_eager=true", "model.compile=false", "rollout.gpu_memory_utilization=0.3",
-               # The step-1 invariants and the weight-sync check warn instead of stopping the run: this model's
-               # bf16 engine-vs-trainer gap was never measured, and one stopped run would cost the whole GPU call.
-               # The gap is still logged (rollout/log_prob_diff) and a broken sync would show as a flat curve.
-               "trainer.invariants=warn", "rollout.sync_check=warn"]),
-    # The same pipeline on 2 CPU cores in about 2 minutes (no learning expected at this size and length). Each
-    # run's worker is an object in its CLI process (trainer.workers=in_process): no Ray cluster to start per run;
-    # the RL runs generate with the transformers engine, which starts in a second where vLLM's imports and
-    # engine take ~10 s of each short run.
-    "tiny": Settings(
-        task={"n_train": 2000, "n_test": 16, "min_steps": 2, "max_steps": 2, "max_number": 9, "max_factor": 3,
-              "max_value": 50},
-        size="tiny", vocab=512,
-        sft={"data.train_batch_size": 16, "actor.mini_batch_size": 16, "actor.lr": 3e-3,
-             "data.max_prompt_length": 128, "data.max_response_length": 64, "actor.micro_batch_tokens": 8192,
-             "trainer.workers": "in_process", "trainer.device": "cpu"},
-        sft_steps=4, sft_save_freq=2, prompts=4, samples=4, response_length=48, rl_lr=3e-4, rl_steps=2, val_freq=1,
-        extra=["actor.micro_batch_tokens=8192", "reward.num_workers=1", "trainer.workers=in_process",
-               "trainer.device=cpu", "rollout.name=hf"]),
-}
-
-# The RL runs, in the default order: with --gpus 2, run i goes to GPU i % 2 (rlkit GRPO and TRL side by side).
-RUNS = ("rlkit-grpo", "trl-grpo", "rlkit-ppo", "rlkit-dapo")
-# Seconds a run stopped at its deadline may take to stop (Bench.run); a lane's last run leaves it inside the budget.
-STOP_GRACE_S = 30
-
-
-# The SFT checkpoint RL starts from is the latest whose greedy test score is at most this (issue: a middling
-# score, 20-60%): a model that already solves most problems leaves the curves nothing to show.
-SFT_MAX_SCORE = 0.6
+from bench.learning_results import earlier_results, pick_checkpoint, plateau_step, rlkit_points, versions  # noqa: E402
+from bench.learning_settings import RUNS, SETTINGS, SFT_MAX_SCORE, STOP_GRACE_S, Settings  # noqa: E402
 
 
 def rlkit_cli(*args: str) -> list[str]:
@@ -203,9 +141,11 @@ class Bench:
     def data(self, kind: str) -> Path:
         return self.workdir / "data" / kind
 
-    def sft(self, deadline_s: float) -> Path:
-        """`rlkit train sft` (a checkpoint every sft_save_freq steps, all kept), then the latest checkpoint whose
-        greedy test score is at most SFT_MAX_SCORE, exported: a warm start that leaves RL room to improve."""
+    def sft(self, deadline_s: float, plateau: float | None = None) -> Path:
+        """`rlkit train sft` (a checkpoint every sft_save_freq steps, all kept), then the checkpoint RL starts from,
+        exported: without `plateau`, the latest whose greedy test score is at most SFT_MAX_SCORE (a warm start that
+        leaves RL room to improve); with it, the SFT plateau: every checkpoint is scored and the first after which no
+        score rises by `plateau` or more is taken (learning_results.plateau_step)."""
         s = self.settings
         overrides = [f"{k}={v}" for k, v in s.sft.items()] + [
             f"data.train_files=[{self.data('sft') / 'train.parquet'}]",
@@ -213,36 +153,51 @@ class Bench:
             f"trainer.save_freq={s.sft_save_freq}",
             f"trainer.keep_last={s.sft_steps // s.sft_save_freq + 1}", "trainer.val_freq=0",
             "trainer.logger=[jsonl]", f"trainer.runs_dir={self.workdir / 'runs'}"]
-        self.run("sft", rlkit_cli("train", "sft", "--model", str(self.workdir / "model"), *overrides, "--run-id", "sft"),
-                 deadline_s, "0")
+        self.run("sft", rlkit_cli("train", "sft", "--model", str(self.workdir / "model"), *overrides, "--run-id",
+                                  "sft"), deadline_s, "0")
         folder = self.workdir / "runs" / "sft" / "checkpoints"
-        steps = [int(p.name.removeprefix("step_")) for p in folder.glob("step_*") if p.name.removeprefix("step_").isdigit()]
-
-        def export_and_score(step: int) -> float | None:
-            export = self.workdir / f"sft-export-{step}"
-            # bf16, as a hub checkpoint: both tools keep fp32 master weights (rlkit always, TRL by default)
-            # and both engines load bf16 (an fp32 checkpoint would make TRL's vLLM run in fp32).
-            if self.run(f"export-{step}", rlkit_cli("export", "sft", "--runs-dir", str(self.workdir / "runs"),
-                                                    "--step", str(step), "--dtype", "bfloat16", "--out", str(export)),
-                        120, None) != "ok":
-                return None
-            return self.greedy_score(export)
-
-        chosen, scores = pick_checkpoint(steps, export_and_score, SFT_MAX_SCORE)
+        steps = [int(p.name.removeprefix("step_")) for p in folder.glob("step_*")
+                 if p.name.removeprefix("step_").isdigit()]
+        if plateau is None:
+            chosen, scores = pick_checkpoint(steps, lambda step: self.greedy_scores([step]).get(step), SFT_MAX_SCORE)
+        else:
+            scores = self.greedy_scores(steps)
+            chosen, reached = plateau_step(scores, plateau)
+            self.results["sft_plateau"] = {"min_gain": plateau, "step": chosen, "reached": reached}
         self.results.update(sft_checkpoints=scores, sft_step=chosen)
         self.save()
         if chosen is None:
             raise SystemExit(f"no SFT checkpoint could be exported and scored; see {self.out / 'bench.log'}")
         return self.workdir / f"sft-export-{chosen}"
 
-    def greedy_score(self, model: Path) -> float | None:
-        result = self.workdir / f"{model.name}-score.json"
-        command = [sys.executable, str(HERE / "greedy_eval.py"), "--model", str(model), "--data",
-                   str(self.data("rl") / "test.parquet"), "--max-new-tokens", str(self.settings.response_length),
-                   "--json-out", str(result)]
-        if self.run(f"score-{model.name}", command, 120, "0") != "ok":
-            return None
-        return json.loads(result.read_text())["accuracy"]
+    def greedy_scores(self, steps: list[int]) -> dict[int, float]:
+        """Each SFT checkpoint of `steps` exported (at once: CPU work) and scored greedily on the test split in one
+        process on GPU 0; a step whose export or scoring failed has no score."""
+        exports = {step: self.workdir / f"sft-export-{step}" for step in steps}
+
+        def export(step: int) -> None:
+            # bf16, as a hub checkpoint: both tools keep fp32 master weights (rlkit always, TRL by default)
+            # and both engines load bf16 (an fp32 checkpoint would make TRL's vLLM run in fp32).
+            if self.run(f"export-{step}", rlkit_cli("export", "sft", "--runs-dir", str(self.workdir / "runs"),
+                                                    "--step", str(step), "--dtype", "bfloat16", "--out",
+                                                    str(exports[step])), 120, None) != "ok":
+                exports.pop(step)
+
+        threads = [threading.Thread(target=export, args=(step,)) for step in steps]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+        if not exports:
+            return {}
+        result = self.workdir / f"sft-scores-{'-'.join(map(str, sorted(exports)))}.json"
+        command = [sys.executable, str(HERE / "greedy_eval.py"), *[x for e in exports.values() for x in ("--model",
+                   str(e))], "--data", str(self.data("rl") / "test.parquet"), "--max-new-tokens",
+                   str(self.settings.response_length), "--json-out", str(result)]
+        if self.run(f"score-{'-'.join(map(str, sorted(exports)))}", command, 60 + 30 * len(exports), "0") != "ok":
+            return {}
+        scores = json.loads(result.read_text())["scores"]
+        return {step: scores[str(export)] for step, export in exports.items()}
 
     def rl_overrides(self) -> list[str]:
         s = self.settings
@@ -266,27 +221,30 @@ class Bench:
             self.results["runs"][name] = {"tool": "rlkit", "recipe": recipe, "status": status, "points": points}
         self.save()
 
-    def trl_run(self, model: Path, deadline_s: float, gpu: str) -> None:
+    def trl_run(self, model: Path, deadline_s: float, gpu: str, name: str = "trl-grpo",
+                extra_spec: dict | None = None) -> None:
+        """bench/trl_learning.py on `model`, as run `name`; `extra_spec` adds to its spec (tools: learning_tools)."""
         s = self.settings
         if importlib.util.find_spec("trl") is None:
             with self.lock:
-                self.results["runs"]["trl-grpo"] = {"tool": "trl", "status": "skipped: trl is not installed",
-                                                    "points": []}
+                self.results["runs"][name] = {"tool": "trl", "status": "skipped: trl is not installed", "points": []}
             return
         spec = {"model": str(model), "train": str(self.data("rl") / "train.parquet"),
                 "test": str(self.data("rl") / "test.parquet"), "prompts": s.prompts, "samples": s.samples,
                 "response_length": s.response_length, "lr": s.rl_lr, "steps": s.rl_steps, "val_freq": s.val_freq,
-                "deadline_s": max(deadline_s - 30, 1), "gpu_memory_utilization": 0.3}
-        spec_file, result_file = self.workdir / "trl-spec.json", self.workdir / "trl-result.json"
+                "deadline_s": max(deadline_s - 30, 1), "gpu_memory_utilization": 0.3, "label": name,
+                **(extra_spec or {})}
+        spec_file, result_file = self.workdir / f"{name}-spec.json", self.workdir / f"{name}-result.json"
         spec_file.write_text(json.dumps(spec))
-        status = self.run("trl-grpo", [sys.executable, str(HERE / "trl_learning.py"), "--spec", str(spec_file),
-                                       "--out", str(result_file)], deadline_s, gpu)
+        status = self.run(name, [sys.executable, str(HERE / "trl_learning.py"), "--spec", str(spec_file),
+                                 "--out", str(result_file)], deadline_s, gpu)
         result = json.loads(result_file.read_text()) if result_file.exists() else {}
         with self.lock:
             if status == "ok" and "stopped_at_deadline" in result:  # TRL stops itself before its deadline
                 status = "stopped at its deadline"
-            self.results["runs"]["trl-grpo"] = {"tool": "trl", "recipe": "GRPOTrainer", "status": status,
-                                                "trl_status": result.get("status"), "points": result.get("points", [])}
+            self.results["runs"][name] = {"tool": "trl", "recipe": "GRPOTrainer", "status": status,
+                                          "trl_status": result.get("status"), "points": result.get("points", []),
+                                          "train": result.get("train", [])}
         self.save()
 
     def rl_run(self, name: str, model: Path, deadline_s: float, gpu: str) -> None:
@@ -297,8 +255,9 @@ class Bench:
             "rlkit-grpo": ("grpo", []),
             "rlkit-ppo": ("ppo", [f"data.train_batch_size={s.prompts * s.samples}", "rollout.n=1",
                                   f"actor.mini_batch_size={s.prompts * s.samples}", f"critic.lr={s.rl_lr * 10}"]),
-            "rlkit-dapo": ("dapo", ["reward.overlong_buffer.enable=false",
-                                    "algorithm.dynamic_sampling.max_gen_rounds=3"]),
+            # From the SFT plateau the runs compare equal samples: one generation round, no resampling.
+            "rlkit-dapo": ("dapo", ["reward.overlong_buffer.enable=false", "algorithm.dynamic_sampling.max_gen_rounds="
+                                    f"{1 if 'sft_plateau' in self.results else 3}"]),
         }[name]
         self.rlkit_run(name, recipe, model, extra, deadline_s, gpu)
 
@@ -364,7 +323,14 @@ def main() -> None:
                              "--workdir and add them to its results (results.json there), so that this call's "
                              "outputs hold every run of both")
     parser.add_argument("--rl-steps", type=int, default=None,
-                        help="most steps of each RL run (default: the settings'; the deadline usually ends a run first)")
+                        help="most steps of each RL run (default: the settings'; without --sft-plateau the deadline "
+                             "usually ends a run first)")
+    parser.add_argument("--sft-plateau", type=float, default=None, metavar="MIN_GAIN",
+                        help="RL from the SFT plateau: every SFT checkpoint is scored and RL starts from the first "
+                             "after which no score rises by MIN_GAIN or more (e.g. 0.02); on a GPU with the harder "
+                             "task (gpu-hard in bench/learning_settings.py: the default task plateaus near 1.0). The "
+                             "RL runs then compare equal samples: each runs --rl-steps steps of the same prompts x "
+                             "samples (DAPO generates one round: no resampling); give them time for it")
     args = parser.parse_args()
     if args.reuse_sft and not args.workdir:
         parser.error("--reuse-sft needs the --workdir of the call that ran SFT")
@@ -376,8 +342,9 @@ def main() -> None:
     if args.tiny:  # two CPU engines at once (--gpus 2): a small KV cache each, no thread pinning
         os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
         os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", "nobind")
-    settings = SETTINGS["tiny" if args.tiny else "gpu"]
-    settings = replace(settings, sft_steps=args.sft_steps or settings.sft_steps, rl_steps=args.rl_steps or settings.rl_steps)
+    settings = SETTINGS["tiny" if args.tiny else "gpu" if args.sft_plateau is None else "gpu-hard"]
+    settings = replace(settings, sft_steps=args.sft_steps or settings.sft_steps,
+                       rl_steps=args.rl_steps or settings.rl_steps)
     earlier, model = earlier_results(workdir, asdict(settings)) if args.reuse_sft else (None, None)
     workdir.mkdir(parents=True, exist_ok=True)
     with (out / "bench.log").open("w") as log:
@@ -387,7 +354,7 @@ def main() -> None:
         bench.results.update(workdir=str(workdir), versions=versions())
         if model is None:
             bench.prepare()
-            model = bench.sft(args.sft_budget - (time.monotonic() - bench.start) - 30)
+            model = bench.sft(args.sft_budget - (time.monotonic() - bench.start) - 30, args.sft_plateau)
         bench.rl_runs(args.runs, model, args.gpus)
         bench.results["calls"].append({**call, "seconds": time.monotonic() - bench.start})
         bench.save()

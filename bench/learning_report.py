@@ -40,8 +40,13 @@ def table(results: dict) -> str:
     checkpoints = ", ".join(f"step {step} {score:.3f}" for step, score in
                             sorted((int(step), score) for step, score in results.get("sft_checkpoints", {}).items()))
     phases = ", ".join(f"{name} {p['seconds']:.0f} s ({p['status']})" for name, p in results["phases"].items())
+    plateau = results.get("sft_plateau")
+    start = (f"the SFT plateau (the first checkpoint after which no score rose by {plateau['min_gain']:g} or more)"
+             if plateau and plateau["reached"] else
+             f"the last checkpoint: no plateau (a gain of {plateau['min_gain']:g} or more after every earlier one)"
+             if plateau else "the latest checkpoint scoring at most 0.6")
     lines += ["", f"SFT checkpoints scored (greedy, test split): {checkpoints or '-'}; RL starts from step "
-              f"{results.get('sft_step')}.", "", f"Phases: {phases}."]
+              f"{results.get('sft_step')}, {start}.", "", f"Phases: {phases}."]
     return "\n".join(lines) + "\n"
 
 

@@ -38,6 +38,17 @@ def pick_checkpoint(steps: list[int], score, max_score: float) -> tuple[int | No
     return chosen, scores
 
 
+def plateau_step(scores: dict[int, float], min_gain: float) -> tuple[int | None, bool]:
+    """The SFT plateau: the first validated step after which the score never rises by `min_gain` or more (every
+    later score is below its score + min_gain). Returns (step, reached); when even the last step's predecessors all
+    rise by min_gain later, nothing is known after the last one: (the last step, False), SFT may not be done."""
+    steps = sorted(scores)
+    for index, step in enumerate(steps[:-1]):
+        if all(scores[later] < scores[step] + min_gain for later in steps[index + 1 :]):
+            return step, True
+    return (steps[-1], False) if steps else (None, False)
+
+
 def rlkit_points(run_dir: Path, began: float) -> list[dict]:
     """Each validation of an rlkit run: step, samples generated until then, seconds since its command started
     (the validation file's write time), greedy accuracy."""

@@ -17,6 +17,14 @@ CPU smoke run) generation is transformers `generate`.
 Validation: greedy decoding of every test prompt with the trained model (transformers
 `generate`, batched), scored by rlkit's GSM8K reward, before training and every `val_freq`
 steps; each point records the step, samples seen and seconds since this script started.
+
+With "tools" in SPEC (["calculator"], bench/learning_tools.py), GRPOTrainer runs its own tool loop
+(`tools=`, at most "max_turns" - 1 rounds of calls): TRL 1.16 parses a completion's calls with the
+tokenizer's response template, which it sets itself only for chat templates it knows (Qwen2.5/3,
+Llama 3, GPT-OSS, ...). The scratch model's template writes Qwen2.5's tool format, so Qwen's response
+template is set on the tokenizer here. Validation then runs greedy episodes in rlkit's tool loop
+(bench/greedy_eval.greedy_tool_accuracy) and each point also records tool calls per episode; the
+training steps' reward and `tools/call_frequency` (TRL's calls per completion) go to "train".
 """
 
 from __future__ import annotations
@@ -31,7 +39,7 @@ from pathlib import Path
 START = time.perf_counter()
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench.greedy_eval import greedy_accuracy, reward  # noqa: E402
+from bench.greedy_eval import greedy_accuracy, greedy_tool_accuracy, reward  # noqa: E402
 
 
 def main() -> None:
@@ -57,6 +65,7 @@ def main() -> None:
     train = pq.read_table(spec["train"]).to_pylist()
     test = pq.read_table(spec["test"]).to_pylist()
     prompts, samples = spec["prompts"], spec["samples"]
+    tools = tool_functions(spec.get("tools") or [])
     per_device = min(16, prompts * samples)
     config = GRPOConfig(
         output_dir=str(out.parent / f"{out.stem}-trainer"), per_device_train_batch_size=per_device,
@@ -66,10 +75,19 @@ def main() -> None:
         loss_type="dapo", scale_rewards="group", num_iterations=1, max_steps=spec["steps"], logging_steps=1,
         save_strategy="no", report_to="none", bf16=on_gpu, use_cpu=not on_gpu, gradient_checkpointing=False,
         use_vllm=on_gpu, vllm_mode="colocate", vllm_gpu_memory_utilization=spec.get("gpu_memory_utilization", 0.3),
-        vllm_importance_sampling_correction=False, seed=spec.get("seed", 0), dataloader_num_workers=0)
+        vllm_importance_sampling_correction=False, seed=spec.get("seed", 0), dataloader_num_workers=0,
+        **({"max_tool_calling_iterations": spec["max_turns"] - 1} if tools else {}))
     tokenizer = AutoTokenizer.from_pretrained(spec["model"])
-    result = {"label": "trl-grpo", "trl_version": trl.__version__, "status": "starting", "points": [],
-              "spec": spec}
+    if tools:
+        from trl import chat_template_utils
+
+        # The new-style response template where this transformers reads it (TRL sets one or the other itself).
+        if hasattr(chat_template_utils, "qwen3_template") and hasattr(tokenizer, "parse_response"):
+            tokenizer.response_template = chat_template_utils.qwen3_template
+        else:
+            tokenizer.response_schema = chat_template_utils.qwen3_schema
+    result = {"label": spec.get("label", "trl-grpo"), "trl_version": trl.__version__, "status": "starting",
+              "points": [], "train": [], "spec": spec}
 
     def save() -> None:
         out.write_text(json.dumps(result, indent=1))
@@ -81,14 +99,24 @@ def main() -> None:
             self.trainer = None
 
         def validate(self, step: int) -> None:
-            accuracy = greedy_accuracy(self.trainer.model, tokenizer, test, spec["response_length"])
-            result["points"].append({"step": step, "samples": step * prompts * samples,
-                                     "seconds": time.perf_counter() - START, "val": accuracy})
+            point = {"step": step, "samples": step * prompts * samples}
+            if tools:
+                accuracy, point["tool_calls"] = greedy_tool_accuracy(
+                    self.trainer.model, tokenizer, test, spec["max_tokens_per_turn"], tools, spec["max_turns"])
+            else:
+                accuracy = greedy_accuracy(self.trainer.model, tokenizer, test, spec["response_length"])
+            result["points"].append({**point, "seconds": time.perf_counter() - START, "val": accuracy})
             save()
             print(f"[trl-grpo] step {step}: val {accuracy:.3f} at {time.perf_counter() - START:.0f} s", flush=True)
 
         def on_train_begin(self, *_, **__):
             self.validate(0)
+
+        def on_log(self, _args, state, _control, logs=None, **__):
+            if logs and "reward" in logs:
+                result["train"].append({"step": state.global_step, "reward": logs["reward"],
+                                        **({"tool_calls": logs["tools/call_frequency"]}
+                                           if "tools/call_frequency" in logs else {})})
 
         def on_step_end(self, _args, state, control, **__):
             past_deadline = time.perf_counter() - START > spec["deadline_s"]
@@ -100,7 +128,7 @@ def main() -> None:
 
     validation = Validation()
     trainer = GRPOTrainer(
-        model=spec["model"], reward_funcs=reward, args=config, processing_class=tokenizer,
+        model=spec["model"], reward_funcs=reward, args=config, processing_class=tokenizer, tools=tools or None,
         train_dataset=Dataset.from_list([{"prompt": r["prompt"], "ground_truth": r["reward_model"]["ground_truth"]}
                                          for r in train]),
         callbacks=[validation])
@@ -115,6 +143,17 @@ def main() -> None:
     finally:
         result["seconds"] = time.perf_counter() - START
         save()
+
+
+def tool_functions(names: list[str]) -> list:
+    """The named rlkit built-in tools as plain functions, TRL's `tools=` (only `calculator` takes no settings)."""
+    from rlkit.core.agents.builtin_tools import calculator
+
+    known = {"calculator": calculator}
+    unknown = [name for name in names if name not in known]
+    if unknown:
+        raise SystemExit(f"bench/trl_learning.py: no TRL tool for {unknown}; known: {sorted(known)}")
+    return [known[name] for name in names]
 
 
 if __name__ == "__main__":

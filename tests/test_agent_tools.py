@@ -127,6 +127,10 @@ def test_the_tool_loop_answers_every_call_even_bad_ones():
     assert answers[5] == "error: TimeoutError: did not return within 0.5 s (rollout.agent.call_timeout_s)"
     assert answers[6].startswith("error: the tool call is not valid JSON")
     assert env.step("no call: the answer is 42") == (None, None, True)
+    # 8 calls, 5 answered with an error (not the two searches with a query, nor 6*7); a new episode counts from 0.
+    assert env.episode_metrics == {"agent/tool_calls": 8, "agent/tool_errors": 5}
+    env.reset({"index": 8})
+    assert env.episode_metrics == {"agent/tool_calls": 0, "agent/tool_errors": 0}
 
 
 def test_the_row_reaches_a_tool_that_asks_for_it():

@@ -10,7 +10,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # bench/ is not part of the package
 
 from bench.learning_report import first_reaching, plot, table  # noqa: E402
-from bench.learning_results import pick_checkpoint, rlkit_points  # noqa: E402
+from bench.learning_results import pick_checkpoint, plateau_step, rlkit_points  # noqa: E402
 
 
 def test_rlkit_points_count_samples_and_time_each_validation(tmp_path: Path) -> None:
@@ -59,8 +59,14 @@ def test_table_reports_start_end_and_when_trls_final_score_was_reached() -> None
     assert lines[5] == "| trl-grpo | ok | 0.310 | 0.400 | 0.400 | 5 | 1,280 | 150 | 1,280 | 150 |"
     assert lines[6] == "| rlkit-ppo | exit 1 | - | - | - | - | - | - | - | - |"
     assert lines[-3] == ("SFT checkpoints scored (greedy, test split): step 80 0.450, step 160 0.700, step 400 0.900; "
-                         "RL starts from step 80.")  # in step order (JSON keys are strings)
+                         "RL starts from step 80, the latest checkpoint scoring at most 0.6.")  # in step order
     assert lines[-1] == "Phases: sft 120 s (ok)."
+    plateau = table({**results(), "sft_step": 160, "sft_plateau": {"min_gain": 0.02, "step": 160, "reached": True}})
+    assert plateau.splitlines()[-3].endswith("RL starts from step 160, the SFT plateau (the first checkpoint after "
+                                             "which no score rose by 0.02 or more).")
+    climbing = table({**results(), "sft_step": 400, "sft_plateau": {"min_gain": 0.02, "step": 400, "reached": False}})
+    assert climbing.splitlines()[-3].endswith("RL starts from step 400, the last checkpoint: no plateau (a gain of "
+                                              "0.02 or more after every earlier one).")
 
 
 def test_plot_writes_one_png(tmp_path: Path) -> None:
@@ -83,6 +89,21 @@ def test_the_sft_checkpoint_is_the_latest_with_a_middling_score() -> None:
     assert pick_checkpoint([640, 800], scores.get, 0.6) == (640, {800: 0.85, 640: 0.7})  # all above: the lowest
     assert pick_checkpoint([160, 320, 800], {160: 0.1, 320: None, 800: 0.9}.get, 0.6) == (160, {800: 0.9, 160: 0.1})
     assert pick_checkpoint([], score, 0.6) == (None, {})
+
+
+def test_the_sft_plateau_is_the_first_validation_no_later_one_beats_by_min_gain() -> None:
+    # The climb, then 0.80 at 240; 0.83 and 0.84 later rise by less than 0.05 over it, the 0.78 dip is no gain.
+    curve = {80: 0.20, 160: 0.62, 240: 0.80, 320: 0.83, 400: 0.78, 480: 0.84}
+    assert plateau_step(curve, 0.05) == (240, True)
+    # A smaller min_gain: 0.80 -> 0.84 is a gain, so is 0.83 -> 0.84; 0.84 is last, nothing is known after it.
+    assert plateau_step(curve, 0.01) == (480, False)
+    assert plateau_step({**curve, 560: 0.845}, 0.01) == (480, True)
+    # A gain of exactly min_gain counts as a gain (binary fractions: no rounding); insertion order is not step order.
+    assert plateau_step({240: 0.75, 80: 0.25, 160: 0.5}, 0.25) == (240, False)
+    assert plateau_step({240: 0.625, 80: 0.25, 160: 0.5}, 0.25) == (160, True)
+    # Still climbing at the end, or one validation only: not reached, the last step.
+    assert plateau_step({80: 0.1, 160: 0.3, 240: 0.6}, 0.05) == (240, False)
+    assert plateau_step({80: 0.9}, 0.05) == (80, False) and plateau_step({}, 0.05) == (None, False)
 
 
 def test_trl_reward_is_rlkits_gsm8k_reward_on_conversational_completions() -> None:

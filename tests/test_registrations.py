@@ -55,7 +55,7 @@ def test_the_built_in_names():
     assert registrations.ENGINES.names() == ["hf", "sglang", "vllm"]
     assert registrations.BUILTIN_TOOLS.names() == ["calculator", "lookup", "python"]
     assert registrations.DATASET_BUILDERS.names() == ["arithmetic", "gsm8k", "gsm8k-pairs", "humaneval", "math",
-                                                      "reasoning-gym", "synthetic", "verifiers"]
+                                                      "reasoning-gym", "synthetic", "tool-arithmetic", "verifiers"]
     assert registrations.ENVIRONMENTS.names() == []
 
 

@@ -109,6 +109,7 @@ DATASET_BUILDERS = Registry(
         "math": "rlkit.core.data.math:build_math",
         "reasoning-gym": "rlkit.core.data.reasoning_gym:build_reasoning_gym",
         "synthetic": f"{_SYNTHETIC}:build_synthetic",
+        "tool-arithmetic": "rlkit.core.agents.tool_arithmetic:build_tool_arithmetic",
         "verifiers": "rlkit.core.agents.verifiers_env:build_verifiers",
     },
 )

@@ -58,25 +58,32 @@ class ToolEnv:
     """Runs every tool call of a turn (at once, each with its own deadline) and answers with one
     "tool" message per call; a turn without a call is the final answer and ends the episode.
 
-    Rewards stay None: the reward functions score the episode (rollout source).
+    Rewards stay None: the reward functions score the episode (rollout source). `episode_metrics` counts the
+    episode's calls and those answered with an error (logged as agent/tool_calls, agent/tool_errors: the mean per
+    episode, val/agent/... in validation), so a curve shows whether the policy uses its tools.
     """
 
     def __init__(self, tools: list[Tool], guard: Guard, output_chars: int) -> None:
         self.tools = {tool.name: tool for tool in tools}
         self.guard, self.output_chars = guard, output_chars
         self.row: dict[str, Any] = {}
+        self.episode_metrics = {"agent/tool_calls": 0, "agent/tool_errors": 0}
 
     def reset(self, row: dict[str, Any]) -> None:
         self.row = row
+        self.episode_metrics = {"agent/tool_calls": 0, "agent/tool_errors": 0}
 
     def step(self, action: str) -> tuple[list[dict[str, Any]] | None, None, bool]:
         calls = parse_tool_calls(action)
         if not calls:
             return None, None, True
+        answers = self.answers(calls)
+        self.episode_metrics["agent/tool_calls"] += len(calls)
+        self.episode_metrics["agent/tool_errors"] += sum(answer.startswith("error: ") for answer in answers)
         return (
             [
                 {"role": "tool", "name": getattr(call, "name", "error"), "content": answer}
-                for call, answer in zip(calls, self.answers(calls))
+                for call, answer in zip(calls, answers)
             ],
             None,
             False,

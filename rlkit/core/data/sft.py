@@ -7,12 +7,17 @@ Two row formats (`rlkit prep-data gsm8k --format sft` writes the first):
   messages           a whole chat (list of {role, content}); every assistant turn is trained.
                      Tokens: the chat template, cut at turn boundaries (each prefix of the chat
                      rendered on its own must start the next one), never the joined text re-tokenized.
+Either may carry `tools`: the function schemas (a list, or that list as a JSON string) the chat
+template shows (`tools=`), as rlkit's tool loop shows `rollout.agent.tools` to the policy: a warm
+start for `rollout.agent.loop=tool` (`rlkit prep-data tool-arithmetic --format sft`) trains on the
+prompts the tool loop will give it, and its tool results (messages with role "tool") are context.
 An example is a prompt (context only) and a response whose loss mask is 1 on trained tokens,
 the layout of a rollout batch (rlkit.core.batch), so packing and the optimize loop are RL's.
 """
 
 from __future__ import annotations
 
+import json
 import logging
 from dataclasses import dataclass
 from typing import Any
@@ -114,11 +119,12 @@ def tokenize_sft_rows(
 
 def tokenize_sft_row(row: dict[str, Any], tokenizer: Any) -> tuple[list[int], list[int], list[int]]:
     """(prompt ids, response ids, loss mask) of one row; ValueError says what is wrong with it."""
+    tools = row_tools(row)
     if row.get("messages") is not None and row.get("response") is None:
         problem = messages_problem(row["messages"], "messages")
         if problem:
             raise ValueError(problem)
-        return _tokenize_messages(row["messages"], tokenizer)
+        return _tokenize_messages(row["messages"], tokenizer, tools)
     prompt, response = row.get("prompt"), row.get("response")
     problem = prompt_problem(prompt)
     if problem:
@@ -128,10 +134,28 @@ def tokenize_sft_row(row: dict[str, Any], tokenizer: Any) -> tuple[list[int], li
     if tokenizer.eos_token_id is None:
         raise ValueError("the tokenizer has no EOS token to end the response with")
     response_ids = response_token_ids(tokenizer, response)
-    return tokenize_prompt(tokenizer, prompt), response_ids, [1] * len(response_ids)
+    return tokenize_prompt(tokenizer, prompt, tools), response_ids, [1] * len(response_ids)
 
 
-def _tokenize_messages(messages: list[dict[str, Any]], tokenizer: Any) -> tuple[list[int], list[int], list[int]]:
+def row_tools(row: dict[str, Any]) -> list[dict[str, Any]] | None:
+    """A row's `tools` column: None, a list of function schemas, or that list as JSON (parquet keeps a JSON
+    string as written; a list of schemas whose parameters differ would be widened with null fields)."""
+    tools = row.get("tools")
+    if tools is None:
+        return None
+    if isinstance(tools, str):
+        try:
+            tools = json.loads(tools)
+        except json.JSONDecodeError as exc:
+            raise ValueError(f"column 'tools' is not valid JSON ({exc.msg} at character {exc.pos})") from None
+    if not isinstance(tools, list) or not all(isinstance(tool, dict) for tool in tools):
+        raise ValueError("column 'tools' must be a list of function schemas (or that list as a JSON string)")
+    return tools or None
+
+
+def _tokenize_messages(
+    messages: list[dict[str, Any]], tokenizer: Any, tools: list[dict[str, Any]] | None
+) -> tuple[list[int], list[int], list[int]]:
     """A chat cut at its assistant turns: tokens before the first one are the prompt; each assistant
     turn is trained up to and including its first EOS (what the template writes after it is context)."""
     if not tokenizer.chat_template:
@@ -163,20 +187,22 @@ def _tokenize_messages(messages: list[dict[str, Any]], tokenizer: Any) -> tuple[
         ids.extend(new)
 
     for turn in turns:
-        extend(_render(tokenizer, messages[:turn], generation_prompt=True), trained=False)
-        extend(_render(tokenizer, messages[: turn + 1], generation_prompt=False), trained=True)
+        extend(_render(tokenizer, messages[:turn], tools, generation_prompt=True), trained=False)
+        extend(_render(tokenizer, messages[: turn + 1], tools, generation_prompt=False), trained=True)
     if turns[-1] + 1 < len(messages):
-        extend(_render(tokenizer, messages, generation_prompt=False), trained=False)
+        extend(_render(tokenizer, messages, tools, generation_prompt=False), trained=False)
     prompt_end = mask.index(1)  # the first assistant token: everything before it is context
     return ids[:prompt_end], ids[prompt_end:], mask[prompt_end:]
 
 
-def _render(tokenizer: Any, messages: list[dict[str, Any]], *, generation_prompt: bool) -> list[int]:
+def _render(
+    tokenizer: Any, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None, *, generation_prompt: bool
+) -> list[int]:
     if not messages:
         return []
     return list(
         tokenizer.apply_chat_template(
-            messages, add_generation_prompt=generation_prompt, tokenize=True, return_dict=False
+            messages, tools=tools, add_generation_prompt=generation_prompt, tokenize=True, return_dict=False
         )
     )
 

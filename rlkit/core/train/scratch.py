@@ -22,11 +22,37 @@ QWEN2_PRETOKENIZE_REGEX = (
     r"""|\s*[\r\n]+|\s+(?!\S)|\s+"""
 )
 PAD, IM_START, IM_END = "<|endoftext|>", "<|im_start|>", "<|im_end|>"
-# Qwen2's template without the default system message (every token of a prompt costs on a small model).
+# Qwen2's template without the default system message (every token of a prompt costs on a small model), and
+# Qwen2.5's tool format: `tools=` (function schemas) as a system turn listing them in <tools>, an assistant's
+# `tool_calls` as <tool_call>{"name": ..., "arguments": ...}</tool_call> after its content (what the policy writes
+# and rlkit.core.agents.tools parses), consecutive "tool" messages as one user turn of <tool_response> blocks.
+# A scratch model then takes the path a Qwen2.5 model takes: SFT rows with tools, rlkit's tool loop, TRL's. A tool
+# shows its name, description and parameters only: transformers' schema of a function (TRL's `tools=`) also has
+# "return", rlkit's has not, and the prompts a model was trained on must not change with the trainer.
 CHAT_TEMPLATE = (
-    "{% for message in messages %}{{ '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>\\n' }}"
-    "{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}"
+    '{%- if tools %}{{ \'<|im_start|>system\\nTools (call one as <tool_call>{\\"name\\": ..., '
+    '\\"arguments\\": {...}}</tool_call>):\\n<tools>\\n\' }}'
+    "{%- for tool in tools %}{%- set f = tool.function if tool.function is defined else tool %}"
+    "{{ {'name': f.name, 'description': f.description, 'parameters': f.parameters} | tojson }}{{ '\\n' }}"
+    "{%- endfor %}{{ '</tools><|im_end|>\\n' }}{%- endif %}"
+    "{%- for message in messages %}"
+    "{%- if message['role'] == 'tool' %}"
+    "{%- if loop.first or messages[loop.index0 - 1]['role'] != 'tool' %}{{ '<|im_start|>user' }}{%- endif %}"
+    "{{ '\\n<tool_response>\\n' + message['content'] + '\\n</tool_response>' }}"
+    "{%- if loop.last or messages[loop.index0 + 1]['role'] != 'tool' %}{{ '<|im_end|>\\n' }}{%- endif %}"
+    "{%- else %}"
+    "{{ '<|im_start|>' + message['role'] + '\\n' + (message['content'] or '') }}"
+    "{%- for call in message.get('tool_calls') or [] %}"
+    "{%- set call = call.function if call.function is defined else call %}"
+    "{{ '<tool_call>{\\\"name\\\": ' + (call.name | tojson) + ', \\\"arguments\\\": ' }}"
+    "{{- (call.arguments if call.arguments is string else (call.arguments | tojson)) + '}</tool_call>' }}"
+    "{%- endfor %}{{ '<|im_end|>\\n' }}"
+    "{%- endif %}{%- endfor %}"
+    "{%- if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{%- endif %}"
 )
+# Qwen2.5's tool tags, one token each where the task has tool calls (added, not special: decoded text keeps them,
+# the parser reads them).
+TOOL_TAGS = ["<tool_call>", "</tool_call>", "<tool_response>", "</tool_response>"]
 ROLE_NAMES = ["system\n", "user\n", "assistant\n"]
 # Named sizes: hidden, layers, intermediate (heads = hidden / 64: vLLM's CPU attention needs head_dim 64).
 SIZES: dict[str, tuple[int, int, int]] = {
@@ -38,8 +64,11 @@ SIZES: dict[str, tuple[int, int, int]] = {
 
 
 def build_tokenizer(texts: Iterable[str], out_dir: str | Path, *, vocab_size: int = 1024):
-    """Train a byte-level BPE of `vocab_size` tokens (specials included) on `texts`; save it to out_dir."""
-    from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
+    """Train a byte-level BPE of `vocab_size` tokens (specials included) on `texts`; save it to out_dir. Texts with
+    tool calls (a tool task's chats) also get Qwen2.5's tool tags as tokens of their own; a task without them keeps
+    the vocabulary, hence the model's size and initialisation, that it had before tools existed."""
+    texts = list(texts)
+    from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast
 
     backend = Tokenizer(models.BPE())
@@ -62,6 +91,8 @@ def build_tokenizer(texts: Iterable[str], out_dir: str | Path, *, vocab_size: in
     tokenizer = PreTrainedTokenizerFast(
         tokenizer_object=backend, pad_token=PAD, eos_token=IM_END, additional_special_tokens=[IM_START]
     )
+    if any(TOOL_TAGS[0] in text for text in texts):
+        tokenizer.add_tokens([AddedToken(tag, special=False, normalized=False) for tag in TOOL_TAGS])
     tokenizer.chat_template = CHAT_TEMPLATE
     tokenizer.save_pretrained(out_dir)
     return tokenizer
