@@ -22,6 +22,7 @@ from rlkit.core.state.run_dir import RunDir
 from rlkit.core.state.checkpoint import MARKER, list_checkpoints
 from rlkit.core.state.shards import save_shards, write_durably
 from rlkit.recipes.loader import load_config
+from rlkit.core.startup import StartupClock
 
 FLOATS_BY_STEP = {1: 1_000, 2: 2_000_000}  # step 2's shard (8 MB) does not fit on the 4 MB disk
 
@@ -51,6 +52,7 @@ class CheckpointingController:
     def __init__(self, config, run: RunDir, inputs: RunInputs) -> None:
         self.config, self.run, self.completed_steps = config, run, 0
         self.tokenizer = self.scorer = None
+        self.startup = StartupClock.from_launch()  # the loop marks the first validation and step on it
         self.placement = SimpleNamespace(rollout=None)
         self.fast_paths = SimpleNamespace(describe=lambda: "fast paths: none (a stand-in)")
 

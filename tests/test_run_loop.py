@@ -17,6 +17,7 @@ from rlkit.core.controller.tracking import METRICS_FILE, read_metrics
 from rlkit.core.state.checkpoint import RNG_FILE, write_checkpoint
 from rlkit.core.state.shards import rng_state
 from rlkit.recipes.loader import load_config
+from rlkit.core.startup import StartupClock
 
 
 class StandInController:
@@ -28,6 +29,7 @@ class StandInController:
     def __init__(self, config, run: RunDir, inputs: RunInputs) -> None:
         self.config, self.run, self.completed_steps = config, run, 0
         self.tokenizer = self.scorer = None  # no validation data: the loop builds no evaluator
+        self.startup = StartupClock.from_launch()  # the loop marks the first validation and step on it
         self.placement = SimpleNamespace(rollout=None)
         self.fast_paths = SimpleNamespace(describe=lambda: "fast paths: none (a stand-in)")
 

@@ -15,6 +15,8 @@ import re
 from contextlib import contextmanager
 from typing import Iterable, Iterator
 
+logger = logging.getLogger(__name__)
+
 _NUMBER = r"([0-9]+(?:\.[0-9]+)?)"
 # part -> the line that reports it, the seconds in the pattern's group
 PATTERNS: dict[str, re.Pattern[str]] = {
@@ -85,4 +87,7 @@ def settle_vllm_logging() -> None:
         from vllm.logger import configure_logging_if_needed
     except ImportError:
         return
-    configure_logging_if_needed(LoggingConfig())
+    try:
+        configure_logging_if_needed(LoggingConfig())
+    except ValueError:  # logging.config could not build vLLM's handlers (a stand-in vllm module): start uncaptured
+        logger.debug("vLLM's logging configuration did not apply; its start's parts go unrecorded")
