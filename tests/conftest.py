@@ -169,6 +169,7 @@ def invoke(register, *args: str):
 # asynchronous Ray run 1.4, the learning bench 1.1), started first: `make test` hands a worker a whole file
 # (--dist loadfile), so no worker begins one of them near the end.
 LONGEST = (
+    "test_tool_learning_e2e.py",
     "test_agent_e2e.py",
     "test_async_combos_e2e.py",
     "test_warm_start_e2e.py",
