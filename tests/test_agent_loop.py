@@ -61,7 +61,9 @@ def test_two_turn_tool_episode_keeps_the_engines_tokens_and_masks_the_tools(tiny
     # ... and turn 2's contexts are the prompt + turn 1 + the tool's tokens, exactly.
     assert engine.calls[1][0][0] == data[0].prompt_token_ids + first.response_ids[:6]
     assert engine.calls[0][1].seed != engine.calls[1][1].seed
-    assert all(t.reward is None and t.info == {"turns": 2, "env_error": None, "env_metrics": {}} for t in trajectories)
+    one_call = {"agent/tool_calls": 1, "agent/tool_errors": 0}  # per episode (rlkit.core.agents.tool_env)
+    assert all(t.reward is None and t.info == {"turns": 2, "env_error": None, "env_metrics": one_call}
+               for t in trajectories)
 
 
 def test_an_answer_without_a_call_ends_the_episode(tiny_tokenizer):

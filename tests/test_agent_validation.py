@@ -63,7 +63,7 @@ def test_tool_episodes_are_validated_whole_and_scored_by_the_reward_function(tok
         "val/reward/pass@1": 0.5, "val/reward/pass@2": 0.5, "val/reward/maj@2": 0.6,  # every answer is "5"
         "val/response/length_mean": 7.0, "val/response/clip_frac": 0.0,  # 1 + 5 tool tokens + 1; ended by the policy
         "val/agent/turns_mean": 2.0, "val/agent/env_tokens_mean": 5.0, "val/agent/truncated": 0.0,
-        "val/agent/env_errors": 0.0})
+        "val/agent/env_errors": 0.0, "val/agent/tool_calls": 1.0, "val/agent/tool_errors": 0.0})
     # Two turns each for the greedy episodes, then for the 8 sampled ones, seeded by validation's stream.
     assert [(len(prompts), s.greedy, s.seed) for prompts, s in engine.calls] == [
         (4, True, val_seed(3, 6)), (4, True, val_seed(3, 6) + TURN_SEED_STRIDE),

@@ -5,10 +5,13 @@ from __future__ import annotations
 import threading
 import time
 
+from rlkit.core.agents import guard as guard_module
 from rlkit.core.agents.guard import Guard, _SpareThreads
 
 
-def test_a_batch_of_calls_runs_at_once_and_the_next_batch_reuses_the_threads() -> None:
+def test_a_batch_of_calls_runs_at_once_and_the_next_batch_reuses_the_threads(monkeypatch) -> None:
+    spare = _SpareThreads(60.0)  # this test's own: the process's may hold other tests' waiting threads
+    monkeypatch.setattr(guard_module, "_threads", spare)
     guard = Guard(5.0)
     started = threading.Barrier(8, timeout=5)  # all 8 calls must be running at the same time to pass it
 
@@ -21,6 +24,10 @@ def test_a_batch_of_calls_runs_at_once_and_the_next_batch_reuses_the_threads() -
     threads = {o.value[1] for o in first}
     assert len(threads) == 8
     started.reset()
+    # A thread offers itself for the next call just after its result reached the caller: wait until all have.
+    deadline = time.monotonic() + 5
+    while len(spare._waiting) < 8 and time.monotonic() < deadline:
+        time.sleep(0.01)
     second = guard.call_all([(call, (i,)) for i in range(8)])
     assert {o.value[1] for o in second} == threads  # no new thread was started
 

@@ -116,7 +116,7 @@ def test_a_user_builder(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize("args, message", [
-    (["gsm9k"], "unknown dataset builder 'gsm9k' (known: arithmetic, gsm8k, gsm8k-pairs, humaneval, math, reasoning-gym, synthetic, verifiers); did you mean 'gsm8k'?"),
+    (["gsm9k"], "unknown dataset builder 'gsm9k' (known: arithmetic, gsm8k, gsm8k-pairs, humaneval, math, reasoning-gym, synthetic, tool-arithmetic, verifiers); did you mean 'gsm8k'?"),
     ([], "name one builder: NAME"),
     (["synthetic", "-o", "tsk=add"], "builder 'synthetic' takes no option 'tsk'"),
     (["synthetic", "--instruction", "Go."], "takes no option 'instruction'"),
