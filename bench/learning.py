@@ -130,6 +130,10 @@ class Bench:
                                                          *options, "--format", kind), 120, None)
             if status != "ok":
                 raise SystemExit(f"prep-data failed ({status}); see {self.out / 'bench.log'}")
+        self.build_model()
+
+    def build_model(self) -> None:
+        """The scratch model and tokenizer, from the SFT data's texts (scripts/build_scratch_model.py)."""
         model = self.workdir / "model"
         status = self.run("build-model", [sys.executable, str(HERE.parent / "scripts" / "build_scratch_model.py"),
                                           "--data", str(self.data("sft") / "train.parquet"), "--out", str(model),

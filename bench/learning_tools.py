@@ -89,13 +89,7 @@ class ToolBench(Bench):
                                                         *options, *extra), 120, None)
             if status != "ok":
                 raise SystemExit(f"prep-data failed ({status}); see {self.out / 'bench.log'}")
-        model = self.workdir / "model"
-        status = self.run("build-model", [sys.executable, str(HERE.parent / "scripts" / "build_scratch_model.py"),
-                                          "--data", str(self.data("sft") / "train.parquet"), "--out", str(model),
-                                          "--size", self.settings.size, "--vocab", str(self.settings.vocab)], 300, None)
-        if status != "ok":
-            raise SystemExit(f"building the model failed ({status}); see {self.out / 'bench.log'}")
-        self.results["model"] = json.loads((model / "rlkit_scratch.json").read_text())
+        self.build_model()
 
     def sft_export(self, name: str, kind: str) -> Path:
         """`rlkit train sft` on data `kind` for the settings' steps, its last checkpoint exported in bf16."""
