@@ -44,17 +44,18 @@ def test_sft_with_tool_calls_then_grpo_in_the_tool_loop_lifts_validation(tmp_pat
     rlkit("train", "grpo", "--model", str(tmp_path / "sft-model"),
           f"data.train_files=[{data / 'rl' / 'train.parquet'}]", f"data.val_files=[{data / 'rl' / 'test.parquet'}]",
           "data.train_batch_size=16", "rollout.n=8", "actor.mini_batch_size=16", "actor.lr=3e-4",
-          "actor.use_kl_loss=false", "trainer.total_steps=20", "trainer.val_freq=20", "trainer.val_n=4",
+          "actor.use_kl_loss=false", "trainer.total_steps=10", "trainer.val_freq=10", "trainer.val_n=4",
           "data.max_prompt_length=192", "data.max_response_length=80", "actor.micro_batch_tokens=8192", *TOOL_LOOP,
           *IN_PROCESS, "rollout.name=hf", "reward.num_workers=1", "trainer.logger=[jsonl]", f"trainer.runs_dir={runs}",
           "--run-id", "grpo")
     grpo = validations(runs / "grpo")
-    assert sorted(grpo) == [0, 20]
-    start, end = grpo[0], grpo[20]
+    assert sorted(grpo) == [0, 10]
+    start, end = grpo[0], grpo[10]
     # The SFT model calls the calculator in every greedy episode and answers from its result: measured 1.016 calls
     # and 0.053 errors per episode, greedy 0.781 (50 of 64), sampled 0.340 (2026-12-05, transformers 5.19).
     assert start["val/agent/tool_calls"] >= 0.9 and 0.5 <= start["val/reward/mean@1"] <= 0.95, start
     # GRPO in the tool loop lifts the sampled score (4 samples per prompt at temperature 1, 256 episodes): measured
-    # 0.340 -> 0.531 at step 20 (0.613 at step 40; greedy 0.781 -> 0.750 -> 0.781, within two problems).
-    assert end["val/reward/mean@4"] >= start["val/reward/mean@4"] + 0.1, (start, end)
+    # 0.340 -> 0.434 at step 10 (0.531 at step 20, 0.613 at step 40; greedy 0.781 -> 0.766, one problem). Ten
+    # steps keep make test within its 15 minutes; the CPU run is deterministic (the same numbers run after run).
+    assert end["val/reward/mean@4"] >= start["val/reward/mean@4"] + 0.05, (start, end)
     assert end["val/agent/tool_calls"] >= 0.9, end
