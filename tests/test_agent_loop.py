@@ -3,6 +3,7 @@ per-turn batching across episodes, limits, and environments that fail."""
 
 from __future__ import annotations
 
+import asyncio
 import time
 
 import pytest
@@ -13,6 +14,7 @@ from rlkit.core.agents.chat import TurnBoundary
 from rlkit.core.agents.guard import Guard
 from rlkit.core.agents.loop import AgentLoop, Episode, Limits
 from rlkit.core.agents.tool_env import ToolEnv
+from rlkit.core.agents.turns import BatchedTurns
 from rlkit.core.agents.tools import Tool
 from rlkit.core.data.synthetic import lookup
 from rlkit.core.rollout.base import Sampling
@@ -60,7 +62,8 @@ def test_two_turn_tool_episode_keeps_the_engines_tokens_and_masks_the_tools(tiny
     assert [len(prompts) for prompts, _ in engine.calls] == [4, 4]
     # ... and turn 2's contexts are the prompt + turn 1 + the tool's tokens, exactly.
     assert engine.calls[1][0][0] == data[0].prompt_token_ids + first.response_ids[:6]
-    assert engine.calls[0][1].seed != engine.calls[1][1].seed
+    # Each episode's turn has its own seed (seed + turn * 1,000,003 + the episode's place), whoever shares the call.
+    assert [call[1].prompt_seeds for call in engine.calls] == [[5, 6, 7, 8], [1_000_008, 1_000_009, 1_000_010, 1_000_011]]
     one_call = {"agent/tool_calls": 1, "agent/tool_errors": 0}  # per episode (rlkit.core.agents.tool_env)
     assert all(t.reward is None and t.info == {"turns": 2, "env_error": None, "env_metrics": one_call}
                for t in trajectories)
@@ -97,7 +100,12 @@ def test_each_conversation_asks_the_engine_for_its_own_remaining_budget(tiny_tok
     loop = _tool_loop(tiny_tokenizer, per_turn=3, total=8)
     prompt = [IM_START] * 32  # data.max_prompt_length's 32 tokens
     used, fresh = Episode(None, 0, None, prompt, response_ids=[four] * 6), Episode(None, 0, None, prompt)
-    loop.generate(engine, [used, fresh], Sampling(n=1, max_tokens=16), turn=1)
+    turns, sampling = BatchedTurns(engine, loop.events, episodes=2), Sampling(n=1, max_tokens=16)
+
+    async def one_turn_each() -> None:
+        await asyncio.gather(*(loop.generate(turns, key, e, sampling, turn=1) for key, e in enumerate([used, fresh])))
+
+    loop.events.run(one_turn_each())
     assert engine.token_limits == [[2, 3]] and engine.calls[0][1].max_tokens == 3
     assert [len(e.response_ids) for e in (used, fresh)] == [8, 3]
     assert (used.finish_reason, fresh.finish_reason) == ("truncated", None)

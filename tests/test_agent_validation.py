@@ -65,7 +65,7 @@ def test_tool_episodes_are_validated_whole_and_scored_by_the_reward_function(tok
         "val/agent/turns_mean": 2.0, "val/agent/env_tokens_mean": 5.0, "val/agent/truncated": 0.0,
         "val/agent/env_errors": 0.0, "val/agent/tool_calls": 1.0, "val/agent/tool_errors": 0.0})
     # Two turns each for the greedy episodes, then for the 8 sampled ones, seeded by validation's stream.
-    assert [(len(prompts), s.greedy, s.seed) for prompts, s in engine.calls] == [
+    assert [(len(prompts), s.greedy, s.prompt_seeds[0]) for prompts, s in engine.calls] == [
         (4, True, val_seed(3, 6)), (4, True, val_seed(3, 6) + TURN_SEED_STRIDE),
         (8, False, val_seed(3, 6)), (8, False, val_seed(3, 6) + TURN_SEED_STRIDE)]
     assert all(s.max_tokens == 1 and not s.log_probs for _, s in engine.calls)  # max_tokens_per_turn=1

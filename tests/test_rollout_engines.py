@@ -19,7 +19,7 @@ import torch
 import torch.distributed as dist
 from transformers import AutoModelForCausalLM
 
-from rlkit.core.rollout.base import Sampling
+from rlkit.core.rollout.base import RolloutEngine, Sampling
 from rlkit.core.rollout.engines import make_engine
 from rlkit.core.rollout.vllm_worker import WeightLoader, _exit_after, pack_weights
 from rlkit.recipes.rollout_schema import RolloutConfig
@@ -148,6 +148,45 @@ def test_vllm_engine_including_tied_lm_head_and_prefix_cache(tiny_model_dir):
                          sleep_mode=False)
     _check_engine(engine, tiny_model_dir)
     _check_prefix_cache(engine, tiny_model_dir)
+
+
+@pytest.mark.slow
+@pytest.mark.usefixtures("vllm_released")
+def test_vllm_async_engine_streams_the_same_samples_and_agent_episodes(tiny_model_dir):
+    """rollout.vllm.streaming: vLLM's async engine (its engine core in a child process) keeps the engine contract
+    (seeded samples, the policy's log-probs, full length, weight loads), and agent episodes streamed to it, each
+    turn submitted as its episode asks, equal the same episodes batched a turn at a time on the same engine: on
+    this CPU a sample does not depend on the requests beside it."""
+    from test_agent_streaming import SlowFirstRowEnv, _view
+    from transformers import AutoTokenizer
+
+    from rlkit.core.agents.guard import Guard
+    from rlkit.core.agents.loop import AgentLoop, Limits
+    from agent_helpers import rows as agent_rows
+
+    engine = make_engine(_config("vllm", streaming=True, engine_kwargs={"block_size": 32}), str(tiny_model_dir),
+                         max_model_len=MAX_MODEL_LEN, dtype="float32", seed=0, device=torch.device("cpu"),
+                         sleep_mode=False)
+    assert type(engine).__name__ == "AsyncVLLMEngine"
+    _check_engine(engine, tiny_model_dir)
+
+    class Batched(RolloutEngine):  # the same engine's batch call, without its streaming surface
+        def generate(self, prompts, sampling, token_limits=None):
+            return engine.generate(prompts, sampling, token_limits)
+
+        load_weights = score = None
+
+    tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
+    limits = Limits(max_turns=3, max_tokens_per_turn=4, max_response_tokens=30, max_prompt_tokens=32)
+    data = agent_rows(tokenizer, ["a", "bb", "c"], ["2", "3", "1"])
+
+    def episodes(on):
+        loop = AgentLoop(tokenizer, SlowFirstRowEnv, limits, Guard(5.0))
+        return _view(loop.run(on, data, [0, 1, 2], Sampling(n=2, seed=5)))
+
+    streamed = episodes(engine)
+    assert streamed == episodes(Batched())
+    assert [turns for *_, turns in streamed] == [2, 2, 3, 3, 1, 1] or any(r[4] == "truncated" for r in streamed)
 
 
 class _Worker(WeightLoader):

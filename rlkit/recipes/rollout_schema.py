@@ -38,6 +38,17 @@ class VLLMOptions(Section):
         "(docs/benchmarks.md). Samples keep a single engine's seeds, and which engine serves a prompt depends only "
         "on the number of replicas.",
     )
+    streaming: bool = Field(
+        False,
+        description="vLLM's async engine (its engine core in a process of its own) fed one request per sample: a "
+        "call's samples stream in and out, and an agent episode submits its next turn as soon as its environment "
+        "answers, with no per-turn barrier (rollout.agent; rlkit/core/agents/turns.py). Off (the default), each "
+        "turn of all running episodes goes to the engine in one batch: the deterministic schedule, under which a "
+        "resumed run repeats the uninterrupted one bit for bit. Streamed, a request keeps its seed, but which "
+        "requests share a forward pass depends on timing, so on a GPU a sample's last bits, and so rarely a "
+        "token, can differ between runs (docs/resume.md). Not measured on a GPU yet (docs/benchmarks.md). One "
+        "engine per device: not with replicas > 1.",
+    )
     prefix_caching: bool = Field(
         True,
         description="vLLM's prefix cache within one rollout: an agent's next turn, and the other samples of a "

@@ -49,6 +49,14 @@ class Guard:
         """Start fn(*args) with its deadline; the future's result is its Outcome."""
         return asyncio.run_coroutine_threadsafe(self._guarded(fn, args), self._event_loop())
 
+    async def call_async(self, fn: Callable[..., Any], *args: Any) -> Outcome:
+        """fn(*args) with its deadline, awaited from another event loop (an agent episode's, which runs beside
+        the others: rlkit.core.agents.loop)."""
+        try:
+            return await asyncio.wait_for(asyncio.wrap_future(self.submit(fn, *args)), self.timeout_s + _GRACE_S)
+        except asyncio.TimeoutError:  # the guard's event loop is blocked by async code that does not yield
+            return Outcome(error=self._timeout_message())
+
     def call_all(self, calls: list[tuple[Callable[..., Any], tuple]]) -> list[Outcome]:
         """Run every call concurrently; each outcome holds its value or its error."""
         if not calls:

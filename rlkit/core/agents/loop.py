@@ -1,9 +1,11 @@
 """The multi-turn agent loop, run inside a rollout worker next to its engine.
 
-All of a worker's episodes advance together, turn by turn: each turn, every episode still
-running is generated in ONE `engine.generate` call, then every environment steps at once
-(rlkit.core.agents.guard). Token ids are appended, never re-encoded: the policy's as the
-engine sampled them (loss mask 1, with their log-probs), the environment's as the chat
+Each of a worker's episodes is a coroutine of its own: its environment's calls run guarded, each on its
+own (rlkit.core.agents.guard), and its turns go to the engine batched (every running episode's turn in
+ONE `engine.generate` call: the default, and the deterministic schedule) or streamed (one request each,
+as soon as asked: the async vLLM engine), rlkit.core.agents.turns. A turn's seed is its episode's
+(`turn_seed`), so the schedule changes no request. Token ids are appended, never re-encoded: the
+policy's as the engine sampled them (loss mask 1, with their log-probs), the environment's as the chat
 template writes them (rlkit.core.agents.chat; loss mask 0, log-prob 0).
 
 How an episode ends (Trajectory.finish_reason): "stop" when the environment says done;
@@ -18,6 +20,7 @@ dict reports it with the episode (logged as the mean over the episodes that repo
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import logging
 from dataclasses import dataclass, field
@@ -26,13 +29,20 @@ from typing import Any, Callable
 from rlkit.core.agents.chat import TurnBoundary
 from rlkit.core.agents.envs import as_messages, parse_step, row_dict
 from rlkit.core.agents.guard import Guard
+from rlkit.core.agents.turns import BatchedTurns, StreamedTurns, turns_for
 from rlkit.core.rollout.base import RolloutEngine, Sampling
+from rlkit.core.rollout.event_loop import EventLoop
 from rlkit.core.rollout.trajectory import Trajectory
 
 logger = logging.getLogger(__name__)
 
-# Seeds of turn t's samples start t * this apart (a worker samples far fewer per turn).
+# Seeds of turn t's samples start t * this apart (a worker runs far fewer episodes).
 _TURN_SEED_STRIDE = 1_000_003
+
+
+def turn_seed(sampling: Sampling, turn: int, episode: int) -> int:
+    """The seed of turn `turn` of the worker's episode `episode`: its own, whichever episodes share the call."""
+    return sampling.seed + turn * _TURN_SEED_STRIDE + episode
 
 
 @dataclass(frozen=True)
@@ -100,7 +110,9 @@ class Episode:
 
 
 class AgentLoop:
-    """Runs a worker's share of episodes with one environment instance each."""
+    """Runs a worker's share of episodes with one environment instance each, every episode a coroutine of its
+    own: reset, then turns (the engine's sample, the environment's step) until it ends. Its turns reach the
+    engine batched or streamed (rlkit.core.agents.turns); user code runs guarded, each call on its own."""
 
     def __init__(
         self,
@@ -112,6 +124,7 @@ class AgentLoop:
     ) -> None:
         self.tokenizer, self.make_env, self.limits, self.guard = tokenizer, make_env, limits, guard
         self.boundary = TurnBoundary(tokenizer, tools)
+        self.events = EventLoop("rlkit-agent-episodes")  # the batched schedule's episodes run here
 
     def run(self, engine: RolloutEngine, rows: list[Any], groups: list[int], sampling: Sampling) -> list[Trajectory]:
         """sampling.n episodes per row, prompt-major, as trajectories (group = the row's entry in `groups`)."""
@@ -120,108 +133,122 @@ class AgentLoop:
             for row, group in zip(rows, groups)
             for _ in range(sampling.n)
         ]
-        self.start(episodes)
-        for turn in range(self.limits.max_turns):
-            active = [e for e in episodes if e.running]
-            if not active:
-                break
-            self.generate(engine, active, sampling, turn)
-            self.step([e for e in active if e.running], last=turn == self.limits.max_turns - 1)
-        self.truncate([e for e in episodes if e.finish_reason == "truncated"])
-        self.close(episodes)
+        turns = turns_for(engine, self.events, len(episodes))
+        turns.run(self.run_all(turns, episodes, sampling))
         return [e.trajectory(sampling.log_probs) for e in episodes]
 
-    def start(self, episodes: list[Episode]) -> None:
-        """A fresh environment per episode, reset with the episode's row."""
-        for episode, outcome in zip(episodes, self.guard.call_all([(self.make_env, ())] * len(episodes))):
-            episode.env = outcome.value
-            if outcome.error is not None:
-                episode.fail(f"creating the environment failed:\n{outcome.error}")
-        running = [e for e in episodes if e.running]
-        outcomes = self.guard.call_all([(e.env.reset, (row_dict(e.row),)) for e in running])
-        for episode, outcome in zip(running, outcomes):
-            if outcome.error is not None:
-                episode.fail(f"reset failed:\n{outcome.error}")
-            elif outcome.value is not None:  # the environment writes the prompt itself
-                try:
-                    prompt = self.boundary.render_prompt(as_messages(outcome.value, "reset"))
-                except ValueError as exc:
-                    episode.fail(str(exc))
-                    continue
-                if len(prompt) > self.limits.max_prompt_tokens:
-                    episode.fail(
-                        f"reset returned a prompt of {len(prompt)} tokens > data.max_prompt_length="
-                        f"{self.limits.max_prompt_tokens}"
-                    )
-                    continue
-                episode.prompt_ids = prompt
+    async def run_all(self, turns: BatchedTurns | StreamedTurns, episodes: list[Episode], sampling: Sampling) -> None:
+        async with asyncio.TaskGroup() as tasks:  # an unexpected error stops the other episodes too
+            for key, episode in enumerate(episodes):
+                tasks.create_task(self.run_episode(turns, key, episode, sampling))
 
-    def close(self, episodes: list[Episode]) -> None:
-        """Environments with a close() give back what they hold (a server's session) once every episode ended;
-        a failure there is logged and costs nothing: the episode is already scored."""
-        closing = [e for e in episodes if callable(getattr(e.env, "close", None))]
-        for episode, outcome in zip(closing, self.guard.call_all([(e.env.close, ()) for e in closing])):
-            if outcome.error is not None:
-                logger.warning("closing the environment of row %s failed:\n%s", episode.row.index, outcome.error)
+    async def run_episode(
+        self, turns: BatchedTurns | StreamedTurns, key: int, episode: Episode, sampling: Sampling
+    ) -> None:
+        try:
+            await self.start(episode)
+            for turn in range(self.limits.max_turns):
+                if not episode.running:
+                    break
+                await self.generate(turns, key, episode, sampling, turn)
+                if episode.running:
+                    await self.step(episode, last=turn == self.limits.max_turns - 1)
+        finally:
+            turns.ended()
+        if episode.finish_reason == "truncated":
+            await self.truncate(episode)
+        await self.close(episode)
 
-    def generate(self, engine: RolloutEngine, episodes: list[Episode], sampling: Sampling, turn: int) -> None:
-        """One engine call for every running episode's next turn; a turn longer than the episode's
-        remaining token budget is cut there and ends it (truncated)."""
-        limits = self.limits
-        budgets = [min(limits.max_tokens_per_turn, limits.max_response_tokens - len(e.response_ids)) for e in episodes]
-        turn_sampling = dataclasses.replace(
-            sampling, n=1, max_tokens=max(budgets), seed=sampling.seed + turn * _TURN_SEED_STRIDE
-        )
-        samples = engine.generate([e.prompt_ids + e.response_ids for e in episodes], turn_sampling, budgets)
-        for episode, budget, sample in zip(episodes, budgets, samples):
-            tokens = sample.token_ids[:budget]
-            episode.append(tokens, policy=True, log_probs=sample.log_probs[:budget] if sampling.log_probs else None)
-            episode.turns += 1
-            episode.last_turn, episode.stepped = tokens, False
-            if len(sample.token_ids) > budget or (
-                len(episode.response_ids) >= limits.max_response_tokens and not sample.finished
-            ):
-                episode.finish_reason = "truncated"
-
-    def step(self, episodes: list[Episode], last: bool) -> None:
-        """Every environment answers its episode's turn; answers join the trajectory as mask-0 tokens."""
-        actions = [self.tokenizer.decode(e.last_turn, skip_special_tokens=True) for e in episodes]
-        outcomes = self.guard.call_all([(e.env.step, (action,)) for e, action in zip(episodes, actions)])
-        for episode, outcome in zip(episodes, outcomes):
-            episode.stepped = True
-            if outcome.error is not None:
-                episode.fail(f"step failed:\n{outcome.error}")
-                continue
+    async def start(self, episode: Episode) -> None:
+        """A fresh environment, reset with the episode's row."""
+        outcome = await self.guard.call_async(self.make_env)
+        episode.env = outcome.value
+        if outcome.error is not None:
+            episode.fail(f"creating the environment failed:\n{outcome.error}")
+            return
+        outcome = await self.guard.call_async(episode.env.reset, row_dict(episode.row))
+        if outcome.error is not None:
+            episode.fail(f"reset failed:\n{outcome.error}")
+        elif outcome.value is not None:  # the environment writes the prompt itself
             try:
-                messages, reward, done = parse_step(outcome.value)
+                prompt = self.boundary.render_prompt(as_messages(outcome.value, "reset"))
             except ValueError as exc:
                 episode.fail(str(exc))
-                continue
-            if reward is not None:
-                episode.rewards.append(reward)
-            if done:
-                episode.finish_reason = "stop"
-            elif last:
-                episode.finish_reason = "truncated"
-            else:
-                self.answer(episode, messages)
+                return
+            if len(prompt) > self.limits.max_prompt_tokens:
+                episode.fail(
+                    f"reset returned a prompt of {len(prompt)} tokens > data.max_prompt_length="
+                    f"{self.limits.max_prompt_tokens}"
+                )
+                return
+            episode.prompt_ids = prompt
 
-    def truncate(self, episodes: list[Episode]) -> None:
-        """Environments that score a cut episode (truncate) do; a failure there is the episode's, as in step."""
-        cut = [e for e in episodes if callable(getattr(e.env, "truncate", None))]
-        actions = [None if e.stepped else self.tokenizer.decode(e.last_turn, skip_special_tokens=True) for e in cut]
-        outcomes = self.guard.call_all([(e.env.truncate, (action,)) for e, action in zip(cut, actions)])
-        for episode, outcome in zip(cut, outcomes):
-            if outcome.error is not None:
-                episode.fail(f"truncate failed:\n{outcome.error}")
-                continue
-            try:
-                _, reward, _ = parse_step((None, outcome.value, True))
-            except ValueError as exc:
-                episode.fail(str(exc).replace("step returned", "truncate returned"))
-                continue
-            if reward is not None:
-                episode.rewards.append(reward)
+    async def close(self, episode: Episode) -> None:
+        """An environment with a close() gives back what it holds (a server's session) once its episode ended;
+        a failure there is logged and costs nothing: the episode is already scored."""
+        if not callable(getattr(episode.env, "close", None)):
+            return
+        outcome = await self.guard.call_async(episode.env.close)
+        if outcome.error is not None:
+            logger.warning("closing the environment of row %s failed:\n%s", episode.row.index, outcome.error)
+
+    async def generate(
+        self, turns: BatchedTurns | StreamedTurns, key: int, episode: Episode, sampling: Sampling, turn: int
+    ) -> None:
+        """The episode's next turn; a turn longer than the episode's remaining token budget is cut there and
+        ends it (truncated)."""
+        limits = self.limits
+        budget = min(limits.max_tokens_per_turn, limits.max_response_tokens - len(episode.response_ids))
+        sample = await turns.sample(
+            key, episode.prompt_ids + episode.response_ids, turn_seed(sampling, turn, key), budget, sampling
+        )
+        tokens = sample.token_ids[:budget]
+        episode.append(tokens, policy=True, log_probs=sample.log_probs[:budget] if sampling.log_probs else None)
+        episode.turns += 1
+        episode.last_turn, episode.stepped = tokens, False
+        if len(sample.token_ids) > budget or (
+            len(episode.response_ids) >= limits.max_response_tokens and not sample.finished
+        ):
+            episode.finish_reason = "truncated"
+
+    async def step(self, episode: Episode, last: bool) -> None:
+        """The environment answers the episode's turn; its answer joins the trajectory as mask-0 tokens."""
+        action = self.tokenizer.decode(episode.last_turn, skip_special_tokens=True)
+        outcome = await self.guard.call_async(episode.env.step, action)
+        episode.stepped = True
+        if outcome.error is not None:
+            episode.fail(f"step failed:\n{outcome.error}")
+            return
+        try:
+            messages, reward, done = parse_step(outcome.value)
+        except ValueError as exc:
+            episode.fail(str(exc))
+            return
+        if reward is not None:
+            episode.rewards.append(reward)
+        if done:
+            episode.finish_reason = "stop"
+        elif last:
+            episode.finish_reason = "truncated"
+        else:
+            self.answer(episode, messages)
+
+    async def truncate(self, episode: Episode) -> None:
+        """An environment that scores a cut episode (truncate) does; a failure there is the episode's, as in step."""
+        if not callable(getattr(episode.env, "truncate", None)):
+            return
+        action = None if episode.stepped else self.tokenizer.decode(episode.last_turn, skip_special_tokens=True)
+        outcome = await self.guard.call_async(episode.env.truncate, action)
+        if outcome.error is not None:
+            episode.fail(f"truncate failed:\n{outcome.error}")
+            return
+        try:
+            _, reward, _ = parse_step((None, outcome.value, True))
+        except ValueError as exc:
+            episode.fail(str(exc).replace("step returned", "truncate returned"))
+            return
+        if reward is not None:
+            episode.rewards.append(reward)
 
     def answer(self, episode: Episode, messages: list[dict[str, Any]]) -> None:
         try:

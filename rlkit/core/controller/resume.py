@@ -46,6 +46,8 @@ RESUME_SAFE_KEYS = {
     "rollout.vllm.separate_process": "performance only (where vLLM's engine core runs)",
     "rollout.vllm.replicas": "performance only (which engine serves a prompt; a batch's floats may differ in the "
     "last bits)",
+    "rollout.vllm.streaming": "performance only (the same requests and seeds; on a GPU the floats of a batch, and so "
+    "rarely a sample, may differ with its timing)",
     "rollout.vllm.prefix_caching": "performance only (a cached prefix may differ from a prefill in the last bits)",
     "rollout.log_prob_check_freq": "when the sync check runs (the samples stay the same)",
     "rollout.log_prob_tolerance": "what the sync check accepts, not the math",

@@ -16,10 +16,20 @@ class Sampling:
     temperature: float = 1.0
     top_p: float = 1.0
     top_k: int = -1
-    seed: int = 0  # makes a call reproducible: sample j of prompt i uses seed + i * n + j
+    seed: int = 0  # makes a call reproducible: sample j of prompt i uses seed + i * n + j (request_seed)
     greedy: bool = False
     ignore_eos: bool = False  # always generate max_tokens (benchmarks: fixed shapes)
     log_probs: bool = True  # return each sampled token's log-prob (vLLM: a real cost at large batches)
+    # Each prompt's own first seed, instead of seed + i * n: an agent episode's turn keeps its seed whichever
+    # other episodes share the call (rlkit.core.agents.turns).
+    prompt_seeds: Sequence[int] | None = None
+
+
+def request_seed(sampling: Sampling, prompt_index: int, sample_index: int) -> int:
+    """The seed of sample `sample_index` (of n) of prompt `prompt_index` of a call."""
+    if sampling.prompt_seeds is not None:
+        return sampling.prompt_seeds[prompt_index] + sample_index
+    return sampling.seed + prompt_index * sampling.n + sample_index
 
 
 @dataclass

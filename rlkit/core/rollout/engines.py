@@ -57,6 +57,22 @@ def vllm_engine(
 
     options = rollout.vllm
     replicas = options.replicas
+    if options.streaming:
+        from rlkit.core.rollout.vllm_async import AsyncVLLMEngine
+
+        return AsyncVLLMEngine(
+            model_path,
+            dtype=dtype,
+            seed=seed,
+            device=device,
+            max_model_len=max_model_len,
+            gpu_memory_utilization=rollout.gpu_memory_utilization,
+            enforce_eager=options.enforce_eager,
+            max_num_seqs=rollout.max_num_seqs,
+            sleep_mode=sleep_mode,
+            prefix_caching=options.prefix_caching,
+            engine_kwargs=options.engine_kwargs,
+        )
 
     def one_engine() -> VLLMEngine:
         return VLLMEngine(

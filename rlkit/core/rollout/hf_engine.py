@@ -7,7 +7,7 @@ from typing import Iterable, Sequence
 import torch
 from transformers import LogitsProcessor, LogitsProcessorList
 
-from rlkit.core.rollout.base import RolloutEngine, RolloutSample, Sampling, limits_per_prompt
+from rlkit.core.rollout.base import RolloutEngine, RolloutSample, Sampling, limits_per_prompt, request_seed
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 
@@ -28,14 +28,14 @@ class HFEngine(RolloutEngine):
     def generate(
         self, prompts: list[list[int]], sampling: Sampling, token_limits: Sequence[int] | None = None
     ) -> list[RolloutSample]:
-        # Request k is sample j of prompt i with k = i * n + j, so its seed is sampling.seed + k.
+        # Request k is sample j of prompt i with k = i * n + j, seeded by request_seed.
         limits = limits_per_prompt(prompts, sampling, token_limits)
         requests = [(i, prompt, limits[i]) for i, prompt in enumerate(prompts) for _ in range(sampling.n)]
+        seeds = [request_seed(sampling, i, j) for i in range(len(prompts)) for j in range(sampling.n)]
         samples: list[RolloutSample] = []
         for start in range(0, len(requests), self.batch_size):
             chunk = requests[start : start + self.batch_size]
-            seeds = range(sampling.seed + start, sampling.seed + start + len(chunk))
-            samples += self._generate_chunk(chunk, seeds, sampling)
+            samples += self._generate_chunk(chunk, seeds[start : start + self.batch_size], sampling)
         return samples
 
     def _generate_chunk(

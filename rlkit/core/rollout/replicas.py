@@ -56,9 +56,10 @@ class ReplicatedEngine(RolloutEngine):
         for engine, part in zip(self.replicas, shares(len(prompts), len(self.replicas))):
             if not part:
                 continue
-            # A single engine seeds sample j of prompt i with seed + i * n + j: the share starting at prompt
-            # `part.start` starts its seeds there.
-            share_sampling = replace(sampling, seed=sampling.seed + part.start * sampling.n)
+            # A single engine seeds sample j of prompt i with seed + i * n + j (or prompt i's own seed): the share
+            # starting at prompt `part.start` starts its seeds there.
+            own_seeds = None if sampling.prompt_seeds is None else list(sampling.prompt_seeds)[part.start : part.stop]
+            share_sampling = replace(sampling, seed=sampling.seed + part.start * sampling.n, prompt_seeds=own_seeds)
             limits = None if token_limits is None else list(token_limits)[part.start : part.stop]
             calls.append(self.generate_share(engine, [prompts[i] for i in part], share_sampling, limits, part.start))
         return [sample for share in self.on_all(calls) for sample in share]

@@ -21,7 +21,7 @@ from typing import Any, Iterable, Iterator, Sequence
 
 import torch
 
-from rlkit.core.rollout.base import RolloutEngine, RolloutSample, Sampling, limits_per_prompt
+from rlkit.core.rollout.base import RolloutEngine, RolloutSample, Sampling, limits_per_prompt, request_seed
 
 # SGLang's memory-saver tags (sglang.srt.constants): the weights, and what generation needs besides.
 _WEIGHTS = ("weights",)
@@ -107,7 +107,7 @@ class SGLangEngine(RolloutEngine):
                 "top_p": sampling.top_p,
                 "top_k": sampling.top_k,
                 "ignore_eos": sampling.ignore_eos,
-                "sampling_seed": sampling.seed + k,
+                "sampling_seed": request_seed(sampling, k // sampling.n, k % sampling.n),
             }
             for k in range(len(prompts) * sampling.n)
         ]

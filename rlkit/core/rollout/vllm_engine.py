@@ -21,7 +21,7 @@ from typing import Any, Iterable, Iterator, Sequence
 
 import torch
 
-from rlkit.core.rollout.base import RolloutEngine, RolloutSample, Sampling, limits_per_prompt
+from rlkit.core.rollout.base import RolloutEngine, RolloutSample, Sampling, limits_per_prompt, request_seed
 from rlkit.core.rollout.engine_start import start_parts, vllm_info_lines
 from rlkit.core.rollout.vllm_worker import pack_weights
 
@@ -52,26 +52,21 @@ class VLLMEngine(RolloutEngine):
         imported = {"rollout_engine_import": time.perf_counter() - began}  # ~0 once vLLM is in the process
 
         self.sleep_mode = sleep_mode and self.on_gpu
-        own = dict(
-            model=model_path,
+        arguments = engine_arguments(
+            model_path,
             dtype=dtype,
             seed=seed,
             max_model_len=max_model_len,
+            on_gpu=self.on_gpu,
             gpu_memory_utilization=gpu_memory_utilization,
-            enforce_eager=not self.on_gpu if enforce_eager is None else enforce_eager,
+            enforce_eager=enforce_eager,
             max_num_seqs=max_num_seqs,
-            enable_sleep_mode=self.sleep_mode,
-            enable_prefix_caching=prefix_caching,
-            # Log-probs of the distribution actually sampled (after temperature), as the trainer computes.
-            # No slower than raw ones on vLLM 0.26's GPU model runner (V2): no logits copy, and the
-            # FlashInfer sampler it rules out is not used for seeded requests anyway (docs/benchmarks.md).
-            logprobs_mode="processed_logprobs",
-            worker_extension_cls="rlkit.core.rollout.vllm_worker.WeightLoader",
+            sleep_mode=self.sleep_mode,
+            prefix_caching=prefix_caching,
+            engine_kwargs=engine_kwargs,
         )
-        # engine_kwargs last: recipes cannot name rlkit's own arguments (rlkit.recipes.checks), a
-        # benchmark can (bench/vllm_logprobs.py compares logprobs_mode and async_scheduling).
         with vllm_info_lines() as lines:  # its start's parts (docs/startup.md), off the screen
-            self.llm = LLM(**{**own, **self.cpu_defaults(), **(engine_kwargs or {})})
+            self.llm = LLM(**arguments)
         self.reported_start = {**imported, **start_parts(lines)}
         self.asleep: set[str] = set()  # parts of device memory released by sleep()
         if self.separate_process:
@@ -79,11 +74,6 @@ class VLLMEngine(RolloutEngine):
 
     def start_parts(self) -> dict[str, float]:
         return self.reported_start
-
-    def cpu_defaults(self) -> dict[str, Any]:
-        """On a CPU, prompts are prefilled whole: vLLM rewinds a seeded request's generator after a
-        partial prefill, which CPU generators cannot do ("CPU Generator does not use offset")."""
-        return {} if self.on_gpu else {"enable_chunked_prefill": False}
 
     def generate(
         self, prompts: list[list[int]], sampling: Sampling, token_limits: Sequence[int] | None = None
@@ -97,55 +87,23 @@ class VLLMEngine(RolloutEngine):
         self, prompts: list[list[int]], sampling: Sampling, token_limits: Sequence[int] | None = None
     ) -> tuple[list[Any], list[Any]]:
         """vLLM's prompts and SamplingParams for a generate call, in the order of its samples."""
-        from vllm import SamplingParams
         from vllm.inputs import TokensPrompt
 
-        # One request per sample with its own seed: n > 1 with a shared seed would repeat samples.
-        # Log-probs only when asked: each costs per-token Python in vLLM's engine loop, which at
-        # batch 512 on an H200 is what bounds the decode speed (docs/benchmarks.md).
         requests, params = [], []
         for i, (prompt, limit) in enumerate(zip(prompts, limits_per_prompt(prompts, sampling, token_limits))):
             for j in range(sampling.n):
                 requests.append(TokensPrompt(prompt_token_ids=prompt))
-                params.append(
-                    SamplingParams(
-                        n=1,
-                        max_tokens=limit,
-                        logprobs=0 if sampling.log_probs else None,
-                        temperature=0.0 if sampling.greedy else sampling.temperature,
-                        top_p=sampling.top_p,
-                        top_k=sampling.top_k,
-                        seed=sampling.seed + i * sampling.n + j,
-                        ignore_eos=sampling.ignore_eos,
-                        detokenize=False,
-                        # Flat lists, not a {token: Logprob} dict per token: the dicts outlive the step, so
-                        # Python's garbage collector runs over them (and the whole heap) again and again.
-                        flat_logprobs=True,
-                    )
-                )
+                params.append(sampling_params(sampling, request_seed(sampling, i, j), limit))
         return requests, params
 
     @staticmethod
     def samples(outputs: list[Any], sampling: Sampling) -> list[RolloutSample]:
         """rlkit's samples from vLLM's outputs of `requests`."""
-        samples = []
-        for k, out in enumerate(outputs):
-            completion = out.outputs[0]
-            tokens = list(completion.token_ids)
-            log_probs = sampled_log_probs(completion.logprobs, len(tokens)) if sampling.log_probs else []
-            samples.append(RolloutSample(k // sampling.n, tokens, log_probs, completion.finish_reason == "stop"))
-        return samples
+        return [to_sample(out, k // sampling.n, sampling) for k, out in enumerate(outputs)]
 
     def score(self, sequences: list[list[int]], prompt_len: int) -> list[list[float]]:
-        from vllm import SamplingParams
-        from vllm.inputs import TokensPrompt
-
-        params = SamplingParams(max_tokens=1, prompt_logprobs=0, temperature=1.0, detokenize=False)
-        outputs = self.llm.generate([TokensPrompt(prompt_token_ids=s) for s in sequences], params, use_tqdm=False)
-        return [
-            [entry[tok].logprob for entry, tok in zip(out.prompt_logprobs[prompt_len:], seq[prompt_len:])]
-            for out, seq in zip(outputs, sequences)
-        ]
+        outputs = self.llm.generate(score_requests(sequences), score_params(), use_tqdm=False)
+        return [prompt_scores(out, seq, prompt_len) for out, seq in zip(outputs, sequences)]
 
     def load_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
         """New weights in place; the prefix cache goes with the old ones (its keys and values are theirs)."""
@@ -181,6 +139,103 @@ class VLLMEngine(RolloutEngine):
             self.llm.wake_up()
             missing = set(self.asleep)
         self.asleep -= missing
+
+
+def engine_arguments(
+    model_path: str,
+    *,
+    dtype: str,
+    seed: int,
+    max_model_len: int,
+    on_gpu: bool,
+    gpu_memory_utilization: float,
+    enforce_eager: bool | None,
+    max_num_seqs: int,
+    sleep_mode: bool,
+    prefix_caching: bool,
+    engine_kwargs: dict[str, Any] | None,
+) -> dict[str, Any]:
+    """vLLM's engine arguments as rlkit starts every engine, in-process, in a process of its own or async."""
+    own = dict(
+        model=model_path,
+        dtype=dtype,
+        seed=seed,
+        max_model_len=max_model_len,
+        gpu_memory_utilization=gpu_memory_utilization,
+        enforce_eager=not on_gpu if enforce_eager is None else enforce_eager,
+        max_num_seqs=max_num_seqs,
+        enable_sleep_mode=sleep_mode,
+        enable_prefix_caching=prefix_caching,
+        # Log-probs of the distribution actually sampled (after temperature), as the trainer computes.
+        # No slower than raw ones on vLLM 0.26's GPU model runner (V2): no logits copy, and the
+        # FlashInfer sampler it rules out is not used for seeded requests anyway (docs/benchmarks.md).
+        logprobs_mode="processed_logprobs",
+        worker_extension_cls="rlkit.core.rollout.vllm_worker.WeightLoader",
+    )
+    # On a CPU, prompts are prefilled whole: vLLM rewinds a seeded request's generator after a partial
+    # prefill, which CPU generators cannot do ("CPU Generator does not use offset").
+    cpu = {} if on_gpu else {"enable_chunked_prefill": False}
+    # engine_kwargs last: recipes cannot name rlkit's own arguments (rlkit.recipes.checks), a
+    # benchmark can (bench/vllm_logprobs.py compares logprobs_mode and async_scheduling).
+    return {**own, **cpu, **(engine_kwargs or {})}
+
+
+def sampling_params(sampling: Sampling, seed: int, max_tokens: int) -> Any:
+    """vLLM's SamplingParams of one sample: one request per sample with its own seed (n > 1 with a shared
+    seed would repeat samples)."""
+    from vllm import SamplingParams
+    from vllm.sampling_params import RequestOutputKind
+
+    return SamplingParams(
+        n=1,
+        max_tokens=max_tokens,
+        # Log-probs only when asked: each costs per-token Python in vLLM's engine loop, which at
+        # batch 512 on an H200 is what bounds the decode speed (docs/benchmarks.md).
+        logprobs=0 if sampling.log_probs else None,
+        temperature=0.0 if sampling.greedy else sampling.temperature,
+        top_p=sampling.top_p,
+        top_k=sampling.top_k,
+        seed=seed,
+        ignore_eos=sampling.ignore_eos,
+        detokenize=False,
+        # Flat lists, not a {token: Logprob} dict per token: the dicts outlive the step, so
+        # Python's garbage collector runs over them (and the whole heap) again and again.
+        flat_logprobs=True,
+        output_kind=RequestOutputKind.FINAL_ONLY,  # the async engine's stream: the last output only, as LLM's
+    )
+
+
+def score_requests(sequences: list[list[int]]) -> list[Any]:
+    from vllm.inputs import TokensPrompt
+
+    return [TokensPrompt(prompt_token_ids=s) for s in sequences]
+
+
+def score_params() -> Any:
+    """A request that scores its prompt: temperature-1 log-probs of every prompt token, one token generated."""
+    from vllm import SamplingParams
+    from vllm.sampling_params import RequestOutputKind
+
+    return SamplingParams(
+        max_tokens=1,
+        prompt_logprobs=0,
+        temperature=1.0,
+        detokenize=False,
+        output_kind=RequestOutputKind.FINAL_ONLY,
+    )
+
+
+def prompt_scores(output: Any, sequence: list[int], prompt_len: int) -> list[float]:
+    """The log-probs of `sequence`'s tokens after `prompt_len` from a `score_params` request's output."""
+    return [entry[tok].logprob for entry, tok in zip(output.prompt_logprobs[prompt_len:], sequence[prompt_len:])]
+
+
+def to_sample(output: Any, prompt_index: int, sampling: Sampling) -> RolloutSample:
+    """rlkit's sample from vLLM's output of one request."""
+    completion = output.outputs[0]
+    tokens = list(completion.token_ids)
+    log_probs = sampled_log_probs(completion.logprobs, len(tokens)) if sampling.log_probs else []
+    return RolloutSample(prompt_index, tokens, log_probs, completion.finish_reason == "stop")
 
 
 @contextmanager

@@ -1,0 +1,28 @@
+"""An asyncio event loop in a thread of its own, for code that is called synchronously (a Ray actor's method,
+the in-process workers, a notebook's cell that already runs a loop) and runs coroutines: the async vLLM
+engine's client (rlkit.core.rollout.vllm_async) and the agent loop's episodes (rlkit.core.agents.turns)."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from typing import Any, Coroutine, TypeVar
+
+T = TypeVar("T")
+
+
+class EventLoop:
+    """A loop running in a daemon thread; `run` waits in the calling thread for a coroutine's result."""
+
+    def __init__(self, name: str) -> None:
+        self.loop = asyncio.new_event_loop()
+        self.thread = threading.Thread(target=self.loop.run_forever, name=name, daemon=True)
+        self.thread.start()
+
+    def run(self, coroutine: Coroutine[Any, Any, T]) -> T:
+        return asyncio.run_coroutine_threadsafe(coroutine, self.loop).result()
+
+    def close(self) -> None:
+        if self.loop.is_running():
+            self.loop.call_soon_threadsafe(self.loop.stop)
+            self.thread.join(timeout=10)
