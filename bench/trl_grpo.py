@@ -17,7 +17,8 @@ head, no dropout; TRL's reference is then the base with the adapters off, as rlk
 TRL's two-GPU setup: `trl vllm-serve` on the second visible GPU, the trainer on the first
 (weights sent to the server over NCCL after each step); without either, transformers
 generate. A step is timed from one optimizer step's end to the next; the start-up from the process's
-launch to the end of the first optimizer step (`startup`, as rlkit's `startup/launch_to_first_step_s`).
+launch to the end of the first optimizer step (`startup`, as rlkit's `startup/launch_to_first_step_s`);
+`peak_gpu_memory_gib` is the most nvidia-smi showed on this process's GPU (None without one).
 """
 
 from __future__ import annotations
@@ -37,6 +38,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.reward import trl_reward  # noqa: E402
+from bench.rlkit_grpo import GpuMemoryPeak  # noqa: E402
 from bench.workload import SHAPES, Workload, prepared  # noqa: E402
 from rlkit.core.startup import process_start_time  # noqa: E402
 
@@ -148,10 +150,16 @@ def main() -> None:
             times = [b - a for a, b in zip(ends, ends[1:])]
             measured = times[args.warmup:] or times
             result.update(status=f"{len(times)}/{args.steps} steps", step_times=times,
-                          step_seconds=sum(measured) / len(measured))
+                          step_seconds=sum(measured) / len(measured), peak_gpu_memory_gib=peak_gib())
             out.write_text(json.dumps(result, indent=1))
             print(f"[{args.label}] step {len(times)}: {times[-1]:.2f} s", flush=True)
 
+    memory = GpuMemoryPeak()  # the trainer and its colocated engine, as rlkit_grpo.py measures rlkit's
+
+    def peak_gib() -> float | None:
+        return memory.peak_mib / 1024 if memory.peak_mib else None
+
+    memory.start()
     start = time.perf_counter()
     trainer = GRPOTrainer(model=str(workdir / "model"), reward_funcs=trl_reward, args=config,
                           train_dataset=Dataset.from_dict({"prompt": prompts}),
@@ -162,6 +170,7 @@ def main() -> None:
         trainer.train()
         result["status"] = "done"
     finally:
+        result["peak_gpu_memory_gib"] = peak_gib()
         out.write_text(json.dumps(result, indent=1))
         if server is not None:
             server[0].kill()
