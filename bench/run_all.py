@@ -37,6 +37,13 @@ AGENT = str(HERE / "agent_grpo.py")  # the same workload, each response in 3 tur
 FAST = [RLKIT, "--compile", "--cuda-graphs"]
 ASYNC = ["--engine-kwargs", "{async_scheduling: true}"]
 TWO_WAYS = "without_log_probs,with_log_probs"  # the trainer's two calls (vllm_rollout.py --ways)
+# Arguments both bench/rlkit_grpo.py and bench/trl_grpo.py take, with the same meaning: the 7B shape (random weights),
+# 16 prompts x 8 samples, LoRA rank 64 (alpha 128, all linear layers), gradient checkpointing, micro-batches of 16
+# sequences of 768 tokens, the colocated vLLM engine at 0.35 of the GPU; the 1.5B shape's 64 x 8 full fine-tuning
+# in micro-batches of 8 sequences
+LORA_7B = ["--shape", "7b", "--prompts", "16", "--lora-rank", "64", "--grad-ckpt", "--micro-batch-tokens", "12288",
+           "--gpu-memory-utilization", "0.35"]
+FULL_1P5B = ["--shape", "1.5b", "--micro-batch-tokens", "6144", "--gpu-memory-utilization", "0.35"]
 
 # name -> (script arguments, GPUs needed, estimated seconds on an H200 incl. start-up)
 CONFIGS: dict[str, tuple[list[str], int, int]] = {
@@ -95,7 +102,26 @@ CONFIGS: dict[str, tuple[list[str], int, int]] = {
     "agent-1gpu-3turns-cudagraphs-compile-nocache": ([AGENT, "--compile", "--cuda-graphs", "--turns", "3",
                                                       "--override", "rollout.vllm.prefix_caching=false"], 1, 240),
     "rlkit-1gpu-vllm-cudagraphs-compile-nocache": (FAST + ["--override", "rollout.vllm.prefix_caching=false"], 1, 200),
+    # A size users run (issue 26 item 8), rlkit and TRL on one GPU each with the same arguments: LoRA on the 7B shape,
+    # full fine-tuning of the 1.5B; rlkit takes rollout log-probs and corrects with them every step, as TRL always does
+    "rlkit-1gpu-7b-lora64": ([RLKIT, "--cuda-graphs", "--rollout-is-cap", "2", *LORA_7B], 1, 300),
+    "trl-1gpu-7b-lora64": ([TRL, "--vllm", *LORA_7B], 1, 360),
+    "rlkit-1gpu-1.5b-full": (FAST + ["--rollout-is-cap", "2", *FULL_1P5B], 1, 300),
+    "trl-1gpu-1.5b-full": ([TRL, "--vllm", *FULL_1P5B], 1, 360),
 }
+# The TRL configuration with an rlkit one's workload where it is not the 0.5B shape's (trl-1gpu-vllm, trl-1gpu-hf)
+TRL_OF = {"rlkit-1gpu-7b-lora64": "trl-1gpu-7b-lora64", "rlkit-1gpu-1.5b-full": "trl-1gpu-1.5b-full"}
+
+
+def shape_of(script_args: list[str]) -> str:
+    """The model shape a configuration runs (bench/workload.py SHAPES)."""
+    return script_args[script_args.index("--shape") + 1] if "--shape" in script_args else "0.5b"
+
+
+def workdir_for(workdir: str, shape: str) -> str:
+    """Where a shape's model and prompts live: --workdir for the 0.5B shape, a folder in it for each other shape,
+    so that every configuration of one shape shares one build (a 7B model takes minutes to build)."""
+    return workdir if shape == "0.5b" else str(Path(workdir) / shape)
 
 
 def measure_peak_flops() -> float | None:
@@ -220,12 +246,13 @@ def table(results: dict) -> str:
         else:
             lines.append(f"| {name} | {res.get('status', '?')} | - | - | - | - | - | - | - |")
     ratios = []
-    for name, res in results["configs"].items():  # every 1-GPU rlkit configuration against TRL on its engine
+    for name, res in results["configs"].items():  # every 1-GPU rlkit configuration against TRL on its workload
         engine = "hf" if name.startswith("rlkit-1gpu-hf") else "vllm"
+        other = TRL_OF.get(name, f"trl-1gpu-{engine}")
         ours = res.get("summary", {}).get("step_seconds") if name.startswith("rlkit-1gpu-") else None
-        theirs = results["configs"].get(f"trl-1gpu-{engine}", {}).get("step_seconds")
+        theirs = results["configs"].get(other, {}).get("step_seconds")
         if ours and theirs:
-            ratios.append(f"- {name} vs trl-1gpu-{engine}: rlkit {ours:.2f} s/step, TRL {theirs:.2f} s/step: "
+            ratios.append(f"- {name} vs {other}: rlkit {ours:.2f} s/step, TRL {theirs:.2f} s/step: "
                           f"rlkit is {theirs / ours:.2f}x faster")
     theirs = results["configs"].get("trl-2gpu-vllm-server", {}).get("step_seconds")
     for name, res in results["configs"].items():  # every 2-GPU rlkit configuration against TRL's server mode
@@ -247,9 +274,10 @@ def table(results: dict) -> str:
 class Runner:
     """Runs configurations (each in its own process), merging their results as they finish."""
 
-    def __init__(self, args: argparse.Namespace, out: Path, gpus: int, peak: float | None, results: dict) -> None:
+    def __init__(self, args: argparse.Namespace, out: Path, gpus: int, peak: float | None, results: dict,
+                 deadline: float) -> None:
         self.args, self.out, self.gpus, self.peak, self.results = args, out, gpus, peak, results
-        self.deadline = time.monotonic() + args.budget
+        self.deadline = deadline
         self.lock = threading.Lock()
         (out / "logs").mkdir(exist_ok=True)
 
@@ -262,9 +290,7 @@ class Runner:
             res = {"status": f"skipped: {left:.0f} s left, needs ~{estimate} s"}
         else:
             result_file = self.out / f"{name}.json"
-            command = [sys.executable, *script_args, "--workdir", self.args.workdir, "--out", str(result_file),
-                       "--label", name] + (["--tiny"] if self.args.tiny else []) + \
-                      (["--peak-flops", str(self.peak)] if self.peak and script_args[0] in (RLKIT, AGENT) else [])
+            command = self.command(name, result_file)
             env = dict(os.environ, **({"CUDA_VISIBLE_DEVICES": str(gpu)} if gpu is not None else {}),
                        **cache_env(self.args.caches_per_config, name))
             where = f" on GPU {gpu}" if gpu is not None else ""
@@ -280,6 +306,14 @@ class Runner:
             (self.out / "results.json").write_text(json.dumps(self.results, indent=1))
             (self.out / "results.md").write_text(table(self.results))
         print(f"== {name}: {res['status']}", flush=True)
+
+    def command(self, name: str, result_file: Path) -> list[str]:
+        """The configuration's process: its script and arguments, the workload folder of its shape, where to write."""
+        script_args = CONFIGS[name][0]
+        workdir = workdir_for(self.args.workdir, shape_of(script_args))
+        return [sys.executable, *script_args, "--workdir", workdir, "--out", str(result_file), "--label", name] + \
+            (["--tiny"] if self.args.tiny else []) + \
+            (["--peak-flops", str(self.peak)] if self.peak and script_args[0] in (RLKIT, AGENT) else [])
 
     def lanes(self, lanes: list[list[str]]) -> None:
         """Lane i runs its configurations one after another on GPU i, all lanes at once."""
@@ -299,12 +333,14 @@ def main() -> None:
                              "after the positional configurations")
     parser.add_argument("--out", required=True)
     parser.add_argument("--workdir", default="/tmp/rlkit-bench", help="model + prompts, built once and shared")
-    parser.add_argument("--budget", type=float, default=560, help="seconds for everything")
+    parser.add_argument("--budget", type=float, default=560,
+                        help="seconds for everything, the workloads' builds included")
     parser.add_argument("--tiny", action="store_true")
     parser.add_argument("--caches-per-config", metavar="CACHES",
                         help="compile caches (inductor, Triton, vLLM) in CACHES/<config>, kept between runs; "
                              "NAME-again uses NAME's (default: each library's own, shared by all)")
     args = parser.parse_args()
+    deadline = time.monotonic() + args.budget
     lanes = [lane.split() for lane in args.lane]
     unknown = [n for n in args.configs + [n for lane in lanes for n in lane] if n not in CONFIGS]
     if unknown:
@@ -321,14 +357,19 @@ def main() -> None:
     sys.path.insert(0, str(HERE.parent))
     from bench.workload import prepared
 
-    prepared(args.workdir, args.tiny)
+    built = {}
+    for shape in sorted({shape_of(CONFIGS[n][0]) for n in args.configs + [n for lane in lanes for n in lane]}):
+        began, folder = time.monotonic(), workdir_for(args.workdir, shape)
+        print(f"== workload {shape} in {folder}", flush=True)
+        prepared(folder, args.tiny, shape)  # built once here, before the configurations that share it start
+        built[shape] = round(time.monotonic() - began, 1)
     gpus = torch.cuda.device_count()
     peak = measure_peak_flops()
     machine = f"{gpus} x {torch.cuda.get_device_name(0)}" if gpus else "CPU"
     results = {"date": time.strftime("%Y-%m-%d %H:%M %Z"), "machine": machine, "host_cpu": host_cpu(),
                "versions": versions(),
-               "peak_flops": peak, "configs": {}}
-    runner = Runner(args, out, gpus, peak, results)
+               "peak_flops": peak, "workload_seconds": built, "configs": {}}
+    runner = Runner(args, out, gpus, peak, results, deadline)
     if gpus and len(lanes) > gpus:  # fewer GPUs than lanes: take the lanes' heads first, one at a time
         args.configs += [lane[k] for k in range(max(map(len, lanes))) for lane in lanes if k < len(lane)]
         lanes = []

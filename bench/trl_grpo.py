@@ -1,16 +1,24 @@
 """TRL's GRPOTrainer on the same workload as bench/rlkit_grpo.py, for a like-for-like step time.
 
   python bench/trl_grpo.py --workdir /tmp/bench --out trl.json [--vllm | --vllm-server] [--tiny]
+      [--shape 7b] [--prompts 16] [--lora-rank 64] [--grad-ckpt] [--micro-batch-tokens 12288]
+      [--gpu-memory-utilization 0.35]
 
 Same model files, prompts, reward, sampling and batch: 64 prompts x 8 samples per
 optimizer step (per_device 16 x gradient accumulation 32 = one generation batch of 512),
 responses forced to 512 tokens, fp32 master weights with bf16 autocast, KL to a reference
 (beta 0.001, as rlkit's grpo recipe), gradient checkpointing off (rlkit's default).
+--shape, --prompts, --lora-rank and --grad-ckpt mean what they mean in bench/rlkit_grpo.py
+(the same workload folder, the same peft LoRA: alpha 2 x rank, every linear layer but the
+head, no dropout; TRL's reference is then the base with the adapters off, as rlkit's);
+--micro-batch-tokens is rlkit's actor.micro_batch_tokens in TRL's unit, sequences per device
+(every sequence here is prompt + response tokens long).
 --vllm uses TRL's colocated vLLM (its defaults: CUDA graphs, no sleep mode); --vllm-server
 TRL's two-GPU setup: `trl vllm-serve` on the second visible GPU, the trainer on the first
 (weights sent to the server over NCCL after each step); without either, transformers
 generate. A step is timed from one optimizer step's end to the next; the start-up from the process's
-launch to the end of the first optimizer step (`startup`, as rlkit's `startup/launch_to_first_step_s`).
+launch to the end of the first optimizer step (`startup`, as rlkit's `startup/launch_to_first_step_s`);
+`peak_gpu_memory_gib` is the most nvidia-smi showed on this process's GPU (None without one).
 """
 
 from __future__ import annotations
@@ -24,31 +32,92 @@ import subprocess
 import sys
 import time
 import urllib.request
+from dataclasses import replace
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.reward import trl_reward  # noqa: E402
-from bench.workload import prepared  # noqa: E402
+from bench.rlkit_grpo import GpuMemoryPeak  # noqa: E402
+from bench.workload import SHAPES, Workload, prepared  # noqa: E402
 from rlkit.core.startup import process_start_time  # noqa: E402
 
 LAUNCH = process_start_time() or time.time()  # as rlkit's start-up clock counts: from the process's launch
 
 
-def main() -> None:
+def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--workdir", required=True)
     parser.add_argument("--out", required=True)
     parser.add_argument("--label", default="trl")
     parser.add_argument("--tiny", action="store_true")
+    parser.add_argument("--shape", default="0.5b", choices=sorted(SHAPES), help="Qwen2.5 model shape (random weights)")
+    parser.add_argument("--prompts", type=int, default=None, help="prompts per step (default: the workload's)")
+    parser.add_argument("--lora-rank", type=int, default=0,
+                        help="peft LoRA of this rank (alpha = 2 x rank, all linear layers); 0 = full fine-tuning")
+    parser.add_argument("--grad-ckpt", action="store_true",
+                        help="gradient checkpointing (on in TRL's defaults; off here unless given, as in rlkit's)")
+    parser.add_argument("--micro-batch-tokens", type=int, default=None,
+                        help="tokens per forward/backward, a multiple of prompt + response tokens "
+                             "(per_device_train_batch_size = this / that); default 16 sequences")
+    parser.add_argument("--gpu-memory-utilization", type=float, default=None,
+                        help="vllm_gpu_memory_utilization of the colocated engine (default: TRL's, 0.3)")
     parser.add_argument("--vllm", action="store_true", help="TRL's vLLM colocate mode")
     parser.add_argument("--vllm-server", action="store_true",
                         help="TRL's server mode: `trl vllm-serve` on the second visible GPU, the trainer on the first")
     parser.add_argument("--steps", type=int, default=4)
     parser.add_argument("--warmup", type=int, default=1)
-    args = parser.parse_args()
+    return parser
 
-    workload, workdir = prepared(args.workdir, args.tiny)
+
+def lora_settings(rank: int) -> dict | None:
+    """The peft LoraConfig a TRL user writes for bench/rlkit_grpo.py's `--lora-rank rank` (rlkit's model.lora with
+    alpha 2 x rank and its defaults: every linear layer but the output head, no dropout); None for 0."""
+    if not rank:
+        return None
+    return dict(r=rank, lora_alpha=2 * rank, target_modules="all-linear", lora_dropout=0.0, task_type="CAUSAL_LM")
+
+
+def sequences_per_micro_batch(micro_batch_tokens: int | None, workload: Workload) -> int:
+    """per_device_train_batch_size: `micro_batch_tokens` in whole sequences (16 when not given), at most one step's."""
+    length = workload.prompt_tokens + workload.response_tokens
+    if micro_batch_tokens is not None and (micro_batch_tokens < length or micro_batch_tokens % length):
+        raise ValueError(f"--micro-batch-tokens {micro_batch_tokens}: give a multiple of {length} "
+                         "(prompt + response tokens), so each micro-batch holds whole sequences")
+    per_device = min(16 if micro_batch_tokens is None else micro_batch_tokens // length, workload.sequences)
+    if workload.sequences % per_device:
+        raise ValueError(f"--micro-batch-tokens {micro_batch_tokens}: {workload.sequences} sequences a step do not "
+                         f"split into micro-batches of {per_device}")
+    return per_device
+
+
+def grpo_settings(args: argparse.Namespace, workload: Workload, output_dir: str, server_url: str | None) -> dict:
+    """GRPOConfig's arguments: one optimizer step over the whole generation batch, as rlkit's run of the workload."""
+    per_device = sequences_per_micro_batch(args.micro_batch_tokens, workload)
+    use_vllm = args.vllm or server_url is not None
+    forced = {"ignore_eos": True} if use_vllm else {"min_new_tokens": workload.response_tokens}
+    mode = {"vllm_mode": "server", "vllm_server_base_url": server_url} if server_url else {"vllm_mode": "colocate"}
+    if args.gpu_memory_utilization is not None:
+        mode["vllm_gpu_memory_utilization"] = args.gpu_memory_utilization
+    return dict(
+        output_dir=output_dir, per_device_train_batch_size=per_device,
+        gradient_accumulation_steps=workload.sequences // per_device, num_generations=workload.samples,
+        max_completion_length=workload.response_tokens, generation_kwargs=forced, temperature=1.0,
+        learning_rate=1e-6, beta=0.001, max_steps=args.steps, logging_steps=1, save_strategy="no",
+        report_to="none", bf16=not args.tiny, use_cpu=args.tiny, gradient_checkpointing=args.grad_ckpt,
+        use_vllm=use_vllm, seed=0, dataloader_num_workers=0, **mode)
+
+
+def main() -> None:
+    parser = build_parser()
+    args = parser.parse_args()
+    workload, workdir = prepared(args.workdir, args.tiny, args.shape)
+    if args.prompts:
+        workload = replace(workload, prompts=args.prompts)
+    try:
+        sequences_per_micro_batch(args.micro_batch_tokens, workload)
+    except ValueError as exc:
+        parser.error(str(exc))
     server = start_vllm_server(str(workdir / "model"), workload) if args.vllm_server else None
     import pyarrow.parquet as pq
     import trl
@@ -57,18 +126,15 @@ def main() -> None:
     from trl import GRPOConfig, GRPOTrainer
 
     prompts = pq.read_table(workdir / "prompts.parquet").column("prompt").to_pylist()
-    per_device = min(16, workload.sequences)
-    use_vllm = args.vllm or server is not None
-    forced = {"ignore_eos": True} if use_vllm else {"min_new_tokens": workload.response_tokens}
-    mode = {"vllm_mode": "server", "vllm_server_base_url": server[1]} if server else {"vllm_mode": "colocate"}
-    config = GRPOConfig(
-        output_dir=str(workdir / "trl-out"), per_device_train_batch_size=per_device,
-        gradient_accumulation_steps=workload.sequences // per_device, num_generations=workload.samples,
-        max_completion_length=workload.response_tokens, generation_kwargs=forced, temperature=1.0,
-        learning_rate=1e-6, beta=0.001, max_steps=args.steps, logging_steps=1, save_strategy="no",
-        report_to="none", bf16=not args.tiny, use_cpu=args.tiny, gradient_checkpointing=False,
-        use_vllm=use_vllm, seed=0, dataloader_num_workers=0, **mode)
-    result: dict = {"label": args.label, "args": vars(args), "trl_version": trl.__version__, "status": "starting"}
+    settings = grpo_settings(args, workload, str(workdir / "trl-out"), server[1] if server else None)
+    config = GRPOConfig(**settings)
+    lora, peft_config = lora_settings(args.lora_rank), None
+    if lora:
+        from peft import LoraConfig
+
+        peft_config = LoraConfig(**lora)
+    result: dict = {"label": args.label, "args": vars(args), "trl_version": trl.__version__, "status": "starting",
+                    "settings": {k: v for k, v in settings.items() if k != "output_dir"}, "lora": lora}
     out = Path(args.out)
     ends: list[float] = []
 
@@ -84,20 +150,27 @@ def main() -> None:
             times = [b - a for a, b in zip(ends, ends[1:])]
             measured = times[args.warmup:] or times
             result.update(status=f"{len(times)}/{args.steps} steps", step_times=times,
-                          step_seconds=sum(measured) / len(measured))
+                          step_seconds=sum(measured) / len(measured), peak_gpu_memory_gib=peak_gib())
             out.write_text(json.dumps(result, indent=1))
             print(f"[{args.label}] step {len(times)}: {times[-1]:.2f} s", flush=True)
 
+    memory = GpuMemoryPeak()  # the trainer and its colocated engine, as rlkit_grpo.py measures rlkit's
+
+    def peak_gib() -> float | None:
+        return memory.peak_mib / 1024 if memory.peak_mib else None
+
+    memory.start()
     start = time.perf_counter()
     trainer = GRPOTrainer(model=str(workdir / "model"), reward_funcs=trl_reward, args=config,
                           train_dataset=Dataset.from_dict({"prompt": prompts}),
                           processing_class=AutoTokenizer.from_pretrained(workdir / "model"),
-                          callbacks=[StepTimes()])
+                          callbacks=[StepTimes()], peft_config=peft_config)
     result["setup_seconds"] = time.perf_counter() - start
     try:
         trainer.train()
         result["status"] = "done"
     finally:
+        result["peak_gpu_memory_gib"] = peak_gib()
         out.write_text(json.dumps(result, indent=1))
         if server is not None:
             server[0].kill()

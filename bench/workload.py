@@ -3,7 +3,7 @@
 GRPO with fixed shapes: 64 prompts x 8 samples, prompts of exactly 256 tokens, responses
 forced to 512 tokens (EOS ignored). The tokenizer encodes one token per character, so a
 prompt of 256 letters is exactly 256 tokens for rlkit, vLLM and TRL alike. `--tiny` shrinks everything to run on a CPU.
-Larger shapes (`SHAPES`: Qwen2.5-3B and -7B) measure what fits on one device (LoRA vs full fine-tuning).
+Larger shapes (`SHAPES`: Qwen2.5-1.5B, -3B and -7B) measure what fits on one device (LoRA vs full fine-tuning).
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ class Workload:
     kv_heads: int = 2
     vocab: int = 151936
     max_positions: int = 32768
-    tied: bool = True  # input embedding and output head share one matrix (0.5B, 3B; not 7B)
+    tied: bool = True  # input embedding and output head share one matrix (0.5B, 1.5B, 3B; not 7B)
 
     @property
     def head_dim(self) -> int:
@@ -69,6 +69,7 @@ TINY = Workload(prompts=4, samples=4, prompt_tokens=16, response_tokens=8, hidde
 # Model shapes of Qwen2.5 (config.json of each), same batch as FULL.
 SHAPES = {
     "0.5b": FULL,
+    "1.5b": Workload(hidden=1536, intermediate=8960, layers=28, heads=12, kv_heads=2),
     "3b": Workload(hidden=2048, intermediate=11008, layers=36, heads=16, kv_heads=2),
     "7b": Workload(hidden=3584, intermediate=18944, layers=28, heads=28, kv_heads=4, vocab=152064, tied=False),
 }

@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import argparse
 import sys
+from dataclasses import replace
 from pathlib import Path
+
+import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
@@ -44,4 +47,96 @@ def test_run_all_caches_per_config_and_the_start_up_lines() -> None:
         "- rlkit-1gpu-defaults-again: launch to first step 30.0 s",
         "- rlkit-1gpu-defaults vs trl-1gpu-vllm: rlkit 52.5 s, TRL 45.0 s to the end of the first step: "
         "rlkit slower by 7.5 s",
+    ]
+
+
+LORA_7B_SHARED = ["--shape", "7b", "--prompts", "16", "--lora-rank", "64", "--grad-ckpt", "--micro-batch-tokens",
+                  "12288", "--gpu-memory-utilization", "0.35"]
+
+
+def test_the_7b_lora_lanes_run_both_scripts_on_one_workload_folder_with_the_same_arguments(tmp_path: Path) -> None:
+    from bench.run_all import RLKIT, TRL, Runner
+
+    runner = Runner(argparse.Namespace(workdir="/w", tiny=False, caches_per_config=None), tmp_path, gpus=1,
+                    peak=None, results={}, deadline=0.0)
+    ours = runner.command("rlkit-1gpu-7b-lora64", tmp_path / "r.json")
+    theirs = runner.command("trl-1gpu-7b-lora64", tmp_path / "t.json")
+    tail = ["--workdir", "/w/7b", "--out"]  # one 7B build shared by both, beside the 0.5B workload in /w
+    assert ours == [sys.executable, RLKIT, "--cuda-graphs", "--rollout-is-cap", "2", *LORA_7B_SHARED, *tail,
+                    str(tmp_path / "r.json"), "--label", "rlkit-1gpu-7b-lora64"]
+    assert theirs == [sys.executable, TRL, "--vllm", *LORA_7B_SHARED, *tail, str(tmp_path / "t.json"),
+                      "--label", "trl-1gpu-7b-lora64"]
+    full = runner.command("trl-1gpu-1.5b-full", tmp_path / "f.json")
+    assert full[full.index("--workdir") + 1] == "/w/1.5b" and "--lora-rank" not in full
+    assert runner.command("trl-1gpu-vllm", tmp_path / "v.json")[3:5] == ["--workdir", "/w"]
+
+
+def test_lora_rank_64_is_rank_64_alpha_128_on_every_linear_layer_on_both_sides() -> None:
+    from bench.rlkit_grpo import build_parser
+    from bench.trl_grpo import lora_settings
+    from bench.workload import SHAPES
+    from rlkit.recipes.loader import load_config
+
+    args = build_parser().parse_args(["--workdir", "w", "--out", "o", "--cuda-graphs", *LORA_7B_SHARED])
+    workload = replace(SHAPES[args.shape], prompts=args.prompts)
+    config = load_config("grpo", overrides(args, workload, "p.parquet", "runs"), model="m", require_inputs=False)
+    lora = config.model.lora
+    assert (lora.rank, lora.alpha, lora.target_modules, lora.dropout) == (64, 128, "all-linear", 0.0)
+    assert config.actor.micro_batch_tokens == 12288 and config.model.gradient_checkpointing
+    assert (config.data.train_batch_size, config.rollout.n, config.actor.mini_batch_size) == (16, 8, 16)
+    assert config.rollout.gpu_memory_utilization == 0.35 and config.actor.lr == 1e-6
+    # TRL's LoraConfig arguments: rlkit's settings under peft's names (rlkit.core.train.adapters.peft_config)
+    assert lora_settings(64) == {"r": 64, "lora_alpha": 128, "target_modules": "all-linear", "lora_dropout": 0.0,
+                                 "task_type": "CAUSAL_LM"}
+    assert lora_settings(0) is None  # full fine-tuning
+
+
+def test_trl_takes_the_same_batch_micro_batch_and_engine_share() -> None:
+    from bench.trl_grpo import build_parser as trl_parser
+    from bench.trl_grpo import grpo_settings, sequences_per_micro_batch
+    from bench.workload import FULL, SHAPES, TINY
+
+    args = trl_parser().parse_args(["--workdir", "w", "--out", "o", "--vllm", *LORA_7B_SHARED])
+    workload = replace(SHAPES["7b"], prompts=16)
+    settings = grpo_settings(args, workload, "out", None)
+    # 16 prompts x 8 samples = 128 sequences: 8 micro-batches of 16 x 768 = 12288 tokens, one optimizer step
+    assert (settings["per_device_train_batch_size"], settings["gradient_accumulation_steps"]) == (16, 8)
+    assert (settings["num_generations"], settings["max_completion_length"]) == (8, 512)
+    assert settings["gradient_checkpointing"] and settings["vllm_gpu_memory_utilization"] == 0.35
+    assert (settings["learning_rate"], settings["beta"], settings["vllm_mode"]) == (1e-6, 0.001, "colocate")
+    assert settings["use_vllm"] and settings["generation_kwargs"] == {"ignore_eos": True}
+    plain = grpo_settings(trl_parser().parse_args(["--workdir", "w", "--out", "o"]), FULL, "out", None)
+    assert "vllm_gpu_memory_utilization" not in plain and not plain["gradient_checkpointing"]  # TRL's own 0.3
+    assert plain["per_device_train_batch_size"] == 16 and plain["gradient_accumulation_steps"] == 32
+    assert sequences_per_micro_batch(6144, FULL) == 8
+    assert sequences_per_micro_batch(12288, TINY) == 16  # 512 sequences of 24 tokens, but a step has 16
+    with pytest.raises(ValueError, match="multiple of 768"):
+        sequences_per_micro_batch(8192, FULL)
+    with pytest.raises(ValueError, match="512 sequences a step do not split into micro-batches of 3"):
+        sequences_per_micro_batch(3 * 768, FULL)
+
+
+def test_the_1p5b_shape_is_qwen25_1p5b_and_ratios_pair_each_rlkit_lane_with_trl_on_its_workload() -> None:
+    from bench.run_all import shape_of, table, workdir_for
+    from bench.workload import SHAPES
+
+    shape = SHAPES["1.5b"]  # Qwen2.5-1.5B's config.json
+    assert (shape.hidden, shape.intermediate, shape.layers, shape.heads, shape.kv_heads, shape.head_dim) == \
+        (1536, 8960, 28, 12, 2, 128)
+    assert (shape.vocab, shape.tied, shape.prompts, shape.samples) == (151936, True, 64, 8)
+    assert shape_of(["x.py", "--shape", "1.5b"]) == "1.5b" and shape_of(["x.py"]) == "0.5b"
+    assert workdir_for("/w", "0.5b") == "/w" and workdir_for("/w", "1.5b") == "/w/1.5b"
+
+    def rlkit(step_seconds: float) -> dict:
+        return {"status": "ok", "summary": {"step_seconds": step_seconds, "phases": {},
+                                            "rollout": {"seconds": 1.0, "tokens_per_s": 1.0},
+                                            "sync_seconds": 0.1, "controller_overhead_seconds": 0.1}}
+
+    results = {"machine": "CPU", "date": "d", "versions": {}, "peak_flops": None, "configs": {
+        "rlkit-1gpu-7b-lora64": rlkit(20.0), "trl-1gpu-7b-lora64": {"status": "ok", "step_seconds": 50.0},
+        "rlkit-1gpu-vllm": rlkit(10.0), "trl-1gpu-vllm": {"status": "ok", "step_seconds": 25.0}}}
+    ratios = [line for line in table(results).splitlines() if " vs " in line]
+    assert ratios == [
+        "- rlkit-1gpu-7b-lora64 vs trl-1gpu-7b-lora64: rlkit 20.00 s/step, TRL 50.00 s/step: rlkit is 2.50x faster",
+        "- rlkit-1gpu-vllm vs trl-1gpu-vllm: rlkit 10.00 s/step, TRL 25.00 s/step: rlkit is 2.50x faster",
     ]
