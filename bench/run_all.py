@@ -102,6 +102,13 @@ CONFIGS: dict[str, tuple[list[str], int, int]] = {
     "agent-1gpu-3turns-cudagraphs-compile-nocache": ([AGENT, "--compile", "--cuda-graphs", "--turns", "3",
                                                       "--override", "rollout.vllm.prefix_caching=false"], 1, 240),
     "rlkit-1gpu-vllm-cudagraphs-compile-nocache": (FAST + ["--override", "rollout.vllm.prefix_caching=false"], 1, 200),
+    # vLLM's async engine fed one request per sample, agent turns with no per-turn barrier (rollout.vllm.streaming)
+    "vllm-rollout-1gpu-streaming": ([ROLLOUT, "--streaming", "--ways", TWO_WAYS], 1, 200),
+    "rlkit-1gpu-defaults-streaming": ([RLKIT, "--defaults", "--override", "rollout.vllm.streaming=true"], 1, 240),
+    "rlkit-1gpu-defaults-streaming-logprobs": ([RLKIT, "--defaults", "--rollout-is-cap", "2", "--override",
+                                                "rollout.vllm.streaming=true"], 1, 240),
+    "agent-1gpu-3turns-cudagraphs-compile-streaming": ([AGENT, "--compile", "--cuda-graphs", "--turns", "3",
+                                                        "--override", "rollout.vllm.streaming=true"], 1, 260),
     # A size users run (issue 26 item 8), rlkit and TRL on one GPU each with the same arguments: LoRA on the 7B shape,
     # full fine-tuning of the 1.5B; rlkit takes rollout log-probs and corrects with them every step, as TRL always does
     "rlkit-1gpu-7b-lora64": ([RLKIT, "--cuda-graphs", "--rollout-is-cap", "2", *LORA_7B], 1, 300),
