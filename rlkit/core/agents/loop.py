@@ -23,6 +23,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import logging
+import weakref
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
@@ -125,6 +126,7 @@ class AgentLoop:
         self.tokenizer, self.make_env, self.limits, self.guard = tokenizer, make_env, limits, guard
         self.boundary = TurnBoundary(tokenizer, tools)
         self.events = EventLoop("rlkit-agent-episodes")  # the batched schedule's episodes run here
+        weakref.finalize(self, self.events.close)  # its thread goes with the loop (another run may follow here)
 
     def run(self, engine: RolloutEngine, rows: list[Any], groups: list[int], sampling: Sampling) -> list[Trajectory]:
         """sampling.n episodes per row, prompt-major, as trajectories (group = the row's entry in `groups`)."""

@@ -23,6 +23,8 @@ class EventLoop:
         return asyncio.run_coroutine_threadsafe(coroutine, self.loop).result()
 
     def close(self) -> None:
+        """Stop the loop; its thread ends (joined unless this is that thread: a finalizer may run there)."""
         if self.loop.is_running():
             self.loop.call_soon_threadsafe(self.loop.stop)
-            self.thread.join(timeout=10)
+            if threading.current_thread() is not self.thread:
+                self.thread.join(timeout=10)
