@@ -55,7 +55,7 @@ def response_log_probs(
     for rows in micro_batches(batch, micro_batch_tokens):
         packed = packing.pack(batch.select(rows)).to(device)
         logits = fsdp.packed_outputs(module, packed)
-        if with_sum_pi_squared:  # first: with fp32 logits, selected_log_probs divides them by T in place
+        if with_sum_pi_squared:
             sum_pi_squared[rows] = packed.scatter(sum_squared_probs(logits, temperature)).cpu()
         lp, ent = selected_log_probs(logits, packed.targets, temperature, with_entropy=with_entropy)
         log_probs[rows] = packed.scatter(lp).cpu()

@@ -20,9 +20,8 @@ def _chunk_tokens(vocab: int) -> int:
 
 
 def _stats(logits: torch.Tensor, targets: torch.Tensor, temperature: float, with_entropy: bool):
-    x = logits.float()
-    if temperature != 1.0:
-        x /= temperature
+    # Never in place: fp32 logits would come back divided by T (and backward would divide them again).
+    x = logits.float() / temperature if temperature != 1.0 else logits.float()
     lse = torch.logsumexp(x, dim=-1)
     picked = x.gather(-1, targets.unsqueeze(-1)).squeeze(-1) - lse
     entropy = lse - (torch.exp(x - lse[:, None]) * x).sum(-1) if with_entropy else torch.zeros_like(lse)
@@ -39,8 +38,8 @@ def _grad_logits(
     temperature: float,
     with_entropy: bool,
 ) -> torch.Tensor:
-    """d(loss)/d(logits) of one chunk; in-place steps keep eager mode at one fp32 buffer."""
-    x = logits.float()
+    """d(loss)/d(logits) of one chunk; in-place steps keep eager mode at one fp32 buffer, a copy even of fp32 logits."""
+    x = logits.to(torch.float32, copy=True)
     if temperature != 1.0:
         x /= temperature
     probs = torch.exp(x - lse[:, None])
