@@ -1,0 +1,144 @@
+"""actor.fused_lm_head: the LM head and the log-softmax computed together a chunk of tokens at a time
+(rlkit.core.train.logprobs.LinearSelectedLogProbs) give what the full logits and SelectedLogProbs give:
+log-probs, entropy and the gradients of the head's input and weight."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+from test_packing import padded_batch
+
+from rlkit.core.train import fsdp, logprobs, packed_attention, packing
+
+LN2 = math.log(2)
+
+
+def _unfused(hidden, weight, targets, temperature, with_entropy):
+    logits = torch.nn.functional.linear(hidden, weight)  # what the head computes: [K, V]
+    return logprobs.selected_log_probs(logits, targets, temperature, with_entropy=with_entropy)
+
+
+def _fused(hidden, weight, targets, temperature, with_entropy):
+    return logprobs.linear_selected_log_probs(hidden, weight, targets, temperature, with_entropy=with_entropy)
+
+
+def _outputs_and_grads(compute, dtype, tied, temperature, with_entropy, entropy_in_loss):
+    """log-probs, entropy and d(loss)/d(hidden source), d(loss)/d(weight) of one pass of `compute`."""
+    generator = torch.Generator().manual_seed(0)
+    weight = torch.randn(7, 4, generator=generator).to(dtype).requires_grad_()
+    source = torch.randn(10, 4, generator=generator).to(dtype).requires_grad_()
+    ids = torch.randint(0, 7, (10,), generator=generator)
+    targets = torch.randint(0, 7, (10,), generator=generator)
+    # A tied head: the same weight is also the embedding the hidden states come from, so its gradient has two parts.
+    hidden = source + weight[ids] if tied else source * 1.0
+    log_probs, entropy = compute(hidden, weight, targets, temperature, with_entropy)
+    weights_lp = torch.randn(10, generator=generator)
+    loss = (log_probs * weights_lp).sum()
+    if entropy_in_loss:
+        loss = loss + (entropy * torch.randn(10, generator=generator)).sum()
+    grad_source, grad_weight = torch.autograd.grad(loss, (source, weight))
+    return log_probs.detach(), entropy.detach(), grad_source, grad_weight
+
+
+@pytest.mark.parametrize("dtype, tolerance", [(torch.float32, 1e-5), (torch.bfloat16, 5e-3)])
+@pytest.mark.parametrize("temperature", [1.0, 0.7])
+@pytest.mark.parametrize("with_entropy, entropy_in_loss", [(False, False), (True, False), (True, True)])
+@pytest.mark.parametrize("tied", [False, True])
+def test_the_fused_head_gives_the_full_logits_numbers(
+    monkeypatch, dtype, tolerance, temperature, with_entropy, entropy_in_loss, tied
+):
+    monkeypatch.setattr(logprobs, "CHUNK_ELEMENTS", 3 * 7)  # 3 tokens a chunk: 10 tokens are 4 chunks, one short
+    case = (dtype, tied, temperature, with_entropy, entropy_in_loss)
+    fused, unfused = _outputs_and_grads(_fused, *case), _outputs_and_grads(_unfused, *case)
+    for name, got, want in zip(("log-probs", "entropy", "grad hidden", "grad weight"), fused, unfused):
+        assert got.dtype == want.dtype, name
+        # Relative to the largest value: bf16 rounds the weight's gradient once per chunk here, once in all there
+        # (measured: log-probs, entropy and the hidden gradient bit-equal in bf16, the weight's within 2.1e-3).
+        assert (got.float() - want.float()).abs().max() <= tolerance * want.float().abs().max(), name
+    if not with_entropy:
+        assert fused[1].eq(0).all()
+
+
+def test_a_hand_computed_head():
+    # One token, H = 2, V = 3. hidden h = [1, 2]; weight rows [0, 0], [2, -1], [ln 2, 0] give the logits
+    # z = [0, 2 - 2, ln 2] = [0, 0, ln 2]: exp(z) = [1, 1, 2], p = [1/4, 1/4, 1/2].
+    # Target 2: log p = ln(1/2) = -ln 2. Entropy = 2 x (1/4) ln 4 + (1/2) ln 2 = 1.5 ln 2.
+    # d log p / dz = onehot - p = [-1/4, -1/4, 1/2];
+    #   d/dh = weight^T (dz) = [0 - 2/4 + ln2/2, 0 + 1/4 + 0] = [(ln 2 - 1) / 2, 1/4];
+    #   d/dweight = dz h^T = [[-1/4, -1/2], [-1/4, -1/2], [1/2, 1]].
+    # dH / dz = -p (z - sum p z) with sum p z = ln2 / 2:
+    #   -[1/4 (-ln2/2), 1/4 (-ln2/2), 1/2 (ln2/2)] = [ln2/8, ln2/8, -ln2/4];
+    #   d/dh = [0 + 2 ln2/8 - ln2 x ln2/4, 0 - ln2/8 + 0]; d/dweight = dH/dz h^T.
+    hidden = torch.tensor([[1.0, 2.0]], dtype=torch.float64, requires_grad=True)
+    weight = torch.tensor([[0.0, 0.0], [2.0, -1.0], [LN2, 0.0]], dtype=torch.float64, requires_grad=True)
+    log_probs, entropy = logprobs.linear_selected_log_probs(hidden, weight, torch.tensor([2]), with_entropy=True)
+    assert log_probs.item() == pytest.approx(-LN2, abs=1e-6)
+    assert entropy.item() == pytest.approx(1.5 * LN2, abs=1e-6)
+    grad_hidden, grad_weight = torch.autograd.grad(log_probs.sum(), (hidden, weight), retain_graph=True)
+    assert grad_hidden.flatten().tolist() == pytest.approx([(LN2 - 1) / 2, 0.25], abs=1e-6)
+    assert grad_weight.flatten().tolist() == pytest.approx([-0.25, -0.5, -0.25, -0.5, 0.5, 1.0], abs=1e-6)
+    grad_hidden, grad_weight = torch.autograd.grad(entropy.sum(), (hidden, weight))
+    assert grad_hidden.flatten().tolist() == pytest.approx([LN2 / 4 - LN2 * LN2 / 4, -LN2 / 8], abs=1e-6)
+    dz = [LN2 / 8, LN2 / 8, -LN2 / 4]
+    assert grad_weight.flatten().tolist() == pytest.approx([dz[0], 2 * dz[0], dz[1], 2 * dz[1], dz[2], 2 * dz[2]],
+                                                           abs=1e-6)
+
+
+def test_a_frozen_head_gets_no_gradient_and_no_pass_builds_a_graph():
+    """LoRA (the head is not an adapter target) and the reference: the weight needs no gradient; log-prob passes
+    run without gradients at all."""
+    hidden = torch.randn(5, 4, requires_grad=True)
+    weight = torch.randn(7, 4)
+    targets = torch.randint(0, 7, (5,))
+    log_probs, _ = logprobs.linear_selected_log_probs(hidden, weight, targets)
+    grad_hidden, = torch.autograd.grad(log_probs.sum(), hidden)
+    want, = torch.autograd.grad(_unfused(hidden, weight, targets, 1.0, False)[0].sum(), hidden)
+    torch.testing.assert_close(grad_hidden, want)
+    with torch.no_grad():
+        log_probs, entropy = logprobs.linear_selected_log_probs(hidden, weight, targets, 0.5, with_entropy=True)
+    assert log_probs.grad_fn is None and entropy.grad_fn is None
+
+
+def _tiny_model(tiny_model_dir, tied: bool) -> torch.nn.Module:
+    from transformers import AutoModelForCausalLM
+
+    torch.manual_seed(0)  # an untied head is initialised fresh (the checkpoint ties it)
+    return AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32, tie_word_embeddings=tied,
+                                                attn_implementation=packed_attention.register())
+
+
+@pytest.mark.parametrize("tied", [True, False])
+def test_a_model_pass_with_the_fused_head_gives_the_same_log_probs_and_gradients(monkeypatch, tiny_model_dir, tied):
+    monkeypatch.setattr(logprobs, "CHUNK_ELEMENTS", 2 * 64)  # 2 tokens a chunk over the tiny vocabulary of 64
+    model = _tiny_model(tiny_model_dir, tied)
+    assert (model.lm_head.weight is model.model.embed_tokens.weight) is tied
+    batch = padded_batch([[5, 6, 7, 8], [9, 10], [11, 12, 13]], [[14, 15, 16], [17], [18, 19]],
+                         prompt_width=4, response_width=3)
+    packed = packing.pack(batch)
+    results = {}
+    for fused in (False, True):
+        model.zero_grad()
+        log_probs, entropy = fsdp.packed_log_probs(model, packed, temperature=0.7, with_entropy=True, fused_head=fused)
+        ((log_probs * torch.linspace(-1, 1, 6)).sum() + 0.1 * entropy.sum()).backward()
+        grads = {name: p.grad.clone() for name, p in model.named_parameters()}
+        results[fused] = (log_probs.detach(), entropy.detach(), grads)
+    torch.testing.assert_close(results[True][0], results[False][0], rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(results[True][1], results[False][1], rtol=1e-5, atol=1e-5)
+    for name, grad in results[False][2].items():
+        torch.testing.assert_close(results[True][2][name], grad, rtol=1e-4, atol=1e-6, msg=name)
+    # The head is the model's own again after the pass: plain forwards give logits.
+    assert model(input_ids=packed.input_ids).logits.shape[-1] == 64
+
+
+def test_heads_the_fused_path_cannot_stand_in_for(tiny_model_dir):
+    model = _tiny_model(tiny_model_dir, tied=True)
+    assert fsdp.fused_head_problem(model) is None
+    model.config.final_logit_softcapping = 30.0
+    assert fsdp.fused_head_problem(model) == "it changes its logits after the head (final_logit_softcapping=30.0)"
+    model.config.final_logit_softcapping = None
+    model.lm_head = torch.nn.Linear(128, 64, bias=True)
+    assert fsdp.fused_head_problem(model) == "its output head has a bias"
+    model.lm_head = torch.nn.Sequential(torch.nn.Linear(128, 64, bias=False))
+    assert "its output head is a Sequential, not a plain linear layer" in fsdp.fused_head_problem(model)
