@@ -141,7 +141,8 @@ def test_heads_the_fused_path_cannot_stand_in_for(tiny_model_dir):
     model.lm_head = torch.nn.Linear(128, 64, bias=True)
     assert fsdp.fused_head_problem(model) == "its output head has a bias"
     model.lm_head = torch.nn.Sequential(torch.nn.Linear(128, 64, bias=False))
-    assert "its output head is a Sequential, not a plain linear layer" in fsdp.fused_head_problem(model)
+    assert fsdp.fused_head_problem(model) == ("its output head is a torch.nn.modules.container.Sequential, not a plain "
+                                              "torch.nn.Linear (LoRA on lm_head?)")
 
 
 def _updates_with_and_without(folder: str) -> None:
@@ -206,3 +207,32 @@ def test_an_actor_update_with_the_fused_head_is_the_same_update(tmp_path):
         # lr that rounding decides. Measured: within 0.7% of lr = 1e-3 (element-wise), both ways.
         for name, step in plain["step"].items():
             assert (fused["step"][name] - step).abs().max() <= 0.02 * 1e-3, (lora, name)
+
+
+def test_sft_with_the_fused_head_is_refused(tmp_path):
+    from typer.testing import CliRunner
+
+    from rlkit.cli.main import app
+
+    result = CliRunner().invoke(app, ["train", "sft", "--model", "rlkit:tiny-qwen2", "actor.fused_lm_head=true",
+                                      f"data.train_files=[{tmp_path / 'x.parquet'}]"])
+    assert result.exit_code == 2 and "Traceback" not in result.output
+    assert ("actor.fused_lm_head (command line): objective sft reports its token accuracy from the full logits, "
+            "which the fused head never forms; set actor.fused_lm_head=false") in " ".join(result.output.split())
+
+
+def test_an_adapter_on_the_head_is_refused_before_the_model_is_sharded():
+    from rlkit.core.algos.algorithm import Algorithm
+    from rlkit.core.state.run_dir import resolve_model_path
+    from rlkit.core.train.model import build_policy
+    from rlkit.errors import ConfigError
+    from rlkit.recipes.loader import load_config
+
+    config = load_config("grpo-demo", ["actor.fused_lm_head=true", "model.lora.rank=4",
+                                       "model.lora.target_modules=[q_proj, lm_head]"])
+    path = str(resolve_model_path("rlkit:tiny-qwen2"))
+    with pytest.raises(ConfigError, match=r"actor.fused_lm_head=true does not fit the model at .*: its output head is "
+                                          r"a peft.tuners.lora.layer.Linear, not a plain torch.nn.Linear \(LoRA on "
+                                          r"lm_head\?\); set actor.fused_lm_head=false"):
+        build_policy(config.model, config.actor, Algorithm.from_config(config), path, torch.device("cpu"), seed=0,
+                     total_updates=1)

@@ -168,7 +168,8 @@ def fused_head_problem(model: torch.nn.Module) -> str | None:
     """Why `packed_log_probs(..., fused_head=True)` would not compute what `model` computes, or None."""
     head = getattr(model, "lm_head", None)
     if type(head) is not torch.nn.Linear:
-        return f"its output head is a {type(head).__name__}, not a plain linear layer (LoRA on lm_head?)"
+        kind = f"{type(head).__module__}.{type(head).__qualname__}"
+        return f"its output head is a {kind}, not a plain torch.nn.Linear (LoRA on lm_head?)"
     if head.bias is not None:
         return "its output head has a bias"
     text = model.config.get_text_config()
