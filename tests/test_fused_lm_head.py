@@ -236,3 +236,53 @@ def test_an_adapter_on_the_head_is_refused_before_the_model_is_sharded():
                                           r"lm_head\?\); set actor.fused_lm_head=false"):
         build_policy(config.model, config.actor, Algorithm.from_config(config), path, torch.device("cpu"), seed=0,
                      total_updates=1)
+
+
+def _two_ranks(rank: int, port: int, model_path: str, folder: str) -> None:
+    """One of 2 gloo ranks: the tiny model sharded (FSDP2, the root's weights resharded after forward, so the fused
+    head's backward reads a weight FSDP2 gathered again), a pass with the plain and one with the fused head."""
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2)
+    try:
+        logprobs.CHUNK_ELEMENTS = 3 * 64
+        model = fsdp.shard_model(fsdp.load_model(model_path), device=torch.device("cpu"), compute_dtype="float32")
+        batch = padded_batch([[5, 6, 7, 8], [9, 10]], [[14 + rank, 15, 16], [17, 18 + rank]], prompt_width=4,
+                             response_width=3)  # each rank its own rows
+        packed = packing.pack(batch)
+        out = {}
+        for fused in (False, True):
+            model.zero_grad(set_to_none=True)
+            log_probs, entropy = fsdp.packed_log_probs(model, packed, temperature=0.7, with_entropy=True,
+                                                       fused_head=fused)
+            (log_probs.sum() + 0.1 * entropy.sum()).backward()
+            grads = {name: p.grad.full_tensor() for name, p in model.named_parameters()}
+            out[fused] = (log_probs.detach(), entropy.detach(), grads)
+        torch.save(out, f"{folder}/rank{rank}.pt")
+    finally:
+        dist.destroy_process_group()
+
+
+@pytest.mark.slow
+def test_the_fused_head_under_fsdp2_on_two_ranks(tmp_path):
+    import multiprocessing
+
+    from rlkit.core.cluster.device_worker import free_port
+    from rlkit.core.state.run_dir import resolve_model_path
+
+    model_path = str(resolve_model_path("rlkit:tiny-qwen2"))  # built here once, not by both ranks at a time
+    port, context = free_port(), multiprocessing.get_context("spawn")
+    ranks = [context.Process(target=_two_ranks, args=(rank, port, model_path, str(tmp_path))) for rank in range(2)]
+    for process in ranks:
+        process.start()
+    for process in ranks:
+        process.join(timeout=300)
+    assert [process.exitcode for process in ranks] == [0, 0]
+    for rank in range(2):
+        out = torch.load(tmp_path / f"rank{rank}.pt", weights_only=False)
+        plain, fused = out[False], out[True]
+        torch.testing.assert_close(fused[0], plain[0], rtol=0, atol=1e-5)
+        torch.testing.assert_close(fused[1], plain[1], rtol=0, atol=1e-5)
+        assert fused[2]["model.embed_tokens.weight"].abs().sum() > 0  # tied: the embedding's and the head's gradient
+        for name, grad in plain[2].items():
+            assert (fused[2][name] - grad).abs().max() <= 1e-5 * grad.abs().max(), (rank, name)
