@@ -120,7 +120,8 @@ def test_a_model_pass_with_the_fused_head_gives_the_same_log_probs_and_gradients
     results = {}
     for fused in (False, True):
         model.zero_grad()
-        log_probs, entropy = fsdp.packed_log_probs(model, packed, temperature=0.7, with_entropy=True, fused_head=fused)
+        log_probs, entropy = fsdp.packed_log_probs(model, packed, temperature=0.7, with_entropy=True, fused_head=fused,
+                                                   entropy_grad=True)
         ((log_probs * torch.linspace(-1, 1, 6)).sum() + 0.1 * entropy.sum()).backward()
         grads = {name: p.grad.clone() for name, p in model.named_parameters()}
         results[fused] = (log_probs.detach(), entropy.detach(), grads)
@@ -130,6 +131,21 @@ def test_a_model_pass_with_the_fused_head_gives_the_same_log_probs_and_gradients
         torch.testing.assert_close(results[True][2][name], grad, rtol=1e-4, atol=1e-6, msg=name)
     # The head is the model's own again after the pass: plain forwards give logits.
     assert model(input_ids=packed.input_ids).logits.shape[-1] == 64
+
+
+@pytest.mark.parametrize("fused", [False, True])
+def test_an_entropy_the_loss_does_not_differentiate_costs_no_entropy_term(monkeypatch, tiny_model_dir, fused):
+    """The update reads the entropy as a metric only (no entropy bonus): it comes back detached, and backward
+    runs the chunk kernel without the entropy term (the fused head's stack would otherwise pass zeros)."""
+    model = _tiny_model(tiny_model_dir, tied=True)
+    calls = []
+    grad_kernel = logprobs._kernels["grad"]
+    monkeypatch.setitem(logprobs._kernels, "grad", lambda *args: calls.append(args[-1]) or grad_kernel(*args))
+    packed = packing.pack(padded_batch([[5, 6]], [[7, 8]], prompt_width=2, response_width=2))
+    log_probs, entropy = fsdp.packed_log_probs(model, packed, temperature=1.0, with_entropy=True, fused_head=fused)
+    assert entropy.abs().sum() > 0 and not entropy.requires_grad
+    log_probs.sum().backward()
+    assert calls == [False]  # one chunk, with_entropy off
 
 
 def test_heads_the_fused_path_cannot_stand_in_for(tiny_model_dir):
@@ -254,7 +270,7 @@ def _two_ranks(rank: int, port: int, model_path: str, folder: str) -> None:
         for fused in (False, True):
             model.zero_grad(set_to_none=True)
             log_probs, entropy = fsdp.packed_log_probs(model, packed, temperature=0.7, with_entropy=True,
-                                                       fused_head=fused)
+                                                       fused_head=fused, entropy_grad=True)
             (log_probs.sum() + 0.1 * entropy.sum()).backward()
             grads = {name: p.grad.full_tensor() for name, p in model.named_parameters()}
             out[fused] = (log_probs.detach(), entropy.detach(), grads)

@@ -167,6 +167,7 @@ class Actor(Role, OfflineUpdates):
             temperature=self.temperature,
             with_entropy="entropy" in algorithm.loss_terms or old_from_here,
             fused_head=self.actor.fused_lm_head,
+            entropy_grad="entropy" in algorithm.loss_terms,
         )
         log_probs = packed.scatter(flat_log_probs)
         old_log_probs = log_probs.detach() if old_from_here else mb["old_log_probs"]

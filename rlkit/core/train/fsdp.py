@@ -135,9 +135,17 @@ def packed_outputs(model: torch.nn.Module, packed: PackedBatch) -> torch.Tensor:
 
 
 def packed_log_probs(
-    model: torch.nn.Module, packed: PackedBatch, *, temperature: float, with_entropy: bool, fused_head: bool
+    model: torch.nn.Module,
+    packed: PackedBatch,
+    *,
+    temperature: float,
+    with_entropy: bool,
+    fused_head: bool,
+    entropy_grad: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """log p(response token) and entropy (zeros unless `with_entropy`), [K] each in fp32, under a causal LM.
+    The entropy comes back detached unless `entropy_grad` (a loss with an entropy term): backward then adds no
+    entropy term.
 
     `fused_head` (actor.fused_lm_head): the head's projection and the log-softmax in one chunked pass
     (logprobs.linear_selected_log_probs) instead of the head's [K, V] logits. It runs in the head's place,
@@ -147,21 +155,24 @@ def packed_log_probs(
     """
     if not fused_head:
         logits = packed_outputs(model, packed)
-        return logprobs.selected_log_probs(logits, packed.targets, temperature, with_entropy=with_entropy)
+        log_probs, entropy = logprobs.selected_log_probs(logits, packed.targets, temperature, with_entropy=with_entropy)
+        return log_probs, entropy if entropy_grad else entropy.detach()
     head = model.lm_head
 
     def stats_in_place_of_logits(hidden: torch.Tensor) -> torch.Tensor:
         log_probs, entropy = logprobs.linear_selected_log_probs(
             hidden[0], head.weight, packed.targets, temperature, with_entropy
         )
-        return torch.stack([log_probs, entropy], dim=-1)[None]  # [1, K, 2] where the logits were [1, K, V]
+        # [1, K, 2] where the logits were [1, K, V]. An entropy the loss does not differentiate is detached
+        # first: the stack's backward would hand it a gradient of zeros, and backward would compute its term.
+        return torch.stack([log_probs, entropy if entropy_grad else entropy.detach()], dim=-1)[None]
 
     head.forward = stats_in_place_of_logits
     try:
         stats = packed_outputs(model, packed)
     finally:
         del head.forward
-    return stats[:, 0], stats[:, 1]
+    return stats[:, 0], stats[:, 1] if entropy_grad else stats[:, 1].detach()
 
 
 def fused_head_problem(model: torch.nn.Module) -> str | None:
