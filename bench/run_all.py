@@ -71,6 +71,10 @@ CONFIGS: dict[str, tuple[list[str], int, int]] = {
     "vllm-rollout-1gpu-separate": ([ROLLOUT, "--separate-process", "true"], 1, 200),
     "rlkit-1gpu-defaults-separate": ([RLKIT, "--defaults", "--override", "rollout.vllm.separate_process=true"], 1, 200),
     "rlkit-1gpu-defaults-logprobs": ([RLKIT, "--defaults", "--rollout-is-cap", "2"], 1, 200),
+    # The LM head and the log-softmax fused (actor.fused_lm_head), against rlkit-1gpu-defaults (whose auto budget it
+    # also raises) and, at the same 32768-token budget, rlkit-1gpu-vllm-cudagraphs-compile: the kernel alone
+    "rlkit-1gpu-defaults-fusedhead": ([RLKIT, "--defaults", "--override", "actor.fused_lm_head=true"], 1, 200),
+    "rlkit-1gpu-vllm-cudagraphs-compile-fusedhead": (FAST + ["--override", "actor.fused_lm_head=true"], 1, 200),
     # N vLLM engines on the one GPU, each engine core in a process of its own (rollout.vllm.replicas)
     "vllm-rollout-1gpu-inprocess": ([ROLLOUT, "--ways", TWO_WAYS], 1, 130),  # the replicas' one-engine baseline
     "vllm-rollout-1gpu-replicas2": ([ROLLOUT, "--replicas", "2", "--ways", TWO_WAYS], 1, 180),

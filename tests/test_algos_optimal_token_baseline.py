@@ -117,11 +117,11 @@ def test_the_log_prob_pass_returns_each_tokens_sum_of_squared_probabilities(tiny
         logits = padded(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"],
                         position_ids=batch["position_ids"]).logits[:, 3:6]
         out = response_log_probs(packed, batch, device=torch.device("cpu"), micro_batch_tokens=64, temperature=0.7,
-                                 with_entropy=False, with_sum_pi_squared=True)
+                                 with_entropy=False, fused_head=False, with_sum_pi_squared=True)
     want = (logits / 0.7).softmax(-1).pow(2).sum(-1) * batch["response_mask"]
     assert torch.allclose(out["sum_pi_squared"], want, atol=1e-5) and out["sum_pi_squared"][1, 1:].eq(0).all()
     without = response_log_probs(packed, batch, device=torch.device("cpu"), micro_batch_tokens=64, temperature=0.7,
-                                 with_entropy=False)
+                                 with_entropy=False, fused_head=False)
     assert "sum_pi_squared" not in without
 
 

@@ -49,6 +49,8 @@ def test_activation_bytes_per_token_of_the_benchmark_model():
     assert fast_paths.activation_bytes_per_token(QWEN_05B, 2, gradient_checkpointing=True) == 737_792
     # fp32 compute: 4 x 36,352 + 14,336 = 159,744 per layer, x 24 = 3,833,856; head 2 x 4 x 151,936 = 1,215,488
     assert fast_paths.activation_bytes_per_token(QWEN_05B, 4, gradient_checkpointing=False) == 5_049_344
+    # the fused head (actor.fused_lm_head) holds no logits: the layers' 2,088,960 alone
+    assert fast_paths.activation_bytes_per_token(QWEN_05B, 2, gradient_checkpointing=False, fused_head=True) == 2_088_960
 
 
 def test_auto_budget_from_free_memory_on_an_h200():

@@ -127,6 +127,24 @@ def test_selected_log_probs_and_their_gradients_match_log_softmax(monkeypatch):
     assert torch.allclose(grad, want_grad, atol=1e-5)
 
 
+def test_fp32_logits_at_a_temperature_are_not_divided_in_place(monkeypatch):
+    """fp32 logits (the CPU's compute dtype): `.float()` is the same tensor, so dividing it by T in place changed
+    the logits the backward reads, which divided them again (gradients off by orders of magnitude)."""
+    monkeypatch.setattr(logprobs, "CHUNK_ELEMENTS", 3 * 7)
+    torch.manual_seed(0)
+    leaf = torch.randn(8, 7, requires_grad=True)
+    logits = leaf * 1.0  # a head's output: not a leaf, fp32
+    before = logits.detach().clone()
+    targets = torch.randint(0, 7, (8,))
+    log_probs, entropy = logprobs.selected_log_probs(logits, targets, temperature=0.5, with_entropy=True)
+    assert torch.equal(logits.detach(), before)
+    grad, = torch.autograd.grad(log_probs.sum() + entropy.sum(), leaf)
+    reference = (leaf / 0.5).log_softmax(-1)
+    want = reference.gather(-1, targets[:, None]).sum() - (reference.exp() * reference).sum()
+    want_grad, = torch.autograd.grad(want, leaf)
+    assert torch.allclose(grad, want_grad, atol=1e-5)
+
+
 def test_an_entropy_left_out_of_the_loss_adds_nothing_to_the_gradient(monkeypatch):
     """The update asks for the entropy as a metric only: its gradient must be the log-probs' alone."""
     monkeypatch.setattr(logprobs, "CHUNK_ELEMENTS", 3 * 7)

@@ -130,6 +130,10 @@ def test_lora_and_checkpointing_change_the_passes_of_the_update(qwen05) -> None:
     assert update("model.lora.rank=16") == pytest.approx(2 * one_pass)  # no gradient for the frozen weights
     assert update("model.lora.rank=16", "model.gradient_checkpointing=true") == pytest.approx(3 * one_pass)
     assert update("actor.mini_batch_size=16") == pytest.approx(3 * one_pass)  # 4 x 13 micro-batches, 4 steps
+    # the fused head computes the head's logits again in backward: 512 sequences x 512 response tokens x 2 x 896 x
+    # 151,936 FLOPs more (the ref and old-log-prob passes, forward only, cost what they cost)
+    head_again = 512 * 512 * 2 * 896 * 151_936 / (800e12 * 0.74)  # 0.120 s
+    assert update("actor.fused_lm_head=true") == pytest.approx(3 * one_pass + head_again)
 
 
 def test_a_short_kv_cache_generates_in_rounds(qwen05) -> None:
@@ -354,6 +358,22 @@ def test_an_auto_token_budget_is_sized_as_a_gpu_worker_sizes_it(qwen05) -> None:
     # + 6 x 128) + 16 x 896) + 2 x 2 x 151936 = 2,696,704 bytes -> 45,111 tokens, in 1024s: 45,056.
     # (An H200 worker with 134 GiB free sized 44,032, docs/benchmarks.md.)
     assert "activations (45056 tokens)" in parts
+
+
+def test_the_fused_head_holds_a_chunk_of_logits_and_a_larger_auto_budget(qwen05) -> None:
+    config = load_config("grpo-demo", ["actor.use_kl_loss=true", "actor.fused_lm_head=true"])
+    mem = memory.training_device(config, model_shape(resolve_model_path("rlkit:tiny-qwen2")), 8 * 2**30, on_gpu=False)
+    # 128 response tokens of a 64-token vocabulary, fp32: one chunk (all 128) of logits (4 bytes) and its two fp32
+    # buffers (8), 8 bytes of statistics a token; the tied head's gradient (64 x 128) in fp32 beside a chunk's fp32
+    # product. No logits part.
+    assert mem.parts["fused head chunks (128 response tokens)"] == 128 * 64 * 12 + 8 * 128
+    assert mem.parts["head weight gradient, summed in fp32 (128 response tokens)"] == 64 * 128 * 8
+    assert not any(name.startswith("logits") for name in mem.parts)
+    # The benchmark's auto budget without the head's 607,744 bytes a token: 121,652,718,080 / 2,088,960 = 58,236
+    # tokens, in 1024s: 57,344 (45,056 unfused).
+    config = load_config("grpo", [*BENCH, "actor.micro_batch_tokens=auto", "actor.fused_lm_head=true"], model=qwen05,
+                         require_inputs=False)
+    assert "activations (57344 tokens)" in build_plan(config, gpu_memory_gib=140).memory.parts
 
 
 def test_an_auto_budget_counts_the_critic_once(qwen05) -> None:

@@ -70,7 +70,7 @@ def test_dpo_step_matches_hand_computed_loss(world_of_one) -> None:
 
     def step(mb, norm_):
         return preference_micro_step(bigram, mb, norm_, device=torch.device("cpu"), loss_type="sigmoid", beta=0.5,
-                                     label_smoothing=0.0)
+                                     label_smoothing=0.0, fused_head=False)
 
     keys = ("loss", "rewards/chosen", "rewards/rejected", "rewards/margins", "rewards/accuracies")
     expected = {"loss": math.log(3) / 2, "rewards/chosen": 0.25 * LN2, "rewards/rejected": -0.25 * LN2,
@@ -106,6 +106,7 @@ def test_filler_pairs_count_nothing(world_of_one) -> None:
     batch = pair_rows([([1, 1], [3, 2]), ([1, 1], [3, 2])], [[-1.5 * LN2, -1.5 * LN2], [-2 * LN2, -2 * LN2]] * 2)
     batch["response_mask"][2:] = 0
     loss, sums = preference_micro_step(Bigram(), batch, {"num_tokens": 4.0, "num_seqs": 2.0},
-                                       device=torch.device("cpu"), loss_type="sigmoid", beta=0.5, label_smoothing=0.0)
+                                       device=torch.device("cpu"), loss_type="sigmoid", beta=0.5, label_smoothing=0.0,
+                                       fused_head=False)
     assert loss.item() == pytest.approx(math.log(1.5), abs=1e-6)
     assert sums["rewards/accuracies"].item() == 1.0 and sums["tokens"].item() == 4.0

@@ -38,6 +38,17 @@ class ActorConfig(Section):
         f"one full-length sequence; printed at start-up); {CPU_MICRO_BATCH_TOKENS} on CPU.",
     )
     grad_clip: float = Field(1.0, gt=0, description="Global gradient-norm clip.")
+    fused_lm_head: bool = Field(
+        False,
+        description="Compute the LM head and the log-softmax together, a chunk of response tokens at a time "
+        "(rlkit.core.train.logprobs.LinearSelectedLogProbs), in the update (RL, dpo) and the actor's and "
+        "reference's log-prob passes (not the one optimal_token_baseline's statistics need, which reads every "
+        "probability): no [K, V] logits or logits gradient is ever held whole (K response tokens of a "
+        "micro-batch x the vocabulary: 3 GB each in bf16 at 10k tokens x 152k), for one more head matmul "
+        "(recomputed in backward); an auto actor.micro_batch_tokens grows by what the logits took. Not yet "
+        "measured on a GPU (docs/benchmarks.md). Not with objective sft (its token accuracy reads the logits), "
+        "a head with a bias or adapters, or a model that changes its logits after the head.",
+    )
     policy_loss: str = Field(
         "vanilla",
         description="Registered policy loss: vanilla (PPO clip), gspo (sequence "

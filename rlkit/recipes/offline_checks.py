@@ -63,6 +63,12 @@ def check_offline(
             f"objective {config.objective} starts no rollout engine, so every device trains; "
             "remove rollout.placement/rollout.devices",
         )
+    if config.objective == "sft" and config.actor.fused_lm_head:
+        fail(
+            "actor.fused_lm_head",
+            "objective sft reports its token accuracy from the full logits, which the fused head never forms; "
+            "set actor.fused_lm_head=false",
+        )
     if config.objective == "dpo":
         if config.actor.mini_batch_size % config.world_size:
             fail(

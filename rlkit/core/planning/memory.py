@@ -12,7 +12,8 @@ What lives on a training device (FSDP2 over W = config.world_size ranks):
                measured on the packed Qwen2-style path: ACTIVATION_BYTES; tests/test_plan.py
                re-measures them), with checkpointing each layer's input plus one layer recomputed
   logits       the head's output at the K response positions, kept for backward, its gradient,
-               and the fp32 log-prob chunks (rlkit.core.train.logprobs)
+               and the fp32 log-prob chunks (rlkit.core.train.logprobs); with actor.fused_lm_head
+               one chunk of logits and the head weight's fp32 gradient sum instead
   vLLM         colocated: rollout.gpu_memory_utilization of the device while generating; asleep
                (weights on the host, KV cache freed) while training; during the sync its whole share
                (measured: waking only its weights did not lower the peak)
@@ -183,7 +184,7 @@ def token_budget(
         vocab_size=shape.vocab,
     )
     per_token = fast_paths.activation_bytes_per_token(
-        dims, compute_bytes(config, on_gpu), config.model.gradient_checkpointing
+        dims, compute_bytes(config, on_gpu), config.model.gradient_checkpointing, fused_head=config.actor.fused_lm_head
     )
     return fast_paths.auto_micro_batch_tokens(
         free_bytes=int(device_bytes - DEVICE_RESERVE - loaded_bytes),
@@ -209,11 +210,18 @@ def activation_bytes(shape: ModelShape, batch: MicroBatch, compute: int, checkpo
     return {"saved": saved, "recomputed": batch.tokens * (layer + rotary)}
 
 
-def logits_bytes(shape: ModelShape, batch: MicroBatch, compute: int) -> dict[str, float]:
+def logits_bytes(shape: ModelShape, batch: MicroBatch, compute: int, *, fused: bool = False) -> dict[str, float]:
     """The head's logits kept for backward (with fp32 log-sum-exp and entropy), their gradient, and the
-    fp32 chunk buffers the log-prob kernel works in (two of them in backward)."""
+    fp32 chunk buffers the log-prob kernel works in (two of them in backward). `fused` (actor.fused_lm_head):
+    no logits, one chunk of them at a time instead, and the head weight's gradient summed in fp32 beside the
+    compute-dtype product of a chunk (counted with LoRA too, where the head is frozen: a small overestimate)."""
     k, v = batch.response_tokens, shape.vocab
     chunk = min(k, max(1, CHUNK_ELEMENTS // v))
+    if fused:
+        return {
+            "fused head chunks": chunk * v * (compute + 2 * 4) + 8 * k,
+            "head weight gradient, summed in fp32": v * shape.hidden * (4 + compute),
+        }
     return {"logits": k * v * compute + 8 * k, "logits gradient": k * v * compute, "log-prob chunks": 2 * chunk * v * 4}
 
 
@@ -287,7 +295,7 @@ def training_device(
     )
     if activations["recomputed"]:
         parts["one layer recomputed in backward"] = activations["recomputed"]
-    head = logits_bytes(shape, batch, compute)
+    head = logits_bytes(shape, batch, compute, fused=config.actor.fused_lm_head)
     parts.update({f"{k} ({batch.response_tokens} response tokens)": b for k, b in head.items()})
     engine = 0.0
     if peaks & set(ENGINE_PEAKS):

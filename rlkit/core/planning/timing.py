@@ -128,6 +128,10 @@ def step_time(
     lora = bool(config.model.lora.rank)
     passes = (2 if lora else 3) + (1 if config.model.gradient_checkpointing else 0)
     update = pass_seconds(forward, update_micro, passes * config.actor.ppo_epochs, "update", world, cal)
+    if config.actor.fused_lm_head:  # its backward computes the head's logits again (its saved memory traffic: unpriced)
+        head = samples * 2 * shape.hidden * shape.vocab * data.max_response_length
+        update += pass_seconds(head, 0, config.actor.ppo_epochs, "update", world, cal)
+        notes.append("actor.fused_lm_head: one more head matmul in the update; not calibrated on a GPU")
     reference = pass_seconds(forward, whole, 1, "forward", world, cal)
     if config.offline:  # no generation, weight sync or reward; dpo: the reference's log-prob pass
         return StepTime({**({"ref": reference} if algorithm.reference else {}), "update": update}, notes)

@@ -44,20 +44,26 @@ def response_log_probs(
     micro_batch_tokens: int,
     temperature: float,
     with_entropy: bool,
+    fused_head: bool,
     with_sum_pi_squared: bool = False,
 ) -> dict[str, torch.Tensor]:
     """Per-token log-probs (and entropy, or zeros) of the batch's responses under `module`, packed
-    micro-batch by micro-batch; 0 on padding. `with_sum_pi_squared`: also "sum_pi_squared", each token's
-    sum over the vocabulary of its squared probabilities."""
+    micro-batch by micro-batch; 0 on padding. `fused_head`: actor.fused_lm_head (fsdp.packed_log_probs).
+    `with_sum_pi_squared`: also "sum_pi_squared", each token's sum over the vocabulary of its squared
+    probabilities, which reads the full logits (that pass is never fused)."""
     log_probs = torch.zeros(batch["responses"].shape)
     entropy = torch.zeros(batch["responses"].shape)
     sum_pi_squared = torch.zeros(batch["responses"].shape)
     for rows in micro_batches(batch, micro_batch_tokens):
         packed = packing.pack(batch.select(rows)).to(device)
-        logits = fsdp.packed_outputs(module, packed)
-        if with_sum_pi_squared:  # first: with fp32 logits, selected_log_probs divides them by T in place
+        if with_sum_pi_squared:
+            logits = fsdp.packed_outputs(module, packed)
             sum_pi_squared[rows] = packed.scatter(sum_squared_probs(logits, temperature)).cpu()
-        lp, ent = selected_log_probs(logits, packed.targets, temperature, with_entropy=with_entropy)
+            lp, ent = selected_log_probs(logits, packed.targets, temperature, with_entropy=with_entropy)
+        else:
+            lp, ent = fsdp.packed_log_probs(
+                module, packed, temperature=temperature, with_entropy=with_entropy, fused_head=fused_head
+            )
         log_probs[rows] = packed.scatter(lp).cpu()
         entropy[rows] = packed.scatter(ent).cpu()
     mask = batch["response_mask"]
@@ -110,6 +116,7 @@ class Actor(Role, OfflineUpdates):
             micro_batch_tokens=self.fast_paths.micro_batch_tokens,
             temperature=self.temperature,
             with_entropy=True,
+            fused_head=self.actor.fused_lm_head,
             with_sum_pi_squared=self.algorithm.token_stats,
         )
 
@@ -154,10 +161,13 @@ class Actor(Role, OfflineUpdates):
         packed = packing.pack(mb).to(self.device)
         mb = mb.to(self.device)
         old_from_here = inputs.old_log_probs_from_update
-        logits = fsdp.packed_outputs(self.model.module, packed)
-        with_entropy = "entropy" in algorithm.loss_terms or old_from_here
-        flat_log_probs, flat_entropy = selected_log_probs(
-            logits, packed.targets, self.temperature, with_entropy=with_entropy
+        flat_log_probs, flat_entropy = fsdp.packed_log_probs(
+            self.model.module,
+            packed,
+            temperature=self.temperature,
+            with_entropy="entropy" in algorithm.loss_terms or old_from_here,
+            fused_head=self.actor.fused_lm_head,
+            entropy_grad="entropy" in algorithm.loss_terms,
         )
         log_probs = packed.scatter(flat_log_probs)
         old_log_probs = log_probs.detach() if old_from_here else mb["old_log_probs"]

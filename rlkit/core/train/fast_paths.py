@@ -43,9 +43,12 @@ def cuda_graphs_enabled(enforce_eager: bool | None, device_type: str) -> bool:
     return device_type == "cuda" if enforce_eager is None else not enforce_eager
 
 
-def activation_bytes_per_token(model_config: Any, dtype_bytes: int, gradient_checkpointing: bool) -> int:
+def activation_bytes_per_token(
+    model_config: Any, dtype_bytes: int, gradient_checkpointing: bool, *, fused_head: bool = False
+) -> int:
     """Bytes one token keeps alive from forward to backward (a generous estimate for a Llama/Qwen-style
-    decoder), plus its share of the vocabulary head at a response position (logits and their gradient).
+    decoder), plus its share of the vocabulary head at a response position (logits and their gradient),
+    which the fused head (`fused_head`, actor.fused_lm_head) never holds: its chunks are in the reserve.
 
     Per layer: the tensors autograd saves (norm inputs and outputs, the q/k/v/o projections'
     inputs and outputs, attention's output, the MLP's gate, up, activation and product) come to
@@ -62,7 +65,7 @@ def activation_bytes_per_token(model_config: Any, dtype_bytes: int, gradient_che
     per_layer = dtype_bytes * (18 * hidden + 4 * intermediate + 6 * kv_width) + 16 * hidden
     layers = int(text.num_hidden_layers)
     body = layers * dtype_bytes * hidden + per_layer if gradient_checkpointing else layers * per_layer
-    return body + 2 * dtype_bytes * int(text.vocab_size)
+    return body + (0 if fused_head else 2 * dtype_bytes * int(text.vocab_size))
 
 
 def auto_micro_batch_tokens(

@@ -21,6 +21,9 @@ from rlkit.core.train import logprobs, packed_attention
 from rlkit.core.train.packing import PackedBatch
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
+# Config keys of models that change their logits after the head (Gemma 2/3, Cohere, Granite): the fused head,
+# which replaces the head and everything after it, would leave that out.
+LOGIT_TRANSFORMS = ("final_logit_softcapping", "logit_scale", "logits_scaling")
 
 
 def compute_dtype(setting: str, device: torch.device) -> str:
@@ -129,6 +132,60 @@ def packed_outputs(model: torch.nn.Module, packed: PackedBatch) -> torch.Tensor:
         return out.logits[0]
     out = model(input_ids=packed.input_ids, position_ids=packed.position_ids, **boundaries)
     return out.logits[0, packed.predict_index]
+
+
+def packed_log_probs(
+    model: torch.nn.Module,
+    packed: PackedBatch,
+    *,
+    temperature: float,
+    with_entropy: bool,
+    fused_head: bool,
+    entropy_grad: bool = False,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """log p(response token) and entropy (zeros unless `with_entropy`), [K] each in fp32, under a causal LM.
+    The entropy comes back detached unless `entropy_grad` (a loss with an entropy term): backward then adds no
+    entropy term.
+
+    `fused_head` (actor.fused_lm_head): the head's projection and the log-softmax in one chunked pass
+    (logprobs.linear_selected_log_probs) instead of the head's [K, V] logits. It runs in the head's place,
+    inside the model's forward, where FSDP2 has gathered the head's weight (a root parameter); FSDP2's
+    backward hook on the model's output then gathers it again before this pass's backward needs it, as it
+    does for the plain head.
+    """
+    if not fused_head:
+        logits = packed_outputs(model, packed)
+        log_probs, entropy = logprobs.selected_log_probs(logits, packed.targets, temperature, with_entropy=with_entropy)
+        return log_probs, entropy if entropy_grad else entropy.detach()
+    head = model.lm_head
+
+    def stats_in_place_of_logits(hidden: torch.Tensor) -> torch.Tensor:
+        log_probs, entropy = logprobs.linear_selected_log_probs(
+            hidden[0], head.weight, packed.targets, temperature, with_entropy
+        )
+        # [1, K, 2] where the logits were [1, K, V]. An entropy the loss does not differentiate is detached
+        # first: the stack's backward would hand it a gradient of zeros, and backward would compute its term.
+        return torch.stack([log_probs, entropy if entropy_grad else entropy.detach()], dim=-1)[None]
+
+    head.forward = stats_in_place_of_logits
+    try:
+        stats = packed_outputs(model, packed)
+    finally:
+        del head.forward
+    return stats[:, 0], stats[:, 1] if entropy_grad else stats[:, 1].detach()
+
+
+def fused_head_problem(model: torch.nn.Module) -> str | None:
+    """Why `packed_log_probs(..., fused_head=True)` would not compute what `model` computes, or None."""
+    head = getattr(model, "lm_head", None)
+    if type(head) is not torch.nn.Linear:
+        kind = f"{type(head).__module__}.{type(head).__qualname__}"
+        return f"its output head is a {kind}, not a plain torch.nn.Linear (LoRA on lm_head?)"
+    if head.bias is not None:
+        return "its output head has a bias"
+    text = model.config.get_text_config()
+    changed = [f"{key}={getattr(text, key)}" for key in LOGIT_TRANSFORMS if getattr(text, key, None) not in (None, 1)]
+    return f"it changes its logits after the head ({', '.join(changed)})" if changed else None
 
 
 def lr_lambda(warmup: int, total: int, schedule: str):

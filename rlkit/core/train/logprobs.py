@@ -5,9 +5,17 @@ Softmax statistics need fp32, but an fp32 copy of all K x V logits would be the 
 tensor of the step (K = 10k response tokens x V = 152k is 6 GB). `SelectedLogProbs` makes
 fp32 copies one chunk at a time, in forward and again in backward, and saves only the
 per-token log-sum-exp for backward: memory O(K + chunk x V) instead of O(K x V) floats.
+
+The bf16 logits themselves, and their gradient, are still K x V (3 GB each at that size).
+`LinearSelectedLogProbs` (actor.fused_lm_head) takes the LM head's input and weight instead and
+computes each chunk's logits from them, in forward and again in backward, so no K x V tensor
+exists at all; both share the chunk math (`_chunked_stats`, `_chunked_grad_logits`).
 """
 
 from __future__ import annotations
+
+import functools
+from typing import Callable, Iterator
 
 import torch
 
@@ -20,9 +28,8 @@ def _chunk_tokens(vocab: int) -> int:
 
 
 def _stats(logits: torch.Tensor, targets: torch.Tensor, temperature: float, with_entropy: bool):
-    x = logits.float()
-    if temperature != 1.0:
-        x /= temperature
+    # Never in place: fp32 logits would come back divided by T (and backward would divide them again).
+    x = logits.float() / temperature if temperature != 1.0 else logits.float()
     lse = torch.logsumexp(x, dim=-1)
     picked = x.gather(-1, targets.unsqueeze(-1)).squeeze(-1) - lse
     entropy = lse - (torch.exp(x - lse[:, None]) * x).sum(-1) if with_entropy else torch.zeros_like(lse)
@@ -39,8 +46,8 @@ def _grad_logits(
     temperature: float,
     with_entropy: bool,
 ) -> torch.Tensor:
-    """d(loss)/d(logits) of one chunk; in-place steps keep eager mode at one fp32 buffer."""
-    x = logits.float()
+    """d(loss)/d(logits) of one chunk; in-place steps keep eager mode at one fp32 buffer, a copy even of fp32 logits."""
+    x = logits.to(torch.float32, copy=True)
     if temperature != 1.0:
         x /= temperature
     probs = torch.exp(x - lse[:, None])
@@ -70,20 +77,62 @@ def use_compiled_kernels() -> None:
     _kernels["grad"] = torch.compile(_grad_logits, dynamic=True)
 
 
+def _chunks(tokens: int, vocab: int) -> Iterator[slice]:
+    step = _chunk_tokens(vocab)
+    for start in range(0, tokens, step):
+        yield slice(start, start + step)
+
+
+LogitsOf = Callable[[slice], torch.Tensor]  # rows -> their logits [k, V] in the compute dtype
+
+
+def _chunked_stats(logits_of: LogitsOf, targets: torch.Tensor, vocab: int, temperature: float, with_entropy: bool):
+    """(log p(target), log-sum-exp, entropy or zeros), [K] each in fp32, one chunk of logits at a time."""
+    out = [targets.new_empty(targets.shape[0], dtype=torch.float32) for _ in range(3)]
+    for part in _chunks(targets.shape[0], vocab):
+        for whole, chunk in zip(out, _kernels["stats"](logits_of(part), targets[part], temperature, with_entropy)):
+            whole[part] = chunk
+    return out
+
+
+def _chunked_grad_logits(
+    logits_of: LogitsOf,
+    targets: torch.Tensor,
+    vocab: int,
+    lse: torch.Tensor,
+    entropy: torch.Tensor,
+    grad_log_probs: torch.Tensor | None,
+    grad_entropy: torch.Tensor | None,
+    temperature: float,
+    with_entropy: bool,
+) -> Iterator[tuple[slice, torch.Tensor]]:
+    """(rows, d(loss)/d(their logits)) chunk by chunk. A gradient autograd left as None (an output the loss does
+    not read) counts as zeros; an entropy the loss leaves out adds no entropy term."""
+    zeros = torch.zeros_like(lse)
+    with_entropy = with_entropy and grad_entropy is not None
+    grad_log_probs = zeros if grad_log_probs is None else grad_log_probs
+    grad_entropy = zeros if grad_entropy is None else grad_entropy
+    for part in _chunks(targets.shape[0], vocab):
+        grad = _kernels["grad"](
+            logits_of(part),
+            targets[part],
+            lse[part],
+            entropy[part],
+            grad_log_probs[part],
+            grad_entropy[part],
+            temperature,
+            with_entropy,
+        )
+        yield part, grad
+
+
 class SelectedLogProbs(torch.autograd.Function):
     """(logits [K, V], targets [K]) -> (log p(target) [K], entropy [K]) at temperature T."""
 
     @staticmethod
     def forward(ctx, logits: torch.Tensor, targets: torch.Tensor, temperature: float, with_entropy: bool):
-        step = _chunk_tokens(logits.shape[-1])
-        log_probs = logits.new_empty(logits.shape[0], dtype=torch.float32)
-        entropy = logits.new_empty(logits.shape[0], dtype=torch.float32)
-        lse = logits.new_empty(logits.shape[0], dtype=torch.float32)
-        for start in range(0, logits.shape[0], step):
-            part = slice(start, start + step)
-            log_probs[part], lse[part], entropy[part] = _kernels["stats"](
-                logits[part], targets[part], temperature, with_entropy
-            )
+        vocab = logits.shape[-1]
+        log_probs, lse, entropy = _chunked_stats(logits.__getitem__, targets, vocab, temperature, with_entropy)
         ctx.save_for_backward(logits, targets, lse, entropy)
         ctx.set_materialize_grads(False)  # an entropy the loss leaves out gets None: no entropy term in backward
         ctx.temperature, ctx.with_entropy = temperature, with_entropy
@@ -92,25 +141,66 @@ class SelectedLogProbs(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad_log_probs: torch.Tensor | None, grad_entropy: torch.Tensor | None):
         logits, targets, lse, entropy = ctx.saved_tensors
-        step = _chunk_tokens(logits.shape[-1])
-        zeros = torch.zeros_like(lse)
-        grad_log_probs = zeros if grad_log_probs is None else grad_log_probs
-        with_entropy = ctx.with_entropy and grad_entropy is not None
-        grad_entropy = zeros if grad_entropy is None else grad_entropy
         grad_logits = torch.empty_like(logits)
-        for start in range(0, logits.shape[0], step):
-            part = slice(start, start + step)
-            grad_logits[part] = _kernels["grad"](
-                logits[part],
-                targets[part],
-                lse[part],
-                entropy[part],
-                grad_log_probs[part],
-                grad_entropy[part],
-                ctx.temperature,
-                with_entropy,
-            )
+        for part, grad in _chunked_grad_logits(
+            logits.__getitem__,
+            targets,
+            logits.shape[-1],
+            lse,
+            entropy,
+            grad_log_probs,
+            grad_entropy,
+            ctx.temperature,
+            ctx.with_entropy,
+        ):
+            grad_logits[part] = grad
         return grad_logits, None, None, None
+
+
+class LinearSelectedLogProbs(torch.autograd.Function):
+    """(hidden [K, H], weight [V, H], targets [K]) -> SelectedLogProbs of the logits hidden @ weight^T (an LM
+    head without bias), never holding them whole: each chunk's logits are computed in forward, reduced to the
+    per-token statistics, and computed again in backward. One more head GEMM than the unfused path (the
+    recomputation), no [K, V] logits and no [K, V] gradient."""
+
+    @staticmethod
+    def forward(
+        ctx, hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor, temperature: float, with_entropy: bool
+    ):
+        logits_of = functools.partial(_head_logits, hidden, weight)
+        log_probs, lse, entropy = _chunked_stats(logits_of, targets, weight.shape[0], temperature, with_entropy)
+        ctx.save_for_backward(hidden, weight, targets, lse, entropy)
+        ctx.set_materialize_grads(False)
+        ctx.temperature, ctx.with_entropy = temperature, with_entropy
+        return log_probs, entropy
+
+    @staticmethod
+    def backward(ctx, grad_log_probs: torch.Tensor | None, grad_entropy: torch.Tensor | None):
+        hidden, weight, targets, lse, entropy = ctx.saved_tensors
+        wants_hidden, wants_weight = ctx.needs_input_grad[:2]  # a frozen head (LoRA, the reference) needs none
+        grad_hidden = torch.empty_like(hidden) if wants_hidden else None
+        # Summed over chunks in fp32 (each chunk's product is in the compute dtype), the weight's dtype at the end.
+        grad_weight = weight.new_zeros(weight.shape, dtype=torch.float32) if wants_weight else None
+        for part, grad in _chunked_grad_logits(
+            functools.partial(_head_logits, hidden, weight),
+            targets,
+            weight.shape[0],
+            lse,
+            entropy,
+            grad_log_probs,
+            grad_entropy,
+            ctx.temperature,
+            ctx.with_entropy,
+        ):
+            if grad_hidden is not None:
+                grad_hidden[part] = grad @ weight
+            if grad_weight is not None:
+                grad_weight += grad.T @ hidden[part]
+        return grad_hidden, None if grad_weight is None else grad_weight.to(weight.dtype), None, None, None
+
+
+def _head_logits(hidden: torch.Tensor, weight: torch.Tensor, rows: slice) -> torch.Tensor:
+    return hidden[rows] @ weight.T
 
 
 def selected_log_probs(
@@ -123,6 +213,20 @@ def selected_log_probs(
     return SelectedLogProbs.apply(logits, targets, temperature, with_entropy)
 
 
+def linear_selected_log_probs(
+    hidden: torch.Tensor,
+    weight: torch.Tensor,
+    targets: torch.Tensor,
+    temperature: float = 1.0,
+    with_entropy: bool = False,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """`selected_log_probs` of the logits hidden [K, H] @ weight [V, H]^T, a chunk of tokens at a time."""
+    if not torch.is_grad_enabled() or not (hidden.requires_grad or weight.requires_grad):
+        with torch.no_grad():
+            return LinearSelectedLogProbs.forward(_NoCtx(), hidden, weight, targets, temperature, with_entropy)
+    return LinearSelectedLogProbs.apply(hidden, weight, targets, temperature, with_entropy)
+
+
 @torch.no_grad()
 def sum_squared_probs(logits: torch.Tensor, temperature: float = 1.0) -> torch.Tensor:
     """sum_v softmax(logits / T)_v^2 per row [K], in fp32, a chunk of rows at a time (no gradient).
@@ -131,10 +235,9 @@ def sum_squared_probs(logits: torch.Tensor, temperature: float = 1.0) -> torch.T
     The optimal token baseline's gradient-energy proxy reads it (rlkit.core.algos.optimal_token_baseline).
     """
     out = logits.new_empty(logits.shape[0], dtype=torch.float32)
-    step = _chunk_tokens(logits.shape[-1])
-    for start in range(0, logits.shape[0], step):
-        x = logits[start : start + step].float() / temperature
-        out[start : start + step] = torch.exp(torch.logsumexp(2 * x, dim=-1) - 2 * torch.logsumexp(x, dim=-1))
+    for part in _chunks(logits.shape[0], logits.shape[-1]):
+        x = logits[part].float() / temperature
+        out[part] = torch.exp(torch.logsumexp(2 * x, dim=-1) - 2 * torch.logsumexp(x, dim=-1))
     return out
 
 

@@ -17,6 +17,7 @@ import torch
 
 from rlkit.core.algos.algorithm import Algorithm
 from rlkit.core.train import adapters, fast_paths, fsdp
+from rlkit.errors import ConfigError
 
 if TYPE_CHECKING:
     from rlkit.recipes.actor_schema import ActorConfig, CriticConfig
@@ -97,6 +98,11 @@ def build_policy(
     lora = model_config.lora.rank > 0
     if lora:
         model = adapters.add_lora(model, model_config.lora, seed=seed)
+    problem = fsdp.fused_head_problem(model) if actor.fused_lm_head else None
+    if problem:
+        raise ConfigError(
+            f"actor.fused_lm_head=true does not fit the model at {model_path}: {problem}; set actor.fused_lm_head=false"
+        )
     module = fsdp.shard_model(model, device=device, compute_dtype=dtype, compile=compile_layers)
     optimizer = torch.optim.AdamW(
         [p for p in module.parameters() if p.requires_grad],

@@ -122,4 +122,5 @@ class OfflineUpdates:
             loss_type=dpo.loss_type,
             beta=dpo.beta,
             label_smoothing=dpo.label_smoothing,
+            fused_head=self.actor.fused_lm_head,
         )

@@ -136,7 +136,13 @@ class PolicyWorker(DeviceWorker):
                 dpo=cfg.dpo,
             )
             self.scoring = Scoring(
-                self, model, reward_model, self.device, paths.micro_batch_tokens, temperature=cfg.log_prob_temperature
+                self,
+                model,
+                reward_model,
+                self.device,
+                paths.micro_batch_tokens,
+                temperature=cfg.log_prob_temperature,
+                fused_head=cfg.actor.fused_lm_head,
             )
             self.weights = WeightExport(
                 self,
@@ -189,7 +195,10 @@ class PolicyWorker(DeviceWorker):
         numels = fsdp.shard_numels(module)
         trainable = sum(numels[name][0] for name, param in module.named_parameters() if param.requires_grad)
         per_token = fast_paths.activation_bytes_per_token(
-            module.config, fsdp.DTYPES[dtype].itemsize, cfg.model.gradient_checkpointing
+            module.config,
+            fsdp.DTYPES[dtype].itemsize,
+            cfg.model.gradient_checkpointing,
+            fused_head=cfg.actor.fused_lm_head,
         )
         critic = Algorithm.from_config(cfg).critic
         tokens = fast_paths.auto_micro_batch_tokens(

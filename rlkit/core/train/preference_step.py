@@ -14,7 +14,6 @@ import torch
 from rlkit.core.algos.preference import pair_log_probs, preference_loss
 from rlkit.core.batch import Batch
 from rlkit.core.train import fsdp, packing
-from rlkit.core.train.logprobs import selected_log_probs
 
 PAIR_ROWS = 2  # rows per pair: chosen, then rejected
 
@@ -33,9 +32,10 @@ def preference_micro_step(
     loss_type: str,
     beta: float,
     label_smoothing: float,
+    fused_head: bool,
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """The loss of one micro-batch of whole pairs and metric sums: `tokens` and the preference metrics
-    (rlkit.core.algos.preference).
+    (rlkit.core.algos.preference). `fused_head`: actor.fused_lm_head (fsdp.packed_log_probs).
 
     Loss and metrics are the pairs' sums divided by the whole mini-batch's pair count, so a
     mini-batch's micro-batches (and ranks) add up to its mean: `optimize` takes them as
@@ -43,8 +43,9 @@ def preference_micro_step(
     """
     packed = packing.pack(mb).to(device)
     mb = mb.to(device)
-    logits = fsdp.packed_outputs(module, packed)
-    flat_log_probs, _ = selected_log_probs(logits, packed.targets, 1.0, with_entropy=False)
+    flat_log_probs, _ = fsdp.packed_log_probs(
+        module, packed, temperature=1.0, with_entropy=False, fused_head=fused_head
+    )
     mask = mb["response_mask"].float()
     policy = sequence_log_probs(packed.scatter(flat_log_probs), mask)
     reference = sequence_log_probs(mb["ref_log_probs"], mask)

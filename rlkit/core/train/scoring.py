@@ -19,7 +19,8 @@ from rlkit.core.train.model import TrainableModel
 
 class Scoring(Role):
     """The reference of `model` (the actor's) and `reward_model` (None when the run has none), on `device`;
-    log-probs at `temperature` (the actor's: rollout.temperature in RL, 1 offline)."""
+    log-probs at `temperature` (the actor's: rollout.temperature in RL, 1 offline), through the fused head when
+    `fused_head` (actor.fused_lm_head)."""
 
     def __init__(
         self,
@@ -30,10 +31,12 @@ class Scoring(Role):
         micro_batch_tokens: int,
         *,
         temperature: float,
+        fused_head: bool,
     ) -> None:
         super().__init__(phases)
         self.model, self.reward_model = model, reward_model
         self.device, self.micro_batch_tokens, self.temperature = device, micro_batch_tokens, temperature
+        self.fused_head = fused_head
 
     @torch.no_grad()
     @in_phase("log_probs/ref")
@@ -48,6 +51,7 @@ class Scoring(Role):
                 micro_batch_tokens=self.micro_batch_tokens,
                 temperature=self.temperature,
                 with_entropy=False,
+                fused_head=self.fused_head,
             )
 
     @torch.no_grad()
