@@ -57,39 +57,31 @@ def vllm_engine(
 
     options = rollout.vllm
     replicas = options.replicas
+    # What every vLLM engine of the run is started with (rlkit.core.rollout.vllm_engine.engine_arguments).
+    settings = dict(
+        dtype=dtype,
+        seed=seed,
+        device=device,
+        max_model_len=max_model_len,
+        enforce_eager=options.enforce_eager,
+        max_num_seqs=rollout.max_num_seqs,
+        sleep_mode=sleep_mode,
+        prefix_caching=options.prefix_caching,
+        engine_kwargs=options.engine_kwargs,
+    )
     if options.streaming:
         from rlkit.core.rollout.vllm_async import AsyncVLLMEngine
 
-        return AsyncVLLMEngine(
-            model_path,
-            dtype=dtype,
-            seed=seed,
-            device=device,
-            max_model_len=max_model_len,
-            gpu_memory_utilization=rollout.gpu_memory_utilization,
-            enforce_eager=options.enforce_eager,
-            max_num_seqs=rollout.max_num_seqs,
-            sleep_mode=sleep_mode,
-            prefix_caching=options.prefix_caching,
-            engine_kwargs=options.engine_kwargs,
-        )
+        return AsyncVLLMEngine(model_path, gpu_memory_utilization=rollout.gpu_memory_utilization, **settings)
 
     def one_engine() -> VLLMEngine:
         return VLLMEngine(
             model_path,
-            dtype=dtype,
-            seed=seed,
-            device=device,
-            max_model_len=max_model_len,
             # Replicas share the device: each takes its share of the memory rollout.gpu_memory_utilization gives.
             gpu_memory_utilization=rollout.gpu_memory_utilization / replicas,
-            enforce_eager=options.enforce_eager,
-            max_num_seqs=rollout.max_num_seqs,
-            sleep_mode=sleep_mode,
             # Replicas in one process would take turns on its interpreter: each engine core gets a process.
             separate_process=options.separate_process or replicas > 1,
-            prefix_caching=options.prefix_caching,
-            engine_kwargs=options.engine_kwargs,
+            **settings,
         )
 
     if replicas == 1:

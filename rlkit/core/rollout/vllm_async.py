@@ -47,21 +47,9 @@ class AsyncVLLMEngine(RolloutEngine):
 
     streams = True  # rlkit.core.agents.turns: episodes submit their turns one by one
 
-    def __init__(
-        self,
-        model_path: str,
-        *,
-        dtype: str,
-        seed: int,
-        max_model_len: int,
-        device: torch.device,
-        gpu_memory_utilization: float,
-        enforce_eager: bool | None,
-        max_num_seqs: int,
-        sleep_mode: bool,
-        prefix_caching: bool = True,
-        engine_kwargs: dict[str, Any] | None = None,
-    ) -> None:
+    def __init__(self, model_path: str, *, device: torch.device, sleep_mode: bool, **settings: Any) -> None:
+        """`settings`: the rest of engine_arguments' (dtype, seed, max_model_len, gpu_memory_utilization,
+        enforce_eager, max_num_seqs, prefix_caching, engine_kwargs)."""
         self.on_gpu = device.type == "cuda"
         self.sleep_mode = sleep_mode and self.on_gpu
         began = time.perf_counter()
@@ -69,19 +57,7 @@ class AsyncVLLMEngine(RolloutEngine):
         from vllm.engine.arg_utils import AsyncEngineArgs
 
         imported = {"rollout_engine_import": time.perf_counter() - began}
-        arguments = engine_arguments(
-            model_path,
-            dtype=dtype,
-            seed=seed,
-            max_model_len=max_model_len,
-            on_gpu=self.on_gpu,
-            gpu_memory_utilization=gpu_memory_utilization,
-            enforce_eager=enforce_eager,
-            max_num_seqs=max_num_seqs,
-            sleep_mode=self.sleep_mode,
-            prefix_caching=prefix_caching,
-            engine_kwargs=engine_kwargs,
-        )
+        arguments = engine_arguments(model_path, on_gpu=self.on_gpu, sleep_mode=self.sleep_mode, **settings)
         self.events = EventLoop("rlkit-vllm-async")
         self.request_ids = itertools.count()
         with vllm_info_lines() as lines:
