@@ -8,7 +8,7 @@ import threading
 import pytest
 import torch
 
-from rlkit.core.rollout.base import RolloutEngine, RolloutSample, Sampling, limits_per_prompt
+from rlkit.core.rollout.base import RolloutEngine, RolloutSample, Sampling, limits_per_prompt, request_seed
 from rlkit.core.rollout.replicas import ReplicatedEngine, shares
 
 
@@ -24,7 +24,7 @@ class Recorder(RolloutEngine):
             self.meet.wait(timeout=10)
         self.calls.append(("generate", [p[0] for p in prompts]))
         limits = limits_per_prompt(prompts, sampling, token_limits)
-        return [RolloutSample(i, [sampling.seed + i * sampling.n + j, limits[i], p[0]], [], True)
+        return [RolloutSample(i, [request_seed(sampling, i, j), limits[i], p[0]], [], True)
                 for i, p in enumerate(prompts) for j in range(sampling.n)]
 
     def score(self, sequences, prompt_len):
@@ -60,6 +60,13 @@ def test_a_split_call_gives_one_engines_seeds_indices_and_limits_in_order():
     assert [s.token_ids[0] for s in split[6:]] == [16, 17, 18, 19]
     assert [s.prompt_index for s in split] == [0, 0, 1, 1, 2, 2, 3, 3, 4, 4]
     assert engines[0].calls == [("generate", [100, 101, 102])] and engines[1].calls == [("generate", [103, 104])]
+
+
+def test_each_prompts_own_seed_goes_with_it_to_its_engine():
+    """An agent turn's call (Sampling.prompt_seeds: each episode's own seed): prompt 3 keeps seed 40 on engine 2."""
+    sampling = Sampling(n=1, max_tokens=4, seed=10, prompt_seeds=[7, 20, 30, 40, 50])
+    split = ReplicatedEngine([Recorder(), Recorder()]).generate([[100 + i] for i in range(5)], sampling)
+    assert [s.token_ids[0] for s in split] == [7, 20, 30, 40, 50]
 
 
 def test_fewer_prompts_than_engines_leave_the_rest_idle():
