@@ -17,6 +17,7 @@ from rlkit.core.agents.guard import Guard
 from rlkit.core.agents.loop import AgentLoop, Limits, turn_seed
 from rlkit.core.rollout.base import RolloutEngine, RolloutSample, Sampling, limits_per_prompt, request_seed
 from rlkit.core.rollout.event_loop import EventLoop
+from rlkit.core.rollout.replicas import ReplicatedEngine
 
 IM_END = 2
 
@@ -64,7 +65,7 @@ class StreamEngine(BatchEngine):
     def run(self, coroutine):
         return self.events.run(coroutine)
 
-    async def sample(self, prompt, sampling, seed, max_tokens) -> RolloutSample:
+    async def sample(self, prompt, sampling, seed, max_tokens, place=(0, 1)) -> RolloutSample:
         self.requests.append((time.monotonic(), seed))
         await asyncio.sleep(self.delays.uniform(0, 0.02))
         tokens, log_probs = _answer(self.tokenizer, prompt, seed)
@@ -138,3 +139,15 @@ def test_streamed_episodes_take_their_next_turn_while_a_slow_environment_still_w
     _episodes(tokenizer, batched, [3, 3], n=1)
     assert batched.calls == [[11, 12], [1_000_014, 1_000_015], [2_000_017, 2_000_018]]  # both rows in every call
     assert time.monotonic() - started >= 0.9  # three turns, each waiting for row 0's 0.3 s
+
+
+def test_streaming_replicas_keep_each_episodes_turns_on_one_replica(tokenizer):
+    """rollout.vllm.replicas=2 with streaming: the six episodes' places split 0-2 | 3-5, every turn of an episode
+    goes to its replica (whose prefix cache holds the conversation), and the trajectories are the batched ones."""
+    expected = _view(_episodes(tokenizer, BatchEngine(tokenizer), [1, 3, 2]))
+    replicas = [StreamEngine(tokenizer, shuffle_seed=k) for k in (0, 1)]
+    assert _view(_episodes(tokenizer, ReplicatedEngine(replicas), [1, 3, 2])) == expected
+    episode_of = {seed: (seed - 11) % 1_000_003 for _, seed in replicas[0].requests + replicas[1].requests}
+    assert {episode_of[seed] for _, seed in replicas[0].requests} == {0, 1, 2}
+    assert {episode_of[seed] for _, seed in replicas[1].requests} == {3, 4, 5}
+    assert len(replicas[0].requests) + len(replicas[1].requests) == 12  # 2 + 6 + 4 turns

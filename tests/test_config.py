@@ -111,6 +111,13 @@ def test_importance_weights_on_a_ratio_loss_in_bypass_would_correct_twice():
         load_config("grpo-demo", ["actor.rollout_is_cap=2.0", "actor.old_log_probs=rollout"])
 
 
+def test_streaming_is_vllms_async_engine_alone_and_composes_with_replicas():
+    config = load_config("grpo-demo", ["rollout.name=vllm", "rollout.vllm.streaming=true", "rollout.vllm.replicas=2"])
+    assert config.rollout.vllm.streaming and config.rollout.vllm.replicas == 2
+    with pytest.raises(ConfigError, match=r"rollout.vllm.streaming.*needs rollout.name=vllm \(got sglang\)"):
+        load_config("grpo-demo", ["rollout.name=sglang", "rollout.vllm.streaming=true"])
+
+
 def test_engine_kwargs_pass_through_but_cannot_override_rlkit_keys():
     config = load_config("grpo-demo", ["rollout.vllm.engine_kwargs={async_scheduling: true}"])
     assert config.rollout.vllm.engine_kwargs == {"async_scheduling": True}

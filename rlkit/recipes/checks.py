@@ -98,11 +98,10 @@ def check_config(config: RLConfig, origins: dict[str, str] | None = None, *, req
             "no training data; set data.train_files=[train.parquet] "
             "(see `rlkit prep-data`) or data.synthetic_task=echo",
         )
-    if rollout.vllm.streaming and (rollout.name != "vllm" or rollout.vllm.replicas > 1):
+    if rollout.vllm.streaming and rollout.name != "vllm":
         fail(
             "rollout.vllm.streaming",
-            f"streams to one vLLM async engine per device, so it needs rollout.name=vllm and rollout.vllm.replicas=1 "
-            f"(got {rollout.name}, {rollout.vllm.replicas}); drop streaming=true or set those",
+            f"streams to vLLM's async engine, so it needs rollout.name=vllm (got {rollout.name}); drop streaming=true",
         )
     if config.offline:
         check_offline(config, origins, fail, require_inputs=require_inputs)

@@ -46,8 +46,8 @@ class VLLMOptions(Section):
         "turn of all running episodes goes to the engine in one batch: the deterministic schedule, under which a "
         "resumed run repeats the uninterrupted one bit for bit. Streamed, a request keeps its seed, but which "
         "requests share a forward pass depends on timing, so on a GPU a sample's last bits, and so rarely a "
-        "token, can differ between runs (docs/resume.md). Not measured on a GPU yet (docs/benchmarks.md). One "
-        "engine per device: not with replicas > 1.",
+        "token, can differ between runs (docs/resume.md). With replicas > 1 each replica is such an engine and an "
+        "episode's turns stay on one. Not measured on a GPU yet (docs/benchmarks.md).",
     )
     prefix_caching: bool = Field(
         True,

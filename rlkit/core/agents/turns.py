@@ -75,16 +75,18 @@ class BatchedTurns:
 
 
 class StreamedTurns:
-    """Each turn to the async engine (rlkit.core.rollout.vllm_async.AsyncVLLMEngine) when it is asked for."""
+    """Each turn to the async engine (rlkit.core.rollout.vllm_async.AsyncVLLMEngine, or replicas of it) when it
+    is asked for; an episode's turns go to one replica (its prefix cache holds the conversation)."""
 
-    def __init__(self, engine: Any) -> None:
-        self.engine = engine
+    def __init__(self, engine: Any, episodes: int) -> None:
+        self.engine, self.episodes = engine, episodes
 
     def run(self, coroutine: Coroutine[Any, Any, T]) -> T:
         return self.engine.run(coroutine)  # the engine's client lives on its own event loop
 
     async def sample(self, key: int, prompt: list[int], seed: int, limit: int, sampling: Sampling) -> RolloutSample:
-        return await self.engine.sample(prompt, dataclasses.replace(sampling, n=1, max_tokens=limit), seed, limit)
+        one = dataclasses.replace(sampling, n=1, max_tokens=limit)
+        return await self.engine.sample(prompt, one, seed, limit, place=(key, self.episodes))
 
     def ended(self) -> None:
         pass
@@ -92,4 +94,6 @@ class StreamedTurns:
 
 def turns_for(engine: RolloutEngine, events: EventLoop, episodes: int) -> BatchedTurns | StreamedTurns:
     """The schedule `engine` serves: streamed where it takes requests one by one, else batched."""
-    return StreamedTurns(engine) if getattr(engine, "streams", False) else BatchedTurns(engine, events, episodes)
+    if getattr(engine, "streams", False):
+        return StreamedTurns(engine, episodes)
+    return BatchedTurns(engine, events, episodes)

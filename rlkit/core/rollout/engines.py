@@ -69,12 +69,14 @@ def vllm_engine(
         prefix_caching=options.prefix_caching,
         engine_kwargs=options.engine_kwargs,
     )
-    if options.streaming:
-        from rlkit.core.rollout.vllm_async import AsyncVLLMEngine
 
-        return AsyncVLLMEngine(model_path, gpu_memory_utilization=rollout.gpu_memory_utilization, **settings)
+    def one_engine() -> RolloutEngine:
+        if options.streaming:
+            from rlkit.core.rollout.vllm_async import AsyncVLLMEngine
 
-    def one_engine() -> VLLMEngine:
+            return AsyncVLLMEngine(
+                model_path, gpu_memory_utilization=rollout.gpu_memory_utilization / replicas, **settings
+            )
         return VLLMEngine(
             model_path,
             # Replicas share the device: each takes its share of the memory rollout.gpu_memory_utilization gives.

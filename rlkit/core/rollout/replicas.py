@@ -10,13 +10,18 @@ Prompt i always goes to the same replica for a given number of replicas (contigu
 differing by at most one), and its samples keep the seeds a single engine gives them, so a call's
 result does not depend on which replica finishes first. A prompt's samples stay on one replica,
 where they share its prefix cache.
+
+Replicas of vLLM's async engine (rollout.vllm.streaming) also stream: an agent episode's request goes to the
+replica whose share holds the episode's place (`sample`), so all its turns meet its prefix cache there; the
+episodes run on the first replica's event loop and wait there for the others' results.
 """
 
 from __future__ import annotations
 
+import asyncio
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
-from typing import Callable, Iterable, Sequence, TypeVar
+from typing import Any, Callable, Coroutine, Iterable, Sequence, TypeVar
 
 import torch
 
@@ -44,6 +49,23 @@ class ReplicatedEngine(RolloutEngine):
         self.replicas = replicas
         self.honors_seeds = all(engine.honors_seeds for engine in replicas)
         self.pool = ThreadPoolExecutor(max_workers=len(replicas), thread_name_prefix="rlkit-replica")
+        self.streams = all(getattr(engine, "streams", False) for engine in replicas)
+
+    def run(self, coroutine: Coroutine[Any, Any, T]) -> T:
+        """Streaming replicas: run a coroutine that awaits `sample` (an agent loop's episodes) on the first one's
+        event loop."""
+        return self.replicas[0].run(coroutine)  # type: ignore[attr-defined]
+
+    async def sample(
+        self, prompt: list[int], sampling: Sampling, seed: int, max_tokens: int, place: tuple[int, int] = (0, 1)
+    ) -> RolloutSample:
+        """Streaming replicas: one sample on the replica whose share of `place[1]` requests holds `place[0]`."""
+        key, count = place
+        engine = next(e for e, part in zip(self.replicas, shares(count, len(self.replicas))) if key in part)
+        request = engine.sample(prompt, sampling, seed, max_tokens)  # type: ignore[attr-defined]
+        if engine is self.replicas[0]:
+            return await request
+        return await asyncio.wrap_future(asyncio.run_coroutine_threadsafe(request, engine.events.loop))
 
     def on_all(self, calls: list[Callable[[], T]]) -> list[T]:
         """Each call on its own thread; results in the calls' order, the first exception raised."""

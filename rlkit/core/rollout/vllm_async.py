@@ -71,8 +71,11 @@ class AsyncVLLMEngine(RolloutEngine):
         return self.reported_start
 
     # -- requests -------------------------------------------------------------------------
-    async def sample(self, prompt: list[int], sampling: Sampling, seed: int, max_tokens: int) -> RolloutSample:
-        """One sample of `prompt` (its prompt_index 0), seeded by `seed`; runs on this engine's event loop."""
+    async def sample(
+        self, prompt: list[int], sampling: Sampling, seed: int, max_tokens: int, place: tuple[int, int] = (0, 1)
+    ) -> RolloutSample:
+        """One sample of `prompt` (its prompt_index 0), seeded by `seed`; runs on this engine's event loop.
+        `place`: (the request's place, of how many), which replicas route by (rlkit.core.rollout.replicas)."""
         from vllm.inputs import TokensPrompt
 
         final = None
