@@ -16,7 +16,7 @@ from rlkit.core.data.builders import write_parquet
 from rlkit.core.data.synthetic import build_synthetic
 from rlkit.core.rewards.metrics import pass_at_k
 from rlkit.core.train.export import EXPORT_CONFIG, EXPORT_INFO
-from rlkit.errors import UserError
+from rlkit.errors import ConfigError, UserError
 from rlkit.recipes.loader import config_to_yaml, load_config
 
 
@@ -72,6 +72,26 @@ def test_targets_find_their_settings(small_model: Path, tmp_path: Path) -> None:
 
     with pytest.raises(UserError, match="neither a run .* nor a model directory"):
         resolve_target("nowhere", step=None, overrides=[], runs_dir=tmp_path)
+
+
+def test_an_sft_models_eval_may_sample(small_model: Path, tmp_path: Path) -> None:
+    """An SFT export's config says objective sft, whose training refuses validation's sampling keys (it generates
+    nothing); evaluating the model generates, so `rlkit eval` takes them, and scores 2 samples a prompt."""
+    exported = tmp_path / "sft-export"
+    exported.mkdir()
+    for file in small_model.iterdir():  # the model and its tokenizer
+        (exported / file.name).symlink_to(file)
+    sft = load_config("sft", ["data.max_response_length=2"], require_inputs=False)
+    (exported / EXPORT_CONFIG).write_text(config_to_yaml(sft))
+    with pytest.raises(ConfigError, match="trainer.val_n .*objective sft generates nothing"):
+        load_config(str(exported / EXPORT_CONFIG), ["trainer.val_n=2"], require_inputs=False)
+    data = write_parquet(build_synthetic(task="echo", n_test=3, seed=1)["test"], tmp_path / "echo.parquet")
+    result = invoke(eval_cmds.register, str(exported), "--data", str(data), "--json", "rollout.name=hf",
+                    "trainer.val_n=2", "rollout.temperature=0.7")
+    assert result.exit_code == 0, result.output
+    report = json.loads(result.stdout)
+    assert report["settings"]["val_n"] == 2 and report["settings"]["temperature"] == 0.7
+    assert "val/reward/mean@2" in report["metrics"]
 
 
 def test_eval_of_a_run_without_that_checkpoint_names_the_steps(tmp_path: Path) -> None:

