@@ -151,3 +151,14 @@ def test_streaming_replicas_keep_each_episodes_turns_on_one_replica(tokenizer):
     assert {episode_of[seed] for _, seed in replicas[0].requests} == {0, 1, 2}
     assert {episode_of[seed] for _, seed in replicas[1].requests} == {3, 4, 5}
     assert len(replicas[0].requests) + len(replicas[1].requests) == 12  # 2 + 6 + 4 turns
+
+
+def test_an_engine_failure_reaches_the_caller_as_itself(tokenizer):
+    """The episodes run in a task group; the engine's exception comes out as raised, not wrapped in a group."""
+
+    class Broken(BatchEngine):
+        def generate(self, prompts, sampling, token_limits=None):
+            raise RuntimeError("the engine died")
+
+    with pytest.raises(RuntimeError, match="the engine died"):
+        _episodes(tokenizer, Broken(tokenizer), [2, 2])

@@ -140,9 +140,12 @@ class AgentLoop:
         return [e.trajectory(sampling.log_probs) for e in episodes]
 
     async def run_all(self, turns: BatchedTurns | StreamedTurns, episodes: list[Episode], sampling: Sampling) -> None:
-        async with asyncio.TaskGroup() as tasks:  # an unexpected error stops the other episodes too
-            for key, episode in enumerate(episodes):
-                tasks.create_task(self.run_episode(turns, key, episode, sampling))
+        try:
+            async with asyncio.TaskGroup() as tasks:  # an unexpected error stops the other episodes too
+                for key, episode in enumerate(episodes):
+                    tasks.create_task(self.run_episode(turns, key, episode, sampling))
+        except BaseExceptionGroup as failed:  # the engine's failure, raised as it is (a worker failure names it)
+            raise failed.exceptions[0] from None
 
     async def run_episode(
         self, turns: BatchedTurns | StreamedTurns, key: int, episode: Episode, sampling: Sampling
