@@ -80,13 +80,16 @@ class AsyncVLLMEngine(RolloutEngine):
     ) -> RolloutSample:
         """One sample of `prompt` (its prompt_index 0), seeded by `seed`; runs on this engine's event loop.
         `place`: (the request's place, of how many), which replicas route by (rlkit.core.rollout.replicas)."""
+        return to_sample(await self.request(prompt, sampling_params(sampling, seed, max_tokens)), 0, sampling)
+
+    async def request(self, prompt: list[int], params: Any) -> Any:
+        """vLLM's output of one request (FINAL_ONLY: one output, when the request ends)."""
         from vllm.inputs import TokensPrompt
 
         final = None
-        params = sampling_params(sampling, seed, max_tokens)
         async for output in self.llm.generate(TokensPrompt(prompt_token_ids=prompt), params, self.request_id()):
-            final = output  # FINAL_ONLY: the one output, when the request ends
-        return to_sample(final, 0, sampling)
+            final = output
+        return final
 
     def run(self, coroutine: Coroutine[Any, Any, T]) -> T:
         """Run a coroutine that awaits `sample` (an agent loop's episodes) on this engine's event loop."""
@@ -115,15 +118,8 @@ class AsyncVLLMEngine(RolloutEngine):
         return samples
 
     def score(self, sequences: list[list[int]], prompt_len: int) -> list[list[float]]:
-        from vllm.inputs import TokensPrompt
-
         async def scored(sequence: list[int]) -> list[float]:
-            final = None
-            async for output in self.llm.generate(
-                TokensPrompt(prompt_token_ids=sequence), score_params(), self.request_id()
-            ):
-                final = output
-            return prompt_scores(final, sequence, prompt_len)
+            return prompt_scores(await self.request(sequence, score_params()), sequence, prompt_len)
 
         async def every_score() -> list[list[float]]:
             return list(await asyncio.gather(*(scored(s) for s in sequences)))
