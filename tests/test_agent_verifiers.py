@@ -136,7 +136,7 @@ def test_an_env_that_raises_or_hangs_costs_one_episode(tok, tmp_path):
 
 
 def test_a_rubric_that_raises_costs_one_episode(tok):
-    [t, *_] = _run(tok, "verifiers:vf_arith", {"0+1=": ["?"], "1+1=": ["2"], "2+1=": ["3"]})
+    [t, *_] = _run(tok, "verifiers:vf_arith", {"0+1=": ["???"], "1+1=": ["2"], "2+1=": ["3"]})
     assert t.finish_reason == "error" and t.reward == 0.0 and "the rubric broke" in t.info["env_error"]
 
 

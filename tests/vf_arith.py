@@ -19,7 +19,9 @@ class ArithTask(vf.Task[ArithData]):
 
     @vf.reward(weight=0.5)
     async def brief(self, trace) -> float:
-        if trace.last_reply == "?":  # the guard's test: a rubric that raises
+        # The guard's test: a rubric that raises. Three characters, so that a tiny model's sampled reply, which
+        # the end-to-end test scores with this rubric, is not it by chance (a one-character "?" once was).
+        if trace.last_reply == "???":
             raise ValueError("the rubric broke")
         return 1.0 if len(trace.last_reply) <= 1 else 0.0
 
