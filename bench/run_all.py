@@ -84,6 +84,10 @@ CONFIGS: dict[str, tuple[list[str], int, int]] = {
     "rlkit-1gpu-defaults-replicas3": ([RLKIT, "--defaults", "--override", "rollout.vllm.replicas=3"], 1, 280),
     "rlkit-1gpu-defaults-replicas2-logprobs": ([RLKIT, "--defaults", "--override", "rollout.vllm.replicas=2",
                                                "--rollout-is-cap", "2"], 1, 240),
+    # the like-for-like lane with the fused LM head: the update's MFU where the step is measured against TRL
+    "rlkit-1gpu-defaults-replicas2-logprobs-fusedhead": ([RLKIT, "--defaults", "--override", "rollout.vllm.replicas=2",
+                                                         "--override", "actor.fused_lm_head=true",
+                                                         "--rollout-is-cap", "2"], 1, 240),
     "rlkit-1gpu-defaults-replicas3-logprobs": ([RLKIT, "--defaults", "--override", "rollout.vllm.replicas=3",
                                                "--rollout-is-cap", "2"], 1, 280),
     "vllm-rollout-1gpu-async": ([ROLLOUT, "--async-scheduling"], 1, 200),
