@@ -10,6 +10,7 @@ import types
 import pytest
 import torch
 
+from rlkit.core.rollout import vllm_engine
 from rlkit.core.rollout.base import Sampling
 from rlkit.core.rollout.hf_engine import HFEngine
 from rlkit.core.rollout.vllm_engine import VLLMEngine
@@ -130,6 +131,8 @@ def test_vllm_engine_arguments_take_engine_kwargs_last(monkeypatch):
     seen: list[dict] = []
     stand_in = types.SimpleNamespace(LLM=lambda **kwargs: seen.append(kwargs), envs=types.SimpleNamespace())
     monkeypatch.setitem(sys.modules, "vllm", stand_in)
+    # vLLM's real engine modules would be imported under the stand-in where this process has not imported them yet
+    monkeypatch.setattr(vllm_engine, "import_engine_modules", lambda: None)
     monkeypatch.setenv("VLLM_ENABLE_V1_MULTIPROCESSING", "1")  # the engine core goes in this process all the same
 
     def start(engine_kwargs):
