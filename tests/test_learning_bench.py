@@ -104,6 +104,7 @@ def bench_call(out: Path, workdir: Path, *args: str) -> tuple[dict, str]:
 
 
 @pytest.mark.slow
+@pytest.mark.bench
 def test_learning_bench_runs_end_to_end_on_cpu_over_two_calls(tmp_path: Path) -> None:
     work = tmp_path / "work"
     # Call 1: task, model, SFT, then rlkit GRPO and PPO one after another on "GPU 0".

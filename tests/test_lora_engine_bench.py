@@ -11,7 +11,7 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[1]
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.bench]
 
 
 def test_merged_weights_and_the_adapter_path_give_the_same_outputs_and_both_are_measured(tmp_path) -> None:

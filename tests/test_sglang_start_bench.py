@@ -166,6 +166,7 @@ class Engine:
 '''
 
 
+@pytest.mark.bench
 @pytest.mark.slow  # two children that import torch and rlkit, one hanging to its timeout: ~30 s
 def test_a_variants_child_records_each_phase_and_where_it_hung(tmp_path):
     """The child as the bench starts it, on the tiny workload with a stand-in SGLang (no GPU is touched
