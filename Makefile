@@ -87,8 +87,9 @@ test: venv
 	$(BIN)/ruff format --check rlkit
 	$(BIN)/python -m pytest -q -ra --durations=25 -m "not bench" $(XDIST) tests
 
-# The bench/ scripts' end-to-end runs on a CPU (~100 s of test time, marked `bench`): not in `make test`, whose
-# 15 minutes they would pass on 2026-12-05 (15.1 min with them); run them before a session's GPU calls.
+# The bench/ scripts' end-to-end runs on a CPU and the tool pipeline's CPU twin of bench/learning_tools.py (~5 min
+# of test time, marked `bench`): not in `make test`, whose 15 minutes they passed on 2026-12-05 (15.1-15.6 min);
+# run them before a session's GPU calls.
 test-bench: venv
 	$(BIN)/python -m pytest -q -ra -m bench $(XDIST) tests
 

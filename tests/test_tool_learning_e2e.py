@@ -17,7 +17,8 @@ import pytest
 from conftest import run_cli_in_process as rlkit
 from test_warm_start_e2e import IN_PROCESS, build_scratch_model, validations
 
-pytestmark = pytest.mark.slow
+# The CPU twin of bench/learning_tools.py (~3 min): run by `make test-bench`, before that bench's device calls.
+pytestmark = [pytest.mark.slow, pytest.mark.bench]
 
 TASK = ["-o", "min_digits=2", "-o", "max_digits=2", "-o", "n_train=4000", "-o", "n_test=64"]
 TOOL_LOOP = ["rollout.agent.loop=tool", "rollout.agent.tools=[calculator]", "rollout.agent.max_turns=3",
