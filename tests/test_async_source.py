@@ -85,7 +85,7 @@ def make_source(overrides: list[str], tokenizer, *, shuffle: bool = True, rule_s
     stages = RolloutStages.build(config, Algorithm.from_config(config), rows, sampler, tokenizer,
                                  RewardScorer(config.reward), placement)
     if rule_scores is not None:
-        stages.score.rule_scores = lambda batch: (rule_scores(batch), {}, {})  # no reward components
+        stages.score.rule_scores = lambda batch, outcomes=None: (rule_scores(batch), {}, {})  # no reward components
     return AsyncScheduler(stages, placement, config.rollout)
 
 

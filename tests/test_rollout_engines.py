@@ -152,11 +152,12 @@ def test_vllm_engine_including_tied_lm_head_and_prefix_cache(tiny_model_dir):
 
 @pytest.mark.slow
 @pytest.mark.usefixtures("vllm_released")
-def test_vllm_async_engine_streams_the_same_samples_and_agent_episodes(tiny_model_dir):
+def test_vllm_async_engine_streams_the_same_samples_and_agent_episodes(tiny_model_dir, tmp_path):
     """rollout.vllm.streaming: vLLM's async engine (its engine core in a child process) keeps the engine contract
     (seeded samples, the policy's log-probs, full length, weight loads), and agent episodes streamed to it, each
     turn submitted as its episode asks, equal the same episodes batched a turn at a time on the same engine: on
-    this CPU a sample does not depend on the requests beside it."""
+    this CPU a sample does not depend on the requests beside it. Samples scored as they finish (reward.
+    while_generating) are the engine's own, with the scores they get after."""
     from test_agent_streaming import SlowFirstRowEnv, _view
     from transformers import AutoTokenizer
 
@@ -187,6 +188,29 @@ def test_vllm_async_engine_streams_the_same_samples_and_agent_episodes(tiny_mode
     streamed = episodes(engine)
     assert streamed == episodes(Batched())
     assert [turns for *_, turns in streamed] == [2, 2, 3, 3, 1, 1] or any(r[4] == "truncated" for r in streamed)
+    _check_scored_while_generating(engine, tokenizer, tmp_path)
+
+
+def _check_scored_while_generating(engine, tokenizer, tmp_path) -> None:
+    """reward.while_generating on the real async engine: the samples of its own generate call, each scored as
+    the controller would score it after the rollout."""
+    from rlkit.core.data.dataset import PromptRow
+    from rlkit.core.rewards.scoring import RewardScorer
+    from rlkit.core.rollout.scored_generation import generate_scored
+    from rlkit.recipes.reward_schema import RewardConfig
+
+    (tmp_path / "length.py").write_text("def length(data_source, response, ground_truth, extra_info):\n"
+                                        "    return len(response) + 0.5 * (response == ground_truth)\n")
+    prompts = [[1, 26, 24, 29, 36, 21, 10, 2, 1], [1, 11, 2, 1], [1, 12, 13, 2, 1]]
+    rows = [PromptRow(i, p, "any", "") for i, p in enumerate(prompts)]
+    sampling = Sampling(n=3, max_tokens=6, seed=11)
+    with RewardScorer(RewardConfig(function=f"{tmp_path / 'length.py'}:length")) as scorer:
+        samples, outcomes = generate_scored(engine, rows, sampling, scorer, tokenizer)
+        expected = engine.generate(prompts, sampling)
+        texts = tokenizer.batch_decode([s.token_ids for s in expected], skip_special_tokens=True)
+        after = scorer.score(texts, ["any"] * 9, [""] * 9, [{}] * 9)
+    assert [(s.prompt_index, s.token_ids) for s in samples] == [(s.prompt_index, s.token_ids) for s in expected]
+    assert [o.score for o in outcomes] == after.scores == [float(len(t)) for t in texts]
 
 
 class _Worker(WeightLoader):

@@ -66,6 +66,14 @@ class RewardConfig(BaseModel):
         "128 exact-match rewards on 2 CPU cores). At least 1: a call in the controller's own "
         "process could not be stopped at timeout_s.",
     )
+    while_generating: bool = Field(
+        True,
+        description="With rollout.vllm.streaming, single-turn rollouts and reward functions (not reward_model): "
+        "each response is scored the moment the engine finishes it, in reward worker processes of the rollout "
+        "worker (reward.num_workers per rollout rank), while the longer ones still generate, so a costly reward "
+        "(code in a sandbox) hides behind the decode; the scores are the same. false: the controller scores "
+        "the whole batch after the rollout. Other rollouts are always scored after.",
+    )
     gsm8k_method: Literal["strict", "flexible"] = Field(
         "strict",
         description="GSM8K answer extraction: 'strict' takes the number after the last '####', "

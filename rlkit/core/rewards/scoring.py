@@ -20,6 +20,7 @@ call could not be stopped.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import inspect
 from dataclasses import dataclass, field
@@ -27,7 +28,7 @@ from typing import Any, Callable
 
 from rlkit.core.rewards.custom import user_function
 from rlkit.core.rewards.registry import clamp, declared_range, reward_fn_for
-from rlkit.core.rewards.worker_pool import Outcome, RewardError, WorkerPool
+from rlkit.core.rewards.worker_pool import Call, Feed, Outcome, RewardError, WorkerPool
 from rlkit.recipes.reward_schema import RewardConfig
 
 RULE_OPTIONS = ("gsm8k_method", "format_score")  # reward.* options passed to rules declaring them
@@ -120,12 +121,28 @@ class RewardScorer:
         score never raises: it scores 0 and is counted)."""
         if not len(responses) == len(data_sources) == len(ground_truths) == len(extra_infos):
             raise ValueError("responses, data_sources, ground_truths and extra_infos differ in length")
-        functions = [self._function_for(ds, i) for i, ds in enumerate(data_sources)]
-        rows = zip(data_sources, responses, ground_truths, extra_infos, strict=True)
-        calls = [(f.fn, args) for f, args in zip(functions, rows, strict=True)]
+        feed = Feed()
+        for row, fields in enumerate(zip(data_sources, responses, ground_truths, extra_infos, strict=True)):
+            feed.put(row, self.call(row, *fields))
+        feed.close()
+        return self.collect(self.outcomes(feed, len(responses)), data_sources, extra_infos)
+
+    def call(self, row: int, data_source: str, response: str, ground_truth: str, extra_info: dict) -> tuple[Call, str]:
+        """Row `row`'s reward call and its function's name, as a Feed takes them."""
+        function = self._function_for(data_source, row)
+        return (function.fn, (data_source, response, ground_truth, extra_info)), function.name
+
+    def outcomes(self, feed: Feed, size: int) -> list[Outcome | None]:
+        """Rows 0..size-1 run in the pool as `feed` brings them (while a rollout still makes the others), for
+        `collect`; on_error=raise stops at the first failed row, leaving the rows after it None."""
         if self._pool is None:
             raise RuntimeError("this RewardScorer is closed")
-        outcomes = self._pool.run(calls, [f.name for f in functions], stop_on_error=self.config.on_error == "raise")
+        return self._pool.run_feed(feed, size, stop_on_error=self.config.on_error == "raise")
+
+    def collect(self, outcomes: list[Outcome | None], data_sources: list[str], extra_infos: list[dict]) -> ScoredBatch:
+        """The batch's scores and metrics from its rows' outcomes (`outcomes`, here or in another process's
+        scorer of the same config)."""
+        functions = [self._function_for(ds, i) for i, ds in enumerate(data_sources)]
         return self._collect(outcomes, functions, data_sources, extra_infos)
 
     def _collect(
@@ -204,6 +221,11 @@ class RewardScorer:
         if self._pool is not None:
             self._pool.close()
             self._pool = None
+
+    def __del__(self) -> None:
+        """A scorer dropped unclosed (a rollout worker's, at the end of an in-process run) stops its workers."""
+        with contextlib.suppress(Exception):  # at interpreter exit the modules it needs may be gone
+            self.close()
 
     def __enter__(self) -> RewardScorer:
         return self

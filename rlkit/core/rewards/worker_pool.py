@@ -12,6 +12,7 @@ import contextlib
 import math
 import os
 import pickle
+import queue
 import signal
 import socket
 import subprocess
@@ -145,6 +146,54 @@ class _Worker:
         self.conn.close()
 
 
+class Feed:
+    """Reward calls that arrive while the pool scores: another thread `put`s each row's (call, function name),
+    or an item `prepare` turns into them in the pool's thread, then `close`s it. The pool waits on its socket
+    (`fileno`) beside the workers' connections, so a row is dispatched the moment it arrives."""
+
+    def __init__(self, prepare: Callable[[int, Any], tuple[Call, str]] | None = None) -> None:
+        self.prepare = prepare
+        self.items: queue.SimpleQueue[tuple[int, Any] | None] = queue.SimpleQueue()
+        self._wake_read, self._wake_write = socket.socketpair()
+        self._wake_read.setblocking(False)
+        self._wake_write.setblocking(False)  # a full buffer already wakes the pool: a put never blocks on it
+        self.closed = False  # the pool's view: the closing mark was taken
+
+    def put(self, row: int, item: Any) -> None:
+        self.items.put((row, item))
+        self._wake()
+
+    def close(self) -> None:
+        self.items.put(None)
+        self._wake()
+
+    def _wake(self) -> None:
+        with contextlib.suppress(BlockingIOError, OSError):  # OSError: the pool already took the closing mark
+            self._wake_write.send(b"\0")
+
+    def fileno(self) -> int:
+        return self._wake_read.fileno()
+
+    def take(self) -> list[tuple[int, tuple[Call, str]]]:
+        """The rows put since the last take, prepared (in the calling thread)."""
+        if self.closed:
+            return []
+        with contextlib.suppress(BlockingIOError):
+            while self._wake_read.recv(4096):
+                pass
+        taken = []
+        while not self.items.empty():
+            entry = self.items.get()
+            if entry is None:
+                self.closed = True
+                self._wake_read.close()
+                self._wake_write.close()
+                break
+            row, item = entry
+            taken.append((row, self.prepare(row, item) if self.prepare else item))
+        return taken
+
+
 class WorkerPool:
     """Worker processes that each score one call at a time; hung or dead ones are replaced.
 
@@ -159,40 +208,58 @@ class WorkerPool:
     def run(self, calls: list[Call], names: list[str], *, stop_on_error: bool) -> list[Outcome | None]:
         """One outcome per call; with `stop_on_error`, the first failure stops the batch (the
         rows not scored by then stay None)."""
+        feed = Feed()
+        for row, (call, name) in enumerate(zip(calls, names, strict=True)):
+            feed.put(row, (call, name))
+        feed.close()
+        return self.run_feed(feed, len(calls), stop_on_error=stop_on_error)
+
+    def run_feed(self, feed: Feed, size: int, *, stop_on_error: bool) -> list[Outcome | None]:
+        """Rows 0..size-1 scored as `feed` brings them (from another thread, while they are still being made);
+        returns when the feed is closed and every row it brought has an outcome, or at the first failure with
+        `stop_on_error`."""
         try:
-            return self._run(calls, names, stop_on_error)
+            return self._run(feed, size, stop_on_error)
         finally:  # Ctrl-C, a call that cannot be sent, or an early stop: drop calls still running
             for i, worker in enumerate(self.workers):
                 if worker.row is not None:
                     self._replace(i)
 
-    def _run(self, calls: list[Call], names: list[str], stop_on_error: bool) -> list[Outcome | None]:
-        outcomes: list[Outcome | None] = [None] * len(calls)
-        todo = deque(range(len(calls)))
-        while todo or any(w.row is not None for w in self.workers):
-            self._dispatch(todo, calls, names)
+    def _run(self, feed: Feed, size: int, stop_on_error: bool) -> list[Outcome | None]:
+        outcomes: list[Outcome | None] = [None] * size
+        todo: deque[int] = deque()
+        calls: dict[int, tuple[Call, str]] = {}
+        while True:
+            for row, call in feed.take():
+                todo.append(row)
+                calls[row] = call
+            self._dispatch(todo, calls)
             busy = {w.conn: w for w in self.workers if not w.ready or w.row is not None}
+            if feed.closed and not todo and not any(w.row is not None for w in busy.values()):
+                return outcomes
             now = time.monotonic()
             ends = [
                 w.started + self.timeout_s if w.row is not None else w.spawned + STARTUP_TIMEOUT_S
                 for w in busy.values()
             ]
-            for conn in wait(list(busy), timeout=max(0.0, min(ends) - now)):
-                self._receive(busy[conn], outcomes)
+            timeout = max(0.0, min(ends) - now) if ends else None
+            for ready in wait([*busy, *([] if feed.closed else [feed])], timeout=timeout):
+                if ready is not feed:
+                    self._receive(busy[ready], outcomes)  # type: ignore[index]
             self._enforce_deadlines(outcomes)
             if stop_on_error and any(o is not None and o.error is not None for o in outcomes):
-                break
-        return outcomes
+                return outcomes
 
-    def _dispatch(self, todo: deque[int], calls: list[Call], names: list[str]) -> None:
+    def _dispatch(self, todo: deque[int], calls: dict[int, tuple[Call, str]]) -> None:
         for worker in self.workers:
             if worker.ready and worker.row is None and todo:
                 row = todo.popleft()
+                call, name = calls.pop(row)
                 try:
-                    worker.conn.send(calls[row])
+                    worker.conn.send(call)
                 except Exception as exc:
                     raise RewardError(
-                        f"reward function {names[row]} cannot be sent to the reward worker processes "
+                        f"reward function {name} cannot be sent to the reward worker processes "
                         f"({_describe(exc)}); define it at module level of an importable file"
                     ) from exc
                 worker.row, worker.started = row, time.monotonic()

@@ -20,13 +20,17 @@ from rlkit.core.agents.loop import AgentLoop
 from rlkit.core.agents.worker import build_agent_loop, run_episodes
 from rlkit.core.cluster.phases import PhaseReporter, in_phase
 from rlkit.core.cluster.roles import Role
+from rlkit.core.data.dataset import PromptRow
+from rlkit.core.rewards.scoring import RewardScorer
 from rlkit.core.rollout.base import RolloutEngine, RolloutSample, Sampling
+from rlkit.core.rollout.scored_generation import generate_scored
 from rlkit.core.rollout.sync_check import SyncProbe
 from rlkit.core.rollout.trajectory import Trajectory
 from rlkit.core.state.shards import rng_state, set_rng_state
 from rlkit.core.train import fsdp
 from rlkit.recipes.agent_schema import AgentConfig
 from rlkit.recipes.model_schema import DataConfig
+from rlkit.recipes.reward_schema import RewardConfig
 
 NamedTensors = Iterable[tuple[str, torch.Tensor]]
 
@@ -48,12 +52,16 @@ class Generator(Role):
         dtype: str,
         sleep_mode: bool,
         weights: Callable[[], Iterator[tuple[str, torch.Tensor]]] | None = None,
+        reward: RewardConfig | None = None,
     ) -> None:
+        """`reward` (reward.*): what `generate_scored` scores with, in reward worker processes of this one."""
         super().__init__(phases)
         self.agent, self.data, self.model_path, self.engine, self.weights = agent, data, model_path, engine, weights
         self.device, self.dtype, self.sleep_mode = device, dtype, sleep_mode
         self.sync_probe = SyncProbe()
         self._agent_loop: AgentLoop | ClientAgentLoop | None = None
+        self.reward = reward
+        self._scoring: tuple[RewardScorer, Any] | None = None  # the reward's pool and the tokenizer, on first use
 
     def wake_engine(self, weights_only: bool = False) -> None:
         """Wake a sleeping engine, first handing back what PyTorch's allocator cached.
@@ -77,6 +85,27 @@ class Generator(Role):
         self.sync_probe.record(prompts, samples)
         self.engine.sleep()
         return samples
+
+    @in_phase("generate")
+    def generate_scored(self, rows: list[PromptRow], sampling: Sampling) -> tuple[list[RolloutSample], list[Any]]:
+        """As `generate` on the rows' prompts, with each sample's reward outcome: scored in this process's reward
+        pool as soon as the streaming engine finishes it (reward.while_generating;
+        rlkit.core.rollout.scored_generation)."""
+        self.wake_engine()
+        samples, outcomes = generate_scored(self.engine, rows, sampling, *self.scoring())
+        self.sync_probe.record([row.prompt_token_ids for row in rows], samples)
+        self.engine.sleep()
+        return samples, outcomes
+
+    def scoring(self) -> tuple[RewardScorer, Any]:
+        """The reward's scorer (its worker processes start on first use) and the policy's tokenizer."""
+        if self._scoring is None:
+            from transformers import AutoTokenizer
+
+            if self.reward is None:
+                raise RuntimeError("this generation role was built without a reward config: it cannot score")
+            self._scoring = RewardScorer(self.reward), AutoTokenizer.from_pretrained(self.model_path)
+        return self._scoring
 
     @in_phase("generate/agent")
     def agent_episodes(self, rows: list[Any], groups: list[int], sampling: Sampling) -> list[Trajectory]:

@@ -53,7 +53,7 @@ def stage_batch(
         trajectories = first_round() if round_index == 0 else generate_round(stages, step, round_index, timing)
         batch = stages.score.batch(trajectories)
         with timed(timing, "reward"):
-            scores, metrics = stages.score(batch)
+            scores, metrics = stages.score(batch, [t.reward_outcome for t in trajectories])
         metrics.update(stages.score.episode_metrics(trajectories, step))
         return trajectories, batch.update(scores), metrics
 

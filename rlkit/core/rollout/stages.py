@@ -24,7 +24,7 @@ from rlkit.core.agents.report import episode_metrics
 from rlkit.core.algos.dapo import groups_with_signal, overlong_penalty
 from rlkit.core.algos.phase_plan import PhasePlan, phase_plan
 from rlkit.core.batch import Batch, build_batch
-from rlkit.core.rewards.worker_pool import RewardError
+from rlkit.core.rewards.worker_pool import Outcome, RewardError
 from rlkit.core.rollout.base import Sampling
 from rlkit.core.rollout.dynamic_sampling import GroupCollector, group_rows
 from rlkit.core.rollout.generator import Generator
@@ -68,6 +68,7 @@ class Generation:
     refs: list[Any]  # per rollout rank: the call's Ray ObjectRef
     policy_version: int  # the policy the engines hold when the calls run
     episodes: bool  # agent_episodes calls (they return trajectories), else generate (samples)
+    scored: bool = False  # generate_scored calls: (samples, their reward outcomes)
 
 
 class Generate:
@@ -83,10 +84,12 @@ class Generate:
         max_response_length: int,
         seed: int,
         log_prob_check_step: Callable[[int], bool],
+        scored: bool = False,
     ) -> None:
         """`seed`: trainer.seed; `log_prob_check_step(step)`: whether the engine also returns the sampled tokens'
-        log-probs at that step for the weight-sync check (RLConfig.log_prob_check_step)."""
-        self.rollout, self.algorithm, self.placement = rollout, algorithm, placement
+        log-probs at that step for the weight-sync check (RLConfig.log_prob_check_step); `scored`: single-turn
+        samples are scored in the rollout workers as they finish (`scores_while_generating`)."""
+        self.rollout, self.algorithm, self.placement, self.scored = rollout, algorithm, placement, scored
         self.max_response_length, self.seed, self.log_prob_check_step = max_response_length, seed, log_prob_check_step
 
     def __call__(self, prompts: list[PromptRow], sampling: Sampling, policy_version: int) -> list[Trajectory]:
@@ -130,17 +133,18 @@ class Generate:
         world = self.placement.rollout_size
         parts = [list(range(len(prompts)))[r::world] for r in range(world)]
         episodes = self.rollout.agent.loop != "single_turn"
-        method = Generator.agent_episodes if episodes else Generator.generate
-        per_rank = [
-            (([prompts[i] for i in part], part) if episodes else ([prompts[i].prompt_token_ids for i in part],))
-            + (_rank_sampling(sampling, rank),)
-            for rank, part in enumerate(parts)
-        ]
+        scored = self.scored and not episodes
+        if episodes:
+            method, shares = Generator.agent_episodes, [([prompts[i] for i in part], part) for part in parts]
+        elif scored:
+            method, shares = Generator.generate_scored, [([prompts[i] for i in part],) for part in parts]
+        else:
+            method, shares = Generator.generate, [([prompts[i].prompt_token_ids for i in part],) for part in parts]
+        per_rank = [(*share, _rank_sampling(sampling, rank)) for rank, share in enumerate(shares)]
         if timed:
             method, per_rank = RolloutWorker.timed, [(method, *args) for args in per_rank]
-        return Generation(
-            prompts, parts, self.placement.rollout.submit(method, per_rank=per_rank), policy_version, episodes
-        )
+        refs = self.placement.rollout.submit(method, per_rank=per_rank)
+        return Generation(prompts, parts, refs, policy_version, episodes, scored)
 
     def trajectories(self, generation: Generation, results: list[Any]) -> list[Trajectory]:
         """The rollout workers' results (per rank: samples, or episodes) as trajectories in prompt-major order."""
@@ -149,10 +153,14 @@ class Generate:
             trajectories = [replace(t, policy_version=version) for rank_part in results for t in rank_part]
         else:
             parts, prompts = generation.parts, generation.prompts
+            # generate_scored: (samples, outcomes) per rank; generate: samples, to be scored after
+            scored = results if generation.scored else [(samples, [None] * len(samples)) for samples in results]
             trajectories = [
-                Trajectory.single_turn(prompts[part[s.prompt_index]], part[s.prompt_index], s, policy_version=version)
-                for part, rank_samples in zip(parts, results)
-                for s in rank_samples
+                Trajectory.single_turn(
+                    prompts[part[s.prompt_index]], part[s.prompt_index], s, policy_version=version, reward_outcome=o
+                )
+                for part, (rank_samples, outcomes) in zip(parts, scored)
+                for s, o in zip(rank_samples, outcomes, strict=True)
             ]
         trajectories.sort(key=lambda t: t.group)  # prompt-major order, group by group (a stable sort)
         return trajectories
@@ -186,9 +194,12 @@ class Score:
         self.pad_id = tokenizer.pad_token_id or 0
         self.components = components
 
-    def __call__(self, batch: Batch) -> tuple[dict[str, torch.Tensor], dict[str, float]]:
+    def __call__(
+        self, batch: Batch, outcomes: list[Outcome | None] | None = None
+    ) -> tuple[dict[str, torch.Tensor], dict[str, float]]:
         """`verifier_scores` from the reward functions (or the reward model, when reward_model.path
-        is set); `scores` adds DAPO's overlong shaping when on."""
+        is set); `scores` adds DAPO's overlong shaping when on. `outcomes`: the batch's rows' reward calls
+        already run in the rollout workers (Trajectory.reward_outcome); used when every row has one."""
         env_rewards = batch.meta["env_reward"]  # an environment's own score replaces the reward function's
         components: dict[str, torch.Tensor] = {}
         if all(r is not None for r in env_rewards):
@@ -197,7 +208,7 @@ class Score:
             if self.use_reward_model:
                 verifier, metrics = self.reward_model_scores(batch), {}
             else:
-                verifier, metrics, components = self.rule_scores(batch)
+                verifier, metrics, components = self.rule_scores(batch, outcomes)
             verifier = torch.tensor([v if r is None else r for r, v in zip(env_rewards, verifier.tolist())])
         overlong = self.reward.overlong_buffer
         if not overlong.enable:
@@ -231,13 +242,20 @@ class Score:
         """The batch keys a scored batch gets."""
         return ("scores", "verifier_scores", *(["reward_components"] if self.components else []))
 
-    def rule_scores(self, batch: Batch) -> tuple[torch.Tensor, dict[str, float], dict[str, torch.Tensor]]:
+    def rule_scores(
+        self, batch: Batch, outcomes: list[Outcome | None] | None = None
+    ) -> tuple[torch.Tensor, dict[str, float], dict[str, torch.Tensor]]:
         """The reward functions' scores and metrics, and with `components` their `reward_components` [B,K]: a row
-        whose call failed (scored 0) has components 0; a row that scored without one of them is a RewardError."""
-        texts = self.decode_responses(batch)
-        scored = self.scorer.score(
-            texts, batch.meta["data_source"], batch.meta["ground_truth"], batch.meta["extra_info"]
-        )
+        whose call failed (scored 0) has components 0; a row that scored without one of them is a RewardError.
+        `outcomes`: every row's call already run (in the rollout workers; with reward.on_error=raise up to the first
+        failed one, which raises here), else they run here."""
+        meta = batch.meta
+        ran = [o for o in outcomes or [] if o is not None]
+        if outcomes and (len(ran) == len(outcomes) or any(o.error is not None for o in ran)):
+            scored = self.scorer.collect(outcomes, meta["data_source"], meta["extra_info"])
+        else:
+            texts = self.decode_responses(batch)
+            scored = self.scorer.score(texts, meta["data_source"], meta["ground_truth"], meta["extra_info"])
         scores, metrics = torch.tensor(scored.scores, dtype=torch.float32), dict(scored.metrics)
         if not self.components:
             return scores, metrics, {}
@@ -266,7 +284,7 @@ class Score:
         prompt's score, in `baseline_scores`."""
         groups = group_rows(batch["group_ids"])
         greedy = self.batch(greedy_trajectories)
-        greedy_scores = self(greedy)[0]["scores"]  # one per prompt, in prompt order
+        greedy_scores = self(greedy, [t.reward_outcome for t in greedy_trajectories])[0]["scores"]  # in prompt order
         baseline = torch.zeros(len(batch))
         for score, rows in zip(greedy_scores, groups):
             baseline[rows] = score
@@ -338,6 +356,7 @@ class RolloutStages:
                 max_response_length=config.data.max_response_length,
                 seed=config.trainer.seed,
                 log_prob_check_step=config.log_prob_check_step,
+                scored=scores_while_generating(config),
             ),
             Score(
                 config.reward,
@@ -357,6 +376,14 @@ class RolloutStages:
     @property
     def greedy_baseline(self) -> bool:
         return "gen_baseline" in self.plan
+
+
+def scores_while_generating(config: RLConfig) -> bool:
+    """Whether single-turn samples are scored in the rollout workers as the engine finishes them
+    (reward.while_generating): a streaming engine, and reward functions rather than a reward model."""
+    rollout = config.rollout
+    streams = rollout.name == "vllm" and rollout.vllm.streaming
+    return config.reward.while_generating and streams and not config.reward_model.path
 
 
 def _rank_sampling(sampling: Sampling, rank: int) -> Sampling:

@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from rlkit.core.data.dataset import PromptRow
+    from rlkit.core.rewards.worker_pool import Outcome
     from rlkit.core.rollout.base import RolloutSample
 
 # Why generation ended: "stop" (the model's EOS or a stop token), "length" (max tokens),
@@ -31,6 +32,9 @@ class Trajectory:
     reward: float | None = None  # set by an environment that scores the episode itself
     policy_version: int = 0  # the policy (count of weight syncs) that generated it
     info: dict[str, Any] = field(default_factory=dict)
+    # the reward's call on it, already run in the rollout worker as it finished (reward.while_generating);
+    # None: the controller scores it
+    reward_outcome: Outcome | None = None
 
     def __post_init__(self) -> None:
         if len(self.loss_mask) != len(self.response_ids):
@@ -55,7 +59,14 @@ class Trajectory:
         return self.finish_reason == "stop"
 
     @classmethod
-    def single_turn(cls, row: PromptRow, group: int, sample: RolloutSample, policy_version: int = 0) -> Trajectory:
+    def single_turn(
+        cls,
+        row: PromptRow,
+        group: int,
+        sample: RolloutSample,
+        policy_version: int = 0,
+        reward_outcome: Outcome | None = None,
+    ) -> Trajectory:
         """A one-turn completion: every response token is the policy's."""
         return cls(
             row=row,
@@ -65,4 +76,5 @@ class Trajectory:
             log_probs=list(sample.log_probs),
             finish_reason="stop" if sample.finished else "length",
             policy_version=policy_version,
+            reward_outcome=reward_outcome,
         )

@@ -26,9 +26,10 @@ from typing import Any, Coroutine, Iterable, Sequence, TypeVar
 
 import torch
 
-from rlkit.core.rollout.base import RolloutEngine, RolloutSample, Sampling, limits_per_prompt, request_seed
+from rlkit.core.rollout.base import RolloutEngine, RolloutSample, Sampling
 from rlkit.core.rollout.engine_start import start_parts, vllm_info_lines
 from rlkit.core.rollout.event_loop import EventLoop
+from rlkit.core.rollout.scored_generation import stream_samples
 from rlkit.core.rollout.vllm_engine import (
     collections_paused,
     engine_arguments,
@@ -99,23 +100,7 @@ class AsyncVLLMEngine(RolloutEngine):
     def generate(
         self, prompts: list[list[int]], sampling: Sampling, token_limits: Sequence[int] | None = None
     ) -> list[RolloutSample]:
-        limits = limits_per_prompt(prompts, sampling, token_limits)
-
-        async def every_sample() -> list[RolloutSample]:
-            return list(
-                await asyncio.gather(
-                    *(
-                        self.sample(prompt, sampling, request_seed(sampling, i, j), limits[i])
-                        for i, prompt in enumerate(prompts)
-                        for j in range(sampling.n)
-                    )
-                )
-            )
-
-        samples = self.run(every_sample())
-        for k, sample in enumerate(samples):
-            sample.prompt_index = k // sampling.n
-        return samples
+        return stream_samples(self, prompts, sampling, token_limits)
 
     def score(self, sequences: list[list[int]], prompt_len: int) -> list[list[float]]:
         async def scored(sequence: list[int]) -> list[float]:

@@ -31,6 +31,7 @@ class RolloutWorker(DeviceWorker):
     generation: Generator
 
     generate = serve("generation", Generator.generate)
+    generate_scored = serve("generation", Generator.generate_scored)
     agent_episodes = serve("generation", Generator.agent_episodes)
     validation_episodes = serve("generation", Generator.validation_episodes)
     engine_log_probs = serve("generation", Generator.engine_log_probs)
@@ -60,6 +61,7 @@ class RolloutWorker(DeviceWorker):
                 device=self.device,
                 dtype=self.dtype,
                 sleep_mode=False,
+                reward=cfg.reward,
             )
         self.idle_since = time.perf_counter()  # when the last call ended: the rollout's idle time starts there
         return {"rank": self.rank, "startup": {"rollout_engine_start": self.idle_since - began, **engine.start_parts()}}

@@ -50,6 +50,7 @@ class PolicyWorker(DeviceWorker):
     weights: WeightExport
 
     generate = serve("generation", Generator.generate)
+    generate_scored = serve("generation", Generator.generate_scored)
     agent_episodes = serve("generation", Generator.agent_episodes)
     validation_episodes = serve("generation", Generator.validation_episodes)
     engine_log_probs = serve("generation", Generator.engine_log_probs)
@@ -180,6 +181,7 @@ class PolicyWorker(DeviceWorker):
                     dtype=dtype,
                     sleep_mode=True,
                     weights=model.engine_weights,
+                    reward=cfg.reward,
                 )
                 startup.update(rollout_engine_start=time.perf_counter() - began, **engine.start_parts())
         shards = fsdp.shard_numels(model.module)

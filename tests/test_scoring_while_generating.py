@@ -1,0 +1,299 @@
+"""reward.while_generating: a streaming engine's samples scored as each finishes, in the rollout worker's reward
+pool (rlkit.core.rollout.scored_generation), with the same scores and samples as scoring after the rollout.
+
+The reward here writes a stamp file when it scores; the stand-in engine holds its last request until a stamp
+exists, so a rollout that scored only after generating would never end (the test would time out instead)."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from transformers import AutoTokenizer
+
+from rlkit.core.data.dataset import PromptRow
+from rlkit.core.rewards.scoring import RewardError, RewardScorer
+from rlkit.core.rewards.worker_pool import Feed
+from rlkit.core.rollout.base import RolloutEngine, RolloutSample, Sampling, request_seed
+from rlkit.core.rollout.event_loop import EventLoop
+from rlkit.core.rollout.generator import Generator
+from rlkit.core.rollout.scored_generation import generate_scored, stream_samples
+from rlkit.core.rollout.stages import Generate, Generation, Score, scores_while_generating
+from rlkit.recipes.agent_schema import AgentConfig
+from rlkit.recipes.loader import load_config
+from rlkit.recipes.reward_schema import RewardConfig
+
+# The response's digits as a number; the row's ground truth names a folder where each call leaves a stamp.
+REWARD = '''
+import os, time
+
+def digits(data_source, response, ground_truth, extra_info):
+    with open(os.path.join(ground_truth, f"{time.monotonic_ns()}-{response or 'empty'}"), "w"):
+        pass
+    if response == "99":
+        raise ValueError("no 99s")
+    return {"score": float(response or 0), "length": len(response)}
+'''
+
+
+def _digit(tokenizer, d: int) -> int:
+    return tokenizer.convert_tokens_to_ids(str(d))
+
+
+@pytest.fixture
+def reward(tmp_path) -> tuple[RewardConfig, Path]:
+    (tmp_path / "reward.py").write_text(REWARD)
+    stamps = tmp_path / "stamps"
+    stamps.mkdir()
+    return RewardConfig(function=f"{tmp_path / 'reward.py'}:digits", num_workers=2, on_error="zero"), stamps
+
+
+def _wait_for_a_stamp(stamps: Path, timeout: float = 30.0) -> bool:
+    end = time.monotonic() + timeout
+    while not any(stamps.iterdir()):
+        if time.monotonic() > end:
+            return False
+        time.sleep(0.01)
+    return True
+
+
+def test_the_pool_scores_rows_as_they_arrive(reward):
+    """Rows fed from another thread run as they come: row 0 is scored before row 1 exists, and the run ends
+    only when the feed is closed."""
+    config, stamps = reward
+    scorer = RewardScorer(config)
+    feed = Feed()
+    row_zero_scored_first = []
+
+    def feeder():
+        feed.put(0, scorer.call(0, "d", "12", str(stamps), {}))
+        row_zero_scored_first.append(_wait_for_a_stamp(stamps))
+        feed.put(2, scorer.call(2, "d", "7", str(stamps), {}))
+        feed.put(1, scorer.call(1, "d", "", str(stamps), {}))
+        feed.close()
+
+    thread = threading.Thread(target=feeder)
+    thread.start()
+    try:
+        outcomes = scorer.outcomes(feed, 3)
+    finally:
+        thread.join()
+        scorer.close()
+    assert row_zero_scored_first == [True]
+    assert [o.score for o in outcomes] == [12.0, 0.0, 7.0]
+    assert [o.details for o in outcomes] == [{"length": 2.0}, {"length": 0.0}, {"length": 1.0}]
+
+
+class HoldingStreamEngine(RolloutEngine):
+    """The async engine's surface (`sample`, `run`): sample j of prompt i answers the digits of its seed's last
+    two places, then EOS; the last request finishes only once a reward call has left a stamp."""
+
+    streams = True
+
+    def __init__(self, tokenizer, stamps: Path, last_seed: int) -> None:
+        self.tokenizer, self.stamps, self.last_seed = tokenizer, stamps, last_seed
+        self.events = EventLoop("test-holding-engine")
+        self.held: list[bool] = []  # the last request: whether a stamp came while it waited
+
+    def run(self, coroutine):
+        return self.events.run(coroutine)
+
+    async def sample(self, prompt, sampling, seed, max_tokens, place=(0, 1)) -> RolloutSample:
+        if seed == self.last_seed:
+            self.held.append(await asyncio.to_thread(_wait_for_a_stamp, self.stamps))
+        tens, ones = divmod(seed % 100, 10)
+        tokens = [_digit(self.tokenizer, tens), _digit(self.tokenizer, ones), 2][:max_tokens]
+        return RolloutSample(0, tokens, [-0.5] * len(tokens), len(tokens) == 3)
+
+    def generate(self, prompts, sampling, token_limits=None):
+        return stream_samples(self, prompts, sampling, token_limits)
+
+    load_weights = score = None
+
+
+def _rows(stamps: Path) -> list[PromptRow]:
+    return [PromptRow(index=10 + i, prompt_token_ids=[1, 4 + i], data_source="d", ground_truth=str(stamps))
+            for i in range(2)]
+
+
+def test_samples_are_scored_while_the_last_one_still_generates(tiny_model_dir, reward):
+    config, stamps = reward
+    tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
+    sampling = Sampling(n=2, max_tokens=8, seed=40)
+    engine = HoldingStreamEngine(tokenizer, stamps, last_seed=request_seed(sampling, 1, 1))  # seed 43
+    with RewardScorer(config) as scorer:
+        samples, outcomes = generate_scored(engine, _rows(stamps), sampling, scorer, tokenizer)
+    assert engine.held == [True]  # the last sample waited for, and saw, an earlier one's score
+    # Seeds 40..43: "40", "41" for prompt 0, "42", "43" for prompt 1, each ending with EOS.
+    assert [s.prompt_index for s in samples] == [0, 0, 1, 1]
+    assert [s.token_ids for s in samples] == [[7, 3, 2], [7, 4, 2], [7, 5, 2], [7, 6, 2]]
+    assert [o.score for o in outcomes] == [40.0, 41.0, 42.0, 43.0]
+    assert samples == engine.generate([[1, 4], [1, 5]], sampling)  # the samples of the engine's own call
+
+
+def test_a_failed_row_costs_its_sample_and_is_reported_by_the_controller(tiny_model_dir, reward):
+    """on_error=zero: a reward that raises on one streamed sample scores it 0 and names its row, as after."""
+    config, stamps = reward
+    tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
+    sampling = Sampling(n=2, max_tokens=8, seed=98)  # seeds 98, 99 (the reward refuses "99"), 100, 101
+    engine = HoldingStreamEngine(tokenizer, stamps, last_seed=-1)
+    with RewardScorer(config) as scorer:
+        samples, outcomes = generate_scored(engine, _rows(stamps), sampling, scorer, tokenizer)
+        scored = scorer.collect(outcomes, ["d"] * 4, [{"index": 10}, {"index": 10}, {}, {}])
+    assert scored.scores == [98.0, 0.0, 0.0, 1.0]  # seed 100 answers "00", scored 0; 101 "01"
+    assert scored.failed == [False, True, False, False]
+    assert scored.metrics["reward/errors"] == 1.0
+    assert "row 1 (data_source 'd', dataset index 10" in scored.errors[0] and "no 99s" in scored.errors[0]
+
+
+def test_the_controller_uses_the_outcomes_and_scores_as_after(tiny_model_dir, reward):
+    """Generate turns (samples, outcomes) per rank into trajectories carrying them; Score takes them without
+    running a reward (its scorer is closed here) and gives what scoring the batch after gives."""
+    config, stamps = reward
+    tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
+    rows, sampling = _rows(stamps), Sampling(n=2, max_tokens=8, seed=40)
+    engine = HoldingStreamEngine(tokenizer, stamps, last_seed=-1)
+    scorer = RewardScorer(config)
+    samples, outcomes = generate_scored(engine, rows, sampling, scorer, tokenizer)
+    stage = Generate.__new__(Generate)  # only `trajectories` is used: it reads the Generation alone
+    generation = Generation(rows, [[0, 1]], [None], policy_version=3, episodes=False, scored=True)
+    trajectories = stage.trajectories(generation, [(samples, outcomes)])
+    assert [t.reward_outcome.score for t in trajectories] == [40.0, 41.0, 42.0, 43.0]
+
+    def score(with_scorer, given):
+        stage = Score(RewardConfig(), AgentConfig(), tokenizer, with_scorer, None, reward_model=False,
+                      max_response_length=8)
+        batch = stage.batch(trajectories)
+        return stage(batch, given)
+
+    after = score(scorer, None)  # the controller's own pool, on the decoded policy tokens
+    scorer.close()
+    during = score(scorer, [t.reward_outcome for t in trajectories])
+    assert torch.equal(during[0]["scores"], torch.tensor([40.0, 41.0, 42.0, 43.0]))
+    assert torch.equal(during[0]["scores"], after[0]["scores"])
+    assert during[1]["reward/length"] == after[1]["reward/length"] == 2.0
+    with pytest.raises(RuntimeError, match="closed"):  # a row without an outcome is scored here: no pool now
+        score(scorer, [t.reward_outcome for t in trajectories[:3]] + [None])
+
+
+def test_on_error_raise_stops_at_the_streamed_failure(tiny_model_dir, reward):
+    """reward.on_error=raise: the worker's pool stops at the failed row (rows not scored by then get no outcome)
+    and the controller raises on it, naming the row, without scoring the batch again."""
+    config, stamps = reward
+    tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
+    rows, sampling = _rows(stamps), Sampling(n=2, max_tokens=8, seed=98)  # seeds 98..101: the reward refuses 99
+    engine = HoldingStreamEngine(tokenizer, stamps, last_seed=-1)
+    raising = config.model_copy(update={"on_error": "raise"})
+    with RewardScorer(raising) as scorer:
+        samples, outcomes = generate_scored(engine, rows, sampling, scorer, tokenizer)
+    assert "no 99s" in outcomes[1].error
+    generation = Generation(rows, [[0, 1]], [None], policy_version=0, episodes=False, scored=True)
+    trajectories = Generate.__new__(Generate).trajectories(generation, [(samples, outcomes)])
+    score = Score(raising, AgentConfig(), tokenizer, scorer, None, reward_model=False, max_response_length=8)
+    with pytest.raises(RewardError, match=r"row 1 \(data_source 'd'.*no 99s"):  # the closed scorer runs nothing
+        score(score.batch(trajectories), [t.reward_outcome for t in trajectories])
+
+
+def test_which_runs_score_while_generating():
+    base = ["rollout.name=vllm", "rollout.vllm.streaming=true"]
+    assert scores_while_generating(load_config("grpo-demo", base))
+    assert not scores_while_generating(load_config("grpo-demo", [*base, "reward.while_generating=false"]))
+    assert not scores_while_generating(load_config("grpo-demo", ["rollout.name=vllm"]))  # batch calls
+    assert not scores_while_generating(load_config("grpo-demo", [*base, "reward_model.path=some/model"]))
+
+
+def test_the_generation_role_scores_with_the_run_reward(tiny_model_dir, reward):
+    """Generator.generate_scored: the role's own scorer (reward.*, started on first use) and the policy's
+    tokenizer; samples recorded for the sync check as `generate`'s are."""
+    config, stamps = reward
+
+    class Phases:
+        def reporting(self, name):
+            import contextlib
+
+            return contextlib.nullcontext()
+
+    tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
+    engine = HoldingStreamEngine(tokenizer, stamps, last_seed=-1)
+    data = load_config("grpo-demo", []).data
+    role = Generator(Phases(), AgentConfig(), data, str(tiny_model_dir), engine, device=torch.device("cpu"),
+                     dtype="float32", sleep_mode=False, reward=config)
+    samples, outcomes = role.generate_scored(_rows(stamps), Sampling(n=1, max_tokens=8, seed=5))
+    assert [o.score for o in outcomes] == [5.0, 6.0]
+    assert role.sync_probe.sequence == [4] + samples[0].token_ids  # the first prompt less its first token
+    role.scoring()[0].close()
+
+
+@pytest.mark.slow
+def test_an_in_process_run_scores_in_its_rollout_worker(tmp_path, monkeypatch):
+    """The whole path of a run (the controller's Generate and Score stages, the policy worker's generation role)
+    with a streaming stand-in for vLLM's async engine (the HF engine behind `sample`): every training batch is
+    scored in the worker as its samples finish, and the controller runs no reward itself."""
+    import dataclasses
+
+    from rlkit.core.controller.loop import train_run
+    from rlkit.core.rewards import scoring
+    from rlkit.core.rollout import stages
+    from rlkit.core.train import policy_worker
+
+    real_make_engine = policy_worker.make_engine
+
+    class Streaming(RolloutEngine):
+        streams = True
+
+        def __init__(self, inner: RolloutEngine) -> None:
+            self.inner, self.events, self.lock = inner, EventLoop("test-streaming-hf"), None
+
+        def run(self, coroutine):
+            return self.events.run(coroutine)
+
+        async def sample(self, prompt, sampling, seed, max_tokens, place=(0, 1)) -> RolloutSample:
+            self.lock = self.lock or asyncio.Lock()
+            one = dataclasses.replace(sampling, n=1, seed=seed, prompt_seeds=None)
+            async with self.lock:  # the HF engine seeds the process's RNG per call: one call at a time
+                (sample,) = await asyncio.to_thread(self.inner.generate, [prompt], one, [max_tokens])
+            return sample
+
+        def generate(self, prompts, sampling, token_limits=None):
+            return self.inner.generate(prompts, sampling, token_limits)
+
+        def load_weights(self, named_tensors):
+            self.inner.load_weights(named_tensors)
+
+        def score(self, sequences, prompt_len):
+            return self.inner.score(sequences, prompt_len)
+
+    calls = {"score": 0, "outcomes": 0}
+    real_score, real_outcomes = scoring.RewardScorer.score, scoring.RewardScorer.outcomes
+
+    def counted(name, real):
+        def call(self, *args, **kwargs):
+            calls[name] += 1
+            return real(self, *args, **kwargs)
+        return call
+
+    monkeypatch.setattr(policy_worker, "make_engine", lambda *a, **k: Streaming(real_make_engine(*a, **k)))
+    monkeypatch.setattr(stages, "scores_while_generating", lambda config: True)
+    monkeypatch.setattr(scoring.RewardScorer, "score", counted("score", real_score))
+    monkeypatch.setattr(scoring.RewardScorer, "outcomes", counted("outcomes", real_outcomes))
+    monkeypatch.setenv("RLKIT_CACHE", str(tmp_path / "cache"))
+    (tmp_path / "spread.py").write_text("def spread(data_source, response, ground_truth, extra_info):\n"
+                                        "    return {'score': len(response) / 10, 'chars': len(response)}\n")
+    config = load_config("grpo", [
+        "model.path=rlkit:tiny-qwen2", "data.synthetic_task=echo", "data.train_batch_size=4", "rollout.n=2",
+        "actor.mini_batch_size=2", "data.max_prompt_length=16", "data.max_response_length=3",
+        "actor.micro_batch_tokens=4096", "trainer.total_steps=2", "rollout.name=hf", "trainer.logger=[jsonl]",
+        "reward.num_workers=1", "trainer.workers=in_process", "trainer.device=cpu",
+        f"trainer.runs_dir={tmp_path / 'runs'}", f"reward.function={tmp_path / 'spread.py'}:spread"])
+    run_dir = train_run(config, run_id="scored")
+    import json
+
+    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert calls == {"score": 0, "outcomes": 2}  # one streamed rollout a step, scored in the worker
+    for row in rows:  # the reward's own numbers came back: score = characters / 10
+        assert row["reward/mean"] == pytest.approx(row["reward/chars"] / 10)
+        assert row["reward/errors"] == 0.0
