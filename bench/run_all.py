@@ -115,6 +115,12 @@ CONFIGS: dict[str, tuple[list[str], int, int]] = {
     "rlkit-1gpu-defaults-streaming": ([RLKIT, "--defaults", "--override", "rollout.vllm.streaming=true"], 1, 240),
     "rlkit-1gpu-defaults-streaming-logprobs": ([RLKIT, "--defaults", "--rollout-is-cap", "2", "--override",
                                                 "rollout.vllm.streaming=true"], 1, 240),
+    # the like-for-like lane and rlkit's default step, each streamed (responses scored as they finish)
+    "rlkit-1gpu-defaults-replicas2-logprobs-streaming": ([RLKIT, "--defaults", "--override", "rollout.vllm.replicas=2",
+                                                         "--override", "rollout.vllm.streaming=true",
+                                                         "--rollout-is-cap", "2"], 1, 240),
+    "rlkit-1gpu-defaults-replicas2-streaming": ([RLKIT, "--defaults", "--override", "rollout.vllm.replicas=2",
+                                                "--override", "rollout.vllm.streaming=true"], 1, 240),
     "agent-1gpu-3turns-cudagraphs-compile-streaming": ([AGENT, "--compile", "--cuda-graphs", "--turns", "3",
                                                         "--override", "rollout.vllm.streaming=true"], 1, 260),
     # A size users run (issue 26 item 8), rlkit and TRL on one GPU each with the same arguments: LoRA on the 7B shape,
