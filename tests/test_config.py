@@ -116,6 +116,11 @@ def test_streaming_is_vllms_async_engine_alone_and_composes_with_replicas():
     assert config.rollout.vllm.streaming and config.rollout.vllm.replicas == 2
     with pytest.raises(ConfigError, match=r"rollout.vllm.streaming.*needs rollout.name=vllm \(got sglang\)"):
         load_config("grpo-demo", ["rollout.name=sglang", "rollout.vllm.streaming=true"])
+    # SGLang streams through its own key; which engine streams is the engine in use's key
+    assert load_config("grpo-demo", ["rollout.name=sglang", "rollout.sglang.streaming=true"]).rollout.streams
+    assert config.rollout.streams and not load_config("grpo-demo", ["rollout.name=vllm"]).rollout.streams
+    with pytest.raises(ConfigError, match=r"rollout.sglang.streaming.*needs rollout.name=sglang \(got vllm\)"):
+        load_config("grpo-demo", ["rollout.name=vllm", "rollout.sglang.streaming=true"])
 
 
 def test_engine_kwargs_pass_through_but_cannot_override_rlkit_keys():

@@ -11,6 +11,7 @@ import signal
 import subprocess
 import time
 import types
+from pathlib import Path
 from typing import Iterator
 
 import psutil
@@ -191,9 +192,9 @@ def test_vllm_async_engine_streams_the_same_samples_and_agent_episodes(tiny_mode
     _check_scored_while_generating(engine, tokenizer, tmp_path)
 
 
-def _check_scored_while_generating(engine, tokenizer, tmp_path) -> None:
-    """reward.while_generating on the real async engine: the samples of its own generate call, each scored as
-    the controller would score it after the rollout."""
+def _check_scored_while_generating(engine, tokenizer, tmp_path, same_samples: bool = True) -> None:
+    """reward.while_generating on a real streaming engine: the samples of its own generate call (where seeds
+    count: `same_samples`), each scored as the controller would score it after the rollout."""
     from rlkit.core.data.dataset import PromptRow
     from rlkit.core.rewards.scoring import RewardScorer
     from rlkit.core.rollout.scored_generation import generate_scored
@@ -206,7 +207,7 @@ def _check_scored_while_generating(engine, tokenizer, tmp_path) -> None:
     sampling = Sampling(n=3, max_tokens=6, seed=11)
     with RewardScorer(RewardConfig(function=f"{tmp_path / 'length.py'}:length")) as scorer:
         samples, outcomes = generate_scored(engine, rows, sampling, scorer, tokenizer)
-        expected = engine.generate(prompts, sampling)
+        expected = engine.generate(prompts, sampling) if same_samples else samples
         texts = tokenizer.batch_decode([s.token_ids for s in expected], skip_special_tokens=True)
         after = scorer.score(texts, ["any"] * 9, [""] * 9, [{}] * 9)
     assert [(s.prompt_index, s.token_ids) for s in samples] == [(s.prompt_index, s.token_ids) for s in expected]
@@ -278,7 +279,34 @@ SGLANG_CHECK_TIMEOUT_S = 300
 SGLANG_DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
 
 
-def _sglang_engine_check(model_dir: str, device: str) -> None:
+def _check_sglang_streaming(engine, model_dir: str, reward_dir: str) -> None:
+    """rollout.sglang.streaming on the same engine: each sample a request through SGLang's async client, in the
+    engine's contract; responses scored as they finish; agent episodes streamed turn by turn."""
+    from test_agent_streaming import SlowFirstRowEnv
+    from transformers import AutoTokenizer
+
+    from agent_helpers import rows as agent_rows
+    from rlkit.core.agents.guard import Guard
+    from rlkit.core.agents.loop import AgentLoop, Limits
+
+    engine.streams = True  # what streaming=True starts it with
+    prompts = [[1, 26, 24, 29, 36, 21, 10, 2, 1], [1, 11, 2, 1]]
+    samples = engine.generate(prompts, Sampling(n=3, max_tokens=4, seed=7))
+    assert [s.prompt_index for s in samples] == [0, 0, 0, 1, 1, 1]
+    for s in samples:
+        expected = engine.score([prompts[s.prompt_index] + s.token_ids], len(prompts[s.prompt_index]))[0]
+        assert torch.allclose(torch.tensor(s.log_probs), torch.tensor(expected), atol=1e-4)
+    _check_full_length(engine)
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    _check_scored_while_generating(engine, tokenizer, Path(reward_dir), same_samples=engine.honors_seeds)
+    limits = Limits(max_turns=3, max_tokens_per_turn=4, max_response_tokens=30, max_prompt_tokens=32)
+    loop = AgentLoop(tokenizer, SlowFirstRowEnv, limits, Guard(5.0))
+    episodes = loop.run(engine, agent_rows(tokenizer, ["a", "bb"], ["2", "3"]), [0, 1], Sampling(n=2, seed=5))
+    assert [t.group for t in episodes] == [0, 0, 1, 1]
+    assert all(t.info["turns"] >= 1 and any(t.loss_mask) for t in episodes)
+
+
+def _sglang_engine_check(model_dir: str, device: str, reward_dir: str) -> None:
     """The test below, in the process that hosts the engine."""
     from rlkit.core.rollout import sglang_engine
 
@@ -289,6 +317,7 @@ def _sglang_engine_check(model_dir: str, device: str) -> None:
     try:
         assert engine.honors_seeds == (device == "cuda")
         _check_engine(engine, model_dir)
+        _check_sglang_streaming(engine, model_dir, reward_dir)
         if device == "cuda":
             engine.sleep()
             engine.wake_up(weights_only=True)
@@ -304,7 +333,7 @@ def _sglang_engine_check(model_dir: str, device: str) -> None:
 
 @pytest.mark.slow
 @pytest.mark.parametrize("device", SGLANG_DEVICES)
-def test_sglang_engine_including_tied_lm_head(tiny_model_dir, device, sglang_env):
+def test_sglang_engine_including_tied_lm_head(tiny_model_dir, device, sglang_env, tmp_path):
     """SGLang (docs/compatibility.md: which release, how to install it); its seeds count on GPUs only.
 
     On a GPU (float32 needs the triton attention backend) the engine also sleeps and wakes as
@@ -315,7 +344,7 @@ def test_sglang_engine_including_tied_lm_head(tiny_model_dir, device, sglang_env
     kills every child of that process, which in pytest's would be the tests' shared Ray head.
     """
     child = multiprocessing.get_context("spawn").Process(target=_sglang_engine_check,
-                                                          args=(str(tiny_model_dir), device))
+                                                          args=(str(tiny_model_dir), device, str(tmp_path)))
     child.start()
     child.join(timeout=SGLANG_CHECK_TIMEOUT_S)
     if child.is_alive():

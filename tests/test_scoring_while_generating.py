@@ -204,6 +204,7 @@ def test_which_runs_score_while_generating():
     assert not scores_while_generating(load_config("grpo-demo", [*base, "reward.while_generating=false"]))
     assert not scores_while_generating(load_config("grpo-demo", ["rollout.name=vllm"]))  # batch calls
     assert not scores_while_generating(load_config("grpo-demo", [*base, "reward_model.path=some/model"]))
+    assert scores_while_generating(load_config("grpo-demo", ["rollout.name=sglang", "rollout.sglang.streaming=true"]))
 
 
 def test_the_generation_role_scores_with_the_run_reward(tiny_model_dir, reward):

@@ -103,6 +103,12 @@ def check_config(config: RLConfig, origins: dict[str, str] | None = None, *, req
             "rollout.vllm.streaming",
             f"streams to vLLM's async engine, so it needs rollout.name=vllm (got {rollout.name}); drop streaming=true",
         )
+    if rollout.sglang.streaming and rollout.name != "sglang":
+        fail(
+            "rollout.sglang.streaming",
+            f"streams to SGLang's async client, so it needs rollout.name=sglang (got {rollout.name}); "
+            "drop streaming=true",
+        )
     if config.offline:
         check_offline(config, origins, fail, require_inputs=require_inputs)
     elif algorithm.groups and rollout.n < 2:

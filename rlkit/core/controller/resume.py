@@ -48,6 +48,9 @@ RESUME_SAFE_KEYS = {
     "last bits)",
     "rollout.vllm.streaming": "performance only (the same requests and seeds; on a GPU the floats of a batch, and so "
     "rarely a sample, may differ with its timing)",
+    "rollout.sglang.streaming": "performance only (the same requests and seeds, which SGLang honours only with "
+    "deterministic inference)",
+    "reward.while_generating": "where and when the reward runs (the same calls on the same texts)",
     "rollout.vllm.prefix_caching": "performance only (a cached prefix may differ from a prefill in the last bits)",
     "rollout.log_prob_check_freq": "when the sync check runs (the samples stay the same)",
     "rollout.log_prob_tolerance": "what the sync check accepts, not the math",

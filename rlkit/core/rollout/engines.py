@@ -118,6 +118,7 @@ def sglang_engine(
         attention_backend=options.attention_backend,
         deterministic=options.deterministic,
         engine_kwargs=options.engine_kwargs,
+        streaming=options.streaming,
     )
 
 

@@ -1,10 +1,11 @@
 """A streaming engine's samples, each handed on the moment it finishes: scoring while the rollout generates.
 
-A streaming engine (rlkit.core.rollout.vllm_async, or replicas of it) serves every sample as a request of its
-own, so a short response is done long before the longest one. With reward.while_generating the generation
-role gives each finished response to the reward's worker processes at once (`generate_scored`, called by
-rlkit.core.rollout.generator.Generator) and the controller gets the rollout with its reward outcomes: what a
-code reward spends in its sandbox hides behind the decode of the longest responses.
+A streaming engine (rlkit.core.rollout.vllm_async or replicas of it, SGLang with rollout.sglang.streaming)
+serves every sample as a request of its own, so a short response is done long before the longest one. With
+reward.while_generating the generation role gives each finished response to the reward's worker processes at
+once (`generate_scored`, called by rlkit.core.rollout.generator.Generator) and the controller gets the rollout
+with its reward outcomes: what a code reward spends in its sandbox hides behind the decode of the longest
+responses.
 
 The requests, their seeds and the replica each goes to are those of the engine's own `generate`, and a reward
 sees the same text as when the controller scores (the policy's tokens decoded with special tokens skipped),

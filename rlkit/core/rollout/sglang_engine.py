@@ -4,6 +4,9 @@ Token ids in and out (no tokenizer in the engine), log-probs of the distribution
 sampled (SGLang's default: after temperature), in-place weight updates from named tensors
 (`update_weights_from_tensor`) and, colocated on a GPU, the memory saver that releases
 weights and KV cache during training. The engine runs its scheduler in a child process.
+With rollout.sglang.streaming every sample is a request of its own through SGLang's async client, as with
+vLLM's async engine (rlkit.core.rollout.vllm_async): agent turns go out with no per-turn barrier, and
+finished responses can be scored while the rest generate (rlkit.core.rollout.scored_generation).
 
 Per-request seeds need SGLang's deterministic inference (its batch-invariant kernels), which
 only its GPU attention backends support and `rollout.sglang.deterministic=true` turns on. It is off
@@ -17,11 +20,14 @@ from __future__ import annotations
 import logging
 import os
 from contextlib import contextmanager
-from typing import Any, Iterable, Iterator, Sequence
+from typing import Any, Coroutine, Iterable, Iterator, Sequence, TypeVar
 
 import torch
 
 from rlkit.core.rollout.base import RolloutEngine, RolloutSample, Sampling, limits_per_prompt, request_seed
+from rlkit.core.rollout.scored_generation import stream_samples
+
+T = TypeVar("T")
 
 # SGLang's memory-saver tags (sglang.srt.constants): the weights, and what generation needs besides.
 _WEIGHTS = ("weights",)
@@ -53,7 +59,10 @@ class SGLangEngine(RolloutEngine):
         attention_backend: str | None,
         deterministic: bool = False,
         engine_kwargs: dict[str, Any] | None = None,
+        streaming: bool = False,
     ) -> None:
+        """`streaming` (rollout.sglang.streaming): every sample a request of its own through SGLang's async
+        client (`sample`), as vLLM's async engine serves them (rlkit.core.rollout.vllm_async)."""
         import sglang
 
         on_gpu = device.type == "cuda"
@@ -93,22 +102,18 @@ class SGLangEngine(RolloutEngine):
                 **options,
             )
         self.asleep: set[str] = set()  # memory-saver tags released by sleep()
+        # rlkit.core.agents.turns and rlkit.core.rollout.scored_generation: requests one by one (`sample`)
+        self.streams = streaming
 
     def generate(
         self, prompts: list[list[int]], sampling: Sampling, token_limits: Sequence[int] | None = None
     ) -> list[RolloutSample]:
+        if self.streams:
+            return stream_samples(self, prompts, sampling, token_limits)
         # One request per sample with its own seed, prompt-major: sample j of prompt i is request i * n + j.
-        temperature = 0.0 if sampling.greedy else sampling.temperature
         limits = limits_per_prompt(prompts, sampling, token_limits)
         params = [
-            {
-                "max_new_tokens": limits[k // sampling.n],
-                "temperature": temperature,
-                "top_p": sampling.top_p,
-                "top_k": sampling.top_k,
-                "ignore_eos": sampling.ignore_eos,
-                "sampling_seed": request_seed(sampling, k // sampling.n, k % sampling.n),
-            }
+            _params(sampling, request_seed(sampling, k // sampling.n, k % sampling.n), limits[k // sampling.n])
             for k in range(len(prompts) * sampling.n)
         ]
         outputs = self.engine.generate(
@@ -116,16 +121,22 @@ class SGLangEngine(RolloutEngine):
             sampling_params=params,
             return_logprob=sampling.log_probs,
         )
-        samples = []
-        for k, out in enumerate(outputs):
-            meta = out["meta_info"]
-            log_probs = [entry[0] for entry in meta["output_token_logprobs"]] if sampling.log_probs else []
-            samples.append(
-                RolloutSample(
-                    k // sampling.n, list(out["output_ids"]), log_probs, meta["finish_reason"]["type"] == "stop"
-                )
-            )
-        return samples
+        return [_sample(k // sampling.n, out, sampling) for k, out in enumerate(outputs)]
+
+    async def sample(
+        self, prompt: list[int], sampling: Sampling, seed: int, max_tokens: int, place: tuple[int, int] = (0, 1)
+    ) -> RolloutSample:
+        """One sample of `prompt` (its prompt_index 0) through SGLang's async client; runs on the engine's event
+        loop (`run`). `place` is for replicas, which SGLang does not have here."""
+        out = await self.engine.async_generate(
+            input_ids=prompt, sampling_params=_params(sampling, seed, max_tokens), return_logprob=sampling.log_probs
+        )
+        return _sample(0, out, sampling)
+
+    def run(self, coroutine: Coroutine[Any, Any, T]) -> T:
+        """Run a coroutine that awaits `sample` on the event loop SGLang's client lives on (it runs while a call
+        waits on it, in the calling thread, as SGLang's own batch `generate` runs it)."""
+        return self.engine.loop.run_until_complete(coroutine)
 
     def score(self, sequences: list[list[int]], prompt_len: int) -> list[list[float]]:
         # Nothing is generated. SGLang gives the first token from `logprob_start_len` on no log-prob
@@ -211,6 +222,24 @@ def _longer_context_allowed() -> Iterator[None]:
             del os.environ[name]
         else:
             os.environ[name] = before
+
+
+def _params(sampling: Sampling, seed: int, max_tokens: int) -> dict[str, Any]:
+    """One request's SGLang sampling parameters (the seed counts only with deterministic inference)."""
+    return {
+        "max_new_tokens": max_tokens,
+        "temperature": 0.0 if sampling.greedy else sampling.temperature,
+        "top_p": sampling.top_p,
+        "top_k": sampling.top_k,
+        "ignore_eos": sampling.ignore_eos,
+        "sampling_seed": seed,
+    }
+
+
+def _sample(prompt_index: int, out: dict[str, Any], sampling: Sampling) -> RolloutSample:
+    meta = out["meta_info"]
+    log_probs = [entry[0] for entry in meta["output_token_logprobs"]] if sampling.log_probs else []
+    return RolloutSample(prompt_index, list(out["output_ids"]), log_probs, meta["finish_reason"]["type"] == "stop")
 
 
 def _check(call: str, result: tuple[bool, str]) -> None:

@@ -381,9 +381,7 @@ class RolloutStages:
 def scores_while_generating(config: RLConfig) -> bool:
     """Whether single-turn samples are scored in the rollout workers as the engine finishes them
     (reward.while_generating): a streaming engine, and reward functions rather than a reward model."""
-    rollout = config.rollout
-    streams = rollout.name == "vllm" and rollout.vllm.streaming
-    return config.reward.while_generating and streams and not config.reward_model.path
+    return config.reward.while_generating and config.rollout.streams and not config.reward_model.path
 
 
 def _rank_sampling(sampling: Sampling, rank: int) -> Sampling:
