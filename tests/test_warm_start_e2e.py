@@ -22,7 +22,9 @@ from pathlib import Path
 import pytest
 from conftest import run_cli_in_process as rlkit
 
-pytestmark = pytest.mark.slow
+# The CPU twin of bench/learning.py's SFT -> GRPO (~3 min): `make test-bench`. `make test` keeps the same pipeline
+# on a reasoning-gym task in half a minute (tests/test_reasoning_gym_e2e.py).
+pytestmark = [pytest.mark.slow, pytest.mark.bench]
 
 REPO = Path(__file__).resolve().parents[1]
 TASK = ["-o", "min_steps=2", "-o", "max_steps=2", "-o", "max_number=9", "-o", "max_factor=3", "-o", "max_value=50",
