@@ -29,7 +29,8 @@ class _Local:
 
     def submit(self, method, per_rank):
         assert method.__name__ == "agent_episodes" and len(per_rank) == self.rollout_size
-        return [self.loop.run(self.engine, part_rows, groups, sampling) for part_rows, groups, sampling in per_rank]
+        # reward.while_generating's flag is the last argument: these episodes go unscored to the Score stage
+        return [self.loop.run(self.engine, part_rows, groups, sampling) for part_rows, groups, sampling, _ in per_rank]
 
     def collect(self, refs, phase):
         return refs

@@ -52,8 +52,8 @@ class ScriptedSplitPlacement:
         return [RolloutSample(i, [10 + self.engine_version], [-0.5], finished=True)
                 for i in range(len(prompts)) for _ in range(sampling.n)]
 
-    def agent_episodes(self, rows: list[PromptRow], groups: list[int], sampling) -> list[Trajectory]:
-        """Two turns: the policy's token, then the environment's (not trained)."""
+    def agent_episodes(self, rows: list[PromptRow], groups: list[int], sampling, scored=False) -> list[Trajectory]:
+        """Two turns: the policy's token, then the environment's (not trained); scored after (no outcomes)."""
         return [Trajectory(row, group, [10 + self.engine_version, 20], [1, 0], [-0.5, 0.0], info={"turns": 2})
                 for row, group in zip(rows, groups) for _ in range(sampling.n)]
 

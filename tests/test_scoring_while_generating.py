@@ -205,6 +205,9 @@ def test_which_runs_score_while_generating():
     assert not scores_while_generating(load_config("grpo-demo", ["rollout.name=vllm"]))  # batch calls
     assert not scores_while_generating(load_config("grpo-demo", [*base, "reward_model.path=some/model"]))
     assert scores_while_generating(load_config("grpo-demo", ["rollout.name=sglang", "rollout.sglang.streaming=true"]))
+    # Agent episodes end at different turns on any engine; a client agent's rewards are its own (the role skips it)
+    assert scores_while_generating(load_config("grpo-agent-demo", []))
+    assert not scores_while_generating(load_config("grpo-agent-demo", ["reward.while_generating=false"]))
 
 
 def test_the_generation_role_scores_with_the_run_reward(tiny_model_dir, reward):
@@ -298,3 +301,84 @@ def test_an_in_process_run_scores_in_its_rollout_worker(tmp_path, monkeypatch):
     for row in rows:  # the reward's own numbers came back: score = characters / 10
         assert row["reward/mean"] == pytest.approx(row["reward/chars"] / 10)
         assert row["reward/errors"] == 0.0
+
+
+AGENT_REWARD = '''
+import os, time
+
+def policy_chars(data_source, response, ground_truth, extra_info):
+    open(os.path.join(extra_info["stamps"], str(time.monotonic_ns())), "w").close()
+    return {"score": float(len(response)), "turn_digits": len(response) / 2}
+'''
+
+
+class UnscoredEnv:
+    """Ends after ground_truth turns and scores nothing (a tool loop's way: the reward function scores). Its
+    second step waits for a reward's stamp: a run that scored only after every episode ended would not see one."""
+
+    second_steps: list[bool] = []
+
+    def reset(self, row):
+        self.left, self.turn, self.stamps = int(row["ground_truth"]), 0, Path(row["extra_info"]["stamps"])
+
+    def step(self, action):
+        self.turn += 1
+        self.left -= 1
+        if self.turn == 2:
+            UnscoredEnv.second_steps.append(_wait_for_a_stamp(self.stamps, timeout=20.0))
+        return "go on", None, self.left == 0
+
+
+@pytest.mark.parametrize("streamed", [False, True])
+def test_agent_episodes_are_scored_as_each_ends(tiny_model_dir, tmp_path, streamed):
+    """Row 0's episodes end after one turn, row 1's take three: row 0's are scored (their reward's stamps) while
+    row 1's still run, on the batched schedule as on the streamed one; each outcome is the reward of the episode's
+    own policy text (2 digits a turn: 2 and 6 characters), the text the controller's Score stage would score."""
+    from dataclasses import replace
+
+    from agent_helpers import rows as agent_rows
+    from test_agent_streaming import BatchEngine, StreamEngine
+
+    from rlkit.core.agents.guard import Guard
+    from rlkit.core.agents.loop import AgentLoop, Limits
+    from rlkit.core.rollout.scored_generation import episodes_scored
+
+    (tmp_path / "reward.py").write_text(AGENT_REWARD)
+    stamps = tmp_path / "stamps"
+    stamps.mkdir()
+    tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
+    engine = StreamEngine(tokenizer, shuffle_seed=3) if streamed else BatchEngine(tokenizer)
+    limits = Limits(max_turns=4, max_tokens_per_turn=3, max_response_tokens=64, max_prompt_tokens=64)
+    loop = AgentLoop(tokenizer, UnscoredEnv, limits, Guard(30.0))
+    data = [replace(row, extra_info={"stamps": str(stamps)}) for row in agent_rows(tokenizer, ["a", "b"], ["1", "3"])]
+    UnscoredEnv.second_steps = []
+    config = RewardConfig(function=f"{tmp_path / 'reward.py'}:policy_chars", num_workers=1)
+    with RewardScorer(config) as scorer:
+        trajectories = episodes_scored(loop, engine, data, [0, 1], Sampling(n=2, seed=11), scorer, tokenizer)
+        texts = [tokenizer.decode(t.policy_ids, skip_special_tokens=True) for t in trajectories]
+        after = scorer.score(texts, [t.row.data_source for t in trajectories], ["1", "1", "3", "3"],
+                             [t.row.extra_info for t in trajectories])
+    assert UnscoredEnv.second_steps == [True, True]  # row 1's two episodes saw row 0's scores at their 2nd turn
+    assert [t.info["turns"] for t in trajectories] == [1, 1, 3, 3]
+    assert [t.reward_outcome.score for t in trajectories] == after.scores == [2.0, 2.0, 6.0, 6.0]
+    assert [t.reward_outcome.details for t in trajectories] == [{"turn_digits": 1.0}] * 2 + [{"turn_digits": 3.0}] * 2
+
+
+def test_an_episode_its_environment_scored_gets_no_outcome(tiny_model_dir, tmp_path):
+    """The environment's own reward (SlowFirstRowEnv gives 1 a turn) stands: no reward call runs for its episodes."""
+    from agent_helpers import rows as agent_rows
+    from test_agent_streaming import BatchEngine, SlowFirstRowEnv
+
+    from rlkit.core.agents.guard import Guard
+    from rlkit.core.agents.loop import AgentLoop, Limits
+    from rlkit.core.rollout.scored_generation import episodes_scored
+
+    tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
+    limits = Limits(max_turns=4, max_tokens_per_turn=3, max_response_tokens=64, max_prompt_tokens=64)
+    loop = AgentLoop(tokenizer, SlowFirstRowEnv, limits, Guard(30.0))
+    data = agent_rows(tokenizer, ["a", "b"], ["1", "2"])
+    (tmp_path / "never.py").write_text("def never(*args):\n    raise AssertionError('called')\n")
+    with RewardScorer(RewardConfig(function=f"{tmp_path / 'never.py'}:never")) as scorer:
+        trajectories = episodes_scored(loop, BatchEngine(tokenizer), data, [0, 1], Sampling(n=1, seed=2), scorer,
+                                       tokenizer)
+    assert [t.reward for t in trajectories] == [1.0, 2.0] and [t.reward_outcome for t in trajectories] == [None] * 2

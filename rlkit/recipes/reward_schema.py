@@ -68,11 +68,12 @@ class RewardConfig(BaseModel):
     )
     while_generating: bool = Field(
         True,
-        description="With rollout.vllm.streaming, single-turn rollouts and reward functions (not reward_model): "
-        "each response is scored the moment the engine finishes it, in reward worker processes of the rollout "
-        "worker (reward.num_workers per rollout rank), while the longer ones still generate, so a costly reward "
-        "(code in a sandbox) hides behind the decode; the scores are the same. false: the controller scores "
-        "the whole batch after the rollout. Other rollouts are always scored after.",
+        description="Score each response the moment it finishes, in reward worker processes of the rollout worker "
+        "(reward.num_workers per rollout rank), while the rest still generate, so a costly reward (code in a "
+        "sandbox) hides behind the decode; the scores are the same. Applies to agent episodes that their "
+        "environment does not score (they end at different turns) and to single-turn samples of a streaming "
+        "engine (rollout.vllm.streaming, rollout.sglang.streaming), with reward functions (not reward_model). "
+        "false: the controller scores the whole batch after the rollout, with reward.num_workers processes in all.",
     )
     gsm8k_method: Literal["strict", "flexible"] = Field(
         "strict",

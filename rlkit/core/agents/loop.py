@@ -128,27 +128,46 @@ class AgentLoop:
         self.events = EventLoop("rlkit-agent-episodes")  # the batched schedule's episodes run here
         weakref.finalize(self, self.events.close)  # its thread goes with the loop (another run may follow here)
 
-    def run(self, engine: RolloutEngine, rows: list[Any], groups: list[int], sampling: Sampling) -> list[Trajectory]:
-        """sampling.n episodes per row, prompt-major, as trajectories (group = the row's entry in `groups`)."""
+    def run(
+        self,
+        engine: RolloutEngine,
+        rows: list[Any],
+        groups: list[int],
+        sampling: Sampling,
+        on_episode: Callable[[int, Trajectory], None] | None = None,
+    ) -> list[Trajectory]:
+        """sampling.n episodes per row, prompt-major, as trajectories (group = the row's entry in `groups`).
+        `on_episode(k, trajectory)` runs as episode k ends (its environment closed), while others still run."""
         episodes = [
             Episode(row, group, None, list(row.prompt_token_ids))
             for row, group in zip(rows, groups)
             for _ in range(sampling.n)
         ]
         turns = turns_for(engine, self.events, len(episodes))
-        turns.run(self.run_all(turns, episodes, sampling))
+        turns.run(self.run_all(turns, episodes, sampling, on_episode))
         return [e.trajectory(sampling.log_probs) for e in episodes]
 
-    async def run_all(self, turns: BatchedTurns | StreamedTurns, episodes: list[Episode], sampling: Sampling) -> None:
+    async def run_all(
+        self,
+        turns: BatchedTurns | StreamedTurns,
+        episodes: list[Episode],
+        sampling: Sampling,
+        on_episode: Callable[[int, Trajectory], None] | None = None,
+    ) -> None:
         try:
             async with asyncio.TaskGroup() as tasks:  # an unexpected error stops the other episodes too
                 for key, episode in enumerate(episodes):
-                    tasks.create_task(self.run_episode(turns, key, episode, sampling))
+                    tasks.create_task(self.run_episode(turns, key, episode, sampling, on_episode))
         except BaseExceptionGroup as failed:  # the engine's failure, raised as it is (a worker failure names it)
             raise failed.exceptions[0] from None
 
     async def run_episode(
-        self, turns: BatchedTurns | StreamedTurns, key: int, episode: Episode, sampling: Sampling
+        self,
+        turns: BatchedTurns | StreamedTurns,
+        key: int,
+        episode: Episode,
+        sampling: Sampling,
+        on_episode: Callable[[int, Trajectory], None] | None = None,
     ) -> None:
         try:
             await self.start(episode)
@@ -163,6 +182,8 @@ class AgentLoop:
         if episode.finish_reason == "truncated":
             await self.truncate(episode)
         await self.close(episode)
+        if on_episode is not None:
+            on_episode(key, episode.trajectory(sampling.log_probs))
 
     async def start(self, episode: Episode) -> None:
         """A fresh environment, reset with the episode's row."""

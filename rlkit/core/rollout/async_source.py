@@ -31,12 +31,13 @@ and submits new batches exactly where the uninterrupted run would (docs/resume.m
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, fields
+from dataclasses import asdict, dataclass, field, fields
 from typing import TYPE_CHECKING, Any
 
 import torch
 
 from rlkit.core.batch import Batch
+from rlkit.core.rewards.worker_pool import Outcome
 from rlkit.core.rollout.source import stage_batch, timed
 from rlkit.core.rollout.stages import Generation, RolloutStages
 from rlkit.core.rollout.trajectory import Trajectory
@@ -192,10 +193,19 @@ class AsyncScheduler:
         ]
 
     def _trajectory(self, plain: dict[str, Any]) -> Trajectory:
-        return Trajectory(**{**plain, "row": self.stages.prompts.rows[plain["row"]]})
+        outcome = plain.get("reward_outcome")  # absent in checkpoints before reward.while_generating
+        return Trajectory(
+            **{
+                **plain,
+                "row": self.stages.prompts.rows[plain["row"]],
+                "reward_outcome": None if outcome is None else Outcome(**outcome),
+            }
+        )
 
 
 def _plain(trajectory: Trajectory) -> dict[str, Any]:
-    """A trajectory as JSON values: its fields, the prompt row by index (floats round-trip exactly)."""
+    """A trajectory as JSON values: its fields, the prompt row by index, its reward outcome as a dict (floats
+    round-trip exactly)."""
     plain = {f.name: getattr(trajectory, f.name) for f in fields(trajectory)}
-    return {**plain, "row": trajectory.row.index}
+    outcome = trajectory.reward_outcome
+    return {**plain, "row": trajectory.row.index, "reward_outcome": None if outcome is None else asdict(outcome)}

@@ -23,7 +23,7 @@ from rlkit.core.cluster.roles import Role
 from rlkit.core.data.dataset import PromptRow
 from rlkit.core.rewards.scoring import RewardScorer
 from rlkit.core.rollout.base import RolloutEngine, RolloutSample, Sampling
-from rlkit.core.rollout.scored_generation import generate_scored
+from rlkit.core.rollout.scored_generation import episodes_scored, generate_scored
 from rlkit.core.rollout.sync_check import SyncProbe
 from rlkit.core.rollout.trajectory import Trajectory
 from rlkit.core.state.shards import rng_state, set_rng_state
@@ -108,10 +108,18 @@ class Generator(Role):
         return self._scoring
 
     @in_phase("generate/agent")
-    def agent_episodes(self, rows: list[Any], groups: list[int], sampling: Sampling) -> list[Trajectory]:
-        """sampling.n episodes per row, run turn by turn on the engine (rollout.agent.loop is not single_turn)."""
+    def agent_episodes(
+        self, rows: list[Any], groups: list[int], sampling: Sampling, scored: bool = False
+    ) -> list[Trajectory]:
+        """sampling.n episodes per row, run turn by turn on the engine (rollout.agent.loop is not single_turn).
+        `scored` (reward.while_generating): an episode its environment does not score is scored by the reward
+        function as it ends, in this process's reward pool (an OpenAI-client agent's episodes score themselves)."""
         self.wake_engine()
-        trajectories = self.agent_loop().run(self.engine, rows, groups, sampling)
+        loop = self.agent_loop()
+        if scored and isinstance(loop, AgentLoop):
+            trajectories = episodes_scored(loop, self.engine, rows, groups, sampling, *self.scoring())
+        else:
+            trajectories = loop.run(self.engine, rows, groups, sampling)
         self.engine.sleep()
         return trajectories
 

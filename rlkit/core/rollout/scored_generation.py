@@ -7,6 +7,9 @@ once (`generate_scored`, called by rlkit.core.rollout.generator.Generator) and t
 with its reward outcomes: what a code reward spends in its sandbox hides behind the decode of the longest
 responses.
 
+Agent episodes end at different turns on any engine: `episodes_scored` scores each as it ends while the others
+still take turns.
+
 The requests, their seeds and the replica each goes to are those of the engine's own `generate`, and a reward
 sees the same text as when the controller scores (the policy's tokens decoded with special tokens skipped),
 so the scores are the same either way.
@@ -16,14 +19,19 @@ from __future__ import annotations
 
 import asyncio
 from concurrent.futures import ThreadPoolExecutor
-from typing import TYPE_CHECKING, Any, Callable, Sequence
+from dataclasses import replace
+from typing import TYPE_CHECKING, Any, Callable, Sequence, TypeVar
 
 from rlkit.core.rewards.worker_pool import Feed, Outcome
 from rlkit.core.rollout.base import RolloutEngine, RolloutSample, Sampling, limits_per_prompt, request_seed
+from rlkit.core.rollout.trajectory import Trajectory
 
 if TYPE_CHECKING:
+    from rlkit.core.agents.loop import AgentLoop
     from rlkit.core.data.dataset import PromptRow
     from rlkit.core.rewards.scoring import RewardScorer
+
+T = TypeVar("T")
 
 
 def stream_samples(
@@ -64,12 +72,52 @@ def generate_scored(
         response = tokenizer.decode(sample.token_ids, skip_special_tokens=True)
         return scorer.call(k, row.data_source, response, row.ground_truth, row.extra_info)
 
+    prompts = [row.prompt_token_ids for row in rows]
+    return while_scoring(
+        scorer, len(rows) * sampling.n, prepare, lambda put: stream_samples(engine, prompts, sampling, on_sample=put)
+    )
+
+
+def episodes_scored(
+    loop: AgentLoop,
+    engine: RolloutEngine,
+    rows: list[PromptRow],
+    groups: list[int],
+    sampling: Sampling,
+    scorer: RewardScorer,
+    tokenizer: Any,
+) -> list[Trajectory]:
+    """The agent loop's episodes, each scored as it ends (its policy's tokens, as the Score stage decodes them) into
+    `Trajectory.reward_outcome`. An episode its environment scored (a reward, or an error's 0) gets none: the
+    controller then scores the batch itself when some other row needs the reward function, as without this."""
+
+    def prepare(k: int, trajectory: Trajectory) -> Any:
+        row = trajectory.row
+        response = tokenizer.decode(trajectory.policy_ids, skip_special_tokens=True)
+        return scorer.call(k, row.data_source, response, row.ground_truth, row.extra_info)
+
+    def episodes(put: Callable[[int, Any], None]) -> list[Trajectory]:
+        def ended(k: int, trajectory: Trajectory) -> None:
+            if trajectory.reward is None:
+                put(k, trajectory)
+
+        return loop.run(engine, rows, groups, sampling, on_episode=ended)
+
+    trajectories, outcomes = while_scoring(scorer, len(rows) * sampling.n, prepare, episodes)
+    return [replace(t, reward_outcome=o) for t, o in zip(trajectories, outcomes, strict=True)]
+
+
+def while_scoring(
+    scorer: RewardScorer, size: int, prepare: Callable[[int, Any], Any], produce: Callable[[Callable], T]
+) -> tuple[T, list[Outcome | None]]:
+    """`produce(put)`'s result, and the outcomes of rows 0..size-1 that it `put(k, item)` as it made them (each
+    turned into its reward call by `prepare`, in the pool's thread), scored in `scorer`'s pool meanwhile."""
     feed = Feed(prepare)
-    # The pool's loop waits on its worker processes in a thread of its own while this one waits on the engine.
+    # The pool's loop waits on its worker processes in a thread of its own while this one produces.
     with ThreadPoolExecutor(max_workers=1, thread_name_prefix="rlkit-reward-feed") as thread:
-        outcomes = thread.submit(scorer.outcomes, feed, len(rows) * sampling.n)
+        outcomes = thread.submit(scorer.outcomes, feed, size)
         try:
-            samples = stream_samples(engine, [row.prompt_token_ids for row in rows], sampling, on_sample=feed.put)
+            result = produce(feed.put)
         finally:
             feed.close()
-        return samples, outcomes.result()
+        return result, outcomes.result()

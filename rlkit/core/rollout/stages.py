@@ -68,7 +68,7 @@ class Generation:
     refs: list[Any]  # per rollout rank: the call's Ray ObjectRef
     policy_version: int  # the policy the engines hold when the calls run
     episodes: bool  # agent_episodes calls (they return trajectories), else generate (samples)
-    scored: bool = False  # generate_scored calls: (samples, their reward outcomes)
+    scored: bool = False  # scored as they finish: generate_scored's (samples, outcomes), or episodes with outcomes
 
 
 class Generate:
@@ -87,8 +87,8 @@ class Generate:
         scored: bool = False,
     ) -> None:
         """`seed`: trainer.seed; `log_prob_check_step(step)`: whether the engine also returns the sampled tokens'
-        log-probs at that step for the weight-sync check (RLConfig.log_prob_check_step); `scored`: single-turn
-        samples are scored in the rollout workers as they finish (`scores_while_generating`)."""
+        log-probs at that step for the weight-sync check (RLConfig.log_prob_check_step); `scored`: the rollout
+        workers score responses as they finish (`scores_while_generating`)."""
         self.rollout, self.algorithm, self.placement, self.scored = rollout, algorithm, placement, scored
         self.max_response_length, self.seed, self.log_prob_check_step = max_response_length, seed, log_prob_check_step
 
@@ -126,21 +126,22 @@ class Generate:
     def submit(
         self, prompts: list[PromptRow], sampling: Sampling, policy_version: int, *, timed: bool = False
     ) -> Generation:
-        """Start the rollout workers' calls on their shares of the prompts, without waiting: `generate`, or
-        `agent_episodes` (multi-turn, rlkit.core.agents) when rollout.agent.loop is set. `policy_version`: the
+        """Start the rollout workers' calls on their shares of the prompts, without waiting: `generate` (or
+        `generate_scored`, its responses scored as they finish), or `agent_episodes` (multi-turn, rlkit.core.agents;
+        scored as each ends with `scored`) when rollout.agent.loop is set. `policy_version`: the
         policy the engines will hold when the calls run. `timed`: through the worker's `timed` call, which also
         returns how long the worker sat idle before it and then ran it."""
         world = self.placement.rollout_size
         parts = [list(range(len(prompts)))[r::world] for r in range(world)]
-        episodes = self.rollout.agent.loop != "single_turn"
-        scored = self.scored and not episodes
-        if episodes:
-            method, shares = Generator.agent_episodes, [([prompts[i] for i in part], part) for part in parts]
-        elif scored:
-            method, shares = Generator.generate_scored, [([prompts[i] for i in part],) for part in parts]
-        else:
-            method, shares = Generator.generate, [([prompts[i].prompt_token_ids for i in part],) for part in parts]
-        per_rank = [(*share, _rank_sampling(sampling, rank)) for rank, share in enumerate(shares)]
+        episodes, scored = self.rollout.agent.loop != "single_turn", self.scored
+        method = Generator.agent_episodes if episodes else Generator.generate_scored if scored else Generator.generate
+        per_rank = []
+        for rank, part in enumerate(parts):
+            rows, rank_sampling = [prompts[i] for i in part], _rank_sampling(sampling, rank)
+            if episodes:
+                per_rank.append((rows, part, rank_sampling, scored))
+            else:
+                per_rank.append((rows if scored else [row.prompt_token_ids for row in rows], rank_sampling))
         if timed:
             method, per_rank = RolloutWorker.timed, [(method, *args) for args in per_rank]
         refs = self.placement.rollout.submit(method, per_rank=per_rank)
@@ -379,9 +380,12 @@ class RolloutStages:
 
 
 def scores_while_generating(config: RLConfig) -> bool:
-    """Whether single-turn samples are scored in the rollout workers as the engine finishes them
-    (reward.while_generating): a streaming engine, and reward functions rather than a reward model."""
-    return config.reward.while_generating and config.rollout.streams and not config.reward_model.path
+    """Whether the rollout workers score responses as they finish (reward.while_generating) rather than the
+    controller after the rollout: reward functions rather than a reward model, and agent episodes (they end at
+    different turns on any engine) or single-turn samples of a streaming engine."""
+    rollout = config.rollout
+    finish_apart = rollout.agent.loop != "single_turn" or rollout.streams
+    return config.reward.while_generating and finish_apart and not config.reward_model.path
 
 
 def _rank_sampling(sampling: Sampling, rank: int) -> Sampling:
