@@ -10,6 +10,7 @@ the update); a rollout worker's engine has its device to itself and never sleeps
 
 from __future__ import annotations
 
+import functools
 import time
 from typing import Any, Callable, Iterable, Iterator, Sequence
 
@@ -61,7 +62,7 @@ class Generator(Role):
         self.sync_probe = SyncProbe()
         self._agent_loop: AgentLoop | ClientAgentLoop | None = None
         self.reward = reward
-        self._scoring: tuple[RewardScorer, Any] | None = None  # the reward's pool and the tokenizer, on first use
+        self._scorer: RewardScorer | None = None  # the reward's pool, started on first use
 
     def wake_engine(self, weights_only: bool = False) -> None:
         """Wake a sleeping engine, first handing back what PyTorch's allocator cached.
@@ -99,13 +100,18 @@ class Generator(Role):
 
     def scoring(self) -> tuple[RewardScorer, Any]:
         """The reward's scorer (its worker processes start on first use) and the policy's tokenizer."""
-        if self._scoring is None:
-            from transformers import AutoTokenizer
-
+        if self._scorer is None:
             if self.reward is None:
                 raise RuntimeError("this generation role was built without a reward config: it cannot score")
-            self._scoring = RewardScorer(self.reward), AutoTokenizer.from_pretrained(self.model_path)
-        return self._scoring
+            self._scorer = RewardScorer(self.reward)
+        return self._scorer, self.tokenizer
+
+    @functools.cached_property
+    def tokenizer(self) -> Any:
+        """The policy's tokenizer (the agent loop's and the reward's text), loaded on first use."""
+        from transformers import AutoTokenizer
+
+        return AutoTokenizer.from_pretrained(self.model_path)
 
     @in_phase("generate/agent")
     def agent_episodes(
@@ -142,9 +148,7 @@ class Generator(Role):
     def agent_loop(self) -> AgentLoop | ClientAgentLoop:
         """The agent loop, built on first use."""
         if self._agent_loop is None:
-            from transformers import AutoTokenizer
-
-            self._agent_loop = build_agent_loop(self.agent, self.data, AutoTokenizer.from_pretrained(self.model_path))
+            self._agent_loop = build_agent_loop(self.agent, self.data, self.tokenizer)
         return self._agent_loop
 
     def engine_log_probs(self, sequences: list[list[int]], prompt_len: int) -> list[list[float]]:
