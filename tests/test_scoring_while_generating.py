@@ -196,6 +196,10 @@ def test_on_error_raise_stops_at_the_streamed_failure(tiny_model_dir, reward):
     score = Score(raising, AgentConfig(), tokenizer, scorer, None, reward_model=False, max_response_length=8)
     with pytest.raises(RewardError, match=r"row 1 \(data_source 'd'.*no 99s"):  # the closed scorer runs nothing
         score(score.batch(trajectories), [t.reward_outcome for t in trajectories])
+    # on_error=zero with a row left unscored (an episode its environment scored): the controller scores the batch
+    zero = Score(config, AgentConfig(), tokenizer, scorer, None, reward_model=False, max_response_length=8)
+    with pytest.raises(RuntimeError, match="closed"):
+        zero(zero.batch(trajectories), [t.reward_outcome for t in trajectories[:3]] + [None])
 
 
 def test_which_runs_score_while_generating():
