@@ -252,8 +252,8 @@ class Score:
         failed one, which raises here), else they run here."""
         meta = batch.meta
         ran = [o for o in outcomes or [] if o is not None]
-        raises = self.reward.on_error == "raise" and any(o.error is not None for o in ran)
-        if outcomes and (len(ran) == len(outcomes) or raises):
+        failed = any(o.error is not None for o in ran)
+        if outcomes and (len(ran) == len(outcomes) or (failed and self.reward.on_error == "raise")):
             scored = self.scorer.collect(outcomes, meta["data_source"], meta["extra_info"])
         else:
             texts = self.decode_responses(batch)
