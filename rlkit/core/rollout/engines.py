@@ -10,6 +10,7 @@ named in rlkit.core.registrations.
 
 from __future__ import annotations
 
+from functools import partial
 from typing import TYPE_CHECKING, Callable
 
 import torch
@@ -77,10 +78,17 @@ def vllm_engine(
             return AsyncVLLMEngine(
                 model_path, gpu_memory_utilization=rollout.gpu_memory_utilization / replicas, **settings
             )
+        # Replicas share the device: each takes its share of the memory rollout.gpu_memory_utilization gives.
+        share = rollout.gpu_memory_utilization / replicas
+        if options.process_per_engine:
+            from rlkit.core.rollout.engine_process import EngineProcess
+
+            # Client and engine core together in a child: the core in-process there (rlkit.recipes.checks
+            # refuses separate_process with this).
+            return EngineProcess(partial(VLLMEngine, model_path, gpu_memory_utilization=share, **settings))
         return VLLMEngine(
             model_path,
-            # Replicas share the device: each takes its share of the memory rollout.gpu_memory_utilization gives.
-            gpu_memory_utilization=rollout.gpu_memory_utilization / replicas,
+            gpu_memory_utilization=share,
             # Replicas in one process would take turns on its interpreter: each engine core gets a process.
             separate_process=options.separate_process or replicas > 1,
             **settings,
