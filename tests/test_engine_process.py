@@ -166,4 +166,4 @@ def test_replicas_with_process_per_engine_are_child_engines_with_their_memory_sh
     build = built[0]
     assert build.func is VLLMEngine and build.args == ("/models/m",)
     assert build.keywords["gpu_memory_utilization"] == pytest.approx(0.2) and build.keywords["seed"] == 2
-    assert "separate_process" not in build.keywords  # the core runs in the child's own process
+    assert build.keywords["separate_process"] is False  # the core in the child's own process, unless asked

@@ -103,13 +103,11 @@ def check_config(config: RLConfig, origins: dict[str, str] | None = None, *, req
             "rollout.vllm.streaming",
             f"streams to vLLM's async engine, so it needs rollout.name=vllm (got {rollout.name}); drop streaming=true",
         )
-    if rollout.vllm.process_per_engine and (rollout.vllm.streaming or rollout.vllm.separate_process):
-        other = "streaming" if rollout.vllm.streaming else "separate_process"
+    if rollout.vllm.process_per_engine and rollout.vllm.streaming:
         fail(
             "rollout.vllm.process_per_engine",
-            f"runs each engine whole in a child process, which is not built for rollout.vllm.{other}=true "
-            f"(the engine core runs in the child's own process; streaming needs the client in the worker); "
-            f"drop one of the two",
+            "runs each engine's client in a child process, which is not built for rollout.vllm.streaming=true "
+            "(streamed agent turns are submitted from the rollout worker's event loop); drop one of the two",
         )
     if rollout.sglang.streaming and rollout.name != "sglang":
         fail(

@@ -176,6 +176,8 @@ def serve(fd: int, parent_pid: int) -> None:
 
 def _run(engine: RolloutEngine, method: str, args: tuple) -> Any:
     if method == "load_weights":
+        if hasattr(engine, "load_packed_weights"):  # vLLM's: the bytes go on to its worker, wherever that runs
+            return engine.load_packed_weights(args[0])
         from rlkit.core.rollout.vllm_worker import unpack_weights
 
         return engine.load_weights(unpack_weights(args[0]))

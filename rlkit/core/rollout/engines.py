@@ -83,9 +83,17 @@ def vllm_engine(
         if options.process_per_engine:
             from rlkit.core.rollout.engine_process import EngineProcess
 
-            # Client and engine core together in a child: the core in-process there (rlkit.recipes.checks
-            # refuses separate_process with this).
-            return EngineProcess(partial(VLLMEngine, model_path, gpu_memory_utilization=share, **settings))
+            # The client in a child of its own, its engine core in the child's process or (separate_process) in
+            # a grandchild, where the client's output processing overlaps the core's next step.
+            return EngineProcess(
+                partial(
+                    VLLMEngine,
+                    model_path,
+                    gpu_memory_utilization=share,
+                    separate_process=options.separate_process,
+                    **settings,
+                )
+            )
         return VLLMEngine(
             model_path,
             gpu_memory_utilization=share,
