@@ -79,28 +79,6 @@ CONFIGS: dict[str, tuple[list[str], int, int]] = {
     "vllm-rollout-1gpu-inprocess": ([ROLLOUT, "--ways", TWO_WAYS], 1, 130),  # the replicas' one-engine baseline
     "vllm-rollout-1gpu-replicas2": ([ROLLOUT, "--replicas", "2", "--ways", TWO_WAYS], 1, 180),
     "vllm-rollout-1gpu-replicas3": ([ROLLOUT, "--replicas", "3", "--ways", TWO_WAYS], 1, 220),
-    # each replica whole (vLLM's client and engine core) in a child process: no two clients share an interpreter
-    # (rollout.vllm.process_per_engine)
-    "vllm-rollout-1gpu-replicas2-procs": ([ROLLOUT, "--replicas", "2", "--process-per-engine", "--ways", TWO_WAYS],
-                                          1, 180),
-    "vllm-rollout-1gpu-replicas3-procs": ([ROLLOUT, "--replicas", "3", "--process-per-engine", "--ways", TWO_WAYS],
-                                          1, 220),
-    "rlkit-1gpu-defaults-replicas2-procs": ([RLKIT, "--defaults", "--override", "rollout.vllm.replicas=2",
-                                            "--override", "rollout.vllm.process_per_engine=true"], 1, 240),
-    "rlkit-1gpu-defaults-replicas2-logprobs-procs": ([RLKIT, "--defaults", "--override", "rollout.vllm.replicas=2",
-                                                     "--override", "rollout.vllm.process_per_engine=true",
-                                                     "--rollout-is-cap", "2"], 1, 240),
-    # the same with each child's engine core in a grandchild (the client's output processing overlaps the core)
-    "rlkit-1gpu-defaults-replicas2-logprobs-procs-sep": ([RLKIT, "--defaults", "--override", "rollout.vllm.replicas=2",
-                                                         "--override", "rollout.vllm.process_per_engine=true",
-                                                         "--override", "rollout.vllm.separate_process=true",
-                                                         "--rollout-is-cap", "2"], 1, 240),
-    "rlkit-1gpu-defaults-replicas2-procs-sep": ([RLKIT, "--defaults", "--override", "rollout.vllm.replicas=2",
-                                                "--override", "rollout.vllm.process_per_engine=true",
-                                                "--override", "rollout.vllm.separate_process=true"], 1, 240),
-    "rlkit-1gpu-defaults-replicas3-logprobs-procs": ([RLKIT, "--defaults", "--override", "rollout.vllm.replicas=3",
-                                                     "--override", "rollout.vllm.process_per_engine=true",
-                                                     "--rollout-is-cap", "2"], 1, 280),
     "vllm-rollout-1gpu-block64": ([ROLLOUT, "--engine-kwargs", "{block_size: 64}", "--ways", TWO_WAYS], 1, 150),
     "rlkit-1gpu-defaults-replicas2": ([RLKIT, "--defaults", "--override", "rollout.vllm.replicas=2"], 1, 240),
     "rlkit-1gpu-defaults-replicas3": ([RLKIT, "--defaults", "--override", "rollout.vllm.replicas=3"], 1, 280),

@@ -2,7 +2,7 @@
 
   python bench/vllm_rollout.py --workdir /tmp/bench --out rollout.json [--async-scheduling] [--tiny]
       [--separate-process true|false] [--prefix-caching true|false] [--engine-kwargs '{block_size: 64}']
-      [--replicas N] [--process-per-engine] [--streaming] [--ways with_log_probs,without_log_probs,without_seeds]
+      [--replicas N] [--streaming] [--ways with_log_probs,without_log_probs,without_seeds]
       [--profile DIR] [--heap-objects 3000000]
 
 One engine (rlkit's VLLMEngine, the way the trainer starts it) generates the workload's
@@ -18,7 +18,6 @@ wall time the GPU was busy (`gpu_busy_fraction`: the union of all kernels and co
 --separate-process: rollout.vllm.separate_process (default: rlkit's, off).
 --replicas: rollout.vllm.replicas, N engines on the device, each in a process of its own (`without_seeds` then
 needs one engine: leave it out of --ways).
---process-per-engine: rollout.vllm.process_per_engine, each engine whole (client and core) in a child process.
 --streaming: rollout.vllm.streaming, vLLM's async engine fed one request per sample (leave `without_seeds` out).
 --heap-objects: afterwards, the same ways again with that many more long-lived Python objects in the
 process (a trainer's heap: model, compiled graphs, Ray) to show what garbage collection then costs.
@@ -44,8 +43,7 @@ from bench.workload import Workload, prepared  # noqa: E402
 
 def start_engine(workload: Workload, workdir: Path, gpu_memory_utilization: float,
                  engine_kwargs: dict[str, Any] | None = None, separate_process: bool = False,
-                 prefix_caching: bool = True, replicas: int = 1, streaming: bool = False,
-                 process_per_engine: bool = False):
+                 prefix_caching: bool = True, replicas: int = 1, streaming: bool = False):
     """rlkit's engine as the trainer starts it (`make_engine`; CUDA graphs on a GPU, eager on a CPU)."""
     import torch
 
@@ -57,7 +55,6 @@ def start_engine(workload: Workload, workdir: Path, gpu_memory_utilization: floa
                             max_num_seqs=workload.sequences,
                             vllm={"enforce_eager": not on_gpu, "separate_process": separate_process,
                                   "prefix_caching": prefix_caching, "replicas": replicas, "streaming": streaming,
-                                  "process_per_engine": process_per_engine,
                                   "engine_kwargs": engine_kwargs or {}})
     return make_engine(rollout, str(workdir / "model"), max_model_len=workload.prompt_tokens + workload.response_tokens,
                        device=torch.device("cuda", 0) if on_gpu else torch.device("cpu"),
@@ -91,7 +88,6 @@ def main() -> None:
     parser.add_argument("--prefix-caching", default="true", choices=["true", "false"],
                         help="rollout.vllm.prefix_caching")
     parser.add_argument("--replicas", type=int, default=1, help="rollout.vllm.replicas (engines on the device)")
-    parser.add_argument("--process-per-engine", action="store_true", help="rollout.vllm.process_per_engine")
     parser.add_argument("--streaming", action="store_true", help="rollout.vllm.streaming (vLLM's async engine)")
     parser.add_argument("--ways", default="with_log_probs,without_log_probs,without_seeds",
                         help="which ways to time, comma-separated")
@@ -111,7 +107,7 @@ def main() -> None:
     engine_kwargs = {**yaml.safe_load(args.engine_kwargs), **({"async_scheduling": True} if args.async_scheduling else {})}
     engine = start_engine(workload, workdir, args.gpu_memory_utilization, engine_kwargs,
                           args.separate_process == "true", args.prefix_caching == "true", args.replicas,
-                          args.streaming, args.process_per_engine)
+                          args.streaming)
     separate = getattr(engine, "separate_process", True)  # replicas, streaming: engine cores in processes of their own
     args.separate_process = separate
     result: dict = {"label": args.label, "args": vars(args), "engine_start_seconds": time.perf_counter() - start, "runs": {}}

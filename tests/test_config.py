@@ -123,14 +123,6 @@ def test_streaming_is_vllms_async_engine_alone_and_composes_with_replicas():
         load_config("grpo-demo", ["rollout.name=vllm", "rollout.sglang.streaming=true"])
 
 
-def test_process_per_engine_composes_with_replicas_and_a_separate_core_but_not_streaming():
-    config = load_config("grpo-demo", ["rollout.vllm.process_per_engine=true", "rollout.vllm.replicas=2",
-                                       "rollout.vllm.separate_process=true"])
-    assert config.rollout.vllm.process_per_engine and not config.rollout.streams
-    with pytest.raises(ConfigError, match=r"rollout.vllm.process_per_engine.*not built for rollout.vllm.streaming"):
-        load_config("grpo-demo", ["rollout.vllm.process_per_engine=true", "rollout.vllm.streaming=true"])
-
-
 def test_engine_kwargs_pass_through_but_cannot_override_rlkit_keys():
     config = load_config("grpo-demo", ["rollout.vllm.engine_kwargs={async_scheduling: true}"])
     assert config.rollout.vllm.engine_kwargs == {"async_scheduling": True}

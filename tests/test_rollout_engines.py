@@ -7,7 +7,6 @@ from __future__ import annotations
 import gc
 import logging
 import multiprocessing
-import os
 import signal
 import subprocess
 import time
@@ -22,9 +21,8 @@ import torch.distributed as dist
 from transformers import AutoModelForCausalLM
 
 from rlkit.core.rollout.base import RolloutEngine, Sampling
-from rlkit.core.rollout.engine_process import EngineProcess
 from rlkit.core.rollout.engines import make_engine
-from rlkit.core.rollout.vllm_worker import WeightLoader, exit_after, pack_weights
+from rlkit.core.rollout.vllm_worker import WeightLoader, _exit_after, pack_weights
 from rlkit.recipes.rollout_schema import RolloutConfig
 
 MAX_MODEL_LEN = 64  # a 32-token prompt and a 32-token response
@@ -253,7 +251,7 @@ def test_an_engine_process_ends_with_the_trainer_and_takes_the_process_between_w
     between = subprocess.Popen(["sleep", "60"])
     created = psutil.Process(trainer.pid).create_time()
     watch = (trainer.pid, created, between.pid, 0.05)
-    watcher = multiprocessing.get_context("spawn").Process(target=exit_after, args=watch)
+    watcher = multiprocessing.get_context("spawn").Process(target=_exit_after, args=watch)
     watcher.start()
     time.sleep(0.5)
     assert watcher.is_alive() and between.poll() is None  # nothing happens while the trainer lives
@@ -431,22 +429,13 @@ def test_sglang_seeds_count_only_with_deterministic_inference_on_a_gpu(monkeypat
 @pytest.mark.usefixtures("vllm_released")
 def test_vllm_replicas_split_a_call_and_sample_what_one_engine_samples(tiny_model_dir):
     """rollout.vllm.replicas=2: two engine processes, a contiguous share of the prompts each, the seeds a single
-    engine gives; the engine contract holds across them, and a weight load reaches both.
-
-    The single engine runs whole in a child process (rollout.vllm.process_per_engine): its samples are those of the
-    replicas, and the engine contract (seeds, log-probs against its scores, a weight load by value) holds through
-    the child's channel."""
+    engine gives; the engine contract holds across them, and a weight load reaches both."""
     start = dict(max_model_len=MAX_MODEL_LEN, dtype="float32", seed=0, device=torch.device("cpu"), sleep_mode=False)
-    one = make_engine(_config("vllm", process_per_engine=True, engine_kwargs={"block_size": 32}),
-                      str(tiny_model_dir), **start)
-    assert isinstance(one, EngineProcess) and one.process.pid != os.getpid()
+    one = make_engine(_config("vllm", engine_kwargs={"block_size": 32}), str(tiny_model_dir), **start)
     prompts = [[1, 11 + i, 2, 1] for i in range(5)]
     sampling = Sampling(n=2, max_tokens=4, seed=5)
     expected = [(s.prompt_index, s.token_ids) for s in one.generate(prompts, sampling, [4, 3, 4, 2, 4])]
-    _check_engine(one, tiny_model_dir)
-    child = one.process
     del one
-    assert child.wait(timeout=30) == 0  # its last reference closed it
     two = make_engine(_config("vllm", replicas=2, engine_kwargs={"block_size": 32}), str(tiny_model_dir), **start)
     assert len(two.replicas) == 2 and all(engine.separate_process for engine in two.replicas)
     assert [(s.prompt_index, s.token_ids) for s in two.generate(prompts, sampling, [4, 3, 4, 2, 4])] == expected

@@ -103,12 +103,6 @@ def check_config(config: RLConfig, origins: dict[str, str] | None = None, *, req
             "rollout.vllm.streaming",
             f"streams to vLLM's async engine, so it needs rollout.name=vllm (got {rollout.name}); drop streaming=true",
         )
-    if rollout.vllm.process_per_engine and rollout.vllm.streaming:
-        fail(
-            "rollout.vllm.process_per_engine",
-            "runs each engine's client in a child process, which is not built for rollout.vllm.streaming=true "
-            "(streamed agent turns are submitted from the rollout worker's event loop); drop one of the two",
-        )
     if rollout.sglang.streaming and rollout.name != "sglang":
         fail(
             "rollout.sglang.streaming",

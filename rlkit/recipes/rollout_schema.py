@@ -38,16 +38,6 @@ class VLLMOptions(Section):
         "(docs/benchmarks.md). Samples keep a single engine's seeds, and which engine serves a prompt depends only "
         "on the number of replicas.",
     )
-    process_per_engine: bool = Field(
-        False,
-        description="Run each engine whole, vLLM's client and engine core together, in a child process of its own. "
-        "With replicas > 1 the engine cores already have processes of their own, but their clients, which turn "
-        "every decode step's outputs into results (Python per token, about twice as much with rollout log-probs), "
-        "share the rollout worker's interpreter and take turns on it; with this on, N replicas use N interpreters "
-        "and the worker only sends prompts and weights (CUDA IPC handles on a GPU) and receives token ids and "
-        "log-probs. The same samples as without (the same engine, seeds and shares). Batched rollouts only: not "
-        "with streaming; separate_process does not apply (the core runs in the child's process).",
-    )
     streaming: bool = Field(
         False,
         description="vLLM's async engine (its engine core in a process of its own) fed one request per sample: a "

@@ -46,7 +46,6 @@ RESUME_SAFE_KEYS = {
     "rollout.vllm.separate_process": "performance only (where vLLM's engine core runs)",
     "rollout.vllm.replicas": "performance only (which engine serves a prompt; a batch's floats may differ in the "
     "last bits)",
-    "rollout.vllm.process_per_engine": "performance only (the same engine, requests and seeds, in another process)",
     "rollout.vllm.streaming": "performance only (the same requests and seeds; on a GPU the floats of a batch, and so "
     "rarely a sample, may differ with its timing)",
     "rollout.sglang.streaming": "performance only (the same requests and seeds, which SGLang honours only with "

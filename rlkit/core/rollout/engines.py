@@ -10,7 +10,6 @@ named in rlkit.core.registrations.
 
 from __future__ import annotations
 
-from functools import partial
 from typing import TYPE_CHECKING, Callable
 
 import torch
@@ -78,25 +77,10 @@ def vllm_engine(
             return AsyncVLLMEngine(
                 model_path, gpu_memory_utilization=rollout.gpu_memory_utilization / replicas, **settings
             )
-        # Replicas share the device: each takes its share of the memory rollout.gpu_memory_utilization gives.
-        share = rollout.gpu_memory_utilization / replicas
-        if options.process_per_engine:
-            from rlkit.core.rollout.engine_process import EngineProcess
-
-            # The client in a child of its own, its engine core in the child's process or (separate_process) in
-            # a grandchild, where the client's output processing overlaps the core's next step.
-            return EngineProcess(
-                partial(
-                    VLLMEngine,
-                    model_path,
-                    gpu_memory_utilization=share,
-                    separate_process=options.separate_process,
-                    **settings,
-                )
-            )
         return VLLMEngine(
             model_path,
-            gpu_memory_utilization=share,
+            # Replicas share the device: each takes its share of the memory rollout.gpu_memory_utilization gives.
+            gpu_memory_utilization=rollout.gpu_memory_utilization / replicas,
             # Replicas in one process would take turns on its interpreter: each engine core gets a process.
             separate_process=options.separate_process or replicas > 1,
             **settings,

@@ -113,18 +113,12 @@ class VLLMEngine(RolloutEngine):
         """New weights in place; the prefix cache goes with the old ones (its keys and values are theirs)."""
         if not self.separate_process:
             self.llm.collective_rpc("rlkit_load_weights", args=(named_tensors,))
-            self.llm.reset_prefix_cache()
-            return
-        packed, shared = pack_weights(named_tensors)
-        self.load_packed_weights(packed)
-        del shared  # the engine holds no reference to them any more: their memory may go back
-        if self.on_gpu:
-            torch.cuda.ipc_collect()
-
-    def load_packed_weights(self, packed: bytes) -> None:
-        """Weights packed by another process (rlkit.core.rollout.engine_process: the trainer's, whose CUDA IPC
-        handles the engine core opens wherever it runs), passed on as they are."""
-        self.llm.collective_rpc("rlkit_load_weights", args=(packed,))
+        else:
+            packed, shared = pack_weights(named_tensors)
+            self.llm.collective_rpc("rlkit_load_weights", args=(packed,))
+            del shared  # the engine holds no reference to them any more: their memory may go back
+            if self.on_gpu:
+                torch.cuda.ipc_collect()
         self.llm.reset_prefix_cache()
 
     def sleep(self) -> None:

@@ -54,7 +54,7 @@ class WeightLoader:
         between = os.getppid() if os.getppid() != trainer_pid else None
         created = psutil.Process(trainer_pid).create_time()  # a later process with the same pid is not it
         threading.Thread(
-            target=exit_after, args=(trainer_pid, created, between), name="rlkit-exit-with-trainer", daemon=True
+            target=_exit_after, args=(trainer_pid, created, between), name="rlkit-exit-with-trainer", daemon=True
         ).start()
 
     def rlkit_load_weights(self, weights: bytes | NamedTensors) -> None:
@@ -86,7 +86,7 @@ class WeightLoader:
             method.process_weights_after_loading(head)
 
 
-def exit_after(pid: int, created: float, between: int | None, poll_seconds: float = 1.0) -> None:
+def _exit_after(pid: int, created: float, between: int | None, poll_seconds: float = 1.0) -> None:
     """Wait until process `pid` (started at `created`) has ended, then kill `between` and exit."""
     while True:
         time.sleep(poll_seconds)
