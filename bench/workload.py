@@ -85,32 +85,38 @@ def prepared(workdir: str | Path, tiny: bool, shape: str = "0.5b") -> tuple[Work
     return workload, folder
 
 
-def build(workload: Workload, out_dir: str | Path, seed: int = 0, prompt_rows: int | None = None) -> dict[str, str]:
-    """Write the model, its tokenizer and a prompt parquet under out_dir; returns their paths."""
-    import pyarrow as pa
-    import pyarrow.parquet as pq
-    import torch
+def bench_tokenizer(vocab_size: int):
+    """The workload's tokenizer. transformers 5 loads any Qwen2 model's tokenizer as byte-level BPE, so the vocabulary
+    is byte-level too (as rlkit.core.tiny does): the 256 byte symbols, one token per character when encoding (no
+    merges), then filler entries up to the model's vocabulary so every sampled id decodes, then the special tokens."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers
-    from transformers import PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM
+    from transformers import PreTrainedTokenizerFast
 
     from rlkit.core.tiny import _bytes_to_unicode
 
-    out = Path(out_dir)
-    model_dir = out / "model"
-    # transformers 5 loads any Qwen2 model's tokenizer as byte-level BPE, so the vocabulary is
-    # byte-level too (as rlkit.core.tiny does): the 256 byte symbols, one token per character
-    # when encoding (no merges), then filler entries up to the model's vocabulary so every
-    # sampled id decodes, then the special tokens.
     byte_symbols = list(_bytes_to_unicode().values())
-    filler = workload.vocab - len(byte_symbols) - 3
+    filler = vocab_size - len(byte_symbols) - 3
     vocab = {s: i for i, s in enumerate(byte_symbols + [f"w{i}" for i in range(filler)])}
     specials = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
     vocab.update({s: len(vocab) + k for k, s in enumerate(specials)})
     backend = Tokenizer(models.BPE(vocab=vocab, merges=[]))
     backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
     backend.decoder = decoders.ByteLevel()
-    tokenizer = PreTrainedTokenizerFast(tokenizer_object=backend, pad_token="<|endoftext|>", eos_token="<|im_end|>",
-                                        additional_special_tokens=["<|im_start|>"])
+    return PreTrainedTokenizerFast(tokenizer_object=backend, pad_token="<|endoftext|>", eos_token="<|im_end|>",
+                                   additional_special_tokens=["<|im_start|>"])
+
+
+def build(workload: Workload, out_dir: str | Path, seed: int = 0, prompt_rows: int | None = None) -> dict[str, str]:
+    """Write the model, its tokenizer and a prompt parquet under out_dir; returns their paths."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+    import torch
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    out = Path(out_dir)
+    model_dir = out / "model"
+    tokenizer = bench_tokenizer(workload.vocab)
+    vocab = tokenizer.get_vocab()
     tokenizer.save_pretrained(model_dir)
     config = Qwen2Config(
         vocab_size=workload.vocab, hidden_size=workload.hidden, intermediate_size=workload.intermediate,

@@ -185,6 +185,33 @@ def test_turn_boundaries_reproduce_the_templates_own_rendering(tmp_path):
     assert boundary.after_turn(turn1[:-1], answers) == [tok.eos_token_id] + boundary.after_turn(turn1, answers)
 
 
+def test_turn_boundaries_render_each_distinct_answer_once(tmp_path, monkeypatch):
+    """The agent loop's host time: an environment answer seen before takes its remembered ids (the template is
+    rendered once per distinct answer), a caller changing the ids it got changes nothing remembered, content that
+    is not JSON is rendered every time, and the memory starts over when full."""
+    from rlkit.core.agents import chat
+
+    tok = chatml_tokenizer(tmp_path)
+    boundary = TurnBoundary(tok)
+    rendered = []
+    render = boundary.render_delta
+    monkeypatch.setattr(boundary, "render_delta", lambda messages: rendered.append(messages) or render(messages))
+    again = [{"role": "user", "content": "again"}]
+    first = boundary.after_turn([5], again)
+    assert first == render(again) and len(rendered) == 1
+    first.append(99)
+    assert boundary.after_turn([5], again) == render(again) and len(rendered) == 1  # remembered, unchanged
+    other = [{"role": "user", "content": "other"}]
+    assert boundary.after_turn([5], other) == render(other) and len(rendered) == 2
+
+    odd = [{"role": "user", "content": "odd", "sent_at": object()}]  # a field the template skips, JSON cannot key
+    assert boundary.after_turn([5], odd) == boundary.after_turn([5], odd) == render([{"role": "user", "content": "odd"}])
+    assert len(rendered) == 4
+    monkeypatch.setattr(chat, "MAX_REMEMBERED", 2)
+    boundary.after_turn([5], [{"role": "user", "content": "third"}])
+    assert len(boundary.remembered) == 1  # full at 2: started over with the third
+
+
 def test_messages_the_template_cannot_write_cost_the_episode(tmp_path):
     tok = chatml_tokenizer(tmp_path)
 

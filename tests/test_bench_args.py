@@ -140,3 +140,17 @@ def test_the_1p5b_shape_is_qwen25_1p5b_and_ratios_pair_each_rlkit_lane_with_trl_
         "- rlkit-1gpu-7b-lora64 vs trl-1gpu-7b-lora64: rlkit 20.00 s/step, TRL 50.00 s/step: rlkit is 2.50x faster",
         "- rlkit-1gpu-vllm vs trl-1gpu-vllm: rlkit 10.00 s/step, TRL 25.00 s/step: rlkit is 2.50x faster",
     ]
+
+
+def test_the_agent_loop_host_bench_runs_whole_episodes_against_an_instant_engine(tmp_path: Path, monkeypatch) -> None:
+    """bench/agent_loop_host.py times rlkit's own work in a multi-turn rollout: every episode runs its 3 turns."""
+    import json
+
+    from bench import agent_loop_host
+
+    out = tmp_path / "host.json"
+    monkeypatch.setattr(sys, "argv", ["agent_loop_host.py", "--out", str(out), "--episodes", "16", "--repeats", "1"])
+    agent_loop_host.main()
+    result = json.loads(out.read_text())
+    assert result["episodes"] == 16 and len(result["seconds"]) == 1
+    assert result["ms_per_turn"] == pytest.approx(result["best_seconds"] / 48 * 1e3)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import threading
 import time
 
@@ -59,3 +60,31 @@ def test_a_thread_without_work_exits_after_its_idle_time() -> None:
     again = threading.Event()
     spare.run(again.set)
     assert again.wait(5)
+
+
+def test_a_sync_call_awaited_from_an_event_loop_runs_without_the_guards_loop_and_keeps_its_deadline() -> None:
+    """The agent loop's calls: a sync function's thread is awaited on the caller's loop (two thread hand-offs, not
+    four); its deadline, its errors as outcomes, and what it returns that is awaitable (awaited on the guard's
+    loop, where code that never yields cannot block the caller) stay as before."""
+    guard = Guard(0.3)
+    release = threading.Event()
+
+    def fails() -> None:
+        raise ValueError("bad action")
+
+    async def answer() -> int:
+        return 42
+
+    async def calls() -> list:
+        return [await guard.call_async(lambda x: x + 1, 1), await guard.call_async(fails),
+                await guard.call_async(release.wait, 10)]
+
+    value, failed, hung = asyncio.run(calls())
+    release.set()
+    assert value.value == 2 and value.error is None
+    assert "ValueError: bad action" in failed.error and isinstance(failed.exception, ValueError)
+    assert "did not return within 0.3 s" in hung.error
+    assert guard._loop is None  # none of them needed the guard's own loop
+
+    made_by_a_plain_function = asyncio.run(guard.call_async(lambda: answer()))
+    assert made_by_a_plain_function.value == 42 and guard._loop is not None

@@ -13,10 +13,14 @@ conversation would give there.
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 # Content no template changes (no whitespace at the edges, no tags) and no real message contains.
 PROBE = "RLKIT-TURN-PROBE-7f3a"
+# Distinct environment answers whose ids a TurnBoundary keeps (then it starts over): an environment that
+# answers with a few fixed messages, as games and many tool loops do, renders each through the template once.
+MAX_REMEMBERED = 4096
 
 
 class TurnBoundary:
@@ -29,6 +33,7 @@ class TurnBoundary:
                 "messages into the conversation"
             )
         self.tokenizer, self.tools = tokenizer, tools or None
+        self.remembered: dict[str, list[int]] = {}  # `delta`'s ids by its messages
 
     def render_prompt(self, messages: list[dict[str, Any]]) -> list[int]:
         """A whole prompt (an environment's first observation), ready for the policy's first turn."""
@@ -52,7 +57,22 @@ class TurnBoundary:
 
     def delta(self, messages: list[dict[str, Any]]) -> list[int]:
         """Everything the template writes after an assistant message's content, up to the next
-        assistant turn's first content token."""
+        assistant turn's first content token. Rendering the template and encoding its text took 0.23 ms a
+        turn on 2 cores, a quarter of the agent loop's host time for 512 episodes of 3 turns (docs/agents.md),
+        so the ids of messages seen before are remembered: the same messages give the same ids."""
+        try:
+            key = json.dumps(messages, sort_keys=True)
+        except (TypeError, ValueError):  # content that is not JSON (an object a tool returned): rendered each time
+            return self.render_delta(messages)
+        ids = self.remembered.get(key)
+        if ids is None:
+            ids = self.render_delta(messages)
+            if len(self.remembered) >= MAX_REMEMBERED:
+                self.remembered.clear()
+            self.remembered[key] = ids
+        return list(ids)
+
+    def render_delta(self, messages: list[dict[str, Any]]) -> list[int]:
         conversation = [{"role": "user", "content": "?"}, {"role": "assistant", "content": PROBE}, *messages]
         text = self.tokenizer.apply_chat_template(
             conversation, tools=self.tools, add_generation_prompt=True, tokenize=False
