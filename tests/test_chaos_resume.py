@@ -22,7 +22,11 @@ import pytest
 
 from rlkit.core.controller.tracking import is_timing_key
 
-pytestmark = [pytest.mark.slow, pytest.mark.shared_ray]
+# In `make test-bench` (2-2.5 min on 2 cores, more than `make test`'s 15 minutes have room for): each of its kills has
+# a test of its own in `make test` (a killed worker and resume, a kill before the first checkpoint, a SIGKILL inside a
+# checkpoint write, a PPO critic killed and resumed exactly on the asynchronous rollout); this is their composite on
+# Ray against an in-process reference.
+pytestmark = [pytest.mark.slow, pytest.mark.shared_ray, pytest.mark.bench]
 
 REPO = Path(__file__).resolve().parents[1]
 
