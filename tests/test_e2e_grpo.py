@@ -22,16 +22,18 @@ def _rewards(run_dir):
 def test_grpo_demo_learns_through_the_cli(tmp_path):
     """`rlkit train grpo-demo` (Ray controller, FSDP2 worker, vLLM rollout) really learns `echo`, and its
     validation on the task's test split (before training, every 20 steps, at the end) rises with it.
-    On the path a user's first run takes: its own local Ray cluster (no shared_ray mark)."""
+    On the path a user's first run takes: its own local Ray cluster (no shared_ray mark). 50 of the recipe's 120
+    steps: on 2 cores (2026-12-06, in-process) the reward's first 5 steps averaged 0.028 and steps 46-50 0.474,
+    validation 0.0 at step 0 and 0.633 at step 40."""
     proc = subprocess.run(
-        [sys.executable, "-m", "rlkit.cli.main", "train", "grpo-demo", "trainer.total_steps=70",
+        [sys.executable, "-m", "rlkit.cli.main", "train", "grpo-demo", "trainer.total_steps=50",
          f"trainer.runs_dir={tmp_path}", "trainer.logger=[jsonl]", "--run-id", "learn"],
         capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0, proc.stderr[-3000:]
     records = [json.loads(line) for line in (tmp_path / "learn" / "metrics.jsonl").read_text().splitlines()]
     rows = [r for r in records if "reward/mean" in r]
     rewards = [row["reward/mean"] for row in rows]
-    assert [row["step"] for row in rows] == list(range(1, 71))
+    assert [row["step"] for row in rows] == list(range(1, 51))
     for key in ("reward/mean", "timing/step", "perf/tokens_per_s", "timing/gen", "timing/sync",
                 "actor/grad_norm", "rollout/log_prob_diff", "response/clip_frac"):
         assert key in rows[0], key
@@ -39,9 +41,9 @@ def test_grpo_demo_learns_through_the_cli(tmp_path):
     assert last - first >= 0.4, (first, last, rewards)
 
     validated = {r["step"]: r for r in records if "val/reward/mean@1" in r}
-    assert sorted(validated) == [0, 20, 40, 60, 70]
-    assert validated[70]["val/reward/mean@1"] - validated[0]["val/reward/mean@1"] >= 0.4, validated
-    responses = (tmp_path / "learn" / "validation" / "step_00000070.jsonl").read_text().splitlines()
+    assert sorted(validated) == [0, 20, 40, 50]
+    assert validated[50]["val/reward/mean@1"] - validated[0]["val/reward/mean@1"] >= 0.4, validated
+    responses = (tmp_path / "learn" / "validation" / "step_00000050.jsonl").read_text().splitlines()
     assert len(responses) == 128 * (1 + 4)  # the test split, greedy + trainer.val_n=4 samples each
     assert "val/reward/mean@1 " in proc.stderr + proc.stdout  # the summary line: first -> last
     run_cli_in_process("plot", "learn", "--runs-dir", str(tmp_path))
