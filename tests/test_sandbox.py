@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import signal
 
 import pytest
@@ -59,6 +60,14 @@ def test_memory_network_and_outside_writes_fail(code, error):
 def test_it_may_start_processes_inside_the_sandbox():
     result = run_python("import subprocess\nprint(subprocess.run(['echo', 'hi'], capture_output=True).stdout)", FAST)
     assert result.ok and result.stdout == "b'hi\\n'\n"
+
+
+def test_nice_lowers_the_programs_priority_and_it_cannot_raise_it_again():
+    ours = os.nice(0)
+    code = "import os\nprint(os.nice(0))\ntry:\n    os.nice(-1)\nexcept PermissionError:\n    print('refused')"
+    assert run_python(code, Limits(wall_s=2.0, cpu_s=1, memory_mb=512, nice=10)).stdout.split() == [
+        str(ours + 10), "refused"]
+    assert run_python("import os\nprint(os.nice(0))", FAST).stdout.split() == [str(ours)]
 
 
 def test_a_signal_death_is_reported_as_the_signal():
@@ -142,6 +151,13 @@ def test_each_failure_says_why(response, reason, monkeypatch):
     result = run_tests(program, problem["prompt"], problem["test"], problem["entry_point"], limits) if program else (
         _result("HumanEval/0", response))
     assert result.get("reason") == reason
+
+
+def test_the_candidate_runs_ten_nice_values_below_the_judge():
+    """So a candidate spinning while it loads cannot starve the judge's start (rewards/code.py CANDIDATE_NICE)."""
+    tests = f"def check(candidate):\n    assert candidate() == {os.nice(0) + 10}\n"
+    result = run_tests("import os\ndef niceness():\n    return os.nice(0)\n", "", tests, "niceness", FAST)
+    assert result["score"] == 1.0, result
 
 
 @pytest.mark.slow

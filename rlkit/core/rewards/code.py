@@ -30,7 +30,8 @@ values (a test may build a string or loop on what the candidate returned): in a 
 bounded by its limits, and a judge that hangs or dies fails its test and is restarted, where here it
 would take the reward worker (and with reward.on_error=raise, the run) with it. It also keeps the
 data set's code off the host as before. Every wait ends by the row's budget, `limits.wall_s` (the
-judge's by _JUDGE_GRACE_S more), and both sandboxes are killed when the row is scored. The reward
+judge's by _JUDGE_GRACE_S more), and both sandboxes are killed when the row is scored. The candidate
+runs at a lower CPU priority than the judge (CANDIDATE_NICE), so its spinning cannot starve the judge. The reward
 declares its range, [0, 1], so the scorer clamps it (rlkit.core.rewards.scoring).
 
 A score below 1 comes with a "reason" (worker_pool.REASON_KEY; `rlkit eval-reward` shows it per row):
@@ -49,6 +50,7 @@ import re
 import select
 import subprocess
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -59,6 +61,9 @@ from rlkit.core.sandbox.process import Limits, SandboxedProcess, start_python
 HUMANEVAL = "openai/humaneval"
 PER_TEST_S = 3.0  # each statement of `check`, the candidate's calls included
 LIMITS = Limits(wall_s=8.0, cpu_s=8, memory_mb=1024)  # wall_s: the whole row, below reward.timeout_s (10 s)
+# The candidate runs 10 nice values below the judge: a program that spins while loading (or in a call) cannot starve
+# the judge's start on a busy host into a row error ("the tests do not run"); it only runs slower itself.
+CANDIDATE_NICE = 10
 _JUDGE_GRACE_S = 0.5  # how long the judge may take to report a test after the candidate's deadline
 _EXIT_GRACE_S = 0.5  # how long a candidate that stopped answering may take to exit, for its exit status
 _FENCE = re.compile(r"```(?:python|py)?[ \t]*\n(.*?)```", re.DOTALL)
@@ -132,7 +137,7 @@ class _Trial:
         serve = f"\nserve({entry_point!r})\n"
         self._candidate_source = (
             _SOURCES["candidate_server.py"] + serve,
-            limits,
+            replace(limits, nice=limits.nice + CANDIDATE_NICE),
             {"solution.py": program, "plain_data.py": _SOURCES["plain_data.py"]},
         )
         self._judge_source = (

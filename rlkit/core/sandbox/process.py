@@ -14,7 +14,8 @@ bubblewrap's init inside it: the kernel ignores that from within), reach any net
 only) or a host unix socket. Its environment is PATH, HOME, TMPDIR and LANG only.
 
 Limits, per process (rlimits set before the program runs; it cannot raise them): CPU seconds,
-address space, file size (stderr and each file), open files, no core dumps; for the whole tree:
+address space, file size (stderr and each file), open files, no core dumps, no raising its CPU priority, and
+optionally a lower one (`nice`); for the whole tree:
 `processes` (RLIMIT_NPROC: threads count too; its uid is its own, see isolation), the tmpfs's
 size, and the wall clock: at `wall_s` the namespace's init is killed (and when the program's first
 process ends the init exits); then the kernel kills every process in it, setsid or double-forked.
@@ -57,7 +58,10 @@ import os, resource, sys, types
 *limits, program = sys.argv[1:]
 for limit in limits:
     name, value = limit.split("=")
-    resource.setrlimit(getattr(resource, name), (int(value), int(value)))
+    if name == "nice":
+        os.nice(int(value))
+    else:
+        resource.setrlimit(getattr(resource, name), (int(value), int(value)))
 main = types.ModuleType("__main__")
 main.__file__ = program
 sys.modules["__main__"] = main
@@ -79,18 +83,23 @@ class Limits:
     output_bytes: int = 1 << 20  # the most stdout (or stderr) a program may write; also any one file's size
     processes: int = 16  # processes and threads of the whole tree at once (isolation=namespaces)
     disk_mb: int = 64  # the working folder's size (isolation=namespaces)
+    # added to the caller's nice value: a program that spins then takes CPU time from the caller's other processes
+    # (a reward's judge, the trainer) only when they leave it idle; RLIMIT_NICE 0 keeps it from lowering it again
+    nice: int = 0
 
-    def rlimits(self, isolated: bool) -> list[str]:
+    def settings(self, isolated: bool) -> list[str]:
+        """What the bootstrap sets before the program runs: its rlimits, then its nice value."""
         limits = {
             "RLIMIT_CPU": self.cpu_s,
             "RLIMIT_AS": self.memory_mb << 20,
             "RLIMIT_FSIZE": self.output_bytes,
             "RLIMIT_NOFILE": _OPEN_FILES,
             "RLIMIT_CORE": 0,
+            "RLIMIT_NICE": 0,
         }
         if isolated:  # outside the sandbox's own uid the count would be every process of the caller's user
             limits["RLIMIT_NPROC"] = self.processes
-        return [f"{name}={value}" for name, value in limits.items()]
+        return [f"{name}={value}" for name, value in limits.items()] + ([f"nice={self.nice}"] if self.nice else [])
 
 
 @dataclass
@@ -149,7 +158,7 @@ class SandboxedProcess:
         if self.isolated:
             require_isolation()
         sources = {"program.py": code, **(files or {})}
-        python = [interpreter()[0], "-I", "-S", "-B", "-c", _BOOTSTRAP, *limits.rlimits(self.isolated), "program.py"]
+        python = [interpreter()[0], "-I", "-S", "-B", "-c", _BOOTSTRAP, *limits.settings(self.isolated), "program.py"]
         self._directory: tempfile.TemporaryDirectory[str] | None = None
         descriptors: list[int] = []
         if self.isolated:
