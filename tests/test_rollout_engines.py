@@ -22,6 +22,7 @@ from transformers import AutoModelForCausalLM
 
 from rlkit.core.rollout.base import RolloutEngine, Sampling
 from rlkit.core.rollout.engines import make_engine
+from rlkit.core.rollout.vllm_engine import sampled_log_probs
 from rlkit.core.rollout.vllm_worker import WeightLoader, _exit_after, pack_weights
 from rlkit.recipes.rollout_schema import RolloutConfig
 
@@ -241,6 +242,15 @@ def test_weights_packed_for_an_engine_process_reach_the_workers_reload_whole():
     in_process = _Worker()
     in_process.rlkit_load_weights(iter(tensors))
     assert all(got is sent for (_, got), (_, sent) in zip(in_process.loaded, tensors))
+
+
+def test_sampled_log_probs_take_the_first_entry_of_each_position():
+    """vLLM's FlatLogprobs: with logprobs=0 one entry per position (the list is returned as it is); with more, each
+    position's first entry is the sampled token's."""
+    one_each = types.SimpleNamespace(start_indices=[0, 1, 2], logprobs=[-0.5, -1.25, -2.0])
+    assert sampled_log_probs(one_each, 3) == [-0.5, -1.25, -2.0]
+    top_two = types.SimpleNamespace(start_indices=[0, 2, 4], logprobs=[-0.5, -0.25, -1.25, -0.75, -2.0, -1.0])
+    assert sampled_log_probs(top_two, 3) == [-0.5, -1.25, -2.0]
 
 
 def test_an_engine_process_ends_with_the_trainer_and_takes_the_process_between_with_it():

@@ -306,4 +306,6 @@ def use_engine_process(separate: bool) -> None:
 def sampled_log_probs(flat: Any, count: int) -> list[float]:
     """The sampled token's log-prob at each of `count` positions of vLLM's FlatLogprobs: asked with
     logprobs=0, a position holds the sampled token alone (vLLM's sampler puts it first)."""
+    if len(flat.logprobs) == count:  # one entry per position: the list itself, copied at C speed
+        return flat.logprobs[:count]
     return [flat.logprobs[flat.start_indices[i]] for i in range(count)]
