@@ -119,6 +119,11 @@ CONFIGS: dict[str, tuple[list[str], int, int]] = {
     "rlkit-1gpu-defaults-replicas2-logprobs-streaming": ([RLKIT, "--defaults", "--override", "rollout.vllm.replicas=2",
                                                          "--override", "rollout.vllm.streaming=true",
                                                          "--rollout-is-cap", "2"], 1, 240),
+    # the like-for-like lane with vLLM's prefix cache off: on a single turn its bookkeeping at every decode step was
+    # ~10% of the engine loop's time (2026-12-06), against the prefill of 7 of each prompt's 8 samples it saves
+    "rlkit-1gpu-defaults-replicas2-logprobs-streaming-nocache": (
+        [RLKIT, "--defaults", "--override", "rollout.vllm.replicas=2", "--override", "rollout.vllm.streaming=true",
+         "--override", "rollout.vllm.prefix_caching=false", "--rollout-is-cap", "2"], 1, 240),
     "rlkit-1gpu-defaults-replicas2-streaming": ([RLKIT, "--defaults", "--override", "rollout.vllm.replicas=2",
                                                 "--override", "rollout.vllm.streaming=true"], 1, 240),
     "agent-1gpu-3turns-cudagraphs-compile-streaming": ([AGENT, "--compile", "--cuda-graphs", "--turns", "3",
