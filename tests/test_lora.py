@@ -66,6 +66,48 @@ def with_reference(worker: PolicyWorker) -> Batch:
     return batch
 
 
+def test_adapters_are_added_inside_the_matrix_product_as_peft_would_add_them() -> None:
+    """Each LoRA layer adds s (x A^T) B^T into its base output in place (addmm_) instead of peft's three-tensor sum:
+    the same logits and the same adapter gradients as peft's own forward; adapters off still give the base model."""
+    from transformers import AutoModelForCausalLM
+
+    from rlkit.core.train.adapters import adapters_off, add_lora, lora_layers
+    from rlkit.recipes.schema import LoraSettings
+
+    model = AutoModelForCausalLM.from_pretrained(resolve_model_path("rlkit:tiny-qwen2"), dtype=torch.float32)
+    ids = torch.tensor([[1, 5, 9, 2, 7, 3]])
+    base_logits = model(ids).logits.detach()
+    model = add_lora(model, LoraSettings(rank=4, alpha=8), seed=0)
+    layers = lora_layers(model)
+    with torch.no_grad():
+        for layer in layers.values():
+            layer.lora_B["default"].weight.normal_(std=0.5)  # peft starts B at zero: give the adapters a product
+
+    def logits_and_grads() -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        model.zero_grad()
+        logits = model(ids).logits
+        logits.square().mean().backward()
+        return logits.detach(), {n: p.grad.clone() for n, p in model.named_parameters() if p.requires_grad}
+
+    q_proj = next(layer for name, layer in layers.items() if name.endswith("layers.0.self_attn.q_proj"))
+    added = q_proj(torch.randn(2, 3, q_proj.in_features)).grad_fn
+    assert type(added).__name__ == "ViewBackward0" and type(added.next_functions[0][0]).__name__ == "AddmmBackward0"
+    fused_logits, fused_grads = logits_and_grads()
+    for layer in layers.values():
+        del layer.forward  # peft's own forward again
+    peft_logits, peft_grads = logits_and_grads()
+    assert torch.allclose(fused_logits, peft_logits, atol=1e-6) and not torch.allclose(fused_logits, base_logits)
+    assert fused_grads.keys() == peft_grads.keys() and len(fused_grads) == 2 * len(layers)
+    for name, grad in fused_grads.items():
+        assert torch.allclose(grad, peft_grads[name], rtol=1e-5, atol=1e-7), name
+    model = add_lora(AutoModelForCausalLM.from_pretrained(resolve_model_path("rlkit:tiny-qwen2"), dtype=torch.float32),
+                     LoraSettings(rank=4, alpha=8), seed=0)
+    for layer in lora_layers(model).values():
+        torch.nn.init.normal_(layer.lora_B["default"].weight, std=0.5)
+    with adapters_off(model), torch.no_grad():
+        assert torch.equal(model(ids).logits, base_logits)
+
+
 def test_an_update_changes_only_the_adapters(worker: PolicyWorker) -> None:
     module = worker.actor.model.module
     trainable = {n for n, p in module.named_parameters() if p.requires_grad}

@@ -11,7 +11,8 @@ W + (alpha / r) B A per layer, computed from full tensors gathered off the FSDP2
 from __future__ import annotations
 
 from contextlib import contextmanager
-from typing import Iterator
+from functools import partial
+from typing import Callable, Iterator
 
 import torch
 from torch.distributed.tensor import DTensor
@@ -60,7 +61,32 @@ def add_lora(model: torch.nn.Module, settings: LoraSettings, seed: int) -> torch
             "layers; rlkit merges adapters of linear layers only: name linear modules "
             "(e.g. [q_proj, k_proj, v_proj, o_proj]) or use all-linear"
         )
+    for layer in lora_layers(wrapped).values():
+        layer.forward = partial(_adapters_added_in_place, layer, layer.forward)
     return wrapped
+
+
+def _adapters_added_in_place(layer: torch.nn.Module, peft_forward: Callable, x: torch.Tensor, *args, **kwargs):
+    """A LoRA linear layer's output, each adapter's product added into the base layer's inside the matrix product:
+    y = x W^T, then y += s (x A^T) B^T (addmm_, C += alpha A B). peft computes `y + lora_B(lora_A(x)) * s`, which
+    writes three [tokens, out] tensors a layer (the product, its scaled copy, the sum) and reads them again in the
+    forward and its backward (docs/architecture.md, LoRA).
+
+    The base layer's output is not kept for its backward (a linear layer keeps its input and weight), so adding
+    into it in place is safe for autograd. Anything else goes through peft's forward as it is: adapters off or
+    merged, peft's keyword arguments (mixed adapter batches), a LoRA variant, a biased B, mismatched dtypes."""
+    if layer.disable_adapters or layer.merged or args or kwargs or layer.lora_variant or layer.fan_in_fan_out:
+        return peft_forward(x, *args, **kwargs)
+    adapters = [name for name in layer.active_adapters if name in layer.lora_A]
+    modules = [layer.base_layer, *(layer.lora_A[n] for n in adapters), *(layer.lora_B[n] for n in adapters)]
+    if any(layer.lora_B[n].bias is not None for n in adapters) or any(m.weight.dtype != x.dtype for m in modules):
+        return peft_forward(x)
+    rows = x.reshape(-1, x.shape[-1])  # 2-D throughout: an in-place add into a view would cost a copy in backward
+    result = layer.base_layer(rows)
+    for name in adapters:
+        low_rank = layer.lora_A[name](layer.lora_dropout[name](rows))
+        result.addmm_(low_rank, layer.lora_B[name].weight.t(), alpha=layer.scaling[name])
+    return result.view(*x.shape[:-1], result.shape[-1])
 
 
 def lora_layers(model: torch.nn.Module) -> dict[str, torch.nn.Module]:
