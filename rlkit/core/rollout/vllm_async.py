@@ -65,10 +65,11 @@ class AsyncVLLMEngine(RolloutEngine):
         arguments = engine_arguments(model_path, on_gpu=self.on_gpu, sleep_mode=self.sleep_mode, **settings)
         self.events = EventLoop("rlkit-vllm-async")
         self.request_ids = itertools.count()
+        constructed = time.time()
         with vllm_info_lines() as lines:
             # vLLM's periodic throughput lines are off, as LLM has them off.
             self.llm = self.events.run(_start(AsyncEngineArgs(**arguments, disable_log_stats=True)))
-        self.reported_start = {**imported, **start_parts(lines)}
+        self.reported_start = {**imported, **start_parts(lines, constructed, time.time())}
         self.asleep: set[str] = set()
         self.events.run(self.llm.collective_rpc("rlkit_exit_with", args=(os.getpid(),)))
 

@@ -69,9 +69,10 @@ class VLLMEngine(RolloutEngine):
             prefix_caching=prefix_caching,
             engine_kwargs=engine_kwargs,
         )
+        constructed = time.time()
         with vllm_info_lines() as lines:  # its start's parts (docs/startup.md), off the screen
             self.llm = LLM(**arguments)
-        self.reported_start = {**imported, **start_parts(lines)}
+        self.reported_start = {**imported, **start_parts(lines, constructed, time.time())}
         self.asleep: set[str] = set()  # parts of device memory released by sleep()
         if self.separate_process:
             self.llm.collective_rpc("rlkit_exit_with", args=(os.getpid(),))
