@@ -83,8 +83,8 @@ class Limits:
     output_bytes: int = 1 << 20  # the most stdout (or stderr) a program may write; also any one file's size
     processes: int = 16  # processes and threads of the whole tree at once (isolation=namespaces)
     disk_mb: int = 64  # the working folder's size (isolation=namespaces)
-    # added to the caller's nice value: a program that spins then takes CPU time from the caller's other processes
-    # (a reward's judge, the trainer) only when they leave it idle; RLIMIT_NICE 0 keeps it from lowering it again
+    # added to the caller's nice value: a program that spins then yields most of a contended core to the caller's
+    # other processes (a reward's judge, the trainer; ~9:1 at 10); RLIMIT_NICE 0 keeps it from lowering it again
     nice: int = 0
 
     def settings(self, isolated: bool) -> list[str]:
