@@ -96,6 +96,13 @@ CONFIGS: dict[str, tuple[list[str], int, int]] = {
     # triton attention: SGLang's default on Hopper is fa3, whose library bench/sglang_wheels.sh leaves out
     "rlkit-1gpu-sglang": ([RLKIT, "--compile", "--rollout", "sglang", "--override",
                            "rollout.sglang.attention_backend=triton"], 1, 240),
+    # like-for-like against TRL on SGLang, batched and streamed: SGLang's rollout log-probs cost 0.8 s a step on
+    # 2026-12-04 (it appends a float per token and sends a request's list at its end), vLLM's 1-3 s
+    "rlkit-1gpu-sglang-logprobs": ([RLKIT, "--defaults", "--rollout", "sglang", "--rollout-is-cap", "2", "--override",
+                                    "rollout.sglang.attention_backend=triton"], 1, 240),
+    "rlkit-1gpu-sglang-logprobs-streaming": ([RLKIT, "--defaults", "--rollout", "sglang", "--rollout-is-cap", "2",
+                                              "--override", "rollout.sglang.attention_backend=triton",
+                                              "--override", "rollout.sglang.streaming=true"], 1, 240),
     "rlkit-2gpu-vllm": ([RLKIT, "--gpus", "2"], 2, 150),
     "rlkit-2gpu-split": ([RLKIT, "--gpus", "2", "--placement", "split"], 2, 180),
     # The same start-up again, from the compile caches the configuration before it left (--caches-per-config);

@@ -154,3 +154,22 @@ def test_the_agent_loop_host_bench_runs_whole_episodes_against_an_instant_engine
     result = json.loads(out.read_text())
     assert result["episodes"] == 16 and len(result["seconds"]) == 1
     assert result["ms_per_turn"] == pytest.approx(result["best_seconds"] / 48 * 1e3)
+
+
+def test_every_rlkit_lane_of_run_all_is_a_config_the_grpo_recipe_accepts() -> None:
+    """A lane whose overrides name a key that does not exist fails at once here, not after a GPU machine's start
+    (one call of 2026-12-04 lost 100 s to a typo in a lane's overrides)."""
+    from bench.rlkit_grpo import build_parser
+    from bench.run_all import CONFIGS, RLKIT
+    from bench.workload import SHAPES
+    from rlkit.core.state.run_dir import resolve_model_path
+    from rlkit.recipes.loader import load_config
+
+    model = str(resolve_model_path("rlkit:tiny-qwen2"))
+    lanes = {name: script_args[1:] for name, (script_args, _, _) in CONFIGS.items() if script_args[0] == RLKIT}
+    assert {"rlkit-1gpu-sglang-logprobs-streaming", "rlkit-1gpu-7b-lora64-compile"} <= set(lanes)
+    for name, lane_args in lanes.items():
+        args = build_parser().parse_args([*lane_args, "--workdir", "w", "--out", "o"])
+        workload = replace(SHAPES[args.shape], prompts=args.prompts or SHAPES[args.shape].prompts)
+        config = load_config("grpo", overrides(args, workload, "p.parquet", "runs"), model=model, require_inputs=False)
+        assert config.data.train_batch_size == workload.prompts, name
