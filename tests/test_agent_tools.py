@@ -3,6 +3,7 @@ answers when a call is malformed, unknown, wrong, failing, slow or long."""
 
 from __future__ import annotations
 
+import os
 import time
 from typing import Literal, Optional
 
@@ -156,6 +157,7 @@ def test_python_tool_runs_in_the_sandbox_and_reports_how_it_ended():
         "OSError: [Errno 101] Network is unreachable\n[exit code 1]")
     assert python("while True: pass").rsplit("\n", 1)[-1] in ("[killed: wall-clock limit]", "[killed: CPU-time limit]")
     assert python("x = 1") == "(the program printed nothing)"
+    assert python("import os; print(os.nice(0))") == str(os.nice(0) + 10)  # below the rollout worker's priority
 
 
 def test_tools_are_named_by_builtin_name_or_file(tmp_path):

@@ -51,6 +51,9 @@ def calculator_tool(config: AgentConfig) -> Callable[..., Any]:
     return calculator
 
 
+MODEL_PROGRAM_NICE = 10
+
+
 def python_tool(config: AgentConfig) -> Callable[..., Any]:
     sandbox = config.sandbox
     limits = Limits(
@@ -59,6 +62,9 @@ def python_tool(config: AgentConfig) -> Callable[..., Any]:
         memory_mb=sandbox.memory_mb,
         processes=sandbox.processes,
         disk_mb=sandbox.disk_mb,
+        # below the rollout worker's own priority: a model's program that spins must not take the host's cores from
+        # the engine loop it runs beside (on one GPU the rollout's pace is that loop's, docs/benchmarks.md)
+        nice=MODEL_PROGRAM_NICE,
     )
 
     def python(code: str) -> str:
