@@ -58,10 +58,12 @@ CONFIGS: dict[str, tuple[list[str], int, int]] = {
     "rlkit-2gpu-split-cudagraphs-compile": (FAST + ["--gpus", "2", "--placement", "split"], 2, 200),
     # Asynchronous rollout (split: 1 rollout + 1 training GPU), and sync with rollout log-probs on every
     # step (importance weights), the like-for-like setting for a correction.
-    "rlkit-2gpu-split-one-step-off-cudagraphs-compile": (FAST + ["--gpus", "2", "--placement", "split", "--mode",
-                                                                 "one_step_off", "--steps", "6", "--warmup", "2"], 2, 240),
-    "rlkit-2gpu-split-async2-cudagraphs-compile": (FAST + ["--gpus", "2", "--placement", "split", "--mode", "async",
-                                                           "--max-staleness", "2", "--steps", "6", "--warmup", "2"], 2, 240),
+    "rlkit-2gpu-split-one-step-off-cudagraphs-compile": (
+        FAST + ["--gpus", "2", "--placement", "split", "--mode", "one_step_off", "--steps", "6", "--warmup", "2"],
+        2, 240),
+    "rlkit-2gpu-split-async2-cudagraphs-compile": (
+        FAST + ["--gpus", "2", "--placement", "split", "--mode", "async", "--max-staleness", "2", "--steps", "6",
+                "--warmup", "2"], 2, 240),
     "rlkit-2gpu-split-objectstore-cudagraphs-compile": (FAST + ["--gpus", "2", "--placement", "split",
                                                                 "--weight-sync", "object_store"], 2, 200),
     "rlkit-2gpu-vllm-cudagraphs-compile-logprobs": (FAST + ["--gpus", "2", "--rollout-is-cap", "2"], 2, 200),
@@ -135,6 +137,11 @@ CONFIGS: dict[str, tuple[list[str], int, int]] = {
                                                 "--override", "rollout.vllm.streaming=true"], 1, 240),
     "agent-1gpu-3turns-cudagraphs-compile-streaming": ([AGENT, "--compile", "--cuda-graphs", "--turns", "3",
                                                         "--override", "rollout.vllm.streaming=true"], 1, 260),
+    # the same on two streamed replicas, an episode's turns on one (its prefix cache): the multi-turn twin of
+    # rlkit-1gpu-defaults-replicas2-streaming, the fastest single-turn rollout so far (81.4k tok/s, 2026-12-06)
+    "agent-1gpu-3turns-cudagraphs-compile-streaming-replicas2": (
+        [AGENT, "--compile", "--cuda-graphs", "--turns", "3", "--override", "rollout.vllm.streaming=true",
+         "--override", "rollout.vllm.replicas=2"], 1, 280),
     # A size users run (issue 26 item 8), rlkit and TRL on one GPU each with the same arguments: LoRA on the 7B shape,
     # full fine-tuning of the 1.5B; rlkit takes rollout log-probs and corrects with them every step, as TRL always does
     "rlkit-1gpu-7b-lora64": ([RLKIT, "--cuda-graphs", "--rollout-is-cap", "2", *LORA_7B], 1, 300),
