@@ -88,8 +88,9 @@ test: venv
 	$(BIN)/python -m pytest -q -ra --durations=25 -m "not bench" $(XDIST) tests
 
 # The bench/ scripts' end-to-end runs on a CPU, the CPU twins of bench/learning_tools.py (the tool pipeline) and
-# bench/learning.py (the warm start), the agent demo's 180-step learning run and the chaos test: marked `bench`. Not
-# in `make test`, whose 15 minutes they passed (15.1-17.4 min on 2026-12-05/06); run them before a session's GPU calls.
+# bench/learning.py (the warm start), the agent demo's 180-step learning run, the chaos test and the GRPO run on SGLang
+# through the CLI: marked `bench`. Not in `make test`, whose 15 minutes they passed (15.1-17.4 min on 2026-12-05/06;
+# CI 15.5 min on 2026-12-06); run them before a session's GPU calls.
 test-bench: venv
 	$(BIN)/python -m pytest -q -ra -m bench $(XDIST) tests
 

@@ -72,6 +72,7 @@ def test_hf_rollout_with_kl_loss_runs_through_the_cli(tmp_path):
     assert rows[1]["actor/rollout_is_weight"] == pytest.approx(1.0, abs=1e-4)
 
 
+@pytest.mark.bench  # ~1 min; make test keeps SGLang's engine contract (test_rollout_engines.py), weight loads included
 def test_sglang_rollout_runs_through_the_cli(tmp_path, sglang_env):
     """rollout.name=sglang in the worker: generation, a bucketed weight sync after each update, exact on CPU.
 

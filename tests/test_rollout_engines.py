@@ -439,16 +439,16 @@ def test_sglang_seeds_count_only_with_deterministic_inference_on_a_gpu(monkeypat
 @pytest.mark.usefixtures("vllm_released")
 def test_vllm_replicas_split_a_call_and_sample_what_one_engine_samples(tiny_model_dir):
     """rollout.vllm.replicas=2: two engine processes, a contiguous share of the prompts each, the seeds a single
-    engine gives; the engine contract holds across them, and a weight load reaches both."""
+    engine gives (one replica alone, given every prompt, is that single engine: started with the same settings);
+    the engine contract holds across them, and a weight load reaches both."""
     start = dict(max_model_len=MAX_MODEL_LEN, dtype="float32", seed=0, device=torch.device("cpu"), sleep_mode=False)
-    one = make_engine(_config("vllm", engine_kwargs={"block_size": 32}), str(tiny_model_dir), **start)
-    prompts = [[1, 11 + i, 2, 1] for i in range(5)]
-    sampling = Sampling(n=2, max_tokens=4, seed=5)
-    expected = [(s.prompt_index, s.token_ids) for s in one.generate(prompts, sampling, [4, 3, 4, 2, 4])]
-    del one
     two = make_engine(_config("vllm", replicas=2, engine_kwargs={"block_size": 32}), str(tiny_model_dir), **start)
     assert len(two.replicas) == 2 and all(engine.separate_process for engine in two.replicas)
-    assert [(s.prompt_index, s.token_ids) for s in two.generate(prompts, sampling, [4, 3, 4, 2, 4])] == expected
+    prompts = [[1, 11 + i, 2, 1] for i in range(5)]
+    sampling = Sampling(n=2, max_tokens=4, seed=5)
+    alone = [(s.prompt_index, s.token_ids) for s in two.replicas[1].generate(prompts, sampling, [4, 3, 4, 2, 4])]
+    assert [(s.prompt_index, s.token_ids) for s in two.generate(prompts, sampling, [4, 3, 4, 2, 4])] == alone
+    assert len({tuple(ids) for _, ids in alone}) > 2  # the seeds differ by sample: equal lists are not a given
     _check_engine(two, tiny_model_dir)  # ends with the perturbed weights loaded
     sequence, prompt_len = [1, 11, 2, 1, 10, 11, 2], 4
     reference = _reference_log_probs(_perturbed(tiny_model_dir), sequence, prompt_len)
