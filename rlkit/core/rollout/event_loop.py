@@ -5,6 +5,7 @@ engine's client (rlkit.core.rollout.vllm_async) and the agent loop's episodes (r
 from __future__ import annotations
 
 import asyncio
+import sys
 import threading
 from typing import Any, Coroutine, TypeVar
 
@@ -20,6 +21,11 @@ class EventLoop:
         self.thread.start()
 
     def run(self, coroutine: Coroutine[Any, Any, T]) -> T:
+        if sys.is_finalizing():
+            # The interpreter's exit (an engine collected then, by its finalizer): daemon threads no longer run, so
+            # the result would never come and the process would hang instead of ending.
+            coroutine.close()
+            raise RuntimeError(f"the interpreter is exiting: the event loop {self.thread.name!r} no longer runs")
         return asyncio.run_coroutine_threadsafe(coroutine, self.loop).result()
 
     def close(self) -> None:
