@@ -140,10 +140,10 @@ CONFIGS: dict[str, tuple[list[str], int, int]] = {
     "agent-1gpu-3turns-cudagraphs-compile-streaming": ([AGENT, "--compile", "--cuda-graphs", "--turns", "3",
                                                         "--override", "rollout.vllm.streaming=true"], 1, 260),
     # the same on two streamed replicas, an episode's turns on one (its prefix cache): the multi-turn twin of
-    # rlkit-1gpu-defaults-replicas2-streaming, the fastest single-turn rollout so far (81.4k tok/s, 2026-12-06)
+    # rlkit-1gpu-defaults-replicas2-streaming (83.0k tok/s beside it; this lane 70.8k, 200 s first on a fresh H100)
     "agent-1gpu-3turns-cudagraphs-compile-streaming-replicas2": (
         [AGENT, "--compile", "--cuda-graphs", "--turns", "3", "--override", "rollout.vllm.streaming=true",
-         "--override", "rollout.vllm.replicas=2"], 1, 280),
+         "--override", "rollout.vllm.replicas=2"], 1, 230),
     # A size users run (issue 26 item 8), rlkit and TRL on one GPU each with the same arguments: LoRA on the 7B shape,
     # full fine-tuning of the 1.5B; rlkit takes rollout log-probs and corrects with them every step, as TRL always does
     "rlkit-1gpu-7b-lora64": ([RLKIT, "--cuda-graphs", "--rollout-is-cap", "2", *LORA_7B], 1, 300),
