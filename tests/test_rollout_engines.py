@@ -440,10 +440,13 @@ def test_sglang_seeds_count_only_with_deterministic_inference_on_a_gpu(monkeypat
 def test_vllm_replicas_split_a_call_and_sample_what_one_engine_samples(tiny_model_dir):
     """rollout.vllm.replicas=2: two engine processes, a contiguous share of the prompts each, the seeds a single
     engine gives (one replica alone, given every prompt, is that single engine: started with the same settings);
-    the engine contract holds across them, and a weight load reaches both."""
+    the engine contract holds across them, and a weight load reaches both. On a CPU they start together (each
+    KV cache has VLLM_CPU_KVCACHE_SPACE's size: none is measured)."""
     start = dict(max_model_len=MAX_MODEL_LEN, dtype="float32", seed=0, device=torch.device("cpu"), sleep_mode=False)
     two = make_engine(_config("vllm", replicas=2, engine_kwargs={"block_size": 32}), str(tiny_model_dir), **start)
     assert len(two.replicas) == 2 and all(engine.separate_process for engine in two.replicas)
+    assert two.started_together
+    assert [engine.kv_cache_bytes() for engine in two.replicas] == [None, None]
     prompts = [[1, 11 + i, 2, 1] for i in range(5)]
     sampling = Sampling(n=2, max_tokens=4, seed=5)
     alone = [(s.prompt_index, s.token_ids) for s in two.replicas[1].generate(prompts, sampling, [4, 3, 4, 2, 4])]

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import logging
 import re
+import threading
 from contextlib import contextmanager
 from typing import Iterable, Iterator, NamedTuple
 
@@ -71,25 +72,48 @@ class _Lines(logging.Handler):
 def vllm_info_lines() -> Iterator[list[LogLine]]:
     """The messages vLLM logs at INFO or above in this process during the block, with when each was logged.
 
-    Its logger is lowered to INFO for the block only, and its handlers raised to the level it had
-    (VLLM_LOGGING_LEVEL, ERROR in rlkit's workers): what reaches the screen stays as it was.
+    Its logger is lowered to INFO while any such block is open, and its handlers raised to the level it had
+    (VLLM_LOGGING_LEVEL, ERROR in rlkit's workers): what reaches the screen stays as it was. Blocks may overlap
+    (replicas starting together on threads of their own, rlkit.core.rollout.replica_start): the first to open
+    lowers the level, the last to close restores it, and each sees every line logged while it is open.
     """
-    settle_vllm_logging()
-    vllm_logger = logging.getLogger("vllm")
-    shown, level = vllm_logger.getEffectiveLevel(), vllm_logger.level
-    quieted = {h: h.level for h in vllm_logger.handlers if h.level < shown}
-    for handler in quieted:
-        handler.setLevel(shown)
     capture = _Lines()
-    vllm_logger.addHandler(capture)
-    vllm_logger.setLevel(min(shown, logging.INFO))
+    with _open_lock:
+        if not _open:
+            _quiet_vllm_logger()
+        _open.append(capture)
+        logging.getLogger("vllm").addHandler(capture)
     try:
         yield capture.lines
     finally:
-        vllm_logger.removeHandler(capture)
-        vllm_logger.setLevel(level)
-        for handler, was in quieted.items():
-            handler.setLevel(was)
+        with _open_lock:
+            logging.getLogger("vllm").removeHandler(capture)
+            _open.remove(capture)
+            if not _open:
+                _restore_vllm_logger()
+
+
+_open_lock = threading.Lock()
+_open: list[_Lines] = []  # the blocks open now
+_restore: list[tuple[logging.Handler | logging.Logger, int]] = []  # (handler or logger, its level before)
+
+
+def _quiet_vllm_logger() -> None:
+    settle_vllm_logging()
+    vllm_logger = logging.getLogger("vllm")
+    shown = vllm_logger.getEffectiveLevel()
+    _restore.append((vllm_logger, vllm_logger.level))
+    for handler in vllm_logger.handlers:
+        if handler.level < shown:
+            _restore.append((handler, handler.level))
+            handler.setLevel(shown)
+    vllm_logger.setLevel(min(shown, logging.INFO))
+
+
+def _restore_vllm_logger() -> None:
+    while _restore:
+        target, level = _restore.pop()
+        target.setLevel(level)
 
 
 def settle_vllm_logging() -> None:

@@ -70,27 +70,41 @@ def vllm_engine(
         engine_kwargs=options.engine_kwargs,
     )
 
-    def one_engine() -> RolloutEngine:
+    per_replica = rollout.gpu_memory_utilization / replicas  # replicas share the device's share
+
+    def one_engine(kv_cache_bytes: int | None = None) -> RolloutEngine:
+        """One engine; `kv_cache_bytes` sizes its KV cache instead of vLLM's profile (rollout.replica_start)."""
+        sized = {} if kv_cache_bytes is None else {"kv_cache_memory_bytes": kv_cache_bytes}
+        own = {**settings, "engine_kwargs": {**(options.engine_kwargs or {}), **sized}}
         if options.streaming:
             from rlkit.core.rollout.vllm_async import AsyncVLLMEngine
 
-            return AsyncVLLMEngine(
-                model_path, gpu_memory_utilization=rollout.gpu_memory_utilization / replicas, **settings
-            )
+            return AsyncVLLMEngine(model_path, gpu_memory_utilization=per_replica, **own)
         return VLLMEngine(
             model_path,
-            # Replicas share the device: each takes its share of the memory rollout.gpu_memory_utilization gives.
-            gpu_memory_utilization=rollout.gpu_memory_utilization / replicas,
+            gpu_memory_utilization=per_replica,
             # Replicas in one process would take turns on its interpreter: each engine core gets a process.
             separate_process=options.separate_process or replicas > 1,
-            **settings,
+            **own,
         )
 
     if replicas == 1:
         return one_engine()
+    from rlkit.core.rollout.replica_start import start_replicas
     from rlkit.core.rollout.replicas import ReplicatedEngine
+    from rlkit.core.rollout.vllm_engine import engine_arguments, import_engine_modules
 
-    return ReplicatedEngine([one_engine() for _ in range(replicas)])
+    import_engine_modules()  # once, before the replicas' threads
+    on_gpu = device.type == "cuda"
+    unplaced = {name: value for name, value in settings.items() if name not in ("device", "sleep_mode")}
+    arguments = engine_arguments(
+        model_path, on_gpu=on_gpu, gpu_memory_utilization=per_replica, sleep_mode=sleep_mode and on_gpu, **unplaced
+    )
+    arguments["streaming"] = options.streaming  # the async engine's start differs: part of the record's key
+    engines, plan = start_replicas(
+        one_engine, replicas, arguments=arguments, device=device, share=rollout.gpu_memory_utilization
+    )
+    return ReplicatedEngine(engines, started_together=plan.together)
 
 
 def sglang_engine(

@@ -43,10 +43,12 @@ class ReplicatedEngine(RolloutEngine):
     """`replicas` engines behind one interface; every call runs on all of them at once, one thread each
     (the threads wait on the engines' processes, not on Python)."""
 
-    def __init__(self, replicas: list[RolloutEngine]) -> None:
+    def __init__(self, replicas: list[RolloutEngine], started_together: bool = False) -> None:
+        """`started_together`: whether the replicas started at once (rlkit.core.rollout.replica_start)."""
         if not replicas:
             raise ValueError("ReplicatedEngine needs at least one engine")
         self.replicas = replicas
+        self.started_together = started_together
         self.honors_seeds = all(engine.honors_seeds for engine in replicas)
         self.pool = ThreadPoolExecutor(max_workers=len(replicas), thread_name_prefix="rlkit-replica")
         self.streams = all(getattr(engine, "streams", False) for engine in replicas)

@@ -37,6 +37,7 @@ from rlkit.core.rollout.vllm_engine import (
     prompt_scores,
     sampling_params,
     score_params,
+    smallest,
     to_sample,
     use_engine_process,
 )
@@ -75,6 +76,10 @@ class AsyncVLLMEngine(RolloutEngine):
 
     def start_parts(self) -> dict[str, float]:
         return self.reported_start
+
+    def kv_cache_bytes(self) -> int | None:
+        """As VLLMEngine.kv_cache_bytes."""
+        return smallest(self.events.run(self.llm.collective_rpc("rlkit_kv_cache_bytes")))
 
     # -- requests -------------------------------------------------------------------------
     async def sample(

