@@ -110,6 +110,31 @@ def test_an_unreadable_record_means_a_first_start_again(fake_gpu):
     assert replica_start.read_record("k4") is None
 
 
+def test_a_recorded_size_that_fails_to_start_together_is_measured_again_in_turn(fake_gpu):
+    arguments = {"model": "m", "max_num_seqs": 16}
+    replica_start.write_record("k16", 900 * 2**20, arguments)
+    asked: list[int | None] = []
+
+    def start_one(kv_cache_bytes):
+        asked.append(kv_cache_bytes)
+        if kv_cache_bytes is not None:
+            raise RuntimeError("CUDA out of memory")  # what a size that no longer fits ends in
+        return FakeReplica(700 * 2**20)
+
+    engines, plan = start_replicas(start_one, 2, arguments=arguments, device=GPU, share=0.5)
+    assert len(engines) == 2 and not plan.together and "measured again" in plan.why
+    assert asked == [900 * 2**20, 900 * 2**20, None, None]
+    assert replica_start.read_record("k16") == 700 * 2**20  # the new measurement replaces the stale size
+
+
+def test_replicas_that_fail_to_start_together_without_a_recorded_size_raise():
+    def start_one(kv_cache_bytes):
+        raise ValueError("model not found")
+
+    with pytest.raises(ValueError, match="model not found"):
+        start_replicas(start_one, 2, arguments={"model": "m"}, device=torch.device("cpu"), share=0.5)
+
+
 def test_a_failed_start_closes_the_replicas_that_started_and_raises_its_error():
     started: list[FakeReplica] = []
     lock = threading.Lock()

@@ -15,7 +15,9 @@ vLLM's cache folder (VLLM_CACHE_ROOT, $RLKIT_CACHE/compile/vllm in rlkit's worke
 the replicas load: deleted with them, the next start measures again. A later start with the same key starts
 every replica together with that size, provided the device has the rollout's whole share free
 (rollout.gpu_memory_utilization of its memory), which each replica's own check then finds whatever the others
-hold by then. On a CPU a replica's KV cache is VLLM_CPU_KVCACHE_SPACE: replicas always start together.
+hold by then. Should they fail to start together with it, the record goes and they start one after another,
+measuring again: a stale record costs start-up time, never the run. On a CPU a replica's KV cache is
+VLLM_CPU_KVCACHE_SPACE: replicas always start together.
 """
 
 from __future__ import annotations
@@ -97,7 +99,20 @@ def start_replicas(
     )
     logger.info("rollout: %d vLLM replicas start %s: %s", count, "together" if plan.together else "in turn", plan.why)
     if plan.together:
-        return start_together(start_one, count, plan.kv_cache_bytes), plan
+        try:
+            return start_together(start_one, count, plan.kv_cache_bytes), plan
+        except Exception as error:
+            if plan.kv_cache_bytes is None:  # nothing of rlkit's to take back: the start itself failed
+                raise
+            # The recorded size no longer fits (another tenant, a driver's overhead): measured again, in turn.
+            logger.warning(
+                "rollout: the replicas failed to start together with the recorded KV size (%s: %s); "
+                "they start one after another and measure it again",
+                type(error).__name__,
+                error,
+            )
+            record_path(key).unlink(missing_ok=True)
+            plan = StartPlan(False, None, f"starting together failed ({type(error).__name__}): measured again")
     engines = [start_one(None) for _ in range(count)]
     if on_gpu and KV_ARGUMENT not in arguments:
         measured = [engine.kv_cache_bytes() for engine in engines]
