@@ -36,7 +36,9 @@ class VLLMOptions(Section):
         "log-probs from 14.1 to 10.7 s, the GPU busy 81-89% of the engine's generate instead of 40%, but set-up "
         "took 86-134 s instead of 46 s, so 1 stays the default: set 2 for long runs of small models "
         "(docs/benchmarks.md). Samples keep a single engine's seeds, and which engine serves a prompt depends only "
-        "on the number of replicas.",
+        "on the number of replicas. The first run of a configuration on a GPU starts the replicas one after another "
+        "(vLLM measures each KV cache) and records the size; later runs start them together with it "
+        "(docs/startup.md); on a CPU they always start together.",
     )
     streaming: bool = Field(
         False,
