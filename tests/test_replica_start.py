@@ -12,6 +12,7 @@ import torch
 
 from rlkit.core.rollout import replica_start
 from rlkit.core.rollout.engine_start import settle_vllm_logging, vllm_info_lines
+from rlkit.core.rollout.engines import BesideStart
 from rlkit.core.rollout.replica_start import StartPlan, plan_start, start_replicas, start_together
 
 GIB = 2**30
@@ -152,6 +153,66 @@ def test_a_failed_start_closes_the_replicas_that_started_and_raises_its_error():
         start_together(start_one, 3, None)
     alive = [replica for replica in started if replica is not None]
     assert len(alive) == 2 and all(replica.closed for replica in alive)
+
+
+def test_the_callers_work_runs_beside_a_start_together_with_known_sizes_where_the_device_has_room(fake_gpu):
+    """The trainer's compile warm-up (BesideStart) runs once: while the replicas start together with a recorded KV
+    size if the device holds the rollout's share and the work's bytes at once, else before any replica starts."""
+    arguments = {"model": "m", "max_num_seqs": 32}
+    replica_start.write_record("k32", 2 * GIB, arguments)
+    all_running = threading.Barrier(3, timeout=10)  # both replicas and the work: passes only if all run at once
+
+    def with_work(kv_cache_bytes):
+        all_running.wait()
+        return FakeReplica(None)
+
+    work = BesideStart(all_running.wait, 10 * GIB, "the warm-up")
+    # 80 GiB free: the share 0.5 x 80 = 40 GiB and the work's 10 GiB fit at once
+    _, plan = start_replicas(with_work, 2, arguments=arguments, device=GPU, share=0.5, beside_start=work)
+    assert plan.together and work.ran_beside is True
+    all_running.reset()
+    work = BesideStart(all_running.wait, 10 * GIB, "the warm-up")  # on a CPU: always together, memory unchecked
+    start_replicas(with_work, 2, arguments=arguments, device=torch.device("cpu"), share=0.5, beside_start=work)
+    assert work.ran_beside is True
+
+    order: list[str] = []
+
+    def logged(kv_cache_bytes):
+        order.append(f"replica {kv_cache_bytes}")
+        return FakeReplica(GIB)
+
+    # 1 byte short of the 40 + 10 GiB: before the replicas, which start together; a first start: before, in turn
+    for free, recorded, plan_started in ((50 * GIB - 1, 2 * GIB, True), (80 * GIB, None, False)):
+        fake_gpu[0] = free
+        replica_start.record_path("k32").unlink()
+        if recorded:
+            replica_start.write_record("k32", recorded, arguments)
+        order.clear()
+        work = BesideStart(lambda: order.append("work"), 10 * GIB, "the warm-up")
+        _, plan = start_replicas(logged, 2, arguments=arguments, device=GPU, share=0.5, beside_start=work)
+        assert (plan.together, work.ran_beside) == (plan_started, False)
+        assert order == ["work", f"replica {recorded}", f"replica {recorded}"]
+
+
+def test_a_failure_of_the_work_beside_the_start_closes_the_replicas_and_raises_its_own_error(fake_gpu):
+    """A warm-up that fails is the run's error: the replicas it ran beside are closed, the record stays."""
+    arguments = {"model": "m", "max_num_seqs": 48}
+    replica_start.write_record("k48", 2 * GIB, arguments)
+    started: list[FakeReplica] = []
+
+    def start_one(kv_cache_bytes):
+        started.append(FakeReplica(None))
+        return started[-1]
+
+    def work() -> None:
+        raise torch.OutOfMemoryError("CUDA out of memory (the warm-up)")
+
+    with pytest.raises(torch.OutOfMemoryError, match="the warm-up"):
+        start_replicas(
+            start_one, 2, arguments=arguments, device=GPU, share=0.5, beside_start=BesideStart(work, GIB, "the warm-up")
+        )
+    assert len(started) == 2 and all(replica.closed for replica in started)
+    assert replica_start.read_record("k48") == 2 * GIB
 
 
 def test_start_log_captures_may_overlap_and_the_last_to_close_restores_vllms_levels():

@@ -91,8 +91,9 @@ class ModelConfig(Section):
     )
     compile: bool | Literal["auto"] = Field(
         "auto",
-        description="torch.compile each decoder layer and the log-prob kernels: the first step pays the compile, "
-        "later ones run fused (ref/update passes ~40% instead of ~28% MFU on an H200, "
-        "docs/benchmarks.md). auto = on with CUDA, off on CPU; false turns it off.",
+        description="torch.compile each decoder layer and the log-prob kernels: the passes run fused (ref/update "
+        "~40% instead of ~28% MFU on an H200, docs/benchmarks.md). The compile happens during set-up, in a "
+        "warm-up of each pass on two short sequences, beside the rollout engine's start where it can be "
+        "(docs/startup.md). auto = on with CUDA, off on CPU; false turns it off.",
     )
     lora: LoraSettings = Field(default_factory=LoraSettings)

@@ -6,10 +6,15 @@ own options live under `rollout.<name>.*` (rlkit.recipes.rollout_schema); what i
 other sections (the model's path and dtype, the longest sequence, its seed) the caller passes
 explicitly. A new engine is a module with a `RolloutEngine` subclass plus a factory below,
 named in rlkit.core.registrations.
+
+A caller may hand work of its own to run while the engine starts (`BesideStart`: the trainer's compile warm-up,
+rlkit.core.train.warmup). Every factory runs it exactly once: beside the start where nothing the start measures
+would be disturbed by it (vLLM replicas whose KV size is known: rlkit.core.rollout.replica_start), else before.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Callable
 
 import torch
@@ -23,6 +28,28 @@ if TYPE_CHECKING:
 EngineFactory = Callable[..., RolloutEngine]
 
 
+@dataclass
+class BesideStart:
+    """The caller's work to run while an engine starts, on the calling thread, once; it holds at most `bytes` of
+    the engine's device at its peak and gives them back before it returns. `what` names it in the log;
+    `ran_beside` tells, once it ran, whether that was beside the start (True) or before it (False)."""
+
+    work: Callable[[], None]
+    bytes: int
+    what: str
+    ran_beside: bool | None = None
+
+    def run(self, *, beside: bool) -> None:
+        self.ran_beside = beside
+        self.work()
+
+
+def run_before(beside_start: BesideStart | None) -> None:
+    """An engine whose start cannot have company runs the caller's work first."""
+    if beside_start is not None:
+        beside_start.run(beside=False)
+
+
 def make_engine(
     rollout: RolloutConfig,
     model_path: str,
@@ -32,14 +59,23 @@ def make_engine(
     dtype: str,
     seed: int,
     sleep_mode: bool,
+    beside_start: BesideStart | None = None,
 ) -> RolloutEngine:
     """The engine `rollout.name` names, for `model_path` on `device`, holding sequences of up to
     `max_model_len` tokens (data.max_prompt_length + data.max_response_length).
 
     `sleep_mode`: the engine shares its device with training and releases memory between rollouts.
+    `beside_start`: the caller's work, run once before this returns, beside the start where it can be.
     """
     return ENGINES.get(rollout.name)(
-        rollout, model_path, max_model_len=max_model_len, device=device, dtype=dtype, seed=seed, sleep_mode=sleep_mode
+        rollout,
+        model_path,
+        max_model_len=max_model_len,
+        device=device,
+        dtype=dtype,
+        seed=seed,
+        sleep_mode=sleep_mode,
+        beside_start=beside_start,
     )
 
 
@@ -52,6 +88,7 @@ def vllm_engine(
     dtype: str,
     seed: int,
     sleep_mode: bool,
+    beside_start: BesideStart | None = None,
 ) -> RolloutEngine:
     from rlkit.core.rollout.vllm_engine import VLLMEngine
 
@@ -88,7 +125,8 @@ def vllm_engine(
             **own,
         )
 
-    if replicas == 1:
+    if replicas == 1:  # in-process, vLLM's memory profile would count the caller's tensors as its own
+        run_before(beside_start)
         return one_engine()
     from rlkit.core.rollout.replica_start import start_replicas
     from rlkit.core.rollout.replicas import ReplicatedEngine
@@ -102,7 +140,12 @@ def vllm_engine(
     )
     arguments["streaming"] = options.streaming  # the async engine's start differs: part of the record's key
     engines, plan = start_replicas(
-        one_engine, replicas, arguments=arguments, device=device, share=rollout.gpu_memory_utilization
+        one_engine,
+        replicas,
+        arguments=arguments,
+        device=device,
+        share=rollout.gpu_memory_utilization,
+        beside_start=beside_start,
     )
     return ReplicatedEngine(engines, started_together=plan.together)
 
@@ -116,10 +159,12 @@ def sglang_engine(
     dtype: str,
     seed: int,
     sleep_mode: bool,
+    beside_start: BesideStart | None = None,
 ) -> RolloutEngine:
     from rlkit.core.rollout.sglang_engine import SGLangEngine
 
     options = rollout.sglang
+    run_before(beside_start)  # its server sizes its memory from the device's free memory as it starts
     return SGLangEngine(
         model_path,
         dtype=dtype,
@@ -145,7 +190,10 @@ def hf_engine(
     dtype: str,
     seed: int,
     sleep_mode: bool,
+    beside_start: BesideStart | None = None,
 ) -> RolloutEngine:
     from rlkit.core.rollout.hf_engine import HFEngine
+
+    run_before(beside_start)  # its start is a model load, over in seconds
 
     return HFEngine(model_path, dtype=dtype, device=device, batch_size=rollout.hf.batch_size)

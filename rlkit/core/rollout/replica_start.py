@@ -18,6 +18,10 @@ every replica together with that size, provided the device has the rollout's who
 hold by then. Should they fail to start together with it, the record goes and they start one after another,
 measuring again: a stale record costs start-up time, never the run. On a CPU a replica's KV cache is
 VLLM_CPU_KVCACHE_SPACE: replicas always start together.
+
+The caller's work handed to the start (rlkit.core.rollout.engines.BesideStart: the trainer's compile warm-up) runs
+on the calling thread while replicas start together with known KV sizes, if the device also has room for what it
+holds; otherwise before the replicas start, since a profile measuring free memory would count its tensors.
 """
 
 from __future__ import annotations
@@ -29,11 +33,14 @@ import os
 from concurrent.futures import ThreadPoolExecutor, wait
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Protocol
+from typing import TYPE_CHECKING, Any, Callable, Protocol
 
 import torch
 
 from rlkit.core.cluster.worker_env import compile_cache_root
+
+if TYPE_CHECKING:
+    from rlkit.core.rollout.engines import BesideStart
 
 logger = logging.getLogger("rlkit")
 
@@ -83,24 +90,37 @@ def start_replicas(
     arguments: dict[str, Any],
     device: torch.device,
     share: float,
+    beside_start: BesideStart | None = None,
 ) -> tuple[list[Any], StartPlan]:
     """`count` engines from `start_one(kv_cache_bytes)`, together or one after another (`plan_start`), and the
     plan they started by. `arguments`: vLLM's engine arguments of one replica (the record's key); `share`:
-    rollout.gpu_memory_utilization, the fraction of the device all replicas take together."""
+    rollout.gpu_memory_utilization, the fraction of the device all replicas take together; `beside_start` the
+    caller's work, run once: beside a start together with known KV sizes where the device has room for both."""
     on_gpu = device.type == "cuda"
     key = record_key(arguments, device) if on_gpu else ""
     free_bytes, total_bytes = torch.cuda.mem_get_info(device) if on_gpu else (0, 0)
+    share_bytes = int(share * total_bytes)
     plan = plan_start(
         on_gpu=on_gpu,
         recorded=read_record(key) if on_gpu else None,
         given_by_user=KV_ARGUMENT in arguments,
         free_bytes=free_bytes,
-        share_bytes=int(share * total_bytes),
+        share_bytes=share_bytes,
     )
     logger.info("rollout: %d vLLM replicas start %s: %s", count, "together" if plan.together else "in turn", plan.why)
+    beside = beside_start
+    if beside is not None and not room_beside(
+        plan=plan, on_gpu=on_gpu, free_bytes=free_bytes, share_bytes=share_bytes, beside_bytes=beside.bytes
+    ):
+        beside.run(beside=False)  # a measuring start would count what it holds
+        beside = None
+    elif beside is not None:
+        logger.info("rollout: %s runs beside the replicas' start", beside.what)
     if plan.together:
         try:
-            return start_together(start_one, count, plan.kv_cache_bytes), plan
+            return start_together(start_one, count, plan.kv_cache_bytes, beside), plan
+        except BesideStartFailed as failed:
+            raise failed.__cause__ from None  # type: ignore[misc]
         except Exception as error:
             if plan.kv_cache_bytes is None:  # nothing of rlkit's to take back: the start itself failed
                 raise
@@ -121,18 +141,43 @@ def start_replicas(
     return engines, plan
 
 
-def start_together(start_one: Callable[[int | None], Replica], count: int, kv_cache_bytes: int | None) -> list[Any]:
-    """Every engine on a thread of its own; if one fails, those that started are closed and its error raised."""
+class BesideStartFailed(Exception):
+    """The caller's work run beside the replicas' start failed (its error is the cause): not the replicas' own."""
+
+
+def start_together(
+    start_one: Callable[[int | None], Replica],
+    count: int,
+    kv_cache_bytes: int | None,
+    beside_start: BesideStart | None = None,
+) -> list[Any]:
+    """Every engine on a thread of its own, `beside_start` meanwhile on this one. If an engine fails, those that
+    started are closed and its error raised; if `beside_start` fails, every engine is closed (BesideStartFailed)."""
+    beside_error: BaseException | None = None
     with ThreadPoolExecutor(max_workers=count, thread_name_prefix="rlkit-replica-start") as pool:
         futures = [pool.submit(start_one, kv_cache_bytes) for _ in range(count)]
+        if beside_start is not None:
+            try:
+                beside_start.run(beside=True)
+            except Exception as error:  # the engines first finish starting, then close
+                beside_error = error
         wait(futures)
     errors = [future.exception() for future in futures if future.exception() is not None]
-    if errors:
+    if errors or beside_error is not None:
         for future in futures:
             if future.exception() is None:
                 future.result().close()
+        if beside_error is not None:
+            raise BesideStartFailed(str(beside_error)) from beside_error
         raise errors[0]  # type: ignore[misc]
     return [future.result() for future in futures]
+
+
+def room_beside(*, plan: StartPlan, on_gpu: bool, free_bytes: int, share_bytes: int, beside_bytes: int) -> bool:
+    """Whether the caller's work may run beside this start: the replicas start together (on a GPU that means
+    none of them measures the device's free memory: `plan_start`) and the device holds the rollout's share and
+    the work's bytes at once."""
+    return plan.together and (not on_gpu or free_bytes >= share_bytes + beside_bytes)
 
 
 # -- records ----------------------------------------------------------------------------------------------------

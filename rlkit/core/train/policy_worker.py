@@ -31,10 +31,10 @@ from rlkit.core.algos.algorithm import Algorithm
 from rlkit.core.cluster.device_worker import DeviceWorker
 from rlkit.core.cluster.roles import serve
 from rlkit.core.rewards.reward_model import RewardModel
-from rlkit.core.rollout.engines import make_engine
+from rlkit.core.rollout.engines import BesideStart, make_engine
 from rlkit.core.rollout.generator import Generator
 from rlkit.core.state.run_dir import resolve_model_path
-from rlkit.core.train import fast_paths, fsdp, packing
+from rlkit.core.train import fast_paths, fsdp, packing, warmup
 from rlkit.core.train.actor import Actor
 from rlkit.core.train.model import TrainableModel, actor_updates, build_policy
 from rlkit.core.train.scoring import Scoring
@@ -156,10 +156,15 @@ class PolicyWorker(DeviceWorker):
                 transfer_timeout_s=cfg.rollout.weight_sync_timeout_s,
             )
         startup["model_load"] = time.perf_counter() - began
+        warm_up = self._compile_warm_up(model, algorithm, paths, dtype, startup)
         with self.reporting("setup/rollout-engine"):
-            # Split placement: rollout workers on other devices hold the engine (rlkit.core.controller.placement).
+            # Split placement: rollout workers on other devices hold the engine (rlkit.core.controller.placement),
+            # starting it meanwhile: the warm-up runs now.
             self.generation = None
-            if cfg.rollout.placement == "colocated" and with_engine:
+            colocated = cfg.rollout.placement == "colocated" and with_engine
+            if warm_up is not None and not colocated:
+                warm_up.run(beside=True)
+            if colocated:
                 began = time.perf_counter()
                 seed, device = cfg.trainer.seed + self.rank, self.device
                 engine = make_engine(
@@ -170,6 +175,7 @@ class PolicyWorker(DeviceWorker):
                     dtype=dtype,
                     seed=seed,
                     sleep_mode=True,
+                    beside_start=warm_up,
                 )
                 self.generation = Generator(
                     self,
@@ -183,9 +189,46 @@ class PolicyWorker(DeviceWorker):
                     weights=model.engine_weights,
                     reward=cfg.reward,
                 )
-                startup.update(rollout_engine_start=time.perf_counter() - began, **engine.start_parts())
+                seconds = time.perf_counter() - began
+                if warm_up is not None and not warm_up.ran_beside:  # it ran first: not the engine's time
+                    seconds -= startup["compile_warmup"]
+                startup.update(rollout_engine_start=seconds, **engine.start_parts())
         shards = fsdp.shard_numels(model.module)
         return {"rank": self.rank, "shards": shards, "fast_paths": paths, "startup": startup}
+
+    def _compile_warm_up(
+        self,
+        model: TrainableModel,
+        algorithm: Algorithm,
+        paths: fast_paths.FastPaths,
+        dtype: str,
+        startup: dict[str, float],
+    ) -> BesideStart | None:
+        """With model.compile in an RL run: the passes' compile warm-up (rlkit.core.train.warmup), which records
+        its time in `startup` as `compile_warmup`."""
+        cfg = self.config
+        if not paths.compile or cfg.offline:
+            return None
+
+        def run() -> None:
+            began = time.perf_counter()
+            warmup.warm_up_passes(
+                model,
+                self.device,
+                temperature=cfg.log_prob_temperature,
+                fused_head=cfg.actor.fused_lm_head,
+                reference=algorithm.reference,
+                entropy_grad="entropy" in algorithm.loss_terms,
+            )
+            startup["compile_warmup"] = time.perf_counter() - began
+
+        per_token = fast_paths.activation_bytes_per_token(
+            model.module.config, fsdp.DTYPES[dtype].itemsize, cfg.model.gradient_checkpointing
+        )
+        size = warmup.warm_up_bytes(
+            model, activation_bytes_per_token=per_token, compute_dtype_bytes=fsdp.DTYPES[dtype].itemsize
+        )
+        return BesideStart(run, size, "the trainer's compile warm-up")
 
     def _size_micro_batches(self, model: TrainableModel, dtype: str) -> tuple[int, float] | None:
         """actor.micro_batch_tokens=auto on a GPU: (the budget all ranks agree on, this rank's free GiB)."""

@@ -1,0 +1,101 @@
+"""The trainer's compile warm-up: its compiled passes run once on a two-sequence batch while the run sets up.
+
+With model.compile each decoder layer's forward and the log-prob kernels are compiled (or loaded from the
+compile caches) where a pass first calls them, in each mode: the no-grad passes (the reference's and the old
+log-probs'), and the update's forward and backward. Left to step 1, that took 15-20 s of it from warm caches and
+~65 s from cold ones on an H100 (docs/startup.md), while the rollout engine's start, just before, keeps the
+device's CPU busy and its GPU mostly idle. `warm_up_passes` runs those passes on a batch of two short sequences
+so the compiles happen then; the rollout engine runs it beside its start where it can (rlkit.core.rollout.engines:
+make_engine's `beside_start`), and a trainer whose engine lives on other devices runs it while they start theirs.
+
+The compiled code is kept by torch in the process and guarded on what it was traced for: dynamic shapes
+(`torch.compile(dynamic=True)`) cover every batch's lengths, so the first real pass reuses it. The sizes below are
+chosen not to equal each other or a model's dimensions (dynamo would assume the equality and compile again when a
+real batch breaks it). Nothing of the run changes: no optimizer step, the gradients are dropped, the RNG streams
+are restored and the module's train/eval mode put back.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from rlkit.core.batch import Batch
+from rlkit.core.train import fsdp, packing
+from rlkit.core.train.model import TrainableModel
+
+# Two sequences: (prompt, response) lengths.
+SEQUENCES = ((7, 16), (9, 21))
+# Memory the compile's own work may hold at once beyond the passes' tensors (autotuning, workspaces).
+COMPILE_HEADROOM_BYTES = 1 << 30
+
+
+def dummy_batch(vocab_size: int) -> Batch:
+    """The warm-up's batch in the rollout layout (prompts left-padded, responses right-padded), tokens fixed."""
+    prompt_width = max(p for p, _ in SEQUENCES)
+    response_width = max(r for _, r in SEQUENCES)
+    rows = len(SEQUENCES)
+    ids = torch.zeros(rows, prompt_width + response_width, dtype=torch.long)
+    attention = torch.zeros_like(ids)
+    response_mask = torch.zeros(rows, response_width, dtype=torch.long)
+    tokens = torch.arange(ids.numel()).view_as(ids) * 7919 % max(vocab_size - 1, 1) + 1
+    for row, (prompt, response) in enumerate(SEQUENCES):
+        span = slice(prompt_width - prompt, prompt_width + response)
+        ids[row, span] = tokens[row, span]
+        attention[row, span] = 1
+        response_mask[row, :response] = 1
+    return Batch(
+        {
+            "input_ids": ids,
+            "attention_mask": attention,
+            "responses": ids[:, prompt_width:],
+            "response_mask": response_mask,
+        }
+    )
+
+
+def warm_up_passes(
+    model: TrainableModel,
+    device: torch.device,
+    *,
+    temperature: float,
+    fused_head: bool,
+    reference: bool,
+    entropy_grad: bool,
+) -> None:
+    """Run each pass a step runs, once, on `dummy_batch`: the actor's no-grad log-probs (with entropy), the
+    reference's when the run has one (`reference`: Algorithm.reference), and the update's forward and backward
+    (its entropy differentiated when `entropy_grad`: an entropy term in the loss). Collective under FSDP: every
+    rank calls it."""
+    module = model.module
+    packed = packing.pack(dummy_batch(module.config.get_text_config().vocab_size)).to(device)
+    was_training = module.training
+    with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
+        module.eval()
+        with torch.no_grad():
+            fsdp.packed_log_probs(module, packed, temperature=temperature, with_entropy=True, fused_head=fused_head)
+            if reference:
+                with model.reference() as base:
+                    fsdp.packed_log_probs(
+                        base, packed, temperature=temperature, with_entropy=False, fused_head=fused_head
+                    )
+        module.train()
+        log_probs, entropy = fsdp.packed_log_probs(
+            module, packed, temperature=temperature, with_entropy=True, fused_head=fused_head, entropy_grad=entropy_grad
+        )
+        (log_probs.sum() + entropy.sum()).backward()  # a detached entropy adds nothing to the backward
+        model.optimizer.zero_grad(set_to_none=True)
+    module.train(was_training)
+    if device.type == "cuda":
+        torch.cuda.empty_cache()  # what the passes held goes back to the device, for the engine's start
+
+
+def warm_up_bytes(model: TrainableModel, *, activation_bytes_per_token: int, compute_dtype_bytes: int) -> int:
+    """Device memory `warm_up_passes` may hold at its peak: the trainable parameters' gradients, every layer's
+    gathered compute-dtype copy, the batch's activations and the compile's headroom."""
+    numels = fsdp.shard_numels(model.module)  # name -> (this rank's elements, the full parameter's)
+    gradients = sum(
+        numels[name][0] * p.element_size() for name, p in model.module.named_parameters() if p.requires_grad
+    )
+    gathered = sum(full for _, full in numels.values()) * compute_dtype_bytes
+    tokens = sum(p + r for p, r in SEQUENCES)
+    return gradients + gathered + tokens * activation_bytes_per_token + COMPILE_HEADROOM_BYTES
