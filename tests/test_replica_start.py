@@ -13,7 +13,7 @@ import torch
 from rlkit.core.rollout import replica_start
 from rlkit.core.rollout.engine_start import settle_vllm_logging, vllm_info_lines
 from rlkit.core.rollout.engines import BesideStart
-from rlkit.core.rollout.replica_start import StartPlan, plan_start, start_replicas, start_together
+from rlkit.core.rollout.replica_start import StartPlan, plan_start, start_group, start_replicas
 
 GIB = 2**30
 GPU = torch.device("cuda", 0)
@@ -53,7 +53,12 @@ def fake_gpu(monkeypatch, tmp_path):
     monkeypatch.setenv("VLLM_CACHE_ROOT", str(tmp_path))
     monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device: (free[0], 80 * GIB))
     monkeypatch.setattr(replica_start, "record_key", lambda arguments, device: "k" + str(arguments["max_num_seqs"]))
+    held.clear()
+    monkeypatch.setattr(replica_start, "hold_cached", lambda nbytes, device: held.append(nbytes))
     return free
+
+
+held: list[int] = []  # what replica_start.hold_cached was asked to take, on the fake GPU
 
 
 def test_a_first_start_measures_in_turn_and_records_the_smallest_size_which_the_next_start_uses_together(fake_gpu):
@@ -150,14 +155,16 @@ def test_a_failed_start_closes_the_replicas_that_started_and_raises_its_error():
             return replica
 
     with pytest.raises(RuntimeError, match="CUDA out of memory"):
-        start_together(start_one, 3, None)
+        start_group(start_one, 3, None, together=True)
     alive = [replica for replica in started if replica is not None]
     assert len(alive) == 2 and all(replica.closed for replica in alive)
 
 
-def test_the_callers_work_runs_beside_a_start_together_with_known_sizes_where_the_device_has_room(fake_gpu):
+def test_the_callers_work_runs_beside_the_replicas_start_where_the_device_has_room_for_both(fake_gpu):
     """The trainer's compile warm-up (BesideStart) runs once: while the replicas start together with a recorded KV
-    size if the device holds the rollout's share and the work's bytes at once, else before any replica starts."""
+    size, or, on a first start, while they start in turn with its memory taken beforehand (their profiles then see
+    the device's use unchanged), if the device holds the rollout's share and the work's bytes at once; else before
+    any replica starts."""
     arguments = {"model": "m", "max_num_seqs": 32}
     replica_start.write_record("k32", 2 * GIB, arguments)
     all_running = threading.Barrier(3, timeout=10)  # both replicas and the work: passes only if all run at once
@@ -166,32 +173,57 @@ def test_the_callers_work_runs_beside_a_start_together_with_known_sizes_where_th
         all_running.wait()
         return FakeReplica(None)
 
-    work = BesideStart(all_running.wait, 10 * GIB, "the warm-up")
+    work = BesideStart(lambda beside: all_running.wait(), 10 * GIB, "the warm-up")
     # 80 GiB free: the share 0.5 x 80 = 40 GiB and the work's 10 GiB fit at once
     _, plan = start_replicas(with_work, 2, arguments=arguments, device=GPU, share=0.5, beside_start=work)
     assert plan.together and work.ran_beside is True
     all_running.reset()
-    work = BesideStart(all_running.wait, 10 * GIB, "the warm-up")  # on a CPU: always together, memory unchecked
+    work = BesideStart(lambda beside: all_running.wait(), 10 * GIB, "the warm-up")  # a CPU: together, unchecked
     start_replicas(with_work, 2, arguments=arguments, device=torch.device("cpu"), share=0.5, beside_start=work)
-    assert work.ran_beside is True
+    assert work.ran_beside is True and held == []
 
+    # A first start: the replicas in turn, the work beside the first (a barrier of two), its 10 GiB held before
+    replica_start.record_path("k32").unlink()
+    first_and_work = threading.Barrier(2, timeout=10)
     order: list[str] = []
+
+    def in_turn(kv_cache_bytes):
+        if not order:
+            first_and_work.wait()
+        order.append(f"replica {kv_cache_bytes}")
+        return FakeReplica(GIB)
+
+    work = BesideStart(lambda beside: first_and_work.wait(), 10 * GIB, "the warm-up")
+    _, plan = start_replicas(in_turn, 2, arguments=arguments, device=GPU, share=0.5, beside_start=work)
+    assert not plan.together and work.ran_beside is True and order == ["replica None"] * 2 and held == [10 * GIB]
 
     def logged(kv_cache_bytes):
         order.append(f"replica {kv_cache_bytes}")
         return FakeReplica(GIB)
 
-    # 1 byte short of the 40 + 10 GiB: before the replicas, which start together; a first start: before, in turn
-    for free, recorded, plan_started in ((50 * GIB - 1, 2 * GIB, True), (80 * GIB, None, False)):
-        fake_gpu[0] = free
-        replica_start.record_path("k32").unlink()
-        if recorded:
-            replica_start.write_record("k32", recorded, arguments)
-        order.clear()
-        work = BesideStart(lambda: order.append("work"), 10 * GIB, "the warm-up")
-        _, plan = start_replicas(logged, 2, arguments=arguments, device=GPU, share=0.5, beside_start=work)
-        assert (plan.together, work.ran_beside) == (plan_started, False)
-        assert order == ["work", f"replica {recorded}", f"replica {recorded}"]
+    fake_gpu[0] = 50 * GIB - 1  # 1 byte short of 40 + 10 GiB: the work runs first, then the replicas together
+    replica_start.write_record("k32", 2 * GIB, arguments)
+    order.clear()
+    work = BesideStart(lambda beside: order.append(f"work beside={beside}"), 10 * GIB, "the warm-up")
+    _, plan = start_replicas(logged, 2, arguments=arguments, device=GPU, share=0.5, beside_start=work)
+    assert plan.together and work.ran_beside is False
+    assert order == ["work beside=False", f"replica {2 * GIB}", f"replica {2 * GIB}"] and held == [10 * GIB]
+
+
+def test_replicas_that_fail_to_start_with_the_work_beside_them_start_again_alone(fake_gpu):
+    arguments = {"model": "m", "max_num_seqs": 40}
+    attempts: list[str] = []
+
+    def start_one(kv_cache_bytes):
+        attempts.append("start")
+        if len(attempts) == 2:
+            raise RuntimeError("Error in memory profiling")  # what a disturbed profile ends in
+        return FakeReplica(GIB)
+
+    work = BesideStart(lambda beside: attempts.append("work"), 10 * GIB, "the warm-up")
+    engines, plan = start_replicas(start_one, 2, arguments=arguments, device=GPU, share=0.5, beside_start=work)
+    assert sorted(attempts[:3]) == ["start", "start", "work"] and attempts[3:] == ["start", "start"]
+    assert len(engines) == 2 and engines[0].closed is False and work.ran_beside is True
 
 
 def test_a_failure_of_the_work_beside_the_start_closes_the_replicas_and_raises_its_own_error(fake_gpu):
@@ -204,7 +236,7 @@ def test_a_failure_of_the_work_beside_the_start_closes_the_replicas_and_raises_i
         started.append(FakeReplica(None))
         return started[-1]
 
-    def work() -> None:
+    def work(beside: bool) -> None:
         raise torch.OutOfMemoryError("CUDA out of memory (the warm-up)")
 
     with pytest.raises(torch.OutOfMemoryError, match="the warm-up"):

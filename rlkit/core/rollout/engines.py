@@ -8,8 +8,9 @@ explicitly. A new engine is a module with a `RolloutEngine` subclass plus a fact
 named in rlkit.core.registrations.
 
 A caller may hand work of its own to run while the engine starts (`BesideStart`: the trainer's compile warm-up,
-rlkit.core.train.warmup). Every factory runs it exactly once: beside the start where nothing the start measures
-would be disturbed by it (vLLM replicas whose KV size is known: rlkit.core.rollout.replica_start), else before.
+rlkit.core.train.warmup). Every factory runs it exactly once: beside the start where the device has room for both
+and nothing the start measures would see it (vLLM replicas in engine-core processes of their own, their KV sizes
+known or measured with the work's memory taken beforehand: rlkit.core.rollout.replica_start), else before.
 """
 
 from __future__ import annotations
@@ -31,17 +32,18 @@ EngineFactory = Callable[..., RolloutEngine]
 @dataclass
 class BesideStart:
     """The caller's work to run while an engine starts, on the calling thread, once; it holds at most `bytes` of
-    the engine's device at its peak and gives them back before it returns. `what` names it in the log;
-    `ran_beside` tells, once it ran, whether that was beside the start (True) or before it (False)."""
+    the engine's device at its peak, which the caller gives back (torch.cuda.empty_cache) before a start it ran
+    ahead of and after one it ran beside. `what` names it in the log; `ran_beside` tells, once it ran, whether
+    that was beside the start (True) or before it (False)."""
 
-    work: Callable[[], None]
+    work: Callable[[bool], None]  # called with `ran_beside`
     bytes: int
     what: str
     ran_beside: bool | None = None
 
     def run(self, *, beside: bool) -> None:
         self.ran_beside = beside
-        self.work()
+        self.work(beside)
 
 
 def run_before(beside_start: BesideStart | None) -> None:

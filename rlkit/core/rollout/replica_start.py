@@ -20,8 +20,10 @@ measuring again: a stale record costs start-up time, never the run. On a CPU a r
 VLLM_CPU_KVCACHE_SPACE: replicas always start together.
 
 The caller's work handed to the start (rlkit.core.rollout.engines.BesideStart: the trainer's compile warm-up) runs
-on the calling thread while replicas start together with known KV sizes, if the device also has room for what it
-holds; otherwise before the replicas start, since a profile measuring free memory would count its tensors.
+on the calling thread while the replicas start, if the device has room for the rollout's share and what the work
+holds at once; otherwise before they start. Beside replicas that measure their KV caches, the work's memory is
+taken from the device beforehand (`hold_cached`), so that their profiles find the device's use unchanged; should
+they fail to start with company, they start again alone.
 """
 
 from __future__ import annotations
@@ -95,7 +97,7 @@ def start_replicas(
     """`count` engines from `start_one(kv_cache_bytes)`, together or one after another (`plan_start`), and the
     plan they started by. `arguments`: vLLM's engine arguments of one replica (the record's key); `share`:
     rollout.gpu_memory_utilization, the fraction of the device all replicas take together; `beside_start` the
-    caller's work, run once: beside a start together with known KV sizes where the device has room for both."""
+    caller's work, run once: beside the start where the device has room for both, else before it."""
     on_gpu = device.type == "cuda"
     key = record_key(arguments, device) if on_gpu else ""
     free_bytes, total_bytes = torch.cuda.mem_get_info(device) if on_gpu else (0, 0)
@@ -110,15 +112,17 @@ def start_replicas(
     logger.info("rollout: %d vLLM replicas start %s: %s", count, "together" if plan.together else "in turn", plan.why)
     beside = beside_start
     if beside is not None and not room_beside(
-        plan=plan, on_gpu=on_gpu, free_bytes=free_bytes, share_bytes=share_bytes, beside_bytes=beside.bytes
+        on_gpu=on_gpu, free_bytes=free_bytes, share_bytes=share_bytes, beside_bytes=beside.bytes
     ):
-        beside.run(beside=False)  # a measuring start would count what it holds
+        beside.run(beside=False)
         beside = None
     elif beside is not None:
         logger.info("rollout: %s runs beside the replicas' start", beside.what)
+        if on_gpu and not plan.together:
+            hold_cached(beside.bytes, device)
     if plan.together:
         try:
-            return start_together(start_one, count, plan.kv_cache_bytes, beside), plan
+            return start_group(start_one, count, plan.kv_cache_bytes, together=True, beside_start=beside), plan
         except BesideStartFailed as failed:
             raise failed.__cause__ from None  # type: ignore[misc]
         except Exception as error:
@@ -133,7 +137,22 @@ def start_replicas(
             )
             record_path(key).unlink(missing_ok=True)
             plan = StartPlan(False, None, f"starting together failed ({type(error).__name__}): measured again")
-    engines = [start_one(None) for _ in range(count)]
+        beside = None  # it ran beside the failed start
+    try:
+        engines = start_group(start_one, count, None, together=False, beside_start=beside)
+    except BesideStartFailed as failed:
+        raise failed.__cause__ from None  # type: ignore[misc]
+    except Exception as error:
+        if beside is None:
+            raise
+        # Whatever the company did to the start (memory, time), the replicas get a start of their own.
+        logger.warning(
+            "rollout: the replicas failed to start with %s beside them (%s: %s); they start again alone",
+            beside.what,
+            type(error).__name__,
+            error,
+        )
+        engines = start_group(start_one, count, None, together=False)
     if on_gpu and KV_ARGUMENT not in arguments:
         measured = [engine.kv_cache_bytes() for engine in engines]
         if all(measured):
@@ -145,17 +164,34 @@ class BesideStartFailed(Exception):
     """The caller's work run beside the replicas' start failed (its error is the cause): not the replicas' own."""
 
 
-def start_together(
+def start_group(
     start_one: Callable[[int | None], Replica],
     count: int,
     kv_cache_bytes: int | None,
+    *,
+    together: bool,
     beside_start: BesideStart | None = None,
 ) -> list[Any]:
-    """Every engine on a thread of its own, `beside_start` meanwhile on this one. If an engine fails, those that
-    started are closed and its error raised; if `beside_start` fails, every engine is closed (BesideStartFailed)."""
+    """`count` engines, each on a thread of its own (`together`) or one after another on one thread, and
+    `beside_start` meanwhile on this one. If an engine fails, those that started are closed and its error raised;
+    if `beside_start` fails, every engine is closed once started (BesideStartFailed)."""
+    started: list[Any] = []
+
+    def in_turn() -> None:
+        for _ in range(count):
+            started.append(start_one(kv_cache_bytes))
+
+    if not together and beside_start is None:  # on this thread
+        try:
+            in_turn()
+        except Exception:
+            for engine in started:
+                engine.close()
+            raise
+        return started
     beside_error: BaseException | None = None
-    with ThreadPoolExecutor(max_workers=count, thread_name_prefix="rlkit-replica-start") as pool:
-        futures = [pool.submit(start_one, kv_cache_bytes) for _ in range(count)]
+    with ThreadPoolExecutor(max_workers=count if together else 1, thread_name_prefix="rlkit-replica-start") as pool:
+        futures = [pool.submit(start_one, kv_cache_bytes) for _ in range(count)] if together else [pool.submit(in_turn)]
         if beside_start is not None:
             try:
                 beside_start.run(beside=True)
@@ -163,21 +199,31 @@ def start_together(
                 beside_error = error
         wait(futures)
     errors = [future.exception() for future in futures if future.exception() is not None]
+    if together:
+        started = [future.result() for future in futures if future.exception() is None]
     if errors or beside_error is not None:
-        for future in futures:
-            if future.exception() is None:
-                future.result().close()
+        for engine in started:
+            engine.close()
         if beside_error is not None:
             raise BesideStartFailed(str(beside_error)) from beside_error
         raise errors[0]  # type: ignore[misc]
-    return [future.result() for future in futures]
+    return started
 
 
-def room_beside(*, plan: StartPlan, on_gpu: bool, free_bytes: int, share_bytes: int, beside_bytes: int) -> bool:
-    """Whether the caller's work may run beside this start: the replicas start together (on a GPU that means
-    none of them measures the device's free memory: `plan_start`) and the device holds the rollout's share and
-    the work's bytes at once."""
-    return plan.together and (not on_gpu or free_bytes >= share_bytes + beside_bytes)
+def room_beside(*, on_gpu: bool, free_bytes: int, share_bytes: int, beside_bytes: int) -> bool:
+    """Whether the caller's work may run beside the replicas' start: the device holds the rollout's share and the
+    work's bytes at once."""
+    return not on_gpu or free_bytes >= share_bytes + beside_bytes
+
+
+def hold_cached(nbytes: int, device: torch.device) -> None:
+    """Have torch's caching allocator take `nbytes` of the device now, in one block it keeps cached once freed.
+
+    A replica measuring its KV cache counts any change of the device's used memory while it profiles as its own
+    (vLLM's memory profile: the device's used memory less its own process's torch memory): the work beside it
+    draws on this block instead of the device, so the device's use stays as the replica found it. The caller
+    gives the block back (torch.cuda.empty_cache) once the replicas have started."""
+    torch.empty(nbytes, dtype=torch.uint8, device=device)
 
 
 # -- records ----------------------------------------------------------------------------------------------------

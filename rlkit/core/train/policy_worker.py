@@ -164,6 +164,7 @@ class PolicyWorker(DeviceWorker):
             colocated = cfg.rollout.placement == "colocated" and with_engine
             if warm_up is not None and not colocated:
                 warm_up.run(beside=True)
+                self._release_cached()
             if colocated:
                 began = time.perf_counter()
                 seed, device = cfg.trainer.seed + self.rank, self.device
@@ -189,6 +190,7 @@ class PolicyWorker(DeviceWorker):
                     weights=model.engine_weights,
                     reward=cfg.reward,
                 )
+                self._release_cached()  # what the warm-up held beside the engine's start
                 seconds = time.perf_counter() - began
                 if warm_up is not None and not warm_up.ran_beside:  # it ran first: not the engine's time
                     seconds -= startup["compile_warmup"]
@@ -210,7 +212,7 @@ class PolicyWorker(DeviceWorker):
         if not paths.compile or cfg.offline:
             return None
 
-        def run() -> None:
+        def run(beside: bool) -> None:
             began = time.perf_counter()
             warmup.warm_up_passes(
                 model,
@@ -221,6 +223,8 @@ class PolicyWorker(DeviceWorker):
                 entropy_grad="entropy" in algorithm.loss_terms,
             )
             startup["compile_warmup"] = time.perf_counter() - began
+            if not beside:  # the engine starts next and measures the device's free memory
+                self._release_cached()
 
         per_token = fast_paths.activation_bytes_per_token(
             model.module.config, fsdp.DTYPES[dtype].itemsize, cfg.model.gradient_checkpointing
@@ -229,6 +233,10 @@ class PolicyWorker(DeviceWorker):
             model, activation_bytes_per_token=per_token, compute_dtype_bytes=fsdp.DTYPES[dtype].itemsize
         )
         return BesideStart(run, size, "the trainer's compile warm-up")
+
+    def _release_cached(self) -> None:
+        if self.use_cuda:
+            torch.cuda.empty_cache()
 
     def _size_micro_batches(self, model: TrainableModel, dtype: str) -> tuple[int, float] | None:
         """actor.micro_batch_tokens=auto on a GPU: (the budget all ranks agree on, this rank's free GiB)."""

@@ -12,7 +12,8 @@ The compiled code is kept by torch in the process and guarded on what it was tra
 (`torch.compile(dynamic=True)`) cover every batch's lengths, so the first real pass reuses it. The sizes below are
 chosen not to equal each other or a model's dimensions (dynamo would assume the equality and compile again when a
 real batch breaks it). Nothing of the run changes: no optimizer step, the gradients are dropped, the RNG streams
-are restored and the module's train/eval mode put back.
+are restored and the module's train/eval mode put back. What the passes held stays in torch's caching allocator
+until the caller empties it (beside a measuring engine start it must not go back to the device mid-profile).
 """
 
 from __future__ import annotations
@@ -85,8 +86,6 @@ def warm_up_passes(
         (log_probs.sum() + entropy.sum()).backward()  # a detached entropy adds nothing to the backward
         model.optimizer.zero_grad(set_to_none=True)
     module.train(was_training)
-    if device.type == "cuda":
-        torch.cuda.empty_cache()  # what the passes held goes back to the device, for the engine's start
 
 
 def warm_up_bytes(model: TrainableModel, *, activation_bytes_per_token: int, compute_dtype_bytes: int) -> int:
