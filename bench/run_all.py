@@ -85,6 +85,11 @@ CONFIGS: dict[str, tuple[list[str], int, int]] = {
     "vllm-rollout-1gpu-replicas2-streaming": ([ROLLOUT, "--replicas", "2", "--streaming", "--ways", TWO_WAYS], 1, 200),
     "vllm-rollout-1gpu-block64": ([ROLLOUT, "--engine-kwargs", "{block_size: 64}", "--ways", TWO_WAYS], 1, 150),
     "rlkit-1gpu-defaults-replicas2": ([RLKIT, "--defaults", "--override", "rollout.vllm.replicas=2"], 1, 240),
+    # Start-up alone (two steps: step 1 with its start-up, one more): a first start on a machine, then the next
+    "rlkit-1gpu-start-replicas2-streaming": ([RLKIT, "--defaults", "--override", "rollout.vllm.replicas=2",
+                                             "--override", "rollout.vllm.streaming=true", "--steps", "2"], 1, 200),
+    "rlkit-1gpu-start-replicas2-streaming-again": ([RLKIT, "--defaults", "--override", "rollout.vllm.replicas=2",
+                                                   "--override", "rollout.vllm.streaming=true", "--steps", "2"], 1, 110),
     "rlkit-1gpu-defaults-replicas3": ([RLKIT, "--defaults", "--override", "rollout.vllm.replicas=3"], 1, 280),
     "rlkit-1gpu-defaults-replicas2-logprobs": ([RLKIT, "--defaults", "--override", "rollout.vllm.replicas=2",
                                                "--rollout-is-cap", "2"], 1, 240),
