@@ -147,7 +147,9 @@ def test_each_failure_says_why(response, reason, monkeypatch):
     program = program_for(response, problem["prompt"], problem["entry_point"])
     # The row's 4 s hold the judge's start too: with 1.5 s, on the 2-core machine under a full suite, the judge did not
     # answer in time beside a program spinning at load (2026-12-06), and the row failed as "the tests do not run".
-    limits = Limits(wall_s=4.0, cpu_s=1, memory_mb=512)
+    # The CPU limit (3 s) stays well above the per-test 0.5 s: on a loaded machine a program spinning at load once
+    # spent 1 s of CPU before its judge, descheduled, saw the 0.5 s pass ("cpu limit" instead of "timeout", 2026-12-06).
+    limits = Limits(wall_s=4.0, cpu_s=3, memory_mb=512)
     result = run_tests(program, problem["prompt"], problem["test"], problem["entry_point"], limits) if program else (
         _result("HumanEval/0", response))
     assert result.get("reason") == reason
