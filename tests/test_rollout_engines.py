@@ -171,6 +171,8 @@ def test_vllm_async_engine_streams_the_same_samples_and_agent_episodes(tiny_mode
                          max_model_len=MAX_MODEL_LEN, dtype="float32", seed=0, device=torch.device("cpu"),
                          sleep_mode=False)
     assert type(engine).__name__ == "AsyncVLLMEngine"
+    # its start's parts, logged in the engine's own process: the weights' load, and what came before it
+    assert {"rollout_engine_before_weights_load", "rollout_engine_weights_load"} <= set(engine.start_parts())
     _check_engine(engine, tiny_model_dir)
 
     class Batched(RolloutEngine):  # the same engine's batch call, without its streaming surface
@@ -447,6 +449,9 @@ def test_vllm_replicas_split_a_call_and_sample_what_one_engine_samples(tiny_mode
     assert len(two.replicas) == 2 and all(engine.separate_process for engine in two.replicas)
     assert two.started_together
     assert [engine.kv_cache_bytes() for engine in two.replicas] == [None, None]
+    # the start's parts each replica's own processes logged; started together: the slowest one's
+    assert all("rollout_engine_weights_load" in engine.start_parts() for engine in two.replicas)
+    assert two.start_parts() in [engine.start_parts() for engine in two.replicas]
     prompts = [[1, 11 + i, 2, 1] for i in range(5)]
     sampling = Sampling(n=2, max_tokens=4, seed=5)
     alone = [(s.prompt_index, s.token_ids) for s in two.replicas[1].generate(prompts, sampling, [4, 3, 4, 2, 4])]

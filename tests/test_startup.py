@@ -9,13 +9,18 @@ import time
 from types import SimpleNamespace
 
 import pytest
-
 from rich.console import Console
 
 from rlkit.core.cluster.worker_env import worker_env
 from rlkit.core.controller.tracking import is_timing_key
 from rlkit.core.rollout import engine_start
-from rlkit.core.rollout.engine_start import LogLine, start_parts, vllm_info_lines
+from rlkit.core.rollout.engine_start import (
+    LogLine,
+    keep_start_lines,
+    replicas_start_parts,
+    start_parts,
+    vllm_info_lines,
+)
 from rlkit.core.startup import StartupClock, process_start_time
 
 
@@ -141,6 +146,43 @@ def test_vllm_info_lines_are_captured_and_kept_off_the_screen(monkeypatch):
     finally:
         vllm_logger.removeHandler(screen)
         vllm_logger.setLevel(before)
+
+
+def test_an_engines_own_process_keeps_only_the_lines_of_its_starts_parts_for_good(monkeypatch):
+    vllm_logger = logging.getLogger("vllm")
+    screen = logging.Handler(logging.ERROR)  # as vLLM's own handler with VLLM_LOGGING_LEVEL=ERROR
+    shown: list[str] = []
+    screen.emit = lambda record: shown.append(record.getMessage())  # type: ignore[method-assign]
+    vllm_logger.addHandler(screen)
+    before = vllm_logger.level
+    vllm_logger.setLevel(logging.ERROR)
+    handlers = list(vllm_logger.handlers)
+    try:
+        lines = keep_start_lines()
+        logging.getLogger("vllm.worker").info("Automatically detected platform cuda.")  # no part: not kept
+        logging.getLogger("vllm.worker").info("Loading weights took %.2f seconds", 0.25)
+        logging.getLogger("vllm.worker").error("Graph capturing finished in 4 secs")  # shown, and kept
+        assert [message for _, message in lines] == ["Loading weights took 0.25 seconds",
+                                                     "Graph capturing finished in 4 secs"]
+        assert shown == ["Graph capturing finished in 4 secs"]
+        assert vllm_logger.level == logging.INFO and screen.level == logging.ERROR  # for good: nothing restores
+    finally:
+        for handler in vllm_logger.handlers:
+            if handler not in handlers:
+                vllm_logger.removeHandler(handler)
+        vllm_logger.removeHandler(screen)
+        vllm_logger.setLevel(before)
+
+
+def test_replicas_report_the_slowest_ones_parts_when_together_and_each_parts_sum_in_turn():
+    first = {"rollout_engine_import": 4.0, "rollout_engine_weights_load": 1.0, "rollout_engine_cuda_graphs": 6.0}
+    second = {"rollout_engine_import": 0.5, "rollout_engine_weights_load": 2.0, "rollout_engine_compile": 9.0}
+    assert replicas_start_parts([first, second], together=True) == second  # 11.5 s of parts against 11 s
+    assert replicas_start_parts([first, second], together=False) == {
+        "rollout_engine_import": 4.5, "rollout_engine_weights_load": 3.0, "rollout_engine_cuda_graphs": 6.0,
+        "rollout_engine_compile": 9.0,
+    }
+    assert replicas_start_parts([{}, {}], together=True) == {}
 
 
 def test_workers_keep_compile_caches_under_rlkits_cache(monkeypatch, tmp_path):

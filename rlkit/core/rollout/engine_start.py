@@ -4,8 +4,10 @@ vLLM reports them only in its log: the weights' load, torch.compile, the memory 
 the CUDA graphs' capture and the engine core's whole initialisation. Their wording moved between
 releases ("torch.compile takes" in older ones, "took" in 0.32; "Memory profiling takes" became
 "Initial profiling/warmup run took"), so each part accepts every spelling seen; a part whose line
-did not come (enforce_eager: no compile or graphs; an engine core in another process logs there)
-is absent, never guessed. Several lines of one part (a model's language and encoder compiles) add up.
+did not come (enforce_eager: no compile or graphs) is absent, never guessed. Several lines of one part (a
+model's language and encoder compiles) add up. An engine core in a process of its own logs there: rlkit's worker
+extension keeps those lines in that process (`keep_start_lines`, rlkit.core.rollout.vllm_worker) and the engine
+asks for them once it has started.
 Two more parts come from when the lines were logged: what the engine did before its weights' load began
 (configuration, platform, distributed set-up, tokenizer, building the model) and after its init line (until
 the constructor returned); the logged parts leave most of both out.
@@ -56,16 +58,45 @@ def start_parts(lines: Iterable[LogLine], began: float, ended: float) -> dict[st
     return found
 
 
+def replicas_start_parts(parts: list[dict[str, float]], together: bool) -> dict[str, float]:
+    """One start's parts for replicas (rlkit.core.rollout.replicas) from each one's: where they started together,
+    the parts of the one whose parts add up to most (the slowest, as the start-up table's other details are the
+    slowest rank's); where they started in turn, each part summed over the replicas."""
+    if together:
+        return dict(max(parts, key=lambda own: sum(own.values()), default={}))
+    summed: dict[str, float] = {}
+    for own in parts:
+        for key, seconds in own.items():
+            summed[key] = summed.get(key, 0.0) + seconds
+    return summed
+
+
 class _Lines(logging.Handler):
-    def __init__(self) -> None:
+    def __init__(self, parts_only: bool = False) -> None:
+        """`parts_only`: keep only the lines that report a part (a capture that stays open for good)."""
         super().__init__(logging.INFO)
         self.lines: list[LogLine] = []
+        self.parts_only = parts_only
 
     def emit(self, record: logging.LogRecord) -> None:
         try:
-            self.lines.append(LogLine(record.created, record.getMessage()))
+            message = record.getMessage()
         except (TypeError, ValueError):  # a record whose arguments do not fit its message: not one of ours
-            pass
+            return
+        if not self.parts_only or any(pattern.search(message) for pattern in PATTERNS.values()):
+            self.lines.append(LogLine(record.created, message))
+
+
+def keep_start_lines() -> list[LogLine]:
+    """From now on, in this process, the lines vLLM logs that report its start's parts, kept in the list returned
+    (a few per engine). For a process of vLLM's own (an engine core's or its worker's), where nothing of rlkit runs
+    until the start is over: vLLM's logger is lowered to INFO for good and its handlers raised to the level it had,
+    so the screen shows what it showed."""
+    capture = _Lines(parts_only=True)
+    with _open_lock:
+        _lower_vllm_logger()
+        logging.getLogger("vllm").addHandler(capture)
+    return capture.lines
 
 
 @contextmanager
@@ -100,14 +131,20 @@ _restore: list[tuple[logging.Handler | logging.Logger, int]] = []  # (handler or
 
 def _quiet_vllm_logger() -> None:
     settle_vllm_logging()
+    _restore.extend(_lower_vllm_logger())
+
+
+def _lower_vllm_logger() -> list[tuple[logging.Handler | logging.Logger, int]]:
+    """vLLM's logger lowered to INFO, its handlers raised to the level it showed; the levels before."""
     vllm_logger = logging.getLogger("vllm")
     shown = vllm_logger.getEffectiveLevel()
-    _restore.append((vllm_logger, vllm_logger.level))
+    before: list[tuple[logging.Handler | logging.Logger, int]] = [(vllm_logger, vllm_logger.level)]
     for handler in vllm_logger.handlers:
         if handler.level < shown:
-            _restore.append((handler, handler.level))
+            before.append((handler, handler.level))
             handler.setLevel(shown)
     vllm_logger.setLevel(min(shown, logging.INFO))
+    return before
 
 
 def _restore_vllm_logger() -> None:

@@ -26,6 +26,7 @@ from typing import Any, Callable, Coroutine, Iterable, Sequence, TypeVar
 import torch
 
 from rlkit.core.rollout.base import RolloutEngine, RolloutSample, Sampling
+from rlkit.core.rollout.engine_start import replicas_start_parts
 
 T = TypeVar("T")
 
@@ -52,6 +53,10 @@ class ReplicatedEngine(RolloutEngine):
         self.honors_seeds = all(engine.honors_seeds for engine in replicas)
         self.pool = ThreadPoolExecutor(max_workers=len(replicas), thread_name_prefix="rlkit-replica")
         self.streams = all(getattr(engine, "streams", False) for engine in replicas)
+
+    def start_parts(self) -> dict[str, float]:
+        """The slowest replica's where they started together, each part summed where they started in turn."""
+        return replicas_start_parts([engine.start_parts() for engine in self.replicas], self.started_together)
 
     def run(self, coroutine: Coroutine[Any, Any, T]) -> T:
         """Streaming replicas: run a coroutine that awaits `sample` (an agent loop's episodes) on the first one's

@@ -33,6 +33,7 @@ from rlkit.core.rollout.scored_generation import stream_samples
 from rlkit.core.rollout.vllm_engine import (
     collections_paused,
     engine_arguments,
+    engine_process_lines,
     import_engine_modules,
     prompt_scores,
     sampling_params,
@@ -70,7 +71,9 @@ class AsyncVLLMEngine(RolloutEngine):
         with vllm_info_lines() as lines:
             # vLLM's periodic throughput lines are off, as LLM has them off.
             self.llm = self.events.run(_start(AsyncEngineArgs(**arguments, disable_log_stats=True)))
-        self.reported_start = {**imported, **start_parts(lines, constructed, time.time())}
+        ended = time.time()
+        lines += engine_process_lines(self.events.run(self.llm.collective_rpc("rlkit_start_lines")))
+        self.reported_start = {**imported, **start_parts(sorted(lines), constructed, ended)}
         self.asleep: set[str] = set()
         self.events.run(self.llm.collective_rpc("rlkit_exit_with", args=(os.getpid(),)))
 

