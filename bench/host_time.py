@@ -12,10 +12,11 @@ import os
 import pstats
 import shutil
 import subprocess
+import threading
 import time
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any, Callable, Iterable, Iterator
 
 
 class GcTimer:
@@ -75,39 +76,78 @@ def gpu_busy(run: Callable[[], Any]) -> dict[str, float]:
             "kernels": len(intervals)}
 
 
-def nvml_busy(run: Callable[[], Any], period_ms: int = 50) -> dict[str, float]:
-    """Run `run` while nvidia-smi samples the GPU's utilisation (NVML: the share of its last sample window in
-    which a kernel ran) every `period_ms`; the mean of the samples taken during the run. Unlike `gpu_busy` it
-    sees every process on the GPU (vLLM's engine core in a process of its own) and adds no profiling cost."""
+class NvmlSampler:
+    """nvidia-smi sampling one GPU's utilisation (NVML: the share of its last sample window in which a kernel ran)
+    every `period_ms`, in the background from `start` to `stop`: `samples` holds (when, percent). It sees every
+    process on the GPU (vLLM's engine cores in processes of their own) and adds no profiling cost. Without
+    nvidia-smi (a CPU) it takes none."""
+
+    def __init__(self, period_ms: int = 50) -> None:
+        self.period_ms = period_ms
+        self.samples: list[tuple[float, float]] = []
+        self.process: subprocess.Popen | None = None
+        self.reader: threading.Thread | None = None
+
+    def start(self) -> "NvmlSampler":
+        exe = shutil.which("nvidia-smi")
+        if exe is None:
+            return self
+        visible = os.environ.get("CUDA_VISIBLE_DEVICES", "0").split(",")[0]
+        query = [exe, "--query-gpu=timestamp,utilization.gpu", "--format=csv,noheader,nounits",
+                 f"-lms={self.period_ms}", f"--id={visible if visible.isdigit() else 0}"]
+        self.process = subprocess.Popen(query, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+        self.reader = threading.Thread(target=self._read, args=(self.process.stdout,), daemon=True)
+        self.reader.start()
+        return self
+
+    def _read(self, lines: Iterable[str]) -> None:
+        for line in lines:
+            sample = parse_nvml_line(line)
+            if sample is not None:
+                self.samples.append(sample)
+
+    def stop(self) -> None:
+        if self.process is not None:
+            self.process.terminate()
+            self.process.wait()
+            if self.reader is not None:
+                self.reader.join(5)
+
+
+def parse_nvml_line(line: str) -> tuple[float, float] | None:
+    """(when, percent) from nvidia-smi's `timestamp, utilization.gpu` line; None for anything else."""
     from datetime import datetime
 
-    exe = shutil.which("nvidia-smi")
-    if exe is None:
+    try:
+        stamp, value = (part.strip() for part in line.split(","))
+        return datetime.strptime(stamp, "%Y/%m/%d %H:%M:%S.%f").timestamp(), float(value)
+    except ValueError:
+        return None
+
+
+def busy_within(samples: list[tuple[float, float]], windows: list[tuple[float, float]]) -> dict[str, float]:
+    """The mean of the utilisation samples taken inside any of `windows` ((start, end) by time.time()), as a
+    fraction, and how many there were; nothing where none fell inside."""
+    inside = [value for when, value in samples if any(start <= when <= end for start, end in windows)]
+    if not inside:
+        return {}
+    return {"nvml_busy_fraction": round(sum(inside) / len(inside) / 100, 3), "nvml_samples": len(inside)}
+
+
+def nvml_busy(run: Callable[[], Any], period_ms: int = 50) -> dict[str, float]:
+    """Run `run` under an `NvmlSampler`: the mean of the samples taken during the run."""
+    if shutil.which("nvidia-smi") is None:
         run()
         return {}
-    visible = os.environ.get("CUDA_VISIBLE_DEVICES", "0").split(",")[0]
-    query = [exe, "--query-gpu=timestamp,utilization.gpu", "--format=csv,noheader,nounits", f"-lms={period_ms}",
-             f"--id={visible if visible.isdigit() else 0}"]
-    sampler = subprocess.Popen(query, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    sampler = NvmlSampler(period_ms).start()
     time.sleep(0.5)
     began = time.time()
     run()
     ended = time.time()
     time.sleep(0.2)
-    sampler.terminate()
-    samples = []
-    for line in sampler.communicate()[0].splitlines():
-        try:
-            stamp, value = (part.strip() for part in line.split(","))
-            when = datetime.strptime(stamp, "%Y/%m/%d %H:%M:%S.%f").timestamp()
-        except ValueError:
-            continue
-        if began <= when <= ended:
-            samples.append(float(value))
-    if not samples:
-        return {"nvml_samples": 0}
-    return {"nvml_busy_fraction": round(sum(samples) / len(samples) / 100, 3), "nvml_samples": len(samples),
-            "nvml_wall_seconds": round(ended - began, 3)}
+    sampler.stop()
+    found = busy_within(sampler.samples, [(began, ended)])
+    return {**found, "nvml_wall_seconds": round(ended - began, 3)} if found else {"nvml_samples": 0}
 
 
 def python_profile(run: Callable[[], Any], rows: int = 30) -> tuple[float, str]:

@@ -10,7 +10,9 @@ Steps after --warmup are averaged. The result JSON is rewritten after every step
 cut short still leaves its numbers. `startup` holds step 1's `startup/*` figures (docs/startup.md):
 from the process's launch to the end of the first step, part by part. Peak memory is the most
 `nvidia-smi` showed on any GPU (training and the rollout engine together), sampled twice a second;
-None without a GPU.
+None without a GPU. The rollout's GPU-busy share (`summary.rollout.nvml_busy_fraction`, and per step in
+`rollout_nvml_busy_by_step`) is the mean of nvidia-smi's utilisation samples, every 50 ms, of the first visible
+GPU inside each step's rollout: every process's kernels count, the engines' own processes included.
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from bench.host_time import NvmlSampler, busy_within  # noqa: E402
 from bench.workload import (  # noqa: E402
     H200_BF16_PEAK_FLOPS,
     SHAPES,
@@ -94,11 +97,17 @@ def summarize(steps: list[dict], workload: Workload, train_gpus: int, peak: floa
     }
 
 
+def rollout_windows(step_began: list[float], steps: list[dict]) -> list[tuple[float, float]]:
+    """Each step's rollout by time.time(): from the step's start (the rollout is its first phase) to its
+    generate's seconds later."""
+    return [(began, began + step.get("timing/gen", step.get("rollout/generate_seconds", 0.0)))
+            for began, step in zip(step_began, steps)]
+
+
 def gc_in_rollout(folder: Path, step_began: list[float], steps: list[dict]) -> dict[str, dict]:
     """Per process that wrote gc stats (bench/gc_site): all its collections' seconds per generation, and the
-    seconds of its collections over 5 ms that fell inside a step's rollout (from the step's start to
-    timing/gen later)."""
-    windows = [(began, began + step.get("timing/gen", 0.0)) for began, step in zip(step_began, steps)]
+    seconds of its collections over 5 ms that fell inside a step's rollout (`rollout_windows`)."""
+    windows = rollout_windows(step_began, steps)
     found = {}
     for path in folder.glob("*.json"):
         stats = json.loads(path.read_text())
@@ -217,6 +226,7 @@ def main() -> None:
         os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [site, os.environ.get("PYTHONPATH")]))
     memory = GpuMemoryPeak()
     memory.start()
+    utilisation = NvmlSampler().start()  # the GPU's busy share in each step's rollout (issue 26's guard)
     step_began: list[float] = []
     start = time.perf_counter()
     steps: list[dict] = []
@@ -246,6 +256,10 @@ def main() -> None:
             measured = steps[args.warmup:] or steps
             result.update(status=f"{step}/{args.steps} steps", summary=summarize(measured, workload, train_gpus,
                                                                                   args.peak_flops))
+            windows = rollout_windows(step_began, steps)
+            result["rollout_nvml_busy_by_step"] = {i + 1: busy_within(utilisation.samples, [window])
+                                                   for i, window in enumerate(windows)}
+            result["summary"]["rollout"].update(busy_within(utilisation.samples, windows[args.warmup:] or windows))
             result["peak_gpu_memory_gib"] = memory.peak_mib / 1024 if memory.peak_mib else None
             save()
             print(f"[{args.label}] step {step}: {steps[-1]['timing/step']:.2f} s", flush=True)
@@ -254,6 +268,7 @@ def main() -> None:
         result["status"] = f"failed: {type(exc).__name__}: {str(exc)[:1000]}"
         raise
     finally:
+        utilisation.stop()
         result["peak_gpu_memory_gib"] = memory.peak_mib / 1024 if memory.peak_mib else None
         if args.host_profile:
             result["gc_in_rollout"] = gc_in_rollout(Path(args.host_profile), step_began, steps)

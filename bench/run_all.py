@@ -277,7 +277,7 @@ def table(results: dict) -> str:
              f"Machine: {results['machine']}; date {results['date']}; versions {results['versions']}; "
              f"MFU against {peak / 1e12:.0f} TFLOP/s (bf16 matmul measured in this run)." if peak else
              f"Machine: {results['machine']}; date {results['date']}; versions {results['versions']}.", "",
-             "| config | status | step s | rollout s (tok/s) | old-log-prob s / tok/s/GPU / MFU | "
+             "| config | status | step s | rollout s (tok/s, GPU busy) | old-log-prob s / tok/s/GPU / MFU | "
              "ref s / tok/s/GPU / MFU | update s / tok/s/GPU / MFU | sync s | controller overhead s |",
              "|---|---|---|---|---|---|---|---|---|"]
     for name, res in results["configs"].items():
@@ -289,8 +289,9 @@ def table(results: dict) -> str:
                 cells.append(f"{p['seconds']:.2f} / {p['tokens_per_s_per_gpu']:,.0f} / {100 * p['mfu']:.1f}%"
                              if p else "-")
             roll = summary["rollout"]
+            busy = f", busy {100 * roll['nvml_busy_fraction']:.0f}%" if "nvml_busy_fraction" in roll else ""
             lines.append(f"| {name} | {res['status']} | {summary['step_seconds']:.2f} | {roll['seconds']:.2f} "
-                         f"({roll['tokens_per_s']:,.0f}) | {' | '.join(cells)} | {summary['sync_seconds']:.2f} | "
+                         f"({roll['tokens_per_s']:,.0f}{busy}) | {' | '.join(cells)} | {summary['sync_seconds']:.2f} | "
                          f"{summary['controller_overhead_seconds']:.2f} |")
         elif "step_seconds" in res:
             lines.append(f"| {name} | {res['status']} | {res['step_seconds']:.2f} | - | - | - | - | - | - |")

@@ -173,3 +173,21 @@ def test_every_rlkit_lane_of_run_all_is_a_config_the_grpo_recipe_accepts() -> No
         workload = replace(SHAPES[args.shape], prompts=args.prompts or SHAPES[args.shape].prompts)
         config = load_config("grpo", overrides(args, workload, "p.parquet", "runs"), model=model, require_inputs=False)
         assert config.data.train_batch_size == workload.prompts, name
+
+
+def test_the_rollouts_gpu_busy_share_is_the_mean_of_the_samples_inside_each_steps_rollout() -> None:
+    from datetime import datetime
+
+    from bench.host_time import busy_within, parse_nvml_line
+    from bench.rlkit_grpo import rollout_windows
+
+    at = datetime(2026, 12, 6, 17, 0, 0).timestamp()
+    assert parse_nvml_line("2026/12/06 17:00:00.250, 87") == (at + 0.25, 87.0)
+    assert parse_nvml_line("[N/A]") is None and parse_nvml_line("2026/12/06 17:00:00.250, [N/A]") is None
+    # step 1 began at `at` and generated for 2 s, step 2 began 5 s later and generated for 1 s
+    windows = rollout_windows([at, at + 5.0], [{"timing/gen": 2.0}, {"rollout/generate_seconds": 1.0}])
+    assert windows == [(at, at + 2.0), (at + 5.0, at + 6.0)]
+    samples = [(at + 0.5, 40.0), (at + 1.5, 80.0), (at + 3.0, 0.0), (at + 5.5, 90.0), (at + 7.0, 10.0)]
+    assert busy_within(samples, windows[:1]) == {"nvml_busy_fraction": 0.6, "nvml_samples": 2}
+    assert busy_within(samples, windows) == {"nvml_busy_fraction": 0.7, "nvml_samples": 3}  # (40 + 80 + 90) / 3
+    assert busy_within(samples, [(at + 8.0, at + 9.0)]) == {}  # none inside: nothing, not 0
