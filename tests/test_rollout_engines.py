@@ -21,7 +21,7 @@ import torch.distributed as dist
 from transformers import AutoModelForCausalLM
 
 from rlkit.core.rollout.base import RolloutEngine, Sampling
-from rlkit.core.rollout.engines import make_engine
+from rlkit.core.rollout.engines import BesideStart, make_engine
 from rlkit.core.rollout.vllm_engine import sampled_log_probs
 from rlkit.core.rollout.vllm_worker import WeightLoader, _exit_after, pack_weights
 from rlkit.recipes.rollout_schema import RolloutConfig
@@ -167,10 +167,11 @@ def test_vllm_async_engine_streams_the_same_samples_and_agent_episodes(tiny_mode
     from rlkit.core.agents.loop import AgentLoop, Limits
     from agent_helpers import rows as agent_rows
 
+    ran: list[bool] = []  # the caller's work runs beside the start of an engine in a process of its own
     engine = make_engine(_config("vllm", streaming=True, engine_kwargs={"block_size": 32}), str(tiny_model_dir),
                          max_model_len=MAX_MODEL_LEN, dtype="float32", seed=0, device=torch.device("cpu"),
-                         sleep_mode=False)
-    assert type(engine).__name__ == "AsyncVLLMEngine"
+                         sleep_mode=False, beside_start=BesideStart(ran.append, 0, "the work"))
+    assert type(engine).__name__ == "AsyncVLLMEngine" and ran == [True]
     # its start's parts, logged in the engine's own process: the weights' load, and what came before it
     assert {"rollout_engine_before_weights_load", "rollout_engine_weights_load"} <= set(engine.start_parts())
     _check_engine(engine, tiny_model_dir)

@@ -127,8 +127,8 @@ def vllm_engine(
             **own,
         )
 
-    if replicas == 1:  # in-process, vLLM's memory profile would count the caller's tensors as its own
-        run_before(beside_start)
+    if replicas == 1 and not (options.streaming or options.separate_process):
+        run_before(beside_start)  # in-process: vLLM's memory profile would count the caller's tensors as its own
         return one_engine()
     from rlkit.core.rollout.replica_start import start_replicas
     from rlkit.core.rollout.replicas import ReplicatedEngine
@@ -141,6 +141,7 @@ def vllm_engine(
         model_path, on_gpu=on_gpu, gpu_memory_utilization=per_replica, sleep_mode=sleep_mode and on_gpu, **unplaced
     )
     arguments["streaming"] = options.streaming  # the async engine's start differs: part of the record's key
+    # One engine in a process of its own starts as a replica does: the caller's work beside it.
     engines, plan = start_replicas(
         one_engine,
         replicas,
@@ -149,7 +150,7 @@ def vllm_engine(
         share=rollout.gpu_memory_utilization,
         beside_start=beside_start,
     )
-    return ReplicatedEngine(engines, started_together=plan.together)
+    return engines[0] if replicas == 1 else ReplicatedEngine(engines, started_together=plan.together)
 
 
 def sglang_engine(

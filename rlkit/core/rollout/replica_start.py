@@ -24,6 +24,9 @@ on the calling thread while the replicas start, if the device has room for the r
 holds at once; otherwise before they start. Beside replicas that measure their KV caches, the work's memory is
 taken from the device beforehand (`hold_cached`), so that their profiles find the device's use unchanged; should
 they fail to start with company, they start again alone.
+
+One engine in a process of its own (rollout.vllm.streaming or separate_process, one replica) starts the same way:
+its KV size recorded at its first start on a device, the caller's work beside its start.
 """
 
 from __future__ import annotations
@@ -109,7 +112,12 @@ def start_replicas(
         free_bytes=free_bytes,
         share_bytes=share_bytes,
     )
-    logger.info("rollout: %d vLLM replicas start %s: %s", count, "together" if plan.together else "in turn", plan.why)
+    way = (
+        ("with a known KV size" if plan.together else "measuring its KV cache")
+        if count == 1
+        else ("together" if plan.together else "in turn")
+    )
+    logger.info("rollout: %d vLLM engine process(es) start %s: %s", count, way, plan.why)
     beside = beside_start
     if beside is not None and not room_beside(
         on_gpu=on_gpu, free_bytes=free_bytes, share_bytes=share_bytes, beside_bytes=beside.bytes
