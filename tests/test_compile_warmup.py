@@ -16,8 +16,9 @@ from rlkit.core.train import fsdp, packing, warmup
 from rlkit.core.train.model import TrainableModel, build_policy
 from rlkit.recipes.loader import load_config
 
-# KL in the loss (a reference pass) and an entropy bonus (the update differentiates the entropy)
-OVERRIDES = ["actor.use_kl_loss=true", "actor.entropy_coeff=0.01"]
+# KL in the loss (a reference pass), an entropy bonus (the update differentiates the entropy), weight decay (the
+# still optimizer step multiplies each weight by exactly 1)
+OVERRIDES = ["actor.use_kl_loss=true", "actor.entropy_coeff=0.01", "actor.weight_decay=0.1"]
 
 
 def test_the_warm_up_batch_is_two_sequences_laid_end_to_end():
@@ -33,8 +34,9 @@ def test_the_warm_up_batch_is_two_sequences_laid_end_to_end():
 def test_the_warm_up_holds_the_gradients_the_gathered_layers_its_activations_and_the_compiles_headroom():
     trained, frozen = torch.nn.Linear(3, 2), torch.nn.Linear(4, 1, bias=False).requires_grad_(False)
     model = TrainableModel(torch.nn.Sequential(trained, frozen), optimizer=None, scheduler=None)  # type: ignore[arg-type]
-    # gradients: 8 fp32 parameters x 4 bytes = 32; every layer gathered in bf16: 12 x 2 = 24; 53 tokens x 10 = 530
-    expected = 32 + 24 + 530 + warmup.COMPILE_HEADROOM_BYTES
+    # gradients: 8 fp32 parameters x 4 bytes = 32, AdamW's two moments 64; every layer gathered in bf16: 12 x 2 = 24;
+    # 53 tokens x 10 = 530
+    expected = 32 + 64 + 24 + 530 + warmup.COMPILE_HEADROOM_BYTES
     assert warmup.warm_up_bytes(model, activation_bytes_per_token=10, compute_dtype_bytes=2) == expected
 
 
@@ -78,9 +80,12 @@ def test_the_warm_up_changes_nothing_a_run_computes(process_group):  # noqa: F81
     weights = {name: p.detach().clone() for name, p in model.module.named_parameters()}
     model.module.eval()
     rng = torch.get_rng_state()
+    rates = [group["lr"] for group in model.optimizer.param_groups]
+    assert rates[0] > 0 and model.optimizer.param_groups[0]["weight_decay"] > 0  # a step at rate 0 moves nothing
     _warm_up(model, algorithm)
     assert torch.equal(torch.get_rng_state(), rng) and not model.module.training
     assert all(p.grad is None for p in model.module.parameters()) and not model.optimizer.state
+    assert [group["lr"] for group in model.optimizer.param_groups] == rates
     assert all(torch.equal(p, weights[name]) for name, p in model.module.named_parameters())
     warmed = _step(model)
     fresh = _step(_policy(OVERRIDES)[0])
