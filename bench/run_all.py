@@ -89,7 +89,7 @@ CONFIGS: dict[str, tuple[list[str], int, int]] = {
     "rlkit-1gpu-start-replicas2-streaming": ([RLKIT, "--defaults", "--override", "rollout.vllm.replicas=2",
                                              "--override", "rollout.vllm.streaming=true", "--steps", "2"], 1, 200),
     "rlkit-1gpu-start-replicas2-streaming-again": ([RLKIT, "--defaults", "--override", "rollout.vllm.replicas=2",
-                                                   "--override", "rollout.vllm.streaming=true", "--steps", "2"], 1, 110),
+                                                   "--override", "rollout.vllm.streaming=true", "--steps", "2"], 1, 150),
     "rlkit-1gpu-defaults-replicas3": ([RLKIT, "--defaults", "--override", "rollout.vllm.replicas=3"], 1, 280),
     "rlkit-1gpu-defaults-replicas2-logprobs": ([RLKIT, "--defaults", "--override", "rollout.vllm.replicas=2",
                                                "--rollout-is-cap", "2"], 1, 240),
