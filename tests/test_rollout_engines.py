@@ -247,6 +247,41 @@ def test_weights_packed_for_an_engine_process_reach_the_workers_reload_whole():
     assert all(got is sent for (_, got), (_, sent) in zip(in_process.loaded, tensors))
 
 
+def test_overlapping_collection_pauses_keep_the_collector_off_until_the_last_closes():
+    """Replicas generate on threads of their own, each in a pause: the first replica done must not turn Python's
+    collector back on under the others; the last puts it back as it was."""
+    import gc
+    import threading
+
+    from rlkit.core.rollout.vllm_engine import collections_paused
+
+    was = gc.isenabled()
+    gc.enable()
+    try:
+        second_open, first_closed, seen = threading.Event(), threading.Event(), {}
+
+        def second() -> None:
+            with collections_paused():
+                second_open.set()
+                first_closed.wait(5)
+                seen["after the first closed"] = gc.isenabled()
+
+        thread = threading.Thread(target=second)
+        with collections_paused():
+            assert not gc.isenabled()
+            thread.start()
+            second_open.wait(5)
+        first_closed.set()
+        thread.join(5)
+        assert seen == {"after the first closed": False} and gc.isenabled()
+        gc.disable()  # off before: off after
+        with collections_paused():
+            pass
+        assert not gc.isenabled()
+    finally:
+        (gc.enable if was else gc.disable)()
+
+
 def test_sampled_log_probs_take_the_first_entry_of_each_position():
     """vLLM's FlatLogprobs: with logprobs=0 one entry per position (the list is returned as it is); with more, each
     position's first entry is the sampled token's."""

@@ -265,15 +265,26 @@ def collections_paused() -> Iterator[None]:
     collections they trigger now and then walk the whole heap (model, compiled graphs, Ray), which
     vLLM's own start-up freeze does not cover: 4 full collections took 0.35 s of the rollouts of
     bench/rlkit_grpo.py on an H200 (docs/benchmarks.md). The loop's objects are freed by reference
-    counting; any cycles among them are collected after the block.
+    counting; any cycles among them are collected after the block. Blocks may overlap (replicas generate
+    on threads of their own, each in a block): the first to open turns the collector off, the last to close
+    puts it back as the first found it, so the last replica's tail runs with it off too.
     """
-    was_enabled = gc.isenabled()
-    gc.disable()
+    with _pause_lock:
+        if not _pause["open"]:
+            _pause["was_enabled"] = gc.isenabled()
+            gc.disable()
+        _pause["open"] += 1
     try:
         yield
     finally:
-        if was_enabled:
-            gc.enable()
+        with _pause_lock:
+            _pause["open"] -= 1
+            if not _pause["open"] and _pause["was_enabled"]:
+                gc.enable()
+
+
+_pause_lock = threading.Lock()
+_pause = {"open": 0, "was_enabled": False}  # collections_paused: blocks open now; the collector's state before
 
 
 # vLLM's modules the engines use; imported once per process, by `import_engine_modules`.
