@@ -60,14 +60,18 @@ def _warm_up(model, algorithm) -> None:
     )
 
 
-def _step(model) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-    """One update on a real batch: its log-probs, then the weights after the optimizer step."""
-    batch = padded_batch([[5, 6, 7, 8, 9], [9, 10, 11]], [[14, 15, 16, 17], [17, 18]], prompt_width=5, response_width=4)
+def _step(model, batch=None) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """One update on a real batch: its log-probs, then the weights after the optimizer step. Its loss weighs each
+    token, as a policy loss does (advantages): the gradients reach the log-prob kernels as dense tensors."""
+    if batch is None:
+        batch = padded_batch([[5, 6, 7, 8, 9], [9, 10, 11]], [[14, 15, 16, 17], [17, 18]], prompt_width=5,
+                             response_width=4)
     model.module.train()
     log_probs, entropy = fsdp.packed_log_probs(
         model.module, packing.pack(batch), temperature=0.7, with_entropy=True, fused_head=False, entropy_grad=True
     )
-    (log_probs.sum() + 0.01 * entropy.sum()).backward()
+    advantages = torch.linspace(-1.0, 1.0, log_probs.numel()).view_as(log_probs)
+    (-(advantages * log_probs).sum() - 0.01 * (entropy * torch.ones_like(entropy)).sum()).backward()
     model.optimizer.step()
     return log_probs.detach(), {name: p.detach().clone() for name, p in model.module.named_parameters()}
 
@@ -96,7 +100,9 @@ def test_the_warm_up_changes_nothing_a_run_computes(process_group):  # noqa: F81
 @pytest.mark.slow
 def test_with_compiled_layers_the_passes_after_the_warm_up_compile_nothing_new(process_group, monkeypatch):  # noqa: F811
     """model.compile=true compiles each decoder layer and the log-prob kernels with dynamic shapes: after the warm-up
-    on its two short sequences, a step's passes on other lengths (three sequences) find every graph compiled.
+    on its two short sequences, a step's passes on other lengths (three sequences) find every graph compiled, the
+    log-prob kernels' backward included, whose gradients come dense from a loss that weighs tokens (a warm-up that
+    summed them left that backward to step 1: 21 graphs against 20).
     dynamo's eager backend keeps the test quick: what is checked is dynamo's tracing and guards, whatever compiles
     the graphs after. (16 s on the 2-core machine.)"""
     from torch._dynamo.utils import counters
@@ -120,7 +126,7 @@ def test_with_compiled_layers_the_passes_after_the_warm_up_compile_nothing_new(p
         fsdp.packed_log_probs(model.module, packed, temperature=0.7, with_entropy=True, fused_head=False)
         with model.reference() as base:
             fsdp.packed_log_probs(base, packed, temperature=0.7, with_entropy=False, fused_head=False)
-    _step(model)
+    _step(model, batch)
     assert counters["stats"]["unique_graphs"] == graphs
     torch._dynamo.reset()
 

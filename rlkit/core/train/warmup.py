@@ -84,7 +84,11 @@ def warm_up_passes(
         log_probs, entropy = fsdp.packed_log_probs(
             module, packed, temperature=temperature, with_entropy=True, fused_head=fused_head, entropy_grad=entropy_grad
         )
-        (log_probs.sum() + entropy.sum()).backward()  # a detached entropy adds nothing to the backward
+        # Weighted as the update's loss weighs tokens: the gradients reach the log-prob kernels' backward as dense
+        # tensors. A plain sum's is one value broadcast (stride 0), which dynamo guards apart: the first real update
+        # compiled that backward again (seen on a CPU with dynamo's eager backend).
+        loss = (log_probs * torch.ones_like(log_probs)).sum() + (entropy * torch.ones_like(entropy)).sum()
+        loss.backward()  # a detached entropy adds nothing to the backward
         _still_optimizer_step(model)
     module.train(was_training)
 
