@@ -249,7 +249,9 @@ def startup_lines(results: dict) -> list[str]:
                               if k != "launch_to_first_step_s")
             lines.append(f"- {name}: launch to first step {startup['launch_to_first_step_s']:.1f} s"
                          + (f" ({parts})" if parts else ""))
-    pairs = [("rlkit-1gpu-defaults", "trl-1gpu-vllm"), ("rlkit-1gpu-defaults-again", "trl-1gpu-vllm-again")]
+    pairs = [("rlkit-1gpu-defaults", "trl-1gpu-vllm"), ("rlkit-1gpu-defaults-again", "trl-1gpu-vllm-again"),
+             ("rlkit-1gpu-start-replicas2-streaming", "trl-1gpu-vllm"),
+             ("rlkit-1gpu-start-replicas2-streaming-again", "trl-1gpu-vllm-again")]
     for ours, theirs in pairs:
         a, b = (results["configs"].get(n, {}).get("startup", {}).get("launch_to_first_step_s") for n in (ours, theirs))
         if a and b:
