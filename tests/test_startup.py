@@ -7,6 +7,7 @@ import logging
 import os
 import time
 from types import SimpleNamespace
+from typing import Iterator
 
 import pytest
 from rich.console import Console
@@ -123,55 +124,51 @@ def test_engine_start_parts_in_either_wording():
     assert start_parts(_logged(["Automatically detected platform cpu.", "Using V2 Model Runner"], 0.0), 0.0, 9.0) == {}
 
 
-def test_vllm_info_lines_are_captured_and_kept_off_the_screen(monkeypatch):
-    # vLLM's own logging set-up is not imported here (the vLLM recipe of tests/test_recipes_e2e.py runs it)
-    monkeypatch.setattr(engine_start, "settle_vllm_logging", lambda: None)
+@pytest.fixture
+def vllm_screen() -> Iterator[tuple[logging.Handler, list[str]]]:
+    """vLLM's logger at ERROR with a handler at ERROR (as vLLM's own with VLLM_LOGGING_LEVEL=ERROR), and what that
+    handler shows; after the test, the logger's level and handlers as they were."""
     vllm_logger = logging.getLogger("vllm")
-    screen = logging.Handler(logging.ERROR)  # as vLLM's own handler with VLLM_LOGGING_LEVEL=ERROR
+    screen = logging.Handler(logging.ERROR)
     shown: list[str] = []
     screen.emit = lambda record: shown.append(record.getMessage())  # type: ignore[method-assign]
+    before, handlers = vllm_logger.level, list(vllm_logger.handlers)
     vllm_logger.addHandler(screen)
-    before = vllm_logger.level
     vllm_logger.setLevel(logging.ERROR)
     try:
-        began = time.time()
-        with vllm_info_lines() as lines:
-            logging.getLogger("vllm.model_executor").info("Loading weights took %.2f seconds", 0.5)
-            logging.getLogger("vllm.model_executor").debug("not at INFO")
-        logging.getLogger("vllm").info("after the block")
-        assert [message for _, message in lines] == ["Loading weights took 0.50 seconds"]
-        assert began <= lines[0].at <= time.time()
-        assert shown == []
-        assert vllm_logger.level == logging.ERROR and screen.level == logging.ERROR
+        yield screen, shown
     finally:
-        vllm_logger.removeHandler(screen)
-        vllm_logger.setLevel(before)
-
-
-def test_an_engines_own_process_keeps_only_the_lines_of_its_starts_parts_for_good(monkeypatch):
-    vllm_logger = logging.getLogger("vllm")
-    screen = logging.Handler(logging.ERROR)  # as vLLM's own handler with VLLM_LOGGING_LEVEL=ERROR
-    shown: list[str] = []
-    screen.emit = lambda record: shown.append(record.getMessage())  # type: ignore[method-assign]
-    vllm_logger.addHandler(screen)
-    before = vllm_logger.level
-    vllm_logger.setLevel(logging.ERROR)
-    handlers = list(vllm_logger.handlers)
-    try:
-        lines = keep_start_lines()
-        logging.getLogger("vllm.worker").info("Automatically detected platform cuda.")  # no part: not kept
-        logging.getLogger("vllm.worker").info("Loading weights took %.2f seconds", 0.25)
-        logging.getLogger("vllm.worker").error("Graph capturing finished in 4 secs")  # shown, and kept
-        assert [message for _, message in lines] == ["Loading weights took 0.25 seconds",
-                                                     "Graph capturing finished in 4 secs"]
-        assert shown == ["Graph capturing finished in 4 secs"]
-        assert vllm_logger.level == logging.INFO and screen.level == logging.ERROR  # for good: nothing restores
-    finally:
-        for handler in vllm_logger.handlers:
+        for handler in list(vllm_logger.handlers):
             if handler not in handlers:
                 vllm_logger.removeHandler(handler)
-        vllm_logger.removeHandler(screen)
         vllm_logger.setLevel(before)
+
+
+def test_vllm_info_lines_are_captured_and_kept_off_the_screen(monkeypatch, vllm_screen):
+    # vLLM's own logging set-up is not imported here (the vLLM recipe of tests/test_recipes_e2e.py runs it)
+    monkeypatch.setattr(engine_start, "settle_vllm_logging", lambda: None)
+    screen, shown = vllm_screen
+    began = time.time()
+    with vllm_info_lines() as lines:
+        logging.getLogger("vllm.model_executor").info("Loading weights took %.2f seconds", 0.5)
+        logging.getLogger("vllm.model_executor").debug("not at INFO")
+    logging.getLogger("vllm").info("after the block")
+    assert [message for _, message in lines] == ["Loading weights took 0.50 seconds"]
+    assert began <= lines[0].at <= time.time()
+    assert shown == []
+    assert logging.getLogger("vllm").level == logging.ERROR and screen.level == logging.ERROR
+
+
+def test_an_engines_own_process_keeps_only_the_lines_of_its_starts_parts_for_good(vllm_screen):
+    screen, shown = vllm_screen
+    lines = keep_start_lines()
+    logging.getLogger("vllm.worker").info("Automatically detected platform cuda.")  # no part: not kept
+    logging.getLogger("vllm.worker").info("Loading weights took %.2f seconds", 0.25)
+    logging.getLogger("vllm.worker").error("Graph capturing finished in 4 secs")  # shown, and kept
+    assert [message for _, message in lines] == ["Loading weights took 0.25 seconds",
+                                                 "Graph capturing finished in 4 secs"]
+    assert shown == ["Graph capturing finished in 4 secs"]
+    assert logging.getLogger("vllm").level == logging.INFO and screen.level == logging.ERROR  # for good
 
 
 def test_replicas_report_the_slowest_ones_parts_when_together_and_each_parts_sum_in_turn():
