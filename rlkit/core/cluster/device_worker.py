@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import os
 import socket
 from typing import Any
@@ -35,6 +36,19 @@ class DeviceWorker(PhaseReporter):
         self.device = torch.device("cuda", 0) if self.use_cuda else torch.device("cpu")
         if not self.use_cuda:
             torch.set_num_threads(config.trainer.cpu_threads_per_worker)
+
+    def freeze_heap(self) -> None:
+        """The end of a worker's set-up in a process of its own (Ray): one collection, then every object so far (the
+        models, compiled graphs, the engines' clients, Ray's) moved out of reach of Python's collector, as vLLM does
+        in its engine's process. A step makes few objects that live on, so a full collection during one then walks
+        those alone instead of the whole heap (a 12-layer model's worker on a CPU: 0.79 s in two collections over
+        four steps before, 0.006 s after). Frozen objects are still freed by reference counting; only cycles among
+        them would outlive their use. In-process workers (the caller's process: tests, notebooks) leave its heap
+        alone."""
+        if self.config.trainer.workers == "in_process":
+            return
+        gc.collect()
+        gc.freeze()
 
     def address(self) -> tuple[str, int]:
         """Where rank 0 of a group can be reached: this host and a free port."""

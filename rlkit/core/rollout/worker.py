@@ -63,6 +63,7 @@ class RolloutWorker(DeviceWorker):
                 sleep_mode=False,
                 reward=cfg.reward,
             )
+        self.freeze_heap()
         self.idle_since = time.perf_counter()  # when the last call ended: the rollout's idle time starts there
         return {"rank": self.rank, "startup": {"rollout_engine_start": self.idle_since - began, **engine.start_parts()}}
 

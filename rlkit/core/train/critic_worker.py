@@ -41,6 +41,7 @@ class CriticWorker(DeviceWorker):
         # passes it on in the config); on CPU auto is the CPU default.
         paths = fast_paths.resolve(cfg.model, cfg.rollout, cfg.actor, self.device.type)
         self.micro_batch_tokens = paths.micro_batch_tokens
+        self.freeze_heap()
         return {"rank": self.rank, "shards": fsdp.shard_numels(self.model.module)}
 
     def _values(self, mb: Batch) -> tuple[torch.Tensor, Batch]:

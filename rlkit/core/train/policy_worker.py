@@ -196,6 +196,7 @@ class PolicyWorker(DeviceWorker):
                     seconds -= startup["compile_warmup"]
                 startup.update(rollout_engine_start=seconds, **engine.start_parts())
         shards = fsdp.shard_numels(model.module)
+        self.freeze_heap()
         return {"rank": self.rank, "shards": shards, "fast_paths": paths, "startup": startup}
 
     def _compile_warm_up(
