@@ -183,6 +183,7 @@ def build_parser() -> argparse.ArgumentParser:
                         help="where the time outside the GPU goes: every worker's garbage collections (bench/gc_site) "
                              "and py-spy stacks of every process during --py-spy-step's first seconds, in DIR")
     parser.add_argument("--py-spy-step", type=int, default=3)
+    parser.add_argument("--py-spy-seconds", type=float, default=10.0, help="how long py-spy samples that step")
     parser.add_argument("--steps", type=int, default=4)
     parser.add_argument("--warmup", type=int, default=1, help="leading steps left out of the means")
     parser.add_argument("--peak-flops", type=float, default=H200_BF16_PEAK_FLOPS, help="per-GPU bf16 peak for MFU")
@@ -241,7 +242,7 @@ def main() -> None:
             if args.host_profile and step == args.py_spy_step:
                 from bench.host_time import py_spy
 
-                with py_spy(Path(args.host_profile) / "py-spy-step.txt", 10.0, subprocesses=True):
+                with py_spy(Path(args.host_profile) / "py-spy-step.txt", args.py_spy_seconds, subprocesses=True):
                     steps.append(controller.step(step))
             else:
                 steps.append(controller.step(step))
