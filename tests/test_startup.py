@@ -18,6 +18,7 @@ from rlkit.core.rollout import engine_start
 from rlkit.core.rollout.engine_start import (
     LogLine,
     keep_start_lines,
+    process_start_line,
     replicas_start_parts,
     start_parts,
     vllm_info_lines,
@@ -122,6 +123,8 @@ def test_engine_start_parts_in_either_wording():
         "rollout_engine_after_init": 20.0 - 12.0,  # the 8th line, at 12 s
     })
     assert start_parts(_logged(["Automatically detected platform cpu.", "Using V2 Model Runner"], 0.0), 0.0, 9.0) == {}
+    # rlkit's line from an engine's own process: launched at 1001.5 s, its worker built at 1004 s
+    assert start_parts([process_start_line(1001.5, 1004.0)], 1000.0, 1015.0) == {"rollout_engine_process_start": 2.5}
 
 
 @pytest.fixture

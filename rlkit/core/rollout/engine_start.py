@@ -32,6 +32,8 @@ PATTERNS: dict[str, re.Pattern[str]] = {
     "memory_profiling": re.compile(rf"(?:Memory profiling takes|Initial profiling/warmup run took) {_NUMBER} s"),
     "cuda_graphs": re.compile(rf"(?<![Ee]ncoder )Graph capturing finished in {_NUMBER} secs"),
     "init": re.compile(rf"init engine \(profile, create kv cache, warmup model\) took {_NUMBER} s"),
+    # rlkit's own line in an engine's process (`process_start_line`): its launch to vLLM building its worker
+    "process_start": re.compile(rf"rlkit: vLLM built its worker {_NUMBER} s after the process's launch"),
 }
 
 
@@ -85,6 +87,12 @@ class _Lines(logging.Handler):
             return
         if not self.parts_only or any(pattern.search(message) for pattern in PATTERNS.values()):
             self.lines.append(LogLine(record.created, message))
+
+
+def process_start_line(launched: float, now: float) -> LogLine:
+    """The line that reports an engine's process start: from its launch (`launched`) to now, when vLLM imports rlkit's
+    worker extension as it builds its worker (Python, the imports of vLLM's engine and worker, its configuration)."""
+    return LogLine(now, f"rlkit: vLLM built its worker {now - launched:.2f} s after the process's launch")
 
 
 def keep_start_lines() -> list[LogLine]:

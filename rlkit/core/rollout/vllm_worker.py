@@ -25,13 +25,18 @@ import psutil  # a dependency of vLLM, the only user of this module
 import torch
 from torch.multiprocessing.reductions import reduce_tensor
 
-from rlkit.core.rollout.engine_start import LogLine, keep_start_lines
+from rlkit.core.rollout.engine_start import LogLine, keep_start_lines, process_start_line
+from rlkit.core.startup import process_start_time
 
 NamedTensors = Iterable[tuple[str, torch.Tensor]]
 
 # vLLM spawns its engine's processes (multiprocessing children); in the trainer's process, or the test's, an
 # engine in that process has its start's lines read as it starts (engine_start.vllm_info_lines).
-_START_LINES: list[LogLine] = keep_start_lines() if multiprocessing.parent_process() is not None else []
+_IN_ENGINE_PROCESS = multiprocessing.parent_process() is not None
+_START_LINES: list[LogLine] = keep_start_lines() if _IN_ENGINE_PROCESS else []
+_LAUNCHED = process_start_time() if _IN_ENGINE_PROCESS else None
+if _LAUNCHED is not None:  # the process's own start, up to now: vLLM builds its worker
+    _START_LINES.append(process_start_line(_LAUNCHED, time.time()))
 
 
 def pack_weights(named_tensors: NamedTensors) -> tuple[bytes, list[torch.Tensor]]:
