@@ -26,7 +26,19 @@ def test_build_batch_pads_prompts_left_and_responses_right():
     assert batch["response_mask"].tolist() == [[1, 1, 0], [1, 1, 1]]
     assert batch["rollout_log_probs"].tolist() == [[-0.5, -0.25, 0.0], [-1.0, -2.0, -3.0]]
     assert batch["finished"].tolist() == [True, False]
+    assert batch["rollout_log_prob_rows"].tolist() == [True, True]
     assert batch.meta["ground_truth"] == ["1", "2"]
+
+
+def test_a_check_steps_rows_without_engine_log_probs_are_marked():
+    """On a check step a share of the samples returns log-probs (Sampling.log_prob_every): the others' rows hold
+    zeros, which rollout_log_prob_rows tells from log-probs of 0; without any, neither key is there."""
+    short, long = _samples()
+    without = Trajectory.single_turn(PromptRow(0, [5, 6], "d", "1"), 0, RolloutSample(0, [11, 2], [], True))
+    batch = build_batch([without, long], pad_id=0)
+    assert batch["rollout_log_probs"].tolist() == [[0.0, 0.0, 0.0], [-1.0, -2.0, -3.0]]
+    assert batch["rollout_log_prob_rows"].tolist() == [False, True]
+    assert not {"rollout_log_probs", "rollout_log_prob_rows"} & set(build_batch([without], pad_id=0).tensors)
 
 
 def test_loss_mask_trains_only_the_policys_tokens_while_attention_sees_them_all():

@@ -20,7 +20,7 @@ from rlkit.core.controller.controller import Controller
 from rlkit.core.state.run_dir import resolve_model_path
 from rlkit.core.data.dataset import PromptRow, PromptSampler
 from rlkit.core.rewards.scoring import RewardScorer
-from rlkit.core.rollout.base import RolloutSample, Sampling
+from rlkit.core.rollout.base import RolloutSample, Sampling, request_seed, returns_log_probs
 from rlkit.core.rollout.source import SyncScheduler
 from rlkit.core.rollout.stages import RolloutStages
 from rlkit.recipes.loader import load_config
@@ -43,9 +43,10 @@ class ScriptedWorkers:
         results = []
         for prompts, sampling in per_rank:
             self.samplings.append(sampling)
-            results.append([RolloutSample(i, tokens, [0.0] * len(tokens) if sampling.log_probs else [], finished=True)
+            results.append([RolloutSample(i, tokens, [-0.5] * len(tokens) if with_log_probs else [], finished=True)
                             for i, prompt in enumerate(prompts) for j in range(sampling.n)
-                            for tokens in [self.respond(len(self.samplings), self.by_prompt[tuple(prompt)], j)]])
+                            for tokens in [self.respond(len(self.samplings), self.by_prompt[tuple(prompt)], j)]
+                            for with_log_probs in [returns_log_probs(sampling, request_seed(sampling, i, j))]])
         return results
 
     def collect(self, refs: list[list[RolloutSample]], phase: str) -> list[list[RolloutSample]]:
@@ -143,3 +144,22 @@ def test_engine_log_probs_are_asked_for_only_on_check_steps(tokenizer, overrides
     batches = [controller.source.next_batch(step, {})[0] for step in range(1, 7)]
     assert [s.log_probs for s in workers.samplings] == asked
     assert ["rollout_log_probs" in batch for batch in batches] == asked
+
+
+@pytest.mark.parametrize("overrides, every, rows", [
+    ([], 2, 32),                           # a check step of 8 x 8 samples: one in 64 // 32 = 2, by seed
+    (["data.train_batch_size=4", "actor.mini_batch_size=4"], 1, 32),  # 32 samples, fewer than 2 x 32: all
+    (["actor.rollout_is_cap=2.0"], 1, 64),  # TIS weights read every sample's
+])
+def test_a_check_step_takes_log_probs_from_a_share_of_the_samples(tokenizer, overrides, every, rows) -> None:
+    eos = tokenizer.eos_token_id
+    controller, workers = make_controller("grpo", ["data.train_batch_size=8", "rollout.n=8",
+                                                   "actor.mini_batch_size=8", *overrides], tokenizer,
+                                          lambda call, row, j: [eos])
+    batch, _ = controller.source.next_batch(1, {})  # step 1: the invariants' check step
+    (sampling,) = workers.samplings
+    assert sampling.log_probs and sampling.log_prob_every == every
+    assert int(batch["rollout_log_prob_rows"].sum()) == rows
+    seeds = [request_seed(sampling, i, j) for i in range(len(batch) // 8) for j in range(8)]
+    assert batch["rollout_log_prob_rows"].tolist() == [seed % every == 0 for seed in seeds]
+    assert (batch["rollout_log_probs"][:, 0] == -0.5).tolist() == batch["rollout_log_prob_rows"].tolist()

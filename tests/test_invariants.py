@@ -174,6 +174,12 @@ def _measure(folder: str) -> None:
                          * batch["response_mask"]})
         engine_off = _update(worker, shifted, keys)
         worker.load_checkpoint(f"{folder}/start")
+        # A check step's share: every other row has the engine's (shifted) log-probs, the others none (zeros)
+        rows = torch.arange(len(batch)) % 2 == 0
+        share = Batch({**shifted.tensors, "rollout_log_prob_rows": rows,
+                       "rollout_log_probs": shifted["rollout_log_probs"] * rows.unsqueeze(-1)})
+        engine_off_share = _update(worker, share, keys)
+        worker.load_checkpoint(f"{folder}/start")
         with torch.no_grad():  # a reference that is not the initial policy
             generator = torch.Generator().manual_seed(1)
             for param in worker.actor.model.base.parameters():
@@ -183,7 +189,8 @@ def _measure(folder: str) -> None:
         other_reference = _update(worker, batch, keys)
     finally:
         dist.destroy_process_group()
-    torch.save(dict(correct=correct, engine_off=engine_off, other_reference=other_reference), f"{folder}/out.pt")
+    torch.save(dict(correct=correct, engine_off=engine_off, engine_off_share=engine_off_share,
+                    other_reference=other_reference), f"{folder}/out.pt")
 
 
 def test_the_invariants_fire_on_a_real_update_broken_on_purpose(tmp_path) -> None:
@@ -195,6 +202,9 @@ def test_the_invariants_fire_on_a_real_update_broken_on_purpose(tmp_path) -> Non
     assert out["correct"]["actor/kl_ref"] == 0.0 and out["correct"]["rollout/log_prob_diff"] < 1e-6
     invariants.check_step(config(), 1, out["correct"])
     assert abs(out["engine_off"]["rollout/log_prob_diff"] - 0.3) < 1e-5
+    # measured on the rows that have the engine's log-probs only (the zeros of the others would count ~4 nats)
+    assert abs(out["engine_off_share"]["rollout/log_prob_diff"] - 0.3) < 1e-5
+    assert "rollout/log_prob_checked_tokens" not in out["engine_off_share"]
     with pytest.raises(InvariantViolation, match="rollout-vs-trainer log-prob gap"):
         invariants.check_step(config(), 1, out["engine_off"])
     assert abs(out["other_reference"]["actor/kl_ref"]) > 0.05

@@ -58,6 +58,14 @@ def _check_engine(engine, model_dir):
     other = engine.generate(prompts, Sampling(n=3, max_tokens=4, seed=8))
     assert ([s.token_ids for s in again] == [s.token_ids for s in samples]) == engine.honors_seeds
     assert all(s.log_probs == [] for s in again)  # not asked for
+    # A check step's share (Sampling.log_prob_every): only requests whose seed is a multiple of 2 (seeds 7..12: the
+    # 2nd, 4th and 6th) return log-probs, the same as when all do; asking for them changes no sample.
+    share = engine.generate(prompts, Sampling(n=3, max_tokens=4, seed=7, log_prob_every=2))
+    assert [bool(s.log_probs) for s in share] == [False, True, False, True, False, True]
+    if engine.honors_seeds:
+        assert [s.token_ids for s in share] == [s.token_ids for s in samples]
+        for with_share, with_all in zip(share[1::2], samples[1::2]):
+            assert torch.allclose(torch.tensor(with_share.log_probs), torch.tensor(with_all.log_probs), atol=1e-5)
     assert [s.token_ids for s in other] != [s.token_ids for s in samples]
     assert len({tuple(s.token_ids) for s in samples[:3]}) > 1
     for s in samples:
@@ -173,7 +181,8 @@ def test_vllm_async_engine_streams_the_same_samples_and_agent_episodes(tiny_mode
                          sleep_mode=False, beside_start=BesideStart(ran.append, 0, "the work"))
     assert type(engine).__name__ == "AsyncVLLMEngine" and ran == [True]
     # its start's parts, logged in the engine's own process: the weights' load, and what came before it
-    assert {"rollout_engine_before_weights_load", "rollout_engine_weights_load"} <= set(engine.start_parts())
+    assert {"rollout_engine_before_weights_load", "rollout_engine_weights_load", "rollout_engine_process_start"} <= set(
+        engine.start_parts())
     _check_engine(engine, tiny_model_dir)
 
     class Batched(RolloutEngine):  # the same engine's batch call, without its streaming surface

@@ -9,6 +9,7 @@ per-row Python values (data_source, ground truth, ...). Layout of a rollout batc
   response_mask   [B, R]    the loss mask: 1 on tokens the policy generated (0 on padding and on
                             tool/environment tokens, which attention_mask still covers)
   rollout_log_probs [B, R]  log-probs the engine sampled with (steps that ask for them)
+  rollout_log_prob_rows [B] the rows that have them (all but on a check step: a share, rlkit.core.rollout.stages)
   group_ids [B], finished [B], policy_version [B]
 """
 
@@ -141,6 +142,7 @@ def build_batch(trajectories: list[Trajectory], pad_id: int) -> Batch:
         for i, t in enumerate(trajectories):
             rollout_lp[i, : len(t.log_probs)] = torch.tensor(t.log_probs)
         tensors["rollout_log_probs"] = rollout_lp * loss_mask
+        tensors["rollout_log_prob_rows"] = torch.tensor([bool(t.log_probs) for t in trajectories])
     return Batch(
         tensors={
             **tensors,

@@ -175,11 +175,13 @@ class RolloutConfig(Section):
     log_prob_check_freq: int = Field(
         10,
         ge=0,
-        description="Every this many steps the engine also returns the log-prob of each sampled token, and "
-        "rollout/log_prob_diff (mean |engine - trainer|) checks the weight sync and the engine's "
-        "numerics; 0 = never (but step 1, for the step-1 invariants, unless trainer.invariants=off). Not "
-        "every step: vLLM decodes at half speed while returning them (docs/benchmarks.md). "
-        "actor.old_log_probs=rollout takes them on every step.",
+        description="Every this many steps the engine also returns the log-probs of the tokens it sampled for about "
+        "32 of the step's samples (one in samples // 32 by seed; every sample of a smaller batch and every agent "
+        "episode), and rollout/log_prob_diff (mean |engine - trainer| over them) checks the weight sync and the "
+        "engine's numerics; 0 = never (but step 1, for the step-1 invariants, unless trainer.invariants=off). Not "
+        "every step, nor every sample: vLLM decodes at half speed while returning them, a cost per request and "
+        "token (docs/benchmarks.md). actor.old_log_probs=rollout and the rollout corrections take them from "
+        "every sample on every step.",
     )
     log_prob_tolerance: float = Field(
         0.05,

@@ -79,6 +79,6 @@ class UpdateInputs:
         return [
             *BASE_KEYS,
             *([] if self.old_log_probs_from_update else ["old_log_probs"]),
-            *(["rollout_log_probs"] if self.rollout_log_probs else []),
+            *(["rollout_log_probs", "rollout_log_prob_rows"] if self.rollout_log_probs else []),
             *(["ref_log_probs"] if self.reference else []),
         ]

@@ -218,7 +218,9 @@ class Controller:
             metrics["actor/entropy"] = masked_mean(batch["entropy"], mask)
         if trainer_pass and inputs.rollout_log_probs:  # the engine returned its log-probs this step
             gap = (batch["rollout_log_probs"] - batch["old_log_probs"]).abs()
-            metrics["rollout/log_prob_diff"] = masked_mean(gap, mask)
+            checked = mask * batch["rollout_log_prob_rows"].unsqueeze(-1)  # a check step's share of the rows
+            if checked.any():
+                metrics["rollout/log_prob_diff"] = masked_mean(gap, checked)
         if self.algorithm.critic:
             values, returns = batch["values"], batch["returns"]
             residual_var = masked_mean((returns - values) ** 2, mask) - masked_mean(returns - values, mask) ** 2

@@ -21,6 +21,7 @@ from typing import Callable
 from rlkit.core.algos.algorithm import Algorithm
 from rlkit.core.algos.phase_plan import phase_plan
 from rlkit.core.planning.shape import ModelShape
+from rlkit.core.rollout.base import check_stride
 from rlkit.recipes.schema import RLConfig
 
 # docs/benchmarks.md, "Calibration of rlkit plan", mirrors this table. "fit" = least squares over the four
@@ -147,7 +148,9 @@ def step_time(
             "(replicas are not calibrated)"
         )
     every = config.rollout.log_prob_check_freq
-    with_log_probs = 1.0 if algorithm.rollout_log_probs else (1.0 / every if every else 0.0)
+    # A check step's log-probs come from a share of the samples (all of an agent's episodes: check_stride)
+    checked = 1.0 if config.rollout.agent.loop != "single_turn" else 1.0 / check_stride(samples)
+    with_log_probs = 1.0 if algorithm.rollout_log_probs else (checked / every if every else 0.0)
     slowdown = with_log_probs / cal["log_prob_decode_factor"] + (1 - with_log_probs)
     weight_bytes = 4 if config.model.dtype == "float32" else 2
     baseline = math.ceil(data.train_batch_size / engines)  # gen_baseline: one greedy sample per prompt

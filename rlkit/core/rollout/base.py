@@ -20,6 +20,9 @@ class Sampling:
     greedy: bool = False
     ignore_eos: bool = False  # always generate max_tokens (benchmarks: fixed shapes)
     log_probs: bool = True  # return each sampled token's log-prob (vLLM: a real cost at large batches)
+    # With log_probs, only the requests whose seed is a multiple of this return them: a check step's share of the
+    # samples (rlkit.core.rollout.stages.check_stride); 1: every request.
+    log_prob_every: int = 1
     # Each prompt's own first seed, instead of seed + i * n: an agent episode's turn keeps its seed whichever
     # other episodes share the call (rlkit.core.agents.turns).
     prompt_seeds: Sequence[int] | None = None
@@ -30,6 +33,21 @@ def request_seed(sampling: Sampling, prompt_index: int, sample_index: int) -> in
     if sampling.prompt_seeds is not None:
         return sampling.prompt_seeds[prompt_index] + sample_index
     return sampling.seed + prompt_index * sampling.n + sample_index
+
+
+# A check step's log-probs (the weight-sync check) come from about this many samples, or all of a smaller batch.
+CHECK_SAMPLES = 32
+
+
+def check_stride(samples: int) -> int:
+    """Sampling.log_prob_every for a check step of `samples` samples (single-turn): one request in this many,
+    by seed, returns log-probs, about CHECK_SAMPLES of them; every one when there are fewer than twice that."""
+    return max(1, samples // CHECK_SAMPLES)
+
+
+def returns_log_probs(sampling: Sampling, seed: int) -> bool:
+    """Whether the request seeded `seed` (request_seed) returns its sampled tokens' log-probs."""
+    return sampling.log_probs and seed % sampling.log_prob_every == 0
 
 
 @dataclass

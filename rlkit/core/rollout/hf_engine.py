@@ -7,7 +7,14 @@ from typing import Iterable, Sequence
 import torch
 from transformers import LogitsProcessor, LogitsProcessorList
 
-from rlkit.core.rollout.base import RolloutEngine, RolloutSample, Sampling, limits_per_prompt, request_seed
+from rlkit.core.rollout.base import (
+    RolloutEngine,
+    RolloutSample,
+    Sampling,
+    limits_per_prompt,
+    request_seed,
+    returns_log_probs,
+)
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 
@@ -39,7 +46,7 @@ class HFEngine(RolloutEngine):
         return samples
 
     def _generate_chunk(
-        self, requests: list[tuple[int, list[int], int]], seeds: Iterable[int], sampling: Sampling
+        self, requests: list[tuple[int, list[int], int]], seeds: list[int], sampling: Sampling
     ) -> list[RolloutSample]:
         width = max(len(p) for _, p, _ in requests)
         ids = torch.full((len(requests), width), self.pad_id, dtype=torch.long)
@@ -70,10 +77,10 @@ class HFEngine(RolloutEngine):
         new_tokens = out.sequences[:, width:].cpu()
         chosen = sampler.log_probs().cpu()
         samples = []
-        for row, (prompt_index, _, limit) in enumerate(requests):
+        for row, ((prompt_index, _, limit), seed) in enumerate(zip(requests, seeds)):
             tokens = new_tokens[row, :limit].tolist()
             end = next((k + 1 for k, t in enumerate(tokens) if t in stop_ids), len(tokens))
-            log_probs = chosen[row, :end].tolist() if sampling.log_probs else []
+            log_probs = chosen[row, :end].tolist() if returns_log_probs(sampling, seed) else []
             finished = end < len(tokens) or tokens[end - 1] in stop_ids
             samples.append(RolloutSample(prompt_index, tokens[:end], log_probs, finished))
         return samples

@@ -24,7 +24,14 @@ from typing import Any, Coroutine, Iterable, Iterator, Sequence, TypeVar
 
 import torch
 
-from rlkit.core.rollout.base import RolloutEngine, RolloutSample, Sampling, limits_per_prompt, request_seed
+from rlkit.core.rollout.base import (
+    RolloutEngine,
+    RolloutSample,
+    Sampling,
+    limits_per_prompt,
+    request_seed,
+    returns_log_probs,
+)
 from rlkit.core.rollout.scored_generation import stream_samples
 
 T = TypeVar("T")
@@ -112,26 +119,25 @@ class SGLangEngine(RolloutEngine):
             return stream_samples(self, prompts, sampling, token_limits)
         # One request per sample with its own seed, prompt-major: sample j of prompt i is request i * n + j.
         limits = limits_per_prompt(prompts, sampling, token_limits)
-        params = [
-            _params(sampling, request_seed(sampling, k // sampling.n, k % sampling.n), limits[k // sampling.n])
-            for k in range(len(prompts) * sampling.n)
-        ]
+        seeds = [request_seed(sampling, k // sampling.n, k % sampling.n) for k in range(len(prompts) * sampling.n)]
+        with_log_probs = [returns_log_probs(sampling, seed) for seed in seeds]
         outputs = self.engine.generate(
             input_ids=[p for p in prompts for _ in range(sampling.n)],
-            sampling_params=params,
-            return_logprob=sampling.log_probs,
+            sampling_params=[_params(sampling, seed, limits[k // sampling.n]) for k, seed in enumerate(seeds)],
+            return_logprob=with_log_probs,
         )
-        return [_sample(k // sampling.n, out, sampling) for k, out in enumerate(outputs)]
+        return [_sample(k // sampling.n, out, with_log_probs[k]) for k, out in enumerate(outputs)]
 
     async def sample(
         self, prompt: list[int], sampling: Sampling, seed: int, max_tokens: int, place: tuple[int, int] = (0, 1)
     ) -> RolloutSample:
         """One sample of `prompt` (its prompt_index 0) through SGLang's async client; runs on the engine's event
         loop (`run`). `place` is for replicas, which SGLang does not have here."""
+        with_log_probs = returns_log_probs(sampling, seed)
         out = await self.engine.async_generate(
-            input_ids=prompt, sampling_params=_params(sampling, seed, max_tokens), return_logprob=sampling.log_probs
+            input_ids=prompt, sampling_params=_params(sampling, seed, max_tokens), return_logprob=with_log_probs
         )
-        return _sample(0, out, sampling)
+        return _sample(0, out, with_log_probs)
 
     def run(self, coroutine: Coroutine[Any, Any, T]) -> T:
         """Run a coroutine that awaits `sample` on the event loop SGLang's client lives on (it runs while a call
@@ -236,9 +242,9 @@ def _params(sampling: Sampling, seed: int, max_tokens: int) -> dict[str, Any]:
     }
 
 
-def _sample(prompt_index: int, out: dict[str, Any], sampling: Sampling) -> RolloutSample:
+def _sample(prompt_index: int, out: dict[str, Any], with_log_probs: bool) -> RolloutSample:
     meta = out["meta_info"]
-    log_probs = [entry[0] for entry in meta["output_token_logprobs"]] if sampling.log_probs else []
+    log_probs = [entry[0] for entry in meta["output_token_logprobs"]] if with_log_probs else []
     return RolloutSample(prompt_index, list(out["output_ids"]), log_probs, meta["finish_reason"]["type"] == "stop")
 
 

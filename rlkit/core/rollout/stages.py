@@ -25,7 +25,7 @@ from rlkit.core.algos.dapo import groups_with_signal, overlong_penalty
 from rlkit.core.algos.phase_plan import PhasePlan, phase_plan
 from rlkit.core.batch import Batch, build_batch
 from rlkit.core.rewards.worker_pool import Outcome, RewardError
-from rlkit.core.rollout.base import Sampling
+from rlkit.core.rollout.base import Sampling, check_stride
 from rlkit.core.rollout.dynamic_sampling import GroupCollector, group_rows
 from rlkit.core.rollout.generator import Generator
 from rlkit.core.rollout.trajectory import Trajectory
@@ -134,6 +134,10 @@ class Generate:
         world = self.placement.rollout_size
         parts = [list(range(len(prompts)))[r::world] for r in range(world)]
         episodes, scored = self.rollout.agent.loop != "single_turn", self.scored
+        if sampling.log_probs and not self.algorithm.rollout_log_probs and not episodes:
+            # A check step's log-probs (the weight-sync check) from a share of the samples: vLLM returns them at a
+            # cost per request and token (docs/benchmarks.md). An agent episode's turns return them all or none.
+            sampling = replace(sampling, log_prob_every=check_stride(len(prompts) * sampling.n))
         method = Generator.agent_episodes if episodes else Generator.generate_scored if scored else Generator.generate
         per_rank = []
         for rank, part in enumerate(parts):

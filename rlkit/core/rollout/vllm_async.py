@@ -26,7 +26,7 @@ from typing import Any, Coroutine, Iterable, Sequence, TypeVar
 
 import torch
 
-from rlkit.core.rollout.base import RolloutEngine, RolloutSample, Sampling
+from rlkit.core.rollout.base import RolloutEngine, RolloutSample, Sampling, returns_log_probs
 from rlkit.core.rollout.engine_start import start_parts, vllm_info_lines
 from rlkit.core.rollout.event_loop import EventLoop
 from rlkit.core.rollout.scored_generation import stream_samples
@@ -90,7 +90,8 @@ class AsyncVLLMEngine(RolloutEngine):
     ) -> RolloutSample:
         """One sample of `prompt` (its prompt_index 0), seeded by `seed`; runs on this engine's event loop.
         `place`: (the request's place, of how many), which replicas route by (rlkit.core.rollout.replicas)."""
-        return to_sample(await self.request(prompt, sampling_params(sampling, seed, max_tokens)), 0, sampling)
+        output = await self.request(prompt, sampling_params(sampling, seed, max_tokens))
+        return to_sample(output, 0, returns_log_probs(sampling, seed))
 
     async def request(self, prompt: list[int], params: Any) -> Any:
         """vLLM's output of one request (FINAL_ONLY: one output, when the request ends)."""

@@ -24,7 +24,14 @@ from typing import Any, Iterable, Iterator, Sequence
 
 import torch
 
-from rlkit.core.rollout.base import RolloutEngine, RolloutSample, Sampling, limits_per_prompt, request_seed
+from rlkit.core.rollout.base import (
+    RolloutEngine,
+    RolloutSample,
+    Sampling,
+    limits_per_prompt,
+    request_seed,
+    returns_log_probs,
+)
 from rlkit.core.rollout.engine_start import LogLine, start_parts, vllm_info_lines
 from rlkit.core.rollout.vllm_worker import pack_weights
 
@@ -118,7 +125,14 @@ class VLLMEngine(RolloutEngine):
     @staticmethod
     def samples(outputs: list[Any], sampling: Sampling) -> list[RolloutSample]:
         """rlkit's samples from vLLM's outputs of `requests`."""
-        return [to_sample(out, k // sampling.n, sampling) for k, out in enumerate(outputs)]
+        return [
+            to_sample(
+                out,
+                k // sampling.n,
+                returns_log_probs(sampling, request_seed(sampling, k // sampling.n, k % sampling.n)),
+            )
+            for k, out in enumerate(outputs)
+        ]
 
     def score(self, sequences: list[list[int]], prompt_len: int) -> list[list[float]]:
         outputs = self.llm.generate(score_requests(sequences), score_params(), use_tqdm=False)
@@ -210,7 +224,7 @@ def sampling_params(sampling: Sampling, seed: int, max_tokens: int) -> Any:
         max_tokens=max_tokens,
         # Log-probs only when asked: each costs per-token Python in vLLM's engine loop, which at
         # batch 512 on an H200 is what bounds the decode speed (docs/benchmarks.md).
-        logprobs=0 if sampling.log_probs else None,
+        logprobs=0 if returns_log_probs(sampling, seed) else None,
         temperature=0.0 if sampling.greedy else sampling.temperature,
         top_p=sampling.top_p,
         top_k=sampling.top_k,
@@ -249,11 +263,11 @@ def prompt_scores(output: Any, sequence: list[int], prompt_len: int) -> list[flo
     return [entry[tok].logprob for entry, tok in zip(output.prompt_logprobs[prompt_len:], sequence[prompt_len:])]
 
 
-def to_sample(output: Any, prompt_index: int, sampling: Sampling) -> RolloutSample:
-    """rlkit's sample from vLLM's output of one request."""
+def to_sample(output: Any, prompt_index: int, with_log_probs: bool) -> RolloutSample:
+    """rlkit's sample from vLLM's output of one request (`with_log_probs`: its parameters asked for them)."""
     completion = output.outputs[0]
     tokens = list(completion.token_ids)
-    log_probs = sampled_log_probs(completion.logprobs, len(tokens)) if sampling.log_probs else []
+    log_probs = sampled_log_probs(completion.logprobs, len(tokens)) if with_log_probs else []
     return RolloutSample(prompt_index, tokens, log_probs, completion.finish_reason == "stop")
 
 

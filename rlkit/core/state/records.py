@@ -193,6 +193,8 @@ def read_record(run_path: Path, step: int | None = None) -> Record:
         else:
             values = column.to_numpy(zero_copy_only=False)
         tensors[name] = torch.from_numpy(np.array(values)).to(dtype)
+    if "rollout_log_probs" in tensors and "rollout_log_prob_rows" not in tensors:  # recorded when all rows had them
+        tensors["rollout_log_prob_rows"] = torch.ones(len(tensors["rollout_log_probs"]), dtype=torch.bool)
     return Record(step=int(info["step"]), batch=Batch(tensors, meta), metrics=info["metrics"])
 
 

@@ -70,7 +70,7 @@ def sample_views(record: Record, tokenizer: Any) -> list[SampleView]:
         prompt_ids = batch["input_ids"][i, :prompt_width][batch["attention_mask"][i, :prompt_width].bool()]
         trained = loss_mask[i][real[i]].tolist()
         row_gaps = None
-        if gaps is not None:
+        if gaps is not None and batch["rollout_log_prob_rows"][i]:  # a check step's share of the rows has them
             row_gaps = [g if t else None for g, t in zip(gaps[i][real[i]].tolist(), trained)]
         views.append(
             SampleView(

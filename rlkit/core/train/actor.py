@@ -34,6 +34,9 @@ from rlkit.recipes.trainer_schema import DPOConfig
 
 # The key of Actor.update_actor's result that holds its per-token log-probs (UpdateInputs.keep_log_probs).
 KEPT_LOG_PROBS = "trainer_log_probs"
+# The engine-vs-trainer log-prob gap (rlkit.core.rollout.sync_check), and the tokens it was measured on: on a check
+# step only a share of the rows has the engine's log-probs (rollout_log_prob_rows).
+GAP, CHECKED_TOKENS = "rollout/log_prob_diff", "rollout/log_prob_checked_tokens"
 
 
 def response_log_probs(
@@ -146,6 +149,11 @@ class Actor(Role, OfflineUpdates):
             per_update=("pg_loss", "kl_loss"),
         )
         totals = correction_metrics(totals)
+        if CHECKED_TOKENS in totals:  # both per loss token so far: the gap is per checked token (none: no gap)
+            checked = totals.pop(CHECKED_TOKENS)
+            gap = totals.pop(GAP)
+            if checked > 0:
+                totals[GAP] = gap / checked
         if inputs.rollout_is_weight_mean is not None:
             totals["rollout_corr/rollout_is_batch_norm_factor"] = inputs.rollout_is_weight_mean
         metrics: dict[str, float | torch.Tensor] = {k if "/" in k else f"actor/{k}": v for k, v in totals.items()}
@@ -203,7 +211,9 @@ class Actor(Role, OfflineUpdates):
         if old_from_here:  # what the old-log-prob pass would have reported, token sums
             sums["entropy"] = (entropy.detach() * mask).sum().cpu()
             if inputs.rollout_log_probs:  # the engine returned them this step (rollout.log_prob_check_freq)
-                sums["rollout/log_prob_diff"] = ((mb["rollout_log_probs"] - old_log_probs).abs() * mask).sum().cpu()
+                checked = mask * mb["rollout_log_prob_rows"].unsqueeze(-1)  # a check step's share of the rows
+                sums[GAP] = ((mb["rollout_log_probs"] - old_log_probs).abs() * checked).sum().cpu()
+                sums[CHECKED_TOKENS] = checked.sum().cpu()
             if inputs.reference:
                 sums["kl_ref"] = (kl_estimate(old_log_probs, mb["ref_log_probs"], "k1") * mask).sum().cpu()
         if "entropy" in algorithm.loss_terms:
