@@ -198,3 +198,20 @@ def test_too_little_disk_for_the_checkpoints_fails(no_cluster) -> None:
     assert doctor.check_disk(config)[0].level in ("ok", "warn")
     found = doctor.check_disk(config, lambda c: 2**60)[0]
     assert found.level == "fail" and "its checkpoints need ~1073741824.0 GiB" in found.found
+
+
+def test_an_engine_package_without_bytecode_warns_where_python_may_not_write_it(tmp_path) -> None:
+    """PYTHONDONTWRITEBYTECODE and no .pyc: every process importing the package compiles it again (warn, with the
+    command that compiles it once); with the .pyc, or where Python writes it on import, nothing to do."""
+    import py_compile
+    from importlib.util import cache_from_source
+
+    init = tmp_path / "vllm" / "__init__.py"
+    init.parent.mkdir()
+    init.write_text("x = 1\n")
+    warned = doctor.bytecode_finding("vllm", init, dont_write=True)
+    assert warned.level == "warn" and "PYTHONDONTWRITEBYTECODE is set and vllm has no .pyc" in warned.found
+    assert warned.fix.startswith(f"python -m compileall -q -j 0 {init.parent} ")
+    assert doctor.bytecode_finding("vllm", init, dont_write=False).level == "ok"
+    py_compile.compile(str(init), cfile=cache_from_source(str(init)))
+    assert doctor.bytecode_finding("vllm", init, dont_write=True) == doctor.Finding("ok", "bytecode", "vllm compiled")
