@@ -7,14 +7,8 @@ from typing import Iterable, Sequence
 import torch
 from transformers import LogitsProcessor, LogitsProcessorList
 
-from rlkit.core.rollout.base import (
-    RolloutEngine,
-    RolloutSample,
-    Sampling,
-    limits_per_prompt,
-    request_seed,
-    returns_log_probs,
-)
+from rlkit.core.rollout import base
+from rlkit.core.rollout.base import RolloutEngine, RolloutSample, Sampling, limits_per_prompt, request_seed
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 
@@ -80,7 +74,7 @@ class HFEngine(RolloutEngine):
         for row, ((prompt_index, _, limit), seed) in enumerate(zip(requests, seeds)):
             tokens = new_tokens[row, :limit].tolist()
             end = next((k + 1 for k, t in enumerate(tokens) if t in stop_ids), len(tokens))
-            log_probs = chosen[row, :end].tolist() if returns_log_probs(sampling, seed) else []
+            log_probs = chosen[row, :end].tolist() if base.returns_log_probs(sampling, seed) else []
             finished = end < len(tokens) or tokens[end - 1] in stop_ids
             samples.append(RolloutSample(prompt_index, tokens[:end], log_probs, finished))
         return samples

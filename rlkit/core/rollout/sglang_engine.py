@@ -24,14 +24,8 @@ from typing import Any, Coroutine, Iterable, Iterator, Sequence, TypeVar
 
 import torch
 
-from rlkit.core.rollout.base import (
-    RolloutEngine,
-    RolloutSample,
-    Sampling,
-    limits_per_prompt,
-    request_seed,
-    returns_log_probs,
-)
+from rlkit.core.rollout import base
+from rlkit.core.rollout.base import RolloutEngine, RolloutSample, Sampling, limits_per_prompt, request_seed
 from rlkit.core.rollout.scored_generation import stream_samples
 
 T = TypeVar("T")
@@ -120,7 +114,7 @@ class SGLangEngine(RolloutEngine):
         # One request per sample with its own seed, prompt-major: sample j of prompt i is request i * n + j.
         limits = limits_per_prompt(prompts, sampling, token_limits)
         seeds = [request_seed(sampling, k // sampling.n, k % sampling.n) for k in range(len(prompts) * sampling.n)]
-        with_log_probs = [returns_log_probs(sampling, seed) for seed in seeds]
+        with_log_probs = [base.returns_log_probs(sampling, seed) for seed in seeds]
         outputs = self.engine.generate(
             input_ids=[p for p in prompts for _ in range(sampling.n)],
             sampling_params=[_params(sampling, seed, limits[k // sampling.n]) for k, seed in enumerate(seeds)],
@@ -133,7 +127,7 @@ class SGLangEngine(RolloutEngine):
     ) -> RolloutSample:
         """One sample of `prompt` (its prompt_index 0) through SGLang's async client; runs on the engine's event
         loop (`run`). `place` is for replicas, which SGLang does not have here."""
-        with_log_probs = returns_log_probs(sampling, seed)
+        with_log_probs = base.returns_log_probs(sampling, seed)
         out = await self.engine.async_generate(
             input_ids=prompt, sampling_params=_params(sampling, seed, max_tokens), return_logprob=with_log_probs
         )

@@ -24,14 +24,8 @@ from typing import Any, Iterable, Iterator, Sequence
 
 import torch
 
-from rlkit.core.rollout.base import (
-    RolloutEngine,
-    RolloutSample,
-    Sampling,
-    limits_per_prompt,
-    request_seed,
-    returns_log_probs,
-)
+from rlkit.core.rollout import base
+from rlkit.core.rollout.base import RolloutEngine, RolloutSample, Sampling, limits_per_prompt, request_seed
 from rlkit.core.rollout.engine_start import LogLine, start_parts, vllm_info_lines
 from rlkit.core.rollout.vllm_worker import pack_weights
 
@@ -129,7 +123,7 @@ class VLLMEngine(RolloutEngine):
             to_sample(
                 out,
                 k // sampling.n,
-                returns_log_probs(sampling, request_seed(sampling, k // sampling.n, k % sampling.n)),
+                base.returns_log_probs(sampling, request_seed(sampling, k // sampling.n, k % sampling.n)),
             )
             for k, out in enumerate(outputs)
         ]
@@ -224,7 +218,7 @@ def sampling_params(sampling: Sampling, seed: int, max_tokens: int) -> Any:
         max_tokens=max_tokens,
         # Log-probs only when asked: each costs per-token Python in vLLM's engine loop, which at
         # batch 512 on an H200 is what bounds the decode speed (docs/benchmarks.md).
-        logprobs=0 if returns_log_probs(sampling, seed) else None,
+        logprobs=0 if base.returns_log_probs(sampling, seed) else None,
         temperature=0.0 if sampling.greedy else sampling.temperature,
         top_p=sampling.top_p,
         top_k=sampling.top_k,
