@@ -21,7 +21,7 @@ class Sampling:
     ignore_eos: bool = False  # always generate max_tokens (benchmarks: fixed shapes)
     log_probs: bool = True  # return each sampled token's log-prob (vLLM: a real cost at large batches)
     # With log_probs, only the requests whose seed is a multiple of this return them: a check step's share of the
-    # samples (rlkit.core.rollout.stages.check_stride); 1: every request.
+    # samples (`check_stride`, set by rlkit.core.rollout.stages); 1: every request.
     log_prob_every: int = 1
     # Each prompt's own first seed, instead of seed + i * n: an agent episode's turn keeps its seed whichever
     # other episodes share the call (rlkit.core.agents.turns).
