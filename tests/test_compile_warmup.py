@@ -12,7 +12,7 @@ from test_packing import padded_batch
 
 from rlkit.core.algos.algorithm import Algorithm
 from rlkit.core.state.run_dir import resolve_model_path
-from rlkit.core.train import fsdp, packing, warmup
+from rlkit.core.train import fsdp, logprobs, packing, warmup
 from rlkit.core.train.model import TrainableModel, build_policy
 from rlkit.recipes.loader import load_config
 
@@ -102,7 +102,9 @@ def test_with_compiled_layers_the_passes_after_the_warm_up_compile_nothing_new(p
     """model.compile=true compiles each decoder layer and the log-prob kernels with dynamic shapes: after the warm-up
     on its two short sequences, a step's passes on other lengths (three sequences) find every graph compiled, the
     log-prob kernels' backward included, whose gradients come dense from a loss that weighs tokens (a warm-up that
-    summed them left that backward to step 1: 21 graphs against 20).
+    summed them left that backward to step 1: 21 graphs against 20). The step's 9 response tokens are cut in chunks
+    of 2 (2 + 2 + 2 + 2 + 1), as a real vocabulary cuts a real batch: a warm-up whose tokens were one chunk left the
+    kernels to compile again at the first batch of several (its chunk was as long as the logits it was cut from).
     dynamo's eager backend keeps the test quick: what is checked is dynamo's tracing and guards, whatever compiles
     the graphs after. (16 s on the 2-core machine.)"""
     from torch._dynamo.utils import counters
@@ -116,11 +118,13 @@ def test_with_compiled_layers_the_passes_after_the_warm_up_compile_nothing_new(p
     assert graphs > 0  # the warm-up compiled
     batch = padded_batch(
         [[5, 6, 7, 8, 9, 10], [9, 10, 11], [3, 4, 5, 6]],
-        [[14, 15, 16, 17, 18], [17, 18], [20]],
+        [[14, 15, 16, 17, 18], [17, 18], [20, 21]],
         prompt_width=6,
         response_width=5,
     )
     packed = packing.pack(batch)
+    vocab = model.module.config.get_text_config().vocab_size
+    monkeypatch.setattr(logprobs, "CHUNK_ELEMENTS", 2 * vocab)
     with torch.no_grad():
         model.module.eval()
         fsdp.packed_log_probs(model.module, packed, temperature=0.7, with_entropy=True, fused_head=False)

@@ -15,16 +15,35 @@ exists at all; both share the chunk math (`_chunked_stats`, `_chunked_grad_logit
 from __future__ import annotations
 
 import functools
+from contextlib import contextmanager
 from typing import Callable, Iterator
 
 import torch
 
 # fp32 elements of one chunk of logits (2^26 floats = 256 MiB): V=152k gives 441 tokens a chunk.
 CHUNK_ELEMENTS = 1 << 26
+# Tokens a chunk while `chunk_rows` is in force; None: as many as CHUNK_ELEMENTS holds.
+_rows_in_force: int | None = None
 
 
 def _chunk_tokens(vocab: int) -> int:
-    return max(1, CHUNK_ELEMENTS // vocab)
+    return _rows_in_force or max(1, CHUNK_ELEMENTS // vocab)
+
+
+@contextmanager
+def chunk_rows(rows: int) -> Iterator[None]:
+    """Chunks of `rows` tokens inside the block, whatever the vocabulary (the compile warm-up, rlkit.core.train.warmup).
+
+    A batch of fewer response tokens than a chunk holds is one chunk, a view as long as the whole logits: dynamo,
+    tracing the kernels on it, takes the two lengths for one (duck sizing) and guards on their equality, so the first
+    batch of several chunks compiled the kernels again, forward and backward (step 1 of an H100 run, 2026-12-06).
+    """
+    global _rows_in_force
+    before, _rows_in_force = _rows_in_force, rows
+    try:
+        yield
+    finally:
+        _rows_in_force = before
 
 
 def _stats(logits: torch.Tensor, targets: torch.Tensor, temperature: float, with_entropy: bool):

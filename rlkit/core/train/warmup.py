@@ -22,11 +22,15 @@ from __future__ import annotations
 import torch
 
 from rlkit.core.batch import Batch
-from rlkit.core.train import fsdp, packing
+from rlkit.core.train import fsdp, logprobs, packing
 from rlkit.core.train.model import TrainableModel
 
 # Two sequences: (prompt, response) lengths.
 SEQUENCES = ((7, 16), (9, 21))
+# The log-prob kernels' chunks during the warm-up: the 37 response tokens as 12 + 12 + 12 + 1, so that the kernels
+# are traced on chunks shorter than the logits they are cut from (as a real batch's are: 441 tokens a chunk of a
+# 152k vocabulary) and on a chunk of one token, a size dynamo compiles apart (a batch of 441 n + 1 tokens ends so).
+CHUNK_ROWS = 12
 # Memory the compile's own work may hold at once beyond the passes' tensors (autotuning, workspaces).
 COMPILE_HEADROOM_BYTES = 1 << 30
 
@@ -71,7 +75,7 @@ def warm_up_passes(
     module = model.module
     packed = packing.pack(dummy_batch(module.config.get_text_config().vocab_size)).to(device)
     was_training = module.training
-    with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
+    with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []), logprobs.chunk_rows(CHUNK_ROWS):
         module.eval()
         with torch.no_grad():
             fsdp.packed_log_probs(module, packed, temperature=temperature, with_entropy=True, fused_head=fused_head)
