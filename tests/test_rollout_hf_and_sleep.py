@@ -88,6 +88,18 @@ def test_vllm_wakes_only_the_weights_for_a_sync_and_the_kv_cache_before_generati
     assert engine.asleep == set()
 
 
+def test_vllm_frees_the_weights_at_sleep_level_2_when_told_they_will_be_loaded_again():
+    engine = object.__new__(VLLMEngine)
+    engine.llm, engine.sleep_mode, engine.asleep = FakeLLM(), True, set()
+    assert engine.discards_weights
+    engine.sleep(discard_weights=True)
+    engine.sleep(discard_weights=True)  # asleep already
+    engine.wake_up()
+    assert engine.llm.calls == [("sleep", 2), ("wake_up", ["kv_cache", "weights"])]
+    engine.sleep_mode = False  # on a CPU: nothing to free
+    assert not engine.discards_weights
+
+
 class GcWatchingLLM:
     """vLLM's generate as the engine calls it, noting whether the garbage collector was on."""
 

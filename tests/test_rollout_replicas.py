@@ -34,8 +34,10 @@ class Recorder(RolloutEngine):
     def load_weights(self, named_tensors):
         self.calls.append(("load", [name for name, _ in named_tensors]))
 
-    def sleep(self):
-        self.calls.append(("sleep", None))
+    discards_weights = True
+
+    def sleep(self, discard_weights=False):
+        self.calls.append(("sleep", discard_weights))
 
     def wake_up(self, weights_only=False):
         self.calls.append(("wake_up", weights_only))
@@ -83,7 +85,13 @@ def test_scores_come_back_in_order_and_weights_sleep_and_wake_reach_every_engine
     replicated.load_weights((name, torch.zeros(1)) for name in ["a", "b"])  # a generator, read once
     replicated.sleep()
     replicated.wake_up(weights_only=True)
-    assert engines[0].calls[1:] == engines[1].calls[1:] == [("load", ["a", "b"]), ("sleep", None), ("wake_up", True)]
+    assert replicated.discards_weights
+    replicated.sleep(discard_weights=True)
+    assert engines[0].calls[1:] == engines[1].calls[1:] == [
+        ("load", ["a", "b"]), ("sleep", False), ("wake_up", True), ("sleep", True)
+    ]
+    engines[1].discards_weights = False  # only where every replica can
+    assert not replicated.discards_weights
 
 
 def test_an_engines_error_reaches_the_caller():

@@ -95,9 +95,13 @@ class RolloutEngine(ABC):
         rlkit.core.rollout.engine_start); empty where it reported none."""
         return {}
 
-    def sleep(self) -> None:
+    # Whether `sleep(discard_weights=True)` frees the weights without keeping a copy (vLLM with sleep mode).
+    discards_weights = False
+
+    def sleep(self, discard_weights: bool = False) -> None:
         """The end of a rollout: free device memory until the next (no-op where unsupported), and forget any
-        cache of this rollout's prefixes."""
+        cache of this rollout's prefixes. `discard_weights`: the caller loads every weight again before the
+        engine next computes, so an engine that `discards_weights` keeps no copy of them."""
 
     def wake_up(self, weights_only: bool = False) -> None:
         """Take device memory back: the weights alone (enough for a weight sync), or everything."""

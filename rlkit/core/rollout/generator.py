@@ -25,7 +25,7 @@ from rlkit.core.data.dataset import PromptRow
 from rlkit.core.rewards.scoring import RewardScorer
 from rlkit.core.rollout.base import RolloutEngine, RolloutSample, Sampling
 from rlkit.core.rollout.scored_generation import episodes_scored, generate_scored
-from rlkit.core.rollout.sync_check import SyncProbe
+from rlkit.core.rollout.sync_check import SyncProbe, load_weights
 from rlkit.core.rollout.trajectory import Trajectory
 from rlkit.core.state.shards import rng_state, set_rng_state
 from rlkit.core.train import fsdp
@@ -60,12 +60,21 @@ class Generator(Role):
         self.agent, self.data, self.model_path, self.engine, self.weights = agent, data, model_path, engine, weights
         self.device, self.dtype, self.sleep_mode = device, dtype, sleep_mode
         self.sync_probe = SyncProbe()
+        # A colocated engine frees its weights when it sleeps after a rollout (vLLM sleep level 2) where the sync
+        # after the update loads them all: a host copy would cost a pinned buffer of their size (1.3 s to allocate
+        # at the first sleep of a 0.5B model's engine on an H100) and two copies a step for nothing. The first
+        # rollout that finds them gone (a second one before a sync: dynamic sampling's next round, ReMax's
+        # baseline, a step without an update) loads the trainer's weights, the ones freed, and from then on the
+        # engine keeps them (level 1).
+        self.discard_on_sleep = sleep_mode and weights is not None and engine.discards_weights
+        self.weights_discarded = False
         self._agent_loop: AgentLoop | ClientAgentLoop | None = None
         self.reward = reward
         self._scorer: RewardScorer | None = None  # the reward's pool, started on first use
 
-    def wake_engine(self, weights_only: bool = False) -> None:
-        """Wake a sleeping engine, first handing back what PyTorch's allocator cached.
+    def wake_engine(self, weights_only: bool = False, restore: bool = True) -> None:
+        """Wake a sleeping engine, first handing back what PyTorch's allocator cached; with `restore`, load the
+        weights its last sleep freed (`discard_on_sleep`) if no sync has loaded them since.
 
         The allocator keeps the training passes' freed blocks (the update's activations: ~45 GiB
         at 32k micro-batch tokens on a 0.5B model, measured on an H200), and a colocated engine
@@ -75,6 +84,27 @@ class Generator(Role):
         if self.sleep_mode and self.device.type == "cuda":
             torch.cuda.empty_cache()
         self.engine.wake_up(weights_only=weights_only)
+        if restore:
+            self.restore_weights()
+
+    def restore_weights(self) -> None:
+        """Load the trainer's weights into an engine whose last sleep freed them with no sync since, and keep
+        them at later sleeps. The trainer's weights are those freed (every sync loads them; before the first,
+        the checkpoint's both hold). A collective on every rank, as every sync: each rank's generator makes
+        the same calls, so each finds its weights freed at the same call."""
+        if not self.weights_discarded:
+            return
+        assert self.weights is not None  # discard_on_sleep needs them
+        self.engine.wake_up(weights_only=True)
+        load_weights(self.engine, self.weights())
+        self.weights_discarded = self.discard_on_sleep = False
+
+    def end_rollout(self) -> None:
+        """After a rollout: the sync check's score before the next load (SyncProbe.score_before_load) while the
+        engine still holds the weights it sampled with, then sleep, freeing them where `discard_on_sleep`."""
+        self.sync_probe.score_before_load(self.engine)
+        self.engine.sleep(discard_weights=self.discard_on_sleep)
+        self.weights_discarded = self.weights_discarded or self.discard_on_sleep
 
     # -- generation ---------------------------------------------------------------------
     @in_phase("generate")
@@ -84,7 +114,7 @@ class Generator(Role):
         self.wake_engine()
         samples = self.engine.generate(prompts, sampling, token_limits)
         self.sync_probe.record(prompts, samples)
-        self.engine.sleep()
+        self.end_rollout()
         return samples
 
     @in_phase("generate")
@@ -95,7 +125,7 @@ class Generator(Role):
         self.wake_engine()
         samples, outcomes = generate_scored(self.engine, rows, sampling, *self.scoring())
         self.sync_probe.record([row.prompt_token_ids for row in rows], samples)
-        self.engine.sleep()
+        self.end_rollout()
         return samples, outcomes
 
     def scoring(self) -> tuple[RewardScorer, Any]:
@@ -126,13 +156,14 @@ class Generator(Role):
             trajectories = episodes_scored(loop, self.engine, rows, groups, sampling, *self.scoring())
         else:
             trajectories = loop.run(self.engine, rows, groups, sampling)
-        self.engine.sleep()
+        self.end_rollout()
         return trajectories
 
     def validation_episodes(self, rows: list[Any], groups: list[int], sampling: Sampling) -> list[Trajectory]:
         """Validation's episodes on the engine: the agent loop's (rollout.agent), or one-turn completions.
         This process's RNG states are put back afterwards (an engine may reseed them; the HF engine does),
         so validating never shifts what training draws next."""
+        self.restore_weights()  # on every rank, those with no prompt too: a collective
         if not rows:  # fewer validation prompts than ranks
             return []
         state = rng_state()
@@ -153,6 +184,7 @@ class Generator(Role):
 
     def engine_log_probs(self, sequences: list[list[int]], prompt_len: int) -> list[list[float]]:
         """The engine's log-probs of given continuations (for checking the weight sync)."""
+        self.restore_weights()
         return self.engine.score(sequences, prompt_len)
 
     # -- weights into the engine --------------------------------------------------------
@@ -160,9 +192,10 @@ class Generator(Role):
     def sync_weights(self) -> dict[str, float]:
         """Colocated: stream the actor's full tensors from its FSDP2 shards into the engine, one at a time."""
         start = time.perf_counter()
-        # A checked sync scores a sequence before and after loading: the whole engine must be awake.
-        self.wake_engine(weights_only=not self.sync_probe.pending)
+        # A checked sync scores a sequence after loading: the whole engine must be awake. Every weight is loaded.
+        self.wake_engine(weights_only=not self.sync_probe.pending, restore=False)
         moved, checked = self.load(self.weights())  # type: ignore[misc]
+        self.weights_discarded = False
         # The engine stays awake (weights only, no KV cache) until the next rollout's generate.
         return {"sync/bytes": moved, "sync/seconds": time.perf_counter() - start, **checked}
 

@@ -116,8 +116,12 @@ class ReplicatedEngine(RolloutEngine):
         tensors = list(named_tensors)
         self.on_all([lambda engine=engine: engine.load_weights(tensors) for engine in self.replicas])
 
-    def sleep(self) -> None:
-        self.on_all([engine.sleep for engine in self.replicas])
+    @property
+    def discards_weights(self) -> bool:
+        return all(engine.discards_weights for engine in self.replicas)
+
+    def sleep(self, discard_weights: bool = False) -> None:
+        self.on_all([lambda engine=engine: engine.sleep(discard_weights) for engine in self.replicas])
 
     def wake_up(self, weights_only: bool = False) -> None:
         self.on_all([lambda engine=engine: engine.wake_up(weights_only) for engine in self.replicas])

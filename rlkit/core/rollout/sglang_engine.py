@@ -169,8 +169,9 @@ class SGLangEngine(RolloutEngine):
         if session:
             _check("end_weight_update", self.engine.end_weight_update())
 
-    def sleep(self) -> None:
-        """Release weights (kept in host memory) and KV cache through SGLang's memory saver."""
+    def sleep(self, discard_weights: bool = False) -> None:
+        """Release weights (kept in host memory, whatever `discard_weights` says) and KV cache through SGLang's
+        memory saver."""
         if self.sleep_mode and not self.asleep:
             self.engine.release_memory_occupation(tags=[*_WEIGHTS, *_GENERATION])
             self.asleep = {*_WEIGHTS, *_GENERATION}

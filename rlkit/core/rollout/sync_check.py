@@ -45,6 +45,7 @@ class SyncProbe:
         self.prompt_len = 0
         self.fingerprint: torch.Tensor | None = None  # the last load's weights, summed per tensor
         self.done = False
+        self.before: torch.Tensor | None = None  # the probe's scores under the weights the next load replaces
 
     def record(self, prompts: list[list[int]], samples: list[RolloutSample]) -> None:
         """Keep a sample of the first rollout as the probe, less its first token.
@@ -65,6 +66,12 @@ class SyncProbe:
         """The next load is measured (the engine must then be awake enough to score)."""
         return not self.done and self.sequence is not None and self.fingerprint is not None
 
+    def score_before_load(self, engine: RolloutEngine) -> None:
+        """While the next load is measured, score the probe now, at a rollout's end: the engine holds the
+        weights that load replaces, and may free them when it sleeps (rlkit.core.rollout.generator)."""
+        if self.pending:
+            self.before = self._score(engine)
+
     def load(
         self, engine: RolloutEngine, tensors: Iterable[tuple[str, torch.Tensor]], dtype: torch.dtype
     ) -> dict[str, float]:
@@ -75,7 +82,9 @@ class SyncProbe:
         if self.done:
             load_weights(engine, tensors)
             return {}
-        before = self._score(engine) if self.pending else None
+        before, self.before = self.before, None
+        if before is None and self.pending:  # no rollout since the last load: the engine still holds its weights
+            before = self._score(engine)
         sums: list[torch.Tensor] = []
 
         def fingerprinted() -> Iterator[tuple[str, torch.Tensor]]:

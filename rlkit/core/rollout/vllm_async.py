@@ -134,10 +134,15 @@ class AsyncVLLMEngine(RolloutEngine):
             torch.cuda.ipc_collect()
         self.events.run(self.llm.reset_prefix_cache())
 
-    def sleep(self) -> None:
-        """As VLLMEngine.sleep: level 1 with sleep mode, else only the prefix cache emptied."""
+    @property
+    def discards_weights(self) -> bool:
+        return self.sleep_mode
+
+    def sleep(self, discard_weights: bool = False) -> None:
+        """As VLLMEngine.sleep: level 1 with sleep mode (2 with `discard_weights`), else only the prefix cache
+        emptied."""
         if self.sleep_mode and not self.asleep:
-            self.events.run(self.llm.sleep(level=1))
+            self.events.run(self.llm.sleep(level=2 if discard_weights else 1))
             self.asleep = {"weights", "kv_cache"}
         elif not self.sleep_mode:
             self.events.run(self.llm.reset_prefix_cache())

@@ -144,12 +144,18 @@ class VLLMEngine(RolloutEngine):
                 torch.cuda.ipc_collect()
         self.llm.reset_prefix_cache()
 
-    def sleep(self) -> None:
+    @property
+    def discards_weights(self) -> bool:
+        return self.sleep_mode
+
+    def sleep(self, discard_weights: bool = False) -> None:
         """The end of a rollout: release the KV cache and move the weights to host memory (vLLM sleep level 1,
-        which also empties the prefix cache). An engine without sleep mode only empties its prefix cache, so
-        that every rollout starts from an empty one, as after a sleep, and a resumed run replays its hits."""
+        which also empties the prefix cache), or free them too (level 2, `discard_weights`: vLLM keeps only the
+        model's buffers, and puts them back when the weights wake). An engine without sleep mode only empties
+        its prefix cache, so that every rollout starts from an empty one, as after a sleep, and a resumed run
+        replays its hits."""
         if self.sleep_mode and not self.asleep:
-            self.llm.sleep(level=1)
+            self.llm.sleep(level=2 if discard_weights else 1)
             self.asleep = {"weights", "kv_cache"}
         elif not self.sleep_mode:
             self.llm.reset_prefix_cache()
