@@ -67,7 +67,16 @@ class Batch:
         return [self.select(list(range(i * size, (i + 1) * size))) for i in range(parts)]
 
     def to(self, device: torch.device | str) -> Batch:
-        return Batch({k: v.to(device) for k, v in self.tensors.items()}, self.meta)
+        return Batch({k: to_device(v, device) for k, v in self.tensors.items()}, self.meta)
+
+
+def to_device(tensor: torch.Tensor, device: torch.device | str) -> torch.Tensor:
+    """`tensor` on `device`. From the host to a GPU the copy is queued without waiting for it (pinned memory,
+    non_blocking): a copy from pageable memory first waits for every kernel queued before it, so each
+    micro-batch's inputs left the GPU idle while the host packed and launched the next one."""
+    if torch.device(device).type == "cuda" and tensor.device.type == "cpu":
+        return tensor.pin_memory().to(device, non_blocking=True)
+    return tensor.to(device)
 
 
 def shard_minibatches(

@@ -200,7 +200,7 @@ def correction_weights(
         sums[SUMS + "rs_tokens"] = rejected.sum().to(torch.float32)
         sums[SUMS + "rs_seqs"] = rejected.any(-1).sum().to(torch.float32)
         out = out * keep
-    return out.detach(), {k: v.detach().cpu() for k, v in sums.items()}
+    return out.detach(), {k: v.detach() for k, v in sums.items()}
 
 
 def _divergence_sums(log_ratio: Tensor, valid: Tensor) -> dict[str, Tensor]:

@@ -54,24 +54,28 @@ def response_log_probs(
     micro-batch by micro-batch; 0 on padding. `fused_head`: actor.fused_lm_head (fsdp.packed_log_probs).
     `with_sum_pi_squared`: also "sum_pi_squared", each token's sum over the vocabulary of its squared
     probabilities, which reads the full logits (that pass is never fused)."""
-    log_probs = torch.zeros(batch["responses"].shape)
-    entropy = torch.zeros(batch["responses"].shape)
-    sum_pi_squared = torch.zeros(batch["responses"].shape)
+    names = ("log_probs", "entropy", "sum_pi_squared") if with_sum_pi_squared else ("log_probs", "entropy")
+    # Each micro-batch's results stay on the device until the last is queued (reading one back would wait for
+    # the device, which would then idle while the host packs the next).
+    done: list[tuple[list[int], tuple[torch.Tensor, ...]]] = []
     for rows in micro_batches(batch, micro_batch_tokens):
         packed = packing.pack(batch.select(rows)).to(device)
         if with_sum_pi_squared:
             logits = fsdp.packed_outputs(module, packed)
-            sum_pi_squared[rows] = packed.scatter(sum_squared_probs(logits, temperature)).cpu()
+            squared = sum_squared_probs(logits, temperature)
             lp, ent = selected_log_probs(logits, packed.targets, temperature, with_entropy=with_entropy)
+            done.append((rows, (packed.scatter(lp), packed.scatter(ent), packed.scatter(squared))))
         else:
             lp, ent = fsdp.packed_log_probs(
                 module, packed, temperature=temperature, with_entropy=with_entropy, fused_head=fused_head
             )
-        log_probs[rows] = packed.scatter(lp).cpu()
-        entropy[rows] = packed.scatter(ent).cpu()
+            done.append((rows, (packed.scatter(lp), packed.scatter(ent))))
+    out = {name: torch.zeros(batch["responses"].shape) for name in names}
+    for rows, values in done:
+        for name, value in zip(names, values):
+            out[name][rows] = value.cpu()
     mask = batch["response_mask"]
-    out = {"log_probs": log_probs * mask, "entropy": entropy * mask}
-    return {**out, "sum_pi_squared": sum_pi_squared * mask} if with_sum_pi_squared else out
+    return {name: value * mask for name, value in out.items()}
 
 
 class Actor(Role, OfflineUpdates):
@@ -134,10 +138,10 @@ class Actor(Role, OfflineUpdates):
         Metrics are global (rlkit.core.train.learner): every worker returns the same numbers.
         """
         cfg = self.actor
-        kept = None
+        kept = None  # (rows, their log-probs on the device) per micro-batch, read back after the update
         if inputs.keep_log_probs:  # one mini-batch, one epoch (old log-probs from the update): rows in shard order
             minibatches[0]["update_row"] = torch.arange(len(minibatches[0]))
-            kept = torch.zeros(minibatches[0]["responses"].shape)
+            kept = []
         micro_step = functools.partial(self._micro_step, inputs=inputs, kept=kept)
         totals = optimize(
             self.model,
@@ -158,14 +162,24 @@ class Actor(Role, OfflineUpdates):
             totals["rollout_corr/rollout_is_batch_norm_factor"] = inputs.rollout_is_weight_mean
         metrics: dict[str, float | torch.Tensor] = {k if "/" in k else f"actor/{k}": v for k, v in totals.items()}
         if kept is not None:  # not a metric: the controller takes it out (Controller.update_actor)
-            metrics[KEPT_LOG_PROBS] = kept
+            log_probs = torch.zeros(minibatches[0]["responses"].shape)
+            for rows, values in kept:
+                log_probs[rows] = values.cpu()
+            metrics[KEPT_LOG_PROBS] = log_probs
         return metrics
 
     def _micro_step(
-        self, mb: Batch, norm: dict[str, float], *, inputs: UpdateInputs, kept: torch.Tensor | None = None
+        self,
+        mb: Batch,
+        norm: dict[str, float],
+        *,
+        inputs: UpdateInputs,
+        kept: list[tuple[torch.Tensor, torch.Tensor]] | None = None,
     ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-        """The loss of one micro-batch, and metric sums to aggregate across micro-batches and ranks."""
+        """The loss of one micro-batch, and metric sums to aggregate across micro-batches and ranks, left on the
+        device (rlkit.core.train.learner reads them back once, after the update)."""
         algorithm = self.algorithm
+        rows = mb["update_row"] if kept is not None else None  # on the host: where `kept` puts them
         packed = packing.pack(mb).to(self.device)
         mb = mb.to(self.device)
         old_from_here = inputs.old_log_probs_from_update
@@ -181,7 +195,7 @@ class Actor(Role, OfflineUpdates):
         old_log_probs = log_probs.detach() if old_from_here else mb["old_log_probs"]
         mask = mb["response_mask"].float()
         if kept is not None:
-            kept[mb["update_row"].cpu()] = (old_log_probs * mask).float().cpu()
+            kept.append((rows, (old_log_probs * mask).float().detach()))
         per_token, pg_metrics = algorithm.policy_loss(log_probs, old_log_probs, mb["advantages"], mask)
         correction_sums: dict[str, torch.Tensor] = {}
         if inputs.corrects_rollout:  # importance weights and rejection (rlkit.core.algos.rollout_correction)
@@ -203,26 +217,26 @@ class Actor(Role, OfflineUpdates):
             norm_length=self.max_response_length,
         )
         loss = aggregate_loss(per_token, mask, algorithm.loss_agg_mode, **agg)
-        tokens = mask.sum().detach().cpu()
-        sums = {"pg_loss": loss.detach().cpu(), "tokens": tokens}
-        sums.update({k: torch.as_tensor(v).detach().cpu() * tokens for k, v in pg_metrics.items()})
+        tokens = mask.sum().detach()
+        sums = {"pg_loss": loss.detach(), "tokens": tokens}
+        sums.update({k: torch.as_tensor(v).detach() * tokens for k, v in pg_metrics.items()})
         sums.update(correction_sums)
         entropy = packed.scatter(flat_entropy)
         if old_from_here:  # what the old-log-prob pass would have reported, token sums
-            sums["entropy"] = (entropy.detach() * mask).sum().cpu()
+            sums["entropy"] = (entropy.detach() * mask).sum()
             if inputs.rollout_log_probs:  # the engine returned them this step (rollout.log_prob_check_freq)
                 checked = mask * mb["rollout_log_prob_rows"].unsqueeze(-1)  # a check step's share of the rows
-                sums[GAP] = ((mb["rollout_log_probs"] - old_log_probs).abs() * checked).sum().cpu()
-                sums[CHECKED_TOKENS] = checked.sum().cpu()
+                sums[GAP] = ((mb["rollout_log_probs"] - old_log_probs).abs() * checked).sum()
+                sums[CHECKED_TOKENS] = checked.sum()
             if inputs.reference:
-                sums["kl_ref"] = (kl_estimate(old_log_probs, mb["ref_log_probs"], "k1") * mask).sum().cpu()
+                sums["kl_ref"] = (kl_estimate(old_log_probs, mb["ref_log_probs"], "k1") * mask).sum()
         if "entropy" in algorithm.loss_terms:
             loss = loss - algorithm.entropy_coeff * aggregate_loss(entropy, mask, algorithm.loss_agg_mode, **agg)
         if inputs.reference:
             kl = kl_estimate(log_probs, mb["ref_log_probs"], algorithm.kl_loss_type)
             kl_loss = aggregate_loss(kl, mask, algorithm.loss_agg_mode, **agg)
             loss = loss + algorithm.kl_loss_coef * kl_loss
-            sums["kl_loss"] = kl_loss.detach().cpu()
+            sums["kl_loss"] = kl_loss.detach()
         return loss, sums
 
     # -- checkpoint (collective: every rank calls with the same folder) ------------------

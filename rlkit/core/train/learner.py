@@ -5,7 +5,9 @@ budget, rlkit.core.train.packing) forward and backward, clip the global gradient
 the optimizer and the LR schedule. Micro-batching never changes the math: the loss of each
 micro-batch is already normalised by the whole mini-batch's counts, so summed gradients are
 the mini-batch's gradient. Metrics are sums over micro-batches, mini-batches and ranks, with
-one all-reduce at the end, so every rank returns the same global numbers.
+one all-reduce at the end, so every rank returns the same global numbers. Nothing in the loop reads a
+device's value back (a micro-step's metric sums may stay on its device): the host queues each
+micro-batch while the device still computes the one before.
 """
 
 from __future__ import annotations
@@ -60,7 +62,9 @@ def optimize(
     sums: dict[str, torch.Tensor] = {}
 
     def add(key: str, value: torch.Tensor) -> None:
-        sums[key] = sums.get(key, 0.0) + value.detach().double().cpu()
+        # Summed where the value is (a GPU's metrics stay there): reading one back would wait for the device's
+        # queue, and the host could not queue the next micro-batch meanwhile. One copy back, at the end.
+        sums[key] = sums.get(key, 0.0) + value.detach().double()
 
     for minibatch, norm in zip(minibatches, norms):
         model.optimizer.zero_grad(set_to_none=True)
@@ -87,7 +91,7 @@ def optimize(
 def all_reduce_sums(sums: dict[str, torch.Tensor]) -> dict[str, float]:
     """Every rank's sums added up, in one collective (keys sorted, so ranks agree on the layout)."""
     keys = sorted(sums)
-    packed = torch.stack([torch.as_tensor(sums[k], dtype=torch.float64).reshape(()) for k in keys])
-    packed = packed.to(packing.collective_device())
+    device = packing.collective_device()
+    packed = torch.stack([torch.as_tensor(sums[k], dtype=torch.float64).reshape(()).to(device) for k in keys])
     dist.all_reduce(packed)
     return dict(zip(keys, packed.tolist()))

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
-from rlkit.core.batch import Batch
+from rlkit.core.batch import Batch, to_device
 
 
 def _pack_bins(lengths: list[int], bins: int) -> list[list[int]]:
@@ -87,7 +87,8 @@ class PackedBatch:
     shape: tuple[int, int]  # (b, R) of the padded layout
 
     def to(self, device: torch.device) -> PackedBatch:
-        moved = {k: v.to(device) if isinstance(v, torch.Tensor) else v for k, v in self.__dict__.items()}
+        """On `device`, copied without waiting from the host to a GPU (rlkit.core.batch.to_device)."""
+        moved = {k: to_device(v, device) if isinstance(v, torch.Tensor) else v for k, v in self.__dict__.items()}
         return PackedBatch(**moved)
 
     @property
