@@ -12,7 +12,8 @@ from the process's launch to the end of the first step, part by part. Peak memor
 `nvidia-smi` showed on any GPU (training and the rollout engine together), sampled twice a second;
 None without a GPU. The rollout's GPU-busy share (`summary.rollout.nvml_busy_fraction`, and per step in
 `rollout_nvml_busy_by_step`) is the mean of nvidia-smi's utilisation samples, every 50 ms, of the first visible
-GPU inside each step's rollout: every process's kernels count, the engines' own processes included.
+GPU inside each step's rollout: every process's kernels count, the engines' own processes included. The
+update's, the same way, is in `summary.phases.update_actor` and `update_nvml_busy_by_step`.
 """
 
 from __future__ import annotations
@@ -102,6 +103,17 @@ def rollout_windows(step_began: list[float], steps: list[dict]) -> list[tuple[fl
     generate's seconds later."""
     return [(began, began + step.get("timing/gen", step.get("rollout/generate_seconds", 0.0)))
             for began, step in zip(step_began, steps)]
+
+
+def update_windows(step_began: list[float], steps: list[dict]) -> list[tuple[float, float]]:
+    """Each step's actor update by time.time(): the step's last phases are the update, then the weight sync, so
+    the update ends the sync's seconds before the step does. Empty for a step without an update."""
+    windows = []
+    for began, step in zip(step_began, steps):
+        if "timing/update_actor" in step:
+            ended = began + step["timing/step"] - step.get("timing/sync", 0.0)
+            windows.append((ended - step["timing/update_actor"], ended))
+    return windows
 
 
 def gc_in_rollout(folder: Path, step_began: list[float], steps: list[dict]) -> dict[str, dict]:
@@ -261,6 +273,13 @@ def main() -> None:
             result["rollout_nvml_busy_by_step"] = {i + 1: busy_within(utilisation.samples, [window])
                                                    for i, window in enumerate(windows)}
             result["summary"]["rollout"].update(busy_within(utilisation.samples, windows[args.warmup:] or windows))
+            # The update's too: below ~95% the device waits for the host between micro-batches.
+            updates = update_windows(step_began, steps)
+            result["update_nvml_busy_by_step"] = {i + 1: busy_within(utilisation.samples, [window])
+                                                  for i, window in enumerate(updates)}
+            if "update_actor" in result["summary"]["phases"]:
+                result["summary"]["phases"]["update_actor"].update(
+                    busy_within(utilisation.samples, updates[args.warmup:] or updates))
             result["peak_gpu_memory_gib"] = memory.peak_mib / 1024 if memory.peak_mib else None
             save()
             print(f"[{args.label}] step {step}: {steps[-1]['timing/step']:.2f} s", flush=True)

@@ -195,3 +195,11 @@ def test_the_rollouts_gpu_busy_share_is_the_mean_of_the_samples_inside_each_step
     assert busy_within(samples, windows[:1]) == {"nvml_busy_fraction": 0.6, "nvml_samples": 2}
     assert busy_within(samples, windows) == {"nvml_busy_fraction": 0.7, "nvml_samples": 3}  # (40 + 80 + 90) / 3
     assert busy_within(samples, [(at + 8.0, at + 9.0)]) == {}  # none inside: nothing, not 0
+
+
+def test_the_updates_window_ends_where_the_weight_sync_begins() -> None:
+    from bench.rlkit_grpo import update_windows
+
+    # a 10 s step whose last 0.5 s are the sync, after a 4 s update; a step without an update has no window
+    steps = [{"timing/step": 10.0, "timing/update_actor": 4.0, "timing/sync": 0.5}, {"timing/step": 3.0}]
+    assert update_windows([100.0, 200.0], steps) == [(105.5, 109.5)]
