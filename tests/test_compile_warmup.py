@@ -55,9 +55,27 @@ def _warm_up(model, algorithm) -> None:
         torch.device("cpu"),
         temperature=0.7,
         fused_head=False,
+        old_log_probs=not algorithm.old_log_probs_from_update,
         reference=algorithm.reference,
         entropy_grad="entropy" in algorithm.loss_terms,
     )
+
+
+def test_the_warm_up_leaves_out_the_old_log_prob_pass_where_the_run_has_none(process_group, monkeypatch):  # noqa: F811
+    """Each pass compiles graphs of its own: one the run never makes only lengthens the start it runs beside."""
+    model, algorithm = _policy(OVERRIDES)
+    passes: list[tuple[str, bool]] = []
+    real = fsdp.packed_log_probs
+
+    def noted(module, packed, **options):
+        passes.append(("actor" if module is model.module else "reference", torch.is_grad_enabled()))
+        return real(module, packed, **options)
+
+    monkeypatch.setattr(fsdp, "packed_log_probs", noted)
+    for old_log_probs in (False, True):
+        warmup.warm_up_passes(model, torch.device("cpu"), temperature=0.7, fused_head=False,
+                              old_log_probs=old_log_probs, reference=True, entropy_grad=True)
+    assert passes == [("reference", False), ("actor", True), ("actor", False), ("reference", False), ("actor", True)]
 
 
 def _step(model, batch=None) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
@@ -98,7 +116,12 @@ def test_the_warm_up_changes_nothing_a_run_computes(process_group):  # noqa: F81
 
 
 @pytest.mark.slow
-def test_with_compiled_layers_the_passes_after_the_warm_up_compile_nothing_new(process_group, monkeypatch):  # noqa: F811
+@pytest.mark.parametrize("old_log_probs", ["auto", "recompute"])  # auto: the update's own (one optimizer step)
+def test_with_compiled_layers_the_passes_after_the_warm_up_compile_nothing_new(
+    process_group,  # noqa: F811
+    monkeypatch,
+    old_log_probs,
+):
     """model.compile=true compiles each decoder layer and the log-prob kernels with dynamic shapes: after the warm-up
     on its two short sequences, a step's passes on other lengths (three sequences) find every graph compiled, the
     log-prob kernels' backward included, whose gradients come dense from a loss that weighs tokens (a warm-up that
@@ -106,13 +129,16 @@ def test_with_compiled_layers_the_passes_after_the_warm_up_compile_nothing_new(p
     of 2 (2 + 2 + 2 + 2 + 1), as a real vocabulary cuts a real batch: a warm-up whose tokens were one chunk left the
     kernels to compile again at the first batch of several (its chunk was as long as the logits it was cut from).
     dynamo's eager backend keeps the test quick: what is checked is dynamo's tracing and guards, whatever compiles
-    the graphs after. (16 s on the 2-core machine.)"""
+    the graphs after. The actor's no-grad pass (old log-probs) runs, and is warmed, only where the algorithm has
+    that pass (actor.old_log_probs=recompute); the reference's always here (a KL loss). (16 s on the 2-core
+    machine, each.)"""
     from torch._dynamo.utils import counters
 
     compile_with = torch.compile
     monkeypatch.setattr(torch, "compile", lambda fn, **options: compile_with(fn, backend="eager", **options))
     torch._dynamo.reset()
-    model, algorithm = _policy(OVERRIDES + ["model.compile=true"])
+    model, algorithm = _policy(OVERRIDES + ["model.compile=true", f"actor.old_log_probs={old_log_probs}"])
+    assert algorithm.old_log_probs_from_update == (old_log_probs == "auto")
     _warm_up(model, algorithm)
     graphs = counters["stats"]["unique_graphs"]
     assert graphs > 0  # the warm-up compiled
@@ -127,7 +153,8 @@ def test_with_compiled_layers_the_passes_after_the_warm_up_compile_nothing_new(p
     monkeypatch.setattr(logprobs, "CHUNK_ELEMENTS", 2 * vocab)
     with torch.no_grad():
         model.module.eval()
-        fsdp.packed_log_probs(model.module, packed, temperature=0.7, with_entropy=True, fused_head=False)
+        if not algorithm.old_log_probs_from_update:
+            fsdp.packed_log_probs(model.module, packed, temperature=0.7, with_entropy=True, fused_head=False)
         with model.reference() as base:
             fsdp.packed_log_probs(base, packed, temperature=0.7, with_entropy=False, fused_head=False)
     _step(model, batch)
@@ -165,6 +192,10 @@ def test_a_run_with_compiled_layers_warms_its_passes_up_once_during_set_up(tmp_p
     )
     lines = (train_run(config, run_id="warm") / "metrics.jsonl").read_text().splitlines()
     first_step = next(row for row in map(json.loads, lines) if row["step"] == 1)
-    assert calls == [dict(temperature=config.log_prob_temperature, fused_head=False, reference=True, entropy_grad=True)]
+    assert calls == [
+        dict(temperature=config.log_prob_temperature, fused_head=False,
+             old_log_probs=not Algorithm.from_config(config).old_log_probs_from_update, reference=True,
+             entropy_grad=True)
+    ]
     assert handed[0].what == "the trainer's compile warm-up" and handed[0].ran_beside is False
     assert 0 < first_step["startup/compile_warmup_s"] < first_step["startup/workers_setup_s"]

@@ -220,6 +220,7 @@ class PolicyWorker(DeviceWorker):
                 self.device,
                 temperature=cfg.log_prob_temperature,
                 fused_head=cfg.actor.fused_lm_head,
+                old_log_probs=not algorithm.old_log_probs_from_update,
                 reference=algorithm.reference,
                 entropy_grad="entropy" in algorithm.loss_terms,
             )

@@ -65,20 +65,24 @@ def warm_up_passes(
     *,
     temperature: float,
     fused_head: bool,
+    old_log_probs: bool,
     reference: bool,
     entropy_grad: bool,
 ) -> None:
-    """Run each pass a step runs, once, on `dummy_batch`: the actor's no-grad log-probs (with entropy), the
-    reference's when the run has one (`reference`: Algorithm.reference), and the update's forward and backward
-    (its entropy differentiated when `entropy_grad`: an entropy term in the loss). Collective under FSDP: every
-    rank calls it."""
+    """Run each pass a step runs, once, on `dummy_batch`: the actor's no-grad log-probs (with entropy) when the
+    run has an old-log-prob pass (`old_log_probs`: not Algorithm.old_log_probs_from_update), the reference's when
+    it has one (`reference`: Algorithm.reference), and the update's forward and backward (its entropy
+    differentiated when `entropy_grad`: an entropy term in the loss). A pass the run never makes is not warmed:
+    each compiles graphs of its own (no-grad, and the reference's frozen weights, are guarded apart), which beside
+    the engine's start can be what the start waits for. Collective under FSDP: every rank calls it."""
     module = model.module
     packed = packing.pack(dummy_batch(module.config.get_text_config().vocab_size)).to(device)
     was_training = module.training
     with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []), logprobs.chunk_rows(CHUNK_ROWS):
         module.eval()
         with torch.no_grad():
-            fsdp.packed_log_probs(module, packed, temperature=temperature, with_entropy=True, fused_head=fused_head)
+            if old_log_probs:
+                fsdp.packed_log_probs(module, packed, temperature=temperature, with_entropy=True, fused_head=fused_head)
             if reference:
                 with model.reference() as base:
                     fsdp.packed_log_probs(
