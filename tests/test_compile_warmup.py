@@ -32,12 +32,19 @@ def test_the_warm_up_batch_is_two_sequences_laid_end_to_end():
 
 
 def test_the_warm_up_holds_the_gradients_the_gathered_layers_its_activations_and_the_compiles_headroom():
-    trained, frozen = torch.nn.Linear(3, 2), torch.nn.Linear(4, 1, bias=False).requires_grad_(False)
-    model = TrainableModel(torch.nn.Sequential(trained, frozen), optimizer=None, scheduler=None)  # type: ignore[arg-type]
-    # gradients: 8 fp32 parameters x 4 bytes = 32, AdamW's two moments 64; every layer gathered in bf16: 12 x 2 = 24;
+    # gradients of 32 bytes of trainable fp32 shard, AdamW's two moments 64; 12 elements gathered in bf16: 24;
     # 53 tokens x 10 = 530
     expected = 32 + 64 + 24 + 530 + warmup.COMPILE_HEADROOM_BYTES
-    assert warmup.warm_up_bytes(model, activation_bytes_per_token=10, compute_dtype_bytes=2) == expected
+    assert warmup.warm_up_bytes(32, 12, activation_bytes_per_token=10, compute_dtype_bytes=2) == expected
+
+
+def test_the_models_parameters_are_counted_without_building_them(tmp_path):
+    """The load's bytes are known before the load (it may run beside the engine's start): each parameter's
+    elements from the model built on the meta device, a tied head counted once, as the loaded model holds it."""
+    path = str(resolve_model_path("rlkit:tiny-qwen2"))
+    numels = warmup.meta_numels(path)
+    loaded = fsdp.load_model(path)
+    assert numels == {name: p.numel() for name, p in loaded.named_parameters()}
 
 
 def _policy(overrides: list[str]):
@@ -163,8 +170,9 @@ def test_with_compiled_layers_the_passes_after_the_warm_up_compile_nothing_new(
 
 
 def test_a_run_with_compiled_layers_warms_its_passes_up_once_during_set_up(tmp_path, monkeypatch):
-    """model.compile=true: the policy worker hands the warm-up to the engine's start (the HF engine runs it before
-    its start), and step 1's start-up metrics carry its time. torch.compile is left out (the test is the wiring)."""
+    """model.compile=true: the policy worker hands the model's load and the warm-up to the engine's start (the HF
+    engine runs them before its start), and step 1's start-up metrics carry their times. torch.compile is left
+    out (the test is the wiring)."""
     from test_recipes_e2e import IN_PROCESS, TINY_WORLD
 
     from rlkit.core.controller.loop import train_run
@@ -197,5 +205,6 @@ def test_a_run_with_compiled_layers_warms_its_passes_up_once_during_set_up(tmp_p
              old_log_probs=not Algorithm.from_config(config).old_log_probs_from_update, reference=True,
              entropy_grad=True)
     ]
-    assert handed[0].what == "the trainer's compile warm-up" and handed[0].ran_beside is False
+    assert handed[0].what == "the trainer's model load and compile warm-up" and handed[0].ran_beside is False
     assert 0 < first_step["startup/compile_warmup_s"] < first_step["startup/workers_setup_s"]
+    assert 0 < first_step["startup/model_load_s"] < first_step["startup/workers_setup_s"]

@@ -97,8 +97,9 @@ def test_resolution_and_the_start_up_line():
 
 
 def test_the_policy_worker_sizes_from_its_gpus_free_memory(monkeypatch):
-    """PolicyWorker._size_micro_batches with a simulated GPU: free memory, the actor's shard and the
-    config's lengths reach the budget; ranks agree on the smallest (MIN all-reduce)."""
+    """PolicyWorker._size_micro_batches with a simulated GPU: the memory free when the worker started less what
+    it holds now (its models: not what engines starting meanwhile took), the actor's shard and the config's
+    lengths reach the budget; ranks agree on the smallest (MIN all-reduce)."""
     from rlkit.core.train import packing
     from rlkit.core.train.policy_worker import PolicyWorker
 
@@ -106,10 +107,11 @@ def test_the_policy_worker_sizes_from_its_gpus_free_memory(monkeypatch):
     model.config = SimpleNamespace(**{**vars(QWEN_05B), "vocab_size": 1000})
     config = load_config("grpo", ["model.path=m", "data.synthetic_task=echo", "data.max_prompt_length=256",
                                   "data.max_response_length=512"])
-    worker = SimpleNamespace(config=config, use_cuda=True, device=torch.device("cuda", 0))
+    worker = SimpleNamespace(config=config, use_cuda=True, device=torch.device("cuda", 0), _free_at_start=48 * GiB)
     actor = SimpleNamespace(module=model)
     reductions = []
-    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device: (40 * GiB, 80 * GiB))
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device: (20 * GiB, 80 * GiB))  # engines took 20 GiB more
+    monkeypatch.setattr(torch.cuda, "memory_reserved", lambda device: 8 * GiB)  # the worker's models
     monkeypatch.setattr(packing, "collective_device", lambda: torch.device("cpu"))
     monkeypatch.setattr(torch.distributed, "all_reduce", lambda t, op: reductions.append(op))
     tokens, free_gib = PolicyWorker._size_micro_batches(worker, actor, "bfloat16")

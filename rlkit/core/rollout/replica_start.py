@@ -19,11 +19,12 @@ hold by then. Should they fail to start together with it, the record goes and th
 measuring again: a stale record costs start-up time, never the run. On a CPU a replica's KV cache is
 VLLM_CPU_KVCACHE_SPACE: replicas always start together.
 
-The caller's work handed to the start (rlkit.core.rollout.engines.BesideStart: the trainer's compile warm-up) runs
-on the calling thread while the replicas start, if the device has room for the rollout's share and what the work
-holds at once; otherwise before they start. Beside replicas that measure their KV caches, the work's memory is
-taken from the device beforehand (`hold_cached`), so that their profiles find the device's use unchanged; should
-they fail to start with company, they start again alone.
+The caller's work handed to the start (rlkit.core.rollout.engines.BesideStart: the trainer's model load and compile
+warm-up) runs on the calling thread while the replicas start, if the device has room for the rollout's share and
+what the work holds at once; otherwise before they start. Beside replicas that measure their KV caches, the work's
+prelude (the model's load, whose memory stays) runs first and the rest's memory is taken from the device beforehand
+(`hold_cached`), so that their profiles find the device's use unchanged; should they fail to start with company,
+they start again alone.
 
 One engine in a process of its own (rollout.vllm.streaming or separate_process, one replica) starts the same way:
 its KV size recorded at its first start on a device, the caller's work beside its start.
@@ -125,9 +126,10 @@ def start_replicas(
         beside.run(beside=False)
         beside = None
     elif beside is not None:
+        if on_gpu and not plan.together:  # measuring: what stays on the device comes first, the rest draws on a block
+            beside.run_prelude()
+            hold_cached(beside.bytes - beside.prelude_bytes, device)
         logger.info("rollout: %s runs beside the replicas' start", beside.what)
-        if on_gpu and not plan.together:
-            hold_cached(beside.bytes, device)
     if plan.together:
         try:
             return start_group(start_one, count, plan.kv_cache_bytes, together=True, beside_start=beside), plan

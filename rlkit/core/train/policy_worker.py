@@ -40,6 +40,8 @@ from rlkit.core.train.model import TrainableModel, actor_updates, build_policy
 from rlkit.core.train.scoring import Scoring
 from rlkit.core.train.weight_export import WeightExport
 
+FP32_BYTES = 4  # the master weights, gradients and AdamW's moments
+
 
 class PolicyWorker(DeviceWorker):
     """Rank `rank` of the training group: its roles, built by `setup`."""
@@ -82,13 +84,81 @@ class PolicyWorker(DeviceWorker):
 
     def setup(self, master_addr: str, master_port: int, with_engine: bool = True) -> dict[str, Any]:
         """Load the models and start the rollout engine (`with_engine=False`: `rlkit replay` and offline
-        objectives only update)."""
+        objectives only update). A colocated engine starts while the models load and the compile warm-up runs,
+        where it can have that company (rlkit.core.rollout.engines.BesideStart; docs/startup.md)."""
         began = time.perf_counter()
         self.join_process_group(master_addr, master_port)
         self._seed(self.config.trainer.seed)
         cfg = self.config
         startup = {"process_group": time.perf_counter() - began}  # the parts the controller's start-up table shows
+        # The device as this process found it, before any model (its own cached blocks count as free): the
+        # micro-batch budget is this less what the load holds, so that engines starting meanwhile on the device
+        # (beside the load) do not count against it.
+        self._free_at_start = 0
+        if self.use_cuda:
+            self._free_at_start = torch.cuda.mem_get_info(self.device)[0] + torch.cuda.memory_reserved(self.device)
+        self.generation = None
+        if not (cfg.rollout.placement == "colocated" and with_engine):
+            # Split placement: rollout workers on other devices hold the engine (rlkit.core.controller.placement),
+            # starting it meanwhile: the load and the warm-up run now, beside them.
+            self._load_models(startup)
+            self._warm_up(startup, beside=False)
+            return self._set_up(startup)
+        dtype = fsdp.compute_dtype(cfg.model.dtype, self.device)
+        models, warm_up = self._load_bytes(dtype)
+        load = BesideStart(
+            lambda beside: self._warm_up(startup, beside=beside),
+            models + warm_up,
+            "the trainer's model load" + (" and compile warm-up" if self._compiles() else ""),
+            prelude=lambda: self._load_models(startup),
+            prelude_bytes=models,
+        )
+        handed = None if cfg.reward_model.path else load
+        if handed is None:  # a reward model's size is not known before its load: the load runs before the start
+            load.run(beside=False)
+        with self.reporting("setup/rollout-engine"):
+            began = time.perf_counter()
+            seed, device = cfg.trainer.seed + self.rank, self.device
+            engine = make_engine(
+                cfg.rollout,
+                self.model_path,
+                max_model_len=cfg.data.max_prompt_length + cfg.data.max_response_length,
+                device=device,
+                dtype=dtype,
+                seed=seed,
+                sleep_mode=True,
+                beside_start=handed,
+            )
+            self.generation = Generator(
+                self,
+                cfg.rollout.agent,
+                cfg.data,
+                self.model_path,
+                engine,
+                device=device,
+                dtype=dtype,
+                sleep_mode=True,
+                weights=self.actor.model.engine_weights,
+                reward=cfg.reward,
+            )
+            self._release_cached()  # what the load and the warm-up held beside the engine's start
+            seconds = time.perf_counter() - began
+            if handed is not None and not handed.ran_beside:  # it ran before the start, alone: not the engine's time
+                seconds -= startup["model_load"] + startup.get("compile_warmup", 0.0)
+            startup.update(rollout_engine_start=seconds, **engine.start_parts())
+        return self._set_up(startup)
+
+    def _set_up(self, startup: dict[str, float]) -> dict[str, Any]:
+        shards = fsdp.shard_numels(self.actor.model.module)
+        self.freeze_heap()
+        paths = self.actor.fast_paths
+        return {"rank": self.rank, "shards": shards, "fast_paths": paths, "startup": startup}
+
+    def _load_models(self, startup: dict[str, float]) -> None:
+        """The models and the roles on them (actor, scoring, weights) and the micro-batch budget; its seconds in
+        `startup` (`model_load`)."""
         began = time.perf_counter()
+        cfg = self.config
         with self.reporting("setup/load-models"):
             dtype = fsdp.compute_dtype(cfg.model.dtype, self.device)
             algorithm = Algorithm.from_config(cfg)
@@ -156,67 +226,18 @@ class PolicyWorker(DeviceWorker):
                 transfer_timeout_s=cfg.rollout.weight_sync_timeout_s,
             )
         startup["model_load"] = time.perf_counter() - began
-        warm_up = self._compile_warm_up(model, algorithm, paths, dtype, startup)
-        with self.reporting("setup/rollout-engine"):
-            # Split placement: rollout workers on other devices hold the engine (rlkit.core.controller.placement),
-            # starting it meanwhile: the warm-up runs now.
-            self.generation = None
-            colocated = cfg.rollout.placement == "colocated" and with_engine
-            if warm_up is not None and not colocated:
-                warm_up.run(beside=True)
-                self._release_cached()
-            if colocated:
-                began = time.perf_counter()
-                seed, device = cfg.trainer.seed + self.rank, self.device
-                engine = make_engine(
-                    cfg.rollout,
-                    self.model_path,
-                    max_model_len=cfg.data.max_prompt_length + cfg.data.max_response_length,
-                    device=device,
-                    dtype=dtype,
-                    seed=seed,
-                    sleep_mode=True,
-                    beside_start=warm_up,
-                )
-                self.generation = Generator(
-                    self,
-                    cfg.rollout.agent,
-                    cfg.data,
-                    self.model_path,
-                    engine,
-                    device=device,
-                    dtype=dtype,
-                    sleep_mode=True,
-                    weights=model.engine_weights,
-                    reward=cfg.reward,
-                )
-                self._release_cached()  # what the warm-up held beside the engine's start
-                seconds = time.perf_counter() - began
-                if warm_up is not None and not warm_up.ran_beside:  # it ran first: not the engine's time
-                    seconds -= startup["compile_warmup"]
-                startup.update(rollout_engine_start=seconds, **engine.start_parts())
-        shards = fsdp.shard_numels(model.module)
-        self.freeze_heap()
-        return {"rank": self.rank, "shards": shards, "fast_paths": paths, "startup": startup}
 
-    def _compile_warm_up(
-        self,
-        model: TrainableModel,
-        algorithm: Algorithm,
-        paths: fast_paths.FastPaths,
-        dtype: str,
-        startup: dict[str, float],
-    ) -> BesideStart | None:
-        """With model.compile in an RL run: the passes' compile warm-up (rlkit.core.train.warmup), which records
-        its time in `startup` as `compile_warmup`."""
+    def _warm_up(self, startup: dict[str, float], *, beside: bool) -> None:
+        """With model.compile in an RL run, the passes' compile warm-up (rlkit.core.train.warmup); its seconds in
+        `startup` (`compile_warmup`). `beside`: an engine is starting meanwhile (what the passes held stays
+        cached for the caller to give back); else one may start next and measure the device's free memory, so
+        it is given back now."""
         cfg = self.config
-        if not paths.compile or cfg.offline:
-            return None
-
-        def run(beside: bool) -> None:
+        algorithm = self.actor.algorithm
+        if self._compiles():
             began = time.perf_counter()
             warmup.warm_up_passes(
-                model,
+                self.actor.model,
                 self.device,
                 temperature=cfg.log_prob_temperature,
                 fused_head=cfg.actor.fused_lm_head,
@@ -225,16 +246,37 @@ class PolicyWorker(DeviceWorker):
                 entropy_grad="entropy" in algorithm.loss_terms,
             )
             startup["compile_warmup"] = time.perf_counter() - began
-            if not beside:  # the engine starts next and measures the device's free memory
-                self._release_cached()
+        if not beside:
+            self._release_cached()
 
-        per_token = fast_paths.activation_bytes_per_token(
-            model.module.config, fsdp.DTYPES[dtype].itemsize, cfg.model.gradient_checkpointing
+    def _compiles(self) -> bool:
+        """model.compile in an RL run: the set-up runs the compile warm-up."""
+        return fast_paths.compile_enabled(self.config.model.compile, self.device.type) and not self.config.offline
+
+    def _load_bytes(self, dtype: str) -> tuple[int, int]:
+        """What the load and the warm-up may hold on the device, before the models exist: (the models' fp32 weights,
+        the policy's and the reference's where the algorithm has one; with model.compile the warm-up's peak beyond
+        them, rlkit.core.train.warmup.warm_up_bytes), counted from the model built on the meta device. LoRA counts
+        as a full fine-tune (its adapters' gradients are far fewer: an upper bound)."""
+        if not self.use_cuda:
+            return 0, 0
+        cfg = self.config
+        numels = warmup.meta_numels(self.model_path)
+        world = dist.get_world_size()
+        shard = sum(-(-n // world) for n in numels.values())  # FSDP2 pads each parameter's shard evenly
+        models = 2 if Algorithm.from_config(cfg).reference and not cfg.model.lora.rank else 1
+        held = models * shard * FP32_BYTES
+        if not self._compiles():
+            return held, 0
+        itemsize = fsdp.DTYPES[dtype].itemsize
+        config = warmup.meta_config(self.model_path)
+        per_token = fast_paths.activation_bytes_per_token(config, itemsize, cfg.model.gradient_checkpointing)
+        return held, warmup.warm_up_bytes(
+            shard * FP32_BYTES,
+            sum(numels.values()),
+            activation_bytes_per_token=per_token,
+            compute_dtype_bytes=itemsize,
         )
-        size = warmup.warm_up_bytes(
-            model, activation_bytes_per_token=per_token, compute_dtype_bytes=fsdp.DTYPES[dtype].itemsize
-        )
-        return BesideStart(run, size, "the trainer's compile warm-up")
 
     def _release_cached(self) -> None:
         if self.use_cuda:
@@ -245,7 +287,10 @@ class PolicyWorker(DeviceWorker):
         cfg = self.config
         if cfg.actor.micro_batch_tokens != "auto" or not self.use_cuda:
             return None
-        free, total = torch.cuda.mem_get_info(self.device)
+        total = torch.cuda.mem_get_info(self.device)[1]
+        # What this process found free less what it holds now (its models): engines starting meanwhile on the
+        # device (beside the load) are not counted; during the update they sleep.
+        free = self._free_at_start - torch.cuda.memory_reserved(self.device)
         module = model.module
         numels = fsdp.shard_numels(module)
         trainable = sum(numels[name][0] for name, param in module.named_parameters() if param.requires_grad)

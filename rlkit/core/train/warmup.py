@@ -128,14 +128,33 @@ def _still_optimizer_step(model: TrainableModel) -> None:
         optimizer.zero_grad(set_to_none=True)
 
 
-def warm_up_bytes(model: TrainableModel, *, activation_bytes_per_token: int, compute_dtype_bytes: int) -> int:
+def warm_up_bytes(
+    trainable_shard_bytes: int, full_elements: int, *, activation_bytes_per_token: int, compute_dtype_bytes: int
+) -> int:
     """Device memory `warm_up_passes` may hold at its peak: the trainable parameters' gradients and AdamW's two
-    moments of them, every layer's gathered compute-dtype copy, the batch's activations and the compile's
-    headroom."""
-    numels = fsdp.shard_numels(model.module)  # name -> (this rank's elements, the full parameter's)
-    gradients = sum(
-        numels[name][0] * p.element_size() for name, p in model.module.named_parameters() if p.requires_grad
-    )
-    gathered = sum(full for _, full in numels.values()) * compute_dtype_bytes
+    moments of them (3 x `trainable_shard_bytes`, this rank's shard), every layer's gathered compute-dtype copy
+    (`full_elements`, all parameters), the batch's activations and the compile's headroom."""
     tokens = sum(p + r for p, r in SEQUENCES)
-    return 3 * gradients + gathered + tokens * activation_bytes_per_token + COMPILE_HEADROOM_BYTES
+    return (
+        3 * trainable_shard_bytes
+        + full_elements * compute_dtype_bytes
+        + tokens * activation_bytes_per_token
+        + COMPILE_HEADROOM_BYTES
+    )
+
+
+def meta_config(model_path: str):
+    """The transformers config of the model at `model_path`."""
+    from transformers import AutoConfig
+
+    return AutoConfig.from_pretrained(model_path)
+
+
+def meta_numels(model_path: str) -> dict[str, int]:
+    """Elements of each parameter of the causal LM at `model_path`, built on the meta device: no memory, no
+    weights read (tied weights counted once, as the loaded model holds them)."""
+    from transformers import AutoModelForCausalLM
+
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(meta_config(model_path))
+    return {name: p.numel() for name, p in model.named_parameters()}
