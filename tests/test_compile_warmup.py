@@ -176,16 +176,16 @@ def test_a_run_with_compiled_layers_warms_its_passes_up_once_during_set_up(tmp_p
     from test_recipes_e2e import IN_PROCESS, TINY_WORLD
 
     from rlkit.core.controller.loop import train_run
-    from rlkit.core.train import policy_worker
+    from rlkit.core.rollout import generator
 
     monkeypatch.setattr(torch, "compile", lambda fn, **options: fn)
     calls: list[dict] = []
     warm_up = warmup.warm_up_passes
     monkeypatch.setattr(warmup, "warm_up_passes", lambda *a, **k: calls.append(k) or warm_up(*a, **k))
-    make_engine = policy_worker.make_engine
+    make_engine = generator.make_engine
     handed: list = []
     monkeypatch.setattr(
-        policy_worker, "make_engine", lambda *a, **k: handed.append(k["beside_start"]) or make_engine(*a, **k)
+        generator, "make_engine", lambda *a, **k: handed.append(k["beside_start"]) or make_engine(*a, **k)
     )
     config = load_config(
         "grpo-demo",

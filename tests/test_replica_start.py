@@ -334,13 +334,13 @@ def test_a_colocated_runs_model_load_runs_beside_its_replicas_start(tmp_path, mo
     from test_recipes_e2e import IN_PROCESS, TINY_WORLD
 
     from rlkit.core.controller.loop import train_run
-    from rlkit.core.train import policy_worker
+    from rlkit.core.rollout import generator
     from rlkit.recipes.loader import load_config
 
-    make_engine = policy_worker.make_engine
+    make_engine = generator.make_engine
     handed: list = []
     monkeypatch.setattr(
-        policy_worker, "make_engine", lambda *a, **k: handed.append(k["beside_start"]) or make_engine(*a, **k)
+        generator, "make_engine", lambda *a, **k: handed.append(k["beside_start"]) or make_engine(*a, **k)
     )
     overrides = ["rollout.name=vllm", "rollout.vllm.replicas=2", "rollout.vllm.streaming=true"]
     config = load_config("grpo-demo", [*TINY_WORLD, *IN_PROCESS, *overrides, f"trainer.runs_dir={tmp_path}"])

@@ -246,9 +246,9 @@ def test_an_in_process_run_scores_in_its_rollout_worker(tmp_path, monkeypatch):
     from rlkit.core.controller.loop import train_run
     from rlkit.core.rewards import scoring
     from rlkit.core.rollout import stages
-    from rlkit.core.train import policy_worker
+    from rlkit.core.rollout import generator
 
-    real_make_engine = policy_worker.make_engine
+    real_make_engine = generator.make_engine
 
     class Streaming(RolloutEngine):
         streams = True
@@ -284,7 +284,7 @@ def test_an_in_process_run_scores_in_its_rollout_worker(tmp_path, monkeypatch):
             return real(self, *args, **kwargs)
         return call
 
-    monkeypatch.setattr(policy_worker, "make_engine", lambda *a, **k: Streaming(real_make_engine(*a, **k)))
+    monkeypatch.setattr(generator, "make_engine", lambda *a, **k: Streaming(real_make_engine(*a, **k)))
     monkeypatch.setattr(stages, "scores_while_generating", lambda config: True)
     monkeypatch.setattr(scoring.RewardScorer, "score", counted("score", real_score))
     monkeypatch.setattr(scoring.RewardScorer, "outcomes", counted("outcomes", real_outcomes))

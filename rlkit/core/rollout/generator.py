@@ -24,6 +24,7 @@ from rlkit.core.cluster.roles import Role
 from rlkit.core.data.dataset import PromptRow
 from rlkit.core.rewards.scoring import RewardScorer
 from rlkit.core.rollout.base import RolloutEngine, RolloutSample, Sampling
+from rlkit.core.rollout.engines import BesideStart, make_engine
 from rlkit.core.rollout.scored_generation import episodes_scored, generate_scored
 from rlkit.core.rollout.sync_check import SyncProbe, load_weights
 from rlkit.core.rollout.trajectory import Trajectory
@@ -32,6 +33,7 @@ from rlkit.core.train import fsdp
 from rlkit.recipes.agent_schema import AgentConfig
 from rlkit.recipes.model_schema import DataConfig
 from rlkit.recipes.reward_schema import RewardConfig
+from rlkit.recipes.schema import RLConfig
 
 NamedTensors = Iterable[tuple[str, torch.Tensor]]
 
@@ -71,6 +73,45 @@ class Generator(Role):
         self._agent_loop: AgentLoop | ClientAgentLoop | None = None
         self.reward = reward
         self._scorer: RewardScorer | None = None  # the reward's pool, started on first use
+
+    @classmethod
+    def start(
+        cls,
+        phases: PhaseReporter,
+        config: RLConfig,
+        model_path: str,
+        *,
+        device: torch.device,
+        dtype: str,
+        seed: int,
+        sleep_mode: bool,
+        weights: Callable[[], Iterator[tuple[str, torch.Tensor]]] | None = None,
+        beside_start: BesideStart | None = None,
+    ) -> Generator:
+        """The run's rollout engine on `device`, started (rlkit.core.rollout.engines.make_engine, with the
+        caller's `beside_start`), and the role on it: a colocated policy worker's or a rollout worker's."""
+        engine = make_engine(
+            config.rollout,
+            model_path,
+            max_model_len=config.data.max_prompt_length + config.data.max_response_length,
+            device=device,
+            dtype=dtype,
+            seed=seed,
+            sleep_mode=sleep_mode,
+            beside_start=beside_start,
+        )
+        return cls(
+            phases,
+            config.rollout.agent,
+            config.data,
+            model_path,
+            engine,
+            device=device,
+            dtype=dtype,
+            sleep_mode=sleep_mode,
+            weights=weights,
+            reward=config.reward,
+        )
 
     def wake_engine(self, weights_only: bool = False, restore: bool = True) -> None:
         """Wake a sleeping engine, first handing back what PyTorch's allocator cached; with `restore`, load the

@@ -19,7 +19,6 @@ from rlkit.core.cluster.calls import method_name
 from rlkit.core.cluster.device_worker import DeviceWorker
 from rlkit.core.cluster.roles import serve
 from rlkit.core.cluster.weight_transfer import TensorSpec, TransferGroup, WeightReceiver
-from rlkit.core.rollout.engines import make_engine
 from rlkit.core.rollout.generator import Generator
 from rlkit.core.train import fsdp
 
@@ -43,29 +42,19 @@ class RolloutWorker(DeviceWorker):
             # Seeds continue after the training ranks', which seed their own engines when colocated.
             self.dtype = fsdp.compute_dtype(cfg.model.dtype, self.device)
             # The engine has this device to itself: it never sleeps.
-            engine = make_engine(
-                cfg.rollout,
+            self.generation = Generator.start(
+                self,
+                cfg,
                 self.model_path,
-                max_model_len=cfg.data.max_prompt_length + cfg.data.max_response_length,
                 device=self.device,
                 dtype=self.dtype,
                 seed=cfg.trainer.seed + 10_000 + self.rank,
                 sleep_mode=False,
             )
-            self.generation = Generator(
-                self,
-                cfg.rollout.agent,
-                cfg.data,
-                self.model_path,
-                engine,
-                device=self.device,
-                dtype=self.dtype,
-                sleep_mode=False,
-                reward=cfg.reward,
-            )
         self.freeze_heap()
         self.idle_since = time.perf_counter()  # when the last call ended: the rollout's idle time starts there
-        return {"rank": self.rank, "startup": {"rollout_engine_start": self.idle_since - began, **engine.start_parts()}}
+        parts = self.generation.engine.start_parts()
+        return {"rank": self.rank, "startup": {"rollout_engine_start": self.idle_since - began, **parts}}
 
     def timed(self, method: Callable[..., Any], *args: Any) -> tuple[Any, dict[str, float]]:
         """`method`'s result (generate, agent_episodes), and how long this worker sat idle before the call and

@@ -31,7 +31,7 @@ from rlkit.core.algos.algorithm import Algorithm
 from rlkit.core.cluster.device_worker import DeviceWorker
 from rlkit.core.cluster.roles import serve
 from rlkit.core.rewards.reward_model import RewardModel
-from rlkit.core.rollout.engines import BesideStart, make_engine
+from rlkit.core.rollout.engines import BesideStart
 from rlkit.core.rollout.generator import Generator
 from rlkit.core.state.run_dir import resolve_model_path
 from rlkit.core.train import fast_paths, fsdp, packing, warmup
@@ -118,34 +118,22 @@ class PolicyWorker(DeviceWorker):
             load.run(beside=False)
         with self.reporting("setup/rollout-engine"):
             began = time.perf_counter()
-            seed, device = cfg.trainer.seed + self.rank, self.device
-            engine = make_engine(
-                cfg.rollout,
-                self.model_path,
-                max_model_len=cfg.data.max_prompt_length + cfg.data.max_response_length,
-                device=device,
-                dtype=dtype,
-                seed=seed,
-                sleep_mode=True,
-                beside_start=handed,
-            )
-            self.generation = Generator(
+            self.generation = Generator.start(
                 self,
-                cfg.rollout.agent,
-                cfg.data,
+                cfg,
                 self.model_path,
-                engine,
-                device=device,
+                device=self.device,
                 dtype=dtype,
+                seed=cfg.trainer.seed + self.rank,
                 sleep_mode=True,
-                weights=self.actor.model.engine_weights,
-                reward=cfg.reward,
+                weights=lambda: self.actor.model.engine_weights(),  # the actor is loaded by then (maybe beside)
+                beside_start=handed,
             )
             self._release_cached()  # what the load and the warm-up held beside the engine's start
             seconds = time.perf_counter() - began
             if handed is not None and not handed.ran_beside:  # it ran before the start, alone: not the engine's time
                 seconds -= startup["model_load"] + startup.get("compile_warmup", 0.0)
-            startup.update(rollout_engine_start=seconds, **engine.start_parts())
+            startup.update(rollout_engine_start=seconds, **self.generation.engine.start_parts())
         return self._set_up(startup)
 
     def _set_up(self, startup: dict[str, float]) -> dict[str, Any]:
