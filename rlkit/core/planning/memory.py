@@ -15,8 +15,8 @@ What lives on a training device (FSDP2 over W = config.world_size ranks):
                and the fp32 log-prob chunks (rlkit.core.train.logprobs); with actor.fused_lm_head
                one chunk of logits and the head weight's fp32 gradient sum instead
   vLLM         colocated: rollout.gpu_memory_utilization of the device while generating; asleep
-               (weights on the host, KV cache freed) while training; during the sync its whole share
-               (measured: waking only its weights did not lower the peak)
+               (weights and KV cache freed: the sync reloads the weights) while training; during the
+               sync its whole share (measured: waking only its weights did not lower the peak)
 Peaks: generate = state + vLLM share; update = state + compute copy + activations + logits;
 sync = state + vLLM share + one gathered fp32 tensor. PyTorch's cached blocks are handed back
 before the engine wakes (Generator.wake_engine, rlkit.core.rollout.generator), so the update's
@@ -301,7 +301,7 @@ def training_device(
     if peaks & set(ENGINE_PEAKS):
         engine = engine_bytes(config, shape, device_bytes, on_gpu)
         parts["vLLM share while generating" if on_gpu else "rollout engine (CPU: weights + KV cache)"] = engine
-        mem.notes.append("vLLM sleeps while training (weights on the host, KV cache freed): ~0 in update")
+        mem.notes.append("vLLM sleeps while training (weights and KV cache freed, reloaded at the sync): ~0 in update")
     largest = max(shape.vocab, shape.intermediate) * shape.hidden * 4  # one gathered fp32 tensor
     price = {
         "update": lambda: state + copy + sum(activations.values()) + sum(head.values()),
