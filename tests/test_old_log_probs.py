@@ -74,6 +74,40 @@ def _update(worker: PolicyWorker, batch: Batch, inputs: UpdateInputs) -> dict[st
     return worker.update_actor([Batch({k: batch[k] for k in inputs.keys()})], [norms], inputs)
 
 
+def _host_reads(worker: PolicyWorker, update) -> tuple[int, dict]:
+    """`update()`, counting the tensors read back to the host (`Tensor.cpu`, `Tensor.item`) from the start of each
+    micro-step to the optimizer's step: on a GPU each waits for the device's queue to drain, which then idles while
+    the host packs and launches the next micro-batch."""
+    counting = [False]
+    reads = [0]
+    real_step, real_optimizer_step = worker.actor._micro_step, worker.actor.model.optimizer.step
+    real_cpu, real_item = torch.Tensor.cpu, torch.Tensor.item
+
+    def micro_step(*args, **kwargs):
+        counting[0] = True
+        return real_step(*args, **kwargs)
+
+    def optimizer_step(*args, **kwargs):
+        counting[0] = False
+        return real_optimizer_step(*args, **kwargs)
+
+    def cpu(self, *args, **kwargs):
+        reads[0] += counting[0]
+        return real_cpu(self, *args, **kwargs)
+
+    def item(self):
+        reads[0] += counting[0]
+        return real_item(self)
+
+    worker.actor._micro_step, worker.actor.model.optimizer.step = micro_step, optimizer_step
+    torch.Tensor.cpu, torch.Tensor.item = cpu, item
+    try:
+        return reads[0], update()
+    finally:
+        torch.Tensor.cpu, torch.Tensor.item = real_cpu, real_item
+        del worker.actor._micro_step, worker.actor.model.optimizer.step
+
+
 def _update_both_ways(folder: str) -> None:
     """In a fresh process (vLLM tests may have left this one a process group): save what both updates give."""
     config = load_config("grpo-demo", ["rollout.name=hf", "actor.use_kl_loss=true", "actor.kl_loss_coef=0.1",
@@ -94,14 +128,14 @@ def _update_both_ways(folder: str) -> None:
         after_pass = _parameters(worker)
 
         worker.load_checkpoint(f"{folder}/start")
-        from_update = _update(worker, batch, FROM_UPDATE)
+        from_update_reads, from_update = _host_reads(worker, lambda: _update(worker, batch, FROM_UPDATE))
         after_update = _parameters(worker)
 
         # TIS with an engine at half the trainer's probability on every token: weights of 2 (cap 3).
         worker.load_checkpoint(f"{folder}/start")
         halved = Batch({**batch.tensors, "rollout_log_probs": (recomputed["log_probs"] - math.log(2))
                         * batch["response_mask"]})
-        weighted = _update(worker, halved, WEIGHTED)
+        weighted_reads, weighted = _host_reads(worker, lambda: _update(worker, halved, WEIGHTED))
         worker.load_checkpoint(f"{folder}/start")
         normalised = _update(worker, halved, NORMALISED)
         worker.load_checkpoint(f"{folder}/start")
@@ -112,7 +146,8 @@ def _update_both_ways(folder: str) -> None:
         dist.destroy_process_group()
     torch.save(dict(batch=batch.tensors, recomputed=recomputed, before=before, after_pass=after_pass,
                     after_update=after_update, with_pass=with_pass, from_update=from_update, weighted=weighted,
-                    normalised=normalised, rejected=rejected, bypass=bypass),
+                    normalised=normalised, rejected=rejected, bypass=bypass,
+                    host_reads=(from_update_reads, weighted_reads)),
                f"{folder}/out.pt")
 
 
@@ -160,3 +195,6 @@ def test_update_with_its_own_old_log_probs_equals_recomputing_them(tmp_path):
     assert rejected["rollout_corr/rollout_rs_masked_fraction"] == 1.0
     assert rejected["rollout_corr/rollout_rs_seq_masked_fraction"] == 1.0
     assert out["bypass"]["actor/pg_loss"] == 0.0 and out["bypass"]["rollout_corr/rollout_rs_masked_fraction"] == 1.0
+    # Over its micro-batches (32 tokens each) the update read nothing back to the host, its metrics, the kept
+    # log-probs and the correction's sums included: they are read once, after the last optimizer step.
+    assert out["host_reads"] == (0, 0)
