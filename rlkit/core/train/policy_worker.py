@@ -100,22 +100,24 @@ class PolicyWorker(DeviceWorker):
         self.generation = None
         if not (cfg.rollout.placement == "colocated" and with_engine):
             # Split placement: rollout workers on other devices hold the engine (rlkit.core.controller.placement),
-            # starting it meanwhile: the load and the warm-up run now, beside them.
+            # starting it meanwhile: the load and the warm-up run now.
             self._load_models(startup)
             self._warm_up(startup, beside=False)
-            return self._set_up(startup)
+            return self._setup_result(startup)
         dtype = fsdp.compute_dtype(cfg.model.dtype, self.device)
-        models, warm_up = self._load_bytes(dtype)
-        load = BesideStart(
-            lambda beside: self._warm_up(startup, beside=beside),
-            models + warm_up,
-            "the trainer's model load" + (" and compile warm-up" if self._compiles() else ""),
-            prelude=lambda: self._load_models(startup),
-            prelude_bytes=models,
-        )
-        handed = None if cfg.reward_model.path else load
-        if handed is None:  # a reward model's size is not known before its load: the load runs before the start
-            load.run(beside=False)
+        handed = None
+        if cfg.reward_model.path:  # its size is not known before its load: the load runs before the start
+            self._load_models(startup)
+            self._warm_up(startup, beside=False)
+        else:
+            models, warm_up = self._load_bytes(dtype)
+            handed = BesideStart(
+                lambda beside: self._warm_up(startup, beside=beside),
+                models + warm_up,
+                "the trainer's model load" + (" and compile warm-up" if self._compiles() else ""),
+                prelude=lambda: self._load_models(startup),
+                prelude_bytes=models,
+            )
         with self.reporting("setup/rollout-engine"):
             began = time.perf_counter()
             self.generation = Generator.start(
@@ -134,9 +136,9 @@ class PolicyWorker(DeviceWorker):
             if handed is not None and not handed.ran_beside:  # it ran before the start, alone: not the engine's time
                 seconds -= startup["model_load"] + startup.get("compile_warmup", 0.0)
             startup.update(rollout_engine_start=seconds, **self.generation.engine.start_parts())
-        return self._set_up(startup)
+        return self._setup_result(startup)
 
-    def _set_up(self, startup: dict[str, float]) -> dict[str, Any]:
+    def _setup_result(self, startup: dict[str, float]) -> dict[str, Any]:
         shards = fsdp.shard_numels(self.actor.model.module)
         self.freeze_heap()
         paths = self.actor.fast_paths
