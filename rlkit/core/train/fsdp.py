@@ -18,6 +18,7 @@ from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 from torch.distributed.tensor import DTensor
 
 from rlkit.core.train import logprobs, packed_attention
+from rlkit.core.train.compiled import compiled
 from rlkit.core.train.packing import PackedBatch
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
@@ -76,7 +77,7 @@ def shard_model(
     for layer in _decoder_layers(model):
         fully_shard(layer, mesh=mesh, mp_policy=policy, reshard_after_forward=reshard)
         if compile:  # the layer's forward only: FSDP's hooks stay eager, parameter names unchanged
-            layer.forward = torch.compile(layer.forward, dynamic=True)
+            layer.forward = compiled(layer.forward)
     fully_shard(model, mesh=mesh, mp_policy=policy, reshard_after_forward=reshard)
     if compile:
         logprobs.use_compiled_kernels()

@@ -20,6 +20,8 @@ from typing import Callable, Iterator
 
 import torch
 
+from rlkit.core.train.compiled import compiled
+
 # fp32 elements of one chunk of logits (2^26 floats = 256 MiB): V=152k gives 441 tokens a chunk.
 CHUNK_ELEMENTS = 1 << 26
 # Tokens a chunk while `chunk_rows` is in force; None: as many as CHUNK_ELEMENTS holds.
@@ -92,8 +94,8 @@ _kernels = {"stats": _stats, "grad": _grad_logits}
 
 def use_compiled_kernels() -> None:
     """Fuse each chunk's passes over V (upcast, max, exp, sum, gather) into a few kernels."""
-    _kernels["stats"] = torch.compile(_stats, dynamic=True)
-    _kernels["grad"] = torch.compile(_grad_logits, dynamic=True)
+    _kernels["stats"] = compiled(_stats)
+    _kernels["grad"] = compiled(_grad_logits)
 
 
 def _chunks(tokens: int, vocab: int) -> Iterator[slice]:
