@@ -284,3 +284,22 @@ def test_a_custom_file_that_fails_to_import_names_the_error(tmp_path: Path) -> N
 def test_config_rejects_unknown_keys() -> None:
     with pytest.raises(ValueError, match="timeout"):
         RewardConfig(timeout=3)
+
+
+def test_a_scorer_left_open_at_interpreter_exit_stops_quietly():
+    """A script that drops its scorer without closing it exits without 'Exception ignored in RewardScorer.__del__'
+    (at interpreter exit the modules its clean-up used, contextlib, were already gone), its workers stopped."""
+    import subprocess
+    import sys
+
+    script = (  # the controller's imports: with them contextlib goes before the scorer at exit
+        "import rlkit.core.controller.controller\n"
+        "from rlkit.core.rewards.scoring import RewardScorer\n"
+        "from rlkit.recipes.reward_schema import RewardConfig\n"
+        "scorer = RewardScorer(RewardConfig(num_workers=1))\n"
+        "print(scorer.score(['#### 3'], ['openai/gsm8k'], ['3'], [{}]).scores)\n"
+    )
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "[1.0]"
+    assert "Exception ignored" not in done.stderr

@@ -20,7 +20,6 @@ call could not be stopped.
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import inspect
 from dataclasses import dataclass, field
@@ -224,8 +223,10 @@ class RewardScorer:
 
     def __del__(self) -> None:
         """A scorer dropped unclosed (a rollout worker's, at the end of an in-process run) stops its workers."""
-        with contextlib.suppress(Exception):  # at interpreter exit the modules it needs may be gone
+        try:
             self.close()
+        except Exception:  # noqa: BLE001 - at interpreter exit the modules it needs may be gone (contextlib too)
+            pass
 
     def __enter__(self) -> RewardScorer:
         return self
