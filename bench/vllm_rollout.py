@@ -2,7 +2,7 @@
 
   python bench/vllm_rollout.py --workdir /tmp/bench --out rollout.json [--async-scheduling] [--tiny]
       [--separate-process true|false] [--prefix-caching true|false] [--engine-kwargs '{block_size: 64}']
-      [--replicas N] [--streaming] [--ways with_log_probs,without_log_probs,without_seeds]
+      [--replicas N] [--streaming] [--sleep-mode] [--ways with_log_probs,without_log_probs,without_seeds]
       [--profile DIR] [--heap-objects 3000000]
 
 One engine (rlkit's VLLMEngine, the way the trainer starts it) generates the workload's
@@ -19,6 +19,11 @@ wall time the GPU was busy (`gpu_busy_fraction`: the union of all kernels and co
 --replicas: rollout.vllm.replicas, N engines on the device, each in a process of its own (`without_seeds` then
 needs one engine: leave it out of --ways).
 --streaming: rollout.vllm.streaming, vLLM's async engine fed one request per sample (leave `without_seeds` out).
+--sleep-mode: the engine as a colocated trainer runs it on a GPU (vLLM's sleep mode): each generate is woken
+first, its weights loaded into the memory its last sleep freed (as the step's weight sync does), then put to sleep
+at level 2; the wake and the load (~0.3-0.5 s) are inside each way's time. Without it the engine never sleeps (an
+engine's `sleep` then only empties its prefix cache). On a CPU vLLM has no sleep mode: the weights are loaded again.
+Leave `without_seeds` out with it (that way calls vLLM directly).
 --heap-objects: afterwards, the same ways again with that many more long-lived Python objects in the
 process (a trainer's heap: model, compiled graphs, Ray) to show what garbage collection then costs.
 --profile DIR: cProfile tables and py-spy stacks (where installed) of one generate per way, in DIR.
@@ -43,7 +48,7 @@ from bench.workload import Workload, prepared  # noqa: E402
 
 def start_engine(workload: Workload, workdir: Path, gpu_memory_utilization: float,
                  engine_kwargs: dict[str, Any] | None = None, separate_process: bool = False,
-                 prefix_caching: bool = True, replicas: int = 1, streaming: bool = False):
+                 prefix_caching: bool = True, replicas: int = 1, streaming: bool = False, sleep_mode: bool = False):
     """rlkit's engine as the trainer starts it (`make_engine`; CUDA graphs on a GPU, eager on a CPU)."""
     import torch
 
@@ -58,7 +63,18 @@ def start_engine(workload: Workload, workdir: Path, gpu_memory_utilization: floa
                                   "engine_kwargs": engine_kwargs or {}})
     return make_engine(rollout, str(workdir / "model"), max_model_len=workload.prompt_tokens + workload.response_tokens,
                        device=torch.device("cuda", 0) if on_gpu else torch.device("cpu"),
-                       dtype="bfloat16" if on_gpu else "float32", seed=0, sleep_mode=False)
+                       dtype="bfloat16" if on_gpu else "float32", seed=0, sleep_mode=sleep_mode)
+
+
+def model_weights(folder: Path, device: Any) -> dict[str, Any]:
+    """The workload model's weights (its safetensors files), on `device`: what --sleep-mode loads before each
+    generate, as a step's weight sync does."""
+    from safetensors.torch import load_file
+
+    weights: dict[str, Any] = {}
+    for file in sorted(folder.glob("*.safetensors")):
+        weights.update(load_file(str(file), device=str(device)))
+    return weights
 
 
 def bench_prompts(workload: Workload) -> list[list[int]]:
@@ -89,6 +105,9 @@ def main() -> None:
                         help="rollout.vllm.prefix_caching")
     parser.add_argument("--replicas", type=int, default=1, help="rollout.vllm.replicas (engines on the device)")
     parser.add_argument("--streaming", action="store_true", help="rollout.vllm.streaming (vLLM's async engine)")
+    parser.add_argument("--sleep-mode", action="store_true",
+                        help="a colocated trainer's engine: woken and its weights loaded before each generate, "
+                             "asleep at level 2 after")
     parser.add_argument("--ways", default="with_log_probs,without_log_probs,without_seeds",
                         help="which ways to time, comma-separated")
     parser.add_argument("--engine-kwargs", default="{}", help="rollout.vllm.engine_kwargs (YAML), e.g. '{block_size: 64}'")
@@ -107,19 +126,30 @@ def main() -> None:
     engine_kwargs = {**yaml.safe_load(args.engine_kwargs), **({"async_scheduling": True} if args.async_scheduling else {})}
     engine = start_engine(workload, workdir, args.gpu_memory_utilization, engine_kwargs,
                           args.separate_process == "true", args.prefix_caching == "true", args.replicas,
-                          args.streaming)
+                          args.streaming, args.sleep_mode)
     separate = getattr(engine, "separate_process", True)  # replicas, streaming: engine cores in processes of their own
     args.separate_process = separate
     result: dict = {"label": args.label, "args": vars(args), "engine_start_seconds": time.perf_counter() - start, "runs": {}}
     prompts = bench_prompts(workload)
     tokens = workload.sequences * workload.response_tokens
 
-    # Each way is a rollout as the trainer runs it: generate, then `sleep`, which here (no sleep mode) empties
+    device = torch.device("cuda", 0) if torch.cuda.is_available() else torch.device("cpu")
+    weights = model_weights(workdir / "model", device) if args.sleep_mode else {}
+
+    def woken() -> None:
+        """--sleep-mode: as a step's sync, then its rollout, wakes the engine (rlkit.core.rollout.generator)."""
+        if args.sleep_mode:
+            engine.wake_up(weights_only=True)
+            engine.load_weights(weights.items())
+            engine.wake_up()
+
+    # Each way is a rollout as the trainer runs it: generate, then `sleep`, which without sleep mode empties
     # the prefix cache, so that a timed repeat does not find the previous run's prompts cached.
     def call(log_probs: bool) -> Callable[[], None]:
-        return lambda: (engine.generate(prompts, Sampling(n=workload.samples, max_tokens=workload.response_tokens,
+        return lambda: (woken(),
+                        engine.generate(prompts, Sampling(n=workload.samples, max_tokens=workload.response_tokens,
                                                           seed=1, ignore_eos=True, log_probs=log_probs)),
-                        engine.sleep())
+                        engine.sleep(discard_weights=args.sleep_mode))
 
     def unseeded() -> None:
         requests = [TokensPrompt(prompt_token_ids=p) for p in prompts for _ in range(workload.samples)]
