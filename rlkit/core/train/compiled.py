@@ -22,7 +22,8 @@ F = TypeVar("F", bound=Callable[..., Any])
 
 def inductor_options() -> dict[str, Any]:
     """Inductor's options for the trainer's compiles: the mix-order reduction without its size guards, where this
-    torch has the switch (torch 2.13 has it; an older one keeps the guard and compiles again)."""
+    torch has the switch (2.11, the GPU image's, and 2.13 have it; one without it keeps the guard and compiles
+    again at step 1)."""
     from torch._inductor import config
 
     if hasattr(config.triton, "mix_order_reduction_non_strict_mode"):
