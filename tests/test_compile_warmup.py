@@ -12,7 +12,7 @@ from test_packing import padded_batch
 
 from rlkit.core.algos.algorithm import Algorithm
 from rlkit.core.state.run_dir import resolve_model_path
-from rlkit.core.train import fsdp, logprobs, packing, warmup
+from rlkit.core.train import compiled, fsdp, logprobs, packing, warmup
 from rlkit.core.train.model import TrainableModel, build_policy
 from rlkit.recipes.loader import load_config
 
@@ -141,10 +141,19 @@ def test_with_compiled_layers_the_passes_after_the_warm_up_compile_nothing_new(
     machine, each.)"""
     from torch._dynamo.utils import counters
 
-    compile_with = torch.compile
-    monkeypatch.setattr(torch, "compile", lambda fn, **options: compile_with(fn, backend="eager", **options))
+    compile_with, calls = torch.compile, []
+
+    def eager_compile(fn, **options):
+        calls.append(options)
+        return compile_with(fn, backend="eager", **options)
+
+    monkeypatch.setattr(torch, "compile", eager_compile)
     torch._dynamo.reset()
     model, algorithm = _policy(OVERRIDES + ["model.compile=true", f"actor.old_log_probs={old_log_probs}"])
+    # every layer (the actor's and the reference's) and both log-prob kernels through rlkit.core.train.compiled:
+    # dynamic, without the mix-order reduction's size guards
+    assert len(calls) >= model.module.config.num_hidden_layers + 2
+    assert all(c == {"dynamic": True, "options": compiled.inductor_options()} for c in calls)
     assert algorithm.old_log_probs_from_update == (old_log_probs == "auto")
     _warm_up(model, algorithm)
     graphs = counters["stats"]["unique_graphs"]
