@@ -21,10 +21,12 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import subprocess
 import sys
 import threading
 import time
+from contextlib import ExitStack
 from dataclasses import replace
 from pathlib import Path
 
@@ -62,6 +64,7 @@ def overrides(args: argparse.Namespace, workload: Workload, data: str, runs_dir:
         *([f"rollout.max_staleness={args.max_staleness}"] if args.mode == "async" else []),
         *([f"rollout.weight_sync={args.weight_sync}"] if args.placement == "split" else []),
         *([f"actor.rollout_is_cap={args.rollout_is_cap}"] if args.rollout_is_cap else []),
+        *([f"trainer.profile_steps=[{args.torch_profile_step}]"] if args.torch_profile else []),
         f"trainer.n_gpus_per_node={args.gpus}", f"trainer.total_steps={args.steps}", "trainer.logger=[jsonl]",
         f"trainer.runs_dir={runs_dir}", *args.override,
     ]
@@ -195,6 +198,11 @@ def build_parser() -> argparse.ArgumentParser:
                         help="where the time outside the GPU goes: every worker's garbage collections (bench/gc_site) "
                              "and py-spy stacks of every process during --py-spy-step's first seconds, in DIR")
     parser.add_argument("--py-spy-step", type=int, default=3)
+    parser.add_argument("--torch-profile", metavar="DIR",
+                        help="torch.profiler over step --torch-profile-step's phases in every training worker "
+                             "(trainer.profile_steps): each phase's table of top kernels, summary and Chrome trace, "
+                             "copied into DIR; that step is left out of the means")
+    parser.add_argument("--torch-profile-step", type=int, default=3)
     parser.add_argument("--py-spy-seconds", type=float, default=10.0, help="how long py-spy samples that step")
     parser.add_argument("--steps", type=int, default=4)
     parser.add_argument("--warmup", type=int, default=1, help="leading steps left out of the means")
@@ -215,6 +223,8 @@ def main() -> None:
     args = build_parser().parse_args()
 
     os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+    from rlkit.core.cluster.phases import profiled_step
+    from rlkit.core.cluster.profiling import step_folder
     from rlkit.core.controller.controller import Controller
     from rlkit.core.rollout.sync_check import check_weight_sync
     from rlkit.core.state.run_dir import RunDir
@@ -251,13 +261,18 @@ def main() -> None:
         print(f"[{args.label}] {result['fast_paths']}", flush=True)
         for step in range(1, args.steps + 1):
             step_began.append(time.time())
-            if args.host_profile and step == args.py_spy_step:
-                from bench.host_time import py_spy
+            with ExitStack() as around:
+                if args.host_profile and step == args.py_spy_step:
+                    from bench.host_time import py_spy
 
-                with py_spy(Path(args.host_profile) / "py-spy-step.txt", args.py_spy_seconds, subprocesses=True):
-                    steps.append(controller.step(step))
-            else:
+                    around.enter_context(py_spy(Path(args.host_profile) / "py-spy-step.txt", args.py_spy_seconds,
+                                                subprocesses=True))
+                # as a training run's loop (rlkit.core.controller.loop) profiles trainer.profile_steps
+                around.enter_context(profiled_step(controller.checkpoint_groups, controller.run.path, step,
+                                                   config.trainer.profile_steps))
                 steps.append(controller.step(step))
+            if args.torch_profile and step == args.torch_profile_step:
+                shutil.copytree(step_folder(controller.run.path, step), args.torch_profile, dirs_exist_ok=True)
             steps[-1].update(controller.startup.finish())  # step 1's start-up parts, as a training run logs them
             check_weight_sync(steps[-1], config.rollout, step)  # as a training run does
             result["steps"] = steps
@@ -266,20 +281,23 @@ def main() -> None:
             # rollout.log_prob_check_freq), rarely among the averaged ones: each is kept by its step.
             result["log_prob_diff_by_step"] = {i + 1: s["rollout/log_prob_diff"] for i, s in enumerate(steps)
                                                if "rollout/log_prob_diff" in s}
-            measured = steps[args.warmup:] or steps
+            # the steps averaged: after the warm-up, not the one under torch.profiler
+            kept = [i for i in range(len(steps)) if i >= args.warmup
+                    and not (args.torch_profile and i + 1 == args.torch_profile_step)] or list(range(len(steps)))
+            measured = [steps[i] for i in kept]
             result.update(status=f"{step}/{args.steps} steps", summary=summarize(measured, workload, train_gpus,
                                                                                   args.peak_flops))
             windows = rollout_windows(step_began, steps)
             result["rollout_nvml_busy_by_step"] = {i + 1: busy_within(utilisation.samples, [window])
                                                    for i, window in enumerate(windows)}
-            result["summary"]["rollout"].update(busy_within(utilisation.samples, windows[args.warmup:] or windows))
+            result["summary"]["rollout"].update(busy_within(utilisation.samples, [windows[i] for i in kept]))
             # The update's too: below ~95% the device waits for the host between micro-batches.
             updates = update_windows(step_began, steps)
             result["update_nvml_busy_by_step"] = {i + 1: busy_within(utilisation.samples, [window])
                                                   for i, window in enumerate(updates)}
             if "update_actor" in result["summary"]["phases"]:
                 result["summary"]["phases"]["update_actor"].update(
-                    busy_within(utilisation.samples, updates[args.warmup:] or updates))
+                    busy_within(utilisation.samples, [updates[i] for i in kept if i < len(updates)]))
             result["peak_gpu_memory_gib"] = memory.peak_mib / 1024 if memory.peak_mib else None
             save()
             print(f"[{args.label}] step {step}: {steps[-1]['timing/step']:.2f} s", flush=True)

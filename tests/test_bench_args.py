@@ -179,6 +179,20 @@ def test_every_rlkit_lane_of_run_all_is_a_config_the_grpo_recipe_accepts() -> No
         assert config.data.train_batch_size == workload.prompts, name
 
 
+def test_torch_profile_names_its_step_to_the_recipe() -> None:
+    from bench.rlkit_grpo import build_parser
+    from bench.workload import FULL
+    from rlkit.core.state.run_dir import resolve_model_path
+    from rlkit.recipes.loader import load_config
+
+    model = str(resolve_model_path("rlkit:tiny-qwen2"))
+    for extra, profiled in (([], []), (["--torch-profile", "tp"], [3]), (["--torch-profile", "tp", "--torch-profile-step",
+                                                                          "2"], [2])):
+        args = build_parser().parse_args(["--workdir", "w", "--out", "o", *extra])
+        config = load_config("grpo", overrides(args, FULL, "p.parquet", "runs"), model=model, require_inputs=False)
+        assert config.trainer.profile_steps == profiled
+
+
 def test_the_rollouts_gpu_busy_share_is_the_mean_of_the_samples_inside_each_steps_rollout() -> None:
     from datetime import datetime
 

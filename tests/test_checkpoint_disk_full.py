@@ -59,9 +59,12 @@ class CheckpointingController:
     def step(self, step: int) -> dict[str, float]:
         return {"reward/mean": 0.5}
 
+    def checkpoint_groups(self) -> dict[str, ShardWriter]:
+        return {"policy": self.group}
+
     def save_checkpoint(self, reason: str) -> Path:
         self.group.step = self.completed_steps
-        return save_run_checkpoint(self.config, self.run, self.completed_steps, reason, {"policy": self.group}, {})
+        return save_run_checkpoint(self.config, self.run, self.completed_steps, reason, self.checkpoint_groups(), {})
 
     def close(self) -> None:
         pass

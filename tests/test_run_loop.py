@@ -36,6 +36,9 @@ class StandInController:
     def step(self, step: int) -> dict[str, float]:
         return {"reward/mean": random.random() + float(torch.rand(()))}
 
+    def checkpoint_groups(self) -> dict:
+        return {}  # no workers
+
     def save_checkpoint(self, reason: str) -> Path:
         metrics = read_metrics(self.run.path / METRICS_FILE)
         self.seen_at_save.append((self.run.read_status()["step"], metrics[-1]["step"]))

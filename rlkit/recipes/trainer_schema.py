@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import Field, field_validator
+from pydantic import Field, field_validator, model_validator
 
 from rlkit.recipes.section import Section
 
@@ -137,6 +137,31 @@ class TrainerConfig(Section):
         description="Largest |KL to the reference| and rollout/log_prob_diff (nats per token) the step-1 invariants "
         "accept. Measured: ~1e-7 on CPU (fp32), ~0.008 with vLLM in bf16 on an H200 (docs/benchmarks.md).",
     )
+
+    profile_steps: list[int] = Field(
+        default_factory=list,
+        description="Steps whose phases run under torch.profiler in every training worker (e.g. [3]: after step "
+        "1's compiles and warm-up): per phase and rank, RUN/profile/step<N>/ gets the wall and device-busy seconds, "
+        "a table of the top ops and kernels by device time, and a Chrome trace for https://ui.perfetto.dev "
+        "(rlkit.core.cluster.profiling). What runs in other processes (a vLLM engine core of its own) is not in "
+        "them; the profiled step's timings include the profiler's cost. Empty: no profiling.",
+    )
+
+    @field_validator("profile_steps", mode="before")
+    @classmethod
+    def _one_step(cls, value: Any) -> Any:
+        """trainer.profile_steps=3 on a command line: that one step."""
+        return [value] if isinstance(value, int) and not isinstance(value, bool) else value
+
+    @model_validator(mode="after")
+    def _profile_steps_in_run(self) -> TrainerConfig:
+        outside = [step for step in self.profile_steps if not 1 <= step <= self.total_steps]
+        if outside:
+            raise ValueError(
+                f"trainer.profile_steps has {outside}, outside this run's steps 1..{self.total_steps} "
+                "(trainer.total_steps): name steps the run takes"
+            )
+        return self
 
     @field_validator("invariants", mode="before")
     @classmethod

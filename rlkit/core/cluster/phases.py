@@ -14,9 +14,14 @@ import socket
 import time
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any, Callable, Iterator, TypeVar
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Callable, Iterator, TypeVar
 
 from rlkit.core.cluster import faults
+from rlkit.core.cluster.profiling import PhaseProfiler, step_folder
+
+if TYPE_CHECKING:
+    from rlkit.core.cluster.backend import Group
 
 POST_TIMEOUT_S = 5.0  # a board that does not answer must never stall the worker
 IDLE = "idle"  # between calls: posted without waiting, it costs the step nothing
@@ -78,6 +83,7 @@ class PhaseReporter:
     rank: int
     _board: Any = None
     _phase: str = "starting"
+    _profiler: PhaseProfiler | None = None  # made when first armed (trainer.profile_steps)
 
     def attach_board(self, board: Any) -> dict[str, Any]:
         """Called by the worker group once the worker exists; returns where it runs."""
@@ -90,8 +96,18 @@ class PhaseReporter:
         """Phase `name` while the block runs, then idle. A block that raises leaves `name` on the board, so a
         failure message says where the worker was."""
         self.phase = name
-        yield
+        if self._profiler is None:
+            yield
+        else:
+            with self._profiler.phase(name, self.rank):
+                yield
         self.phase = IDLE
+
+    def profile_phases(self, folder: str | None) -> None:
+        """Profile every phase from now on into `folder`, or stop (None): rlkit.core.cluster.profiling."""
+        if self._profiler is None:
+            self._profiler = PhaseProfiler()
+        self._profiler.arm(folder)
 
     @property
     def phase(self) -> str:
@@ -112,3 +128,25 @@ class PhaseReporter:
             except Exception:  # noqa: BLE001 - progress reporting must never break the work itself
                 pass
         faults.reached(f"worker{self.rank}.{value}")
+
+
+@contextmanager
+def profiled_step(
+    groups: Callable[[], dict[str, Group]], run_path: Path | str, step: int, steps: list[int]
+) -> Iterator[Path | None]:
+    """Step `step` with every worker of the groups `groups()` returns profiling its phases into RUN/profile/step<N>/
+    (rlkit.core.cluster.profiling) when `step` is one of `steps` (trainer.profile_steps); yields that folder, or None
+    for a step not profiled. The workers are disarmed after the step, also when it raises."""
+    if step not in steps:
+        yield None
+        return
+    folder = step_folder(run_path, step)
+    armed = []
+    try:
+        for name, group in groups().items():
+            group.call(PhaseReporter.profile_phases, str(folder), phase=f"start profiling ({name})")
+            armed.append((name, group))
+        yield folder
+    finally:
+        for name, group in armed:
+            group.call(PhaseReporter.profile_phases, None, phase=f"stop profiling ({name})")

@@ -13,6 +13,7 @@ from rich.logging import RichHandler
 
 from rlkit.console import make_console
 from rlkit.core.cluster.failures import RunFailure, continue_hint
+from rlkit.core.cluster.phases import profiled_step
 from rlkit.core.controller import invariants
 from rlkit.core.controller.controller import Controller
 from rlkit.core.controller.interrupt import (
@@ -108,7 +109,10 @@ def run_training(config: RLConfig, run: RunDir, inputs: RunInputs, resume_from: 
                 tracker.log(val_metrics, 0)
                 controller.startup.mark("first_validation")
             for step in range(start + 1, trainer.total_steps + 1):
-                metrics = controller.step(step)
+                with profiled_step(controller.checkpoint_groups, run.path, step, trainer.profile_steps) as profile:
+                    metrics = controller.step(step)
+                if profile is not None:
+                    logger.info("step %d profiled: per phase and rank, a table and a Chrome trace in %s", step, profile)
                 startup = controller.startup.finish()  # the first step's start-up parts, {} after: docs/startup.md
                 metrics.update(startup)
                 check_weight_sync(metrics, config.rollout, step)  # a stale rollout engine stops the run here

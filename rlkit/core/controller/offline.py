@@ -19,7 +19,7 @@ import torch
 
 from rlkit.core.algos.algorithm import Algorithm
 from rlkit.core.batch import Batch, pad_to_ranks, shard_minibatches
-from rlkit.core.cluster.backend import Backend, start_backend
+from rlkit.core.cluster.backend import Backend, Group, start_backend
 from rlkit.core.cluster.device_worker import DeviceWorker
 from rlkit.core.controller.controller import (
     load_worker_shards,
@@ -128,6 +128,10 @@ class OfflineController:
         return {**{f"val/{k}": v for k, v in out.items()}, "timing/val": timing["val"]}
 
     # -- checkpoints (layout and atomic writes: rlkit.core.state.checkpoint) -------------------
+    def checkpoint_groups(self) -> dict[str, Group]:
+        """Worker groups whose sharded state a checkpoint holds (the run loop also profiles them)."""
+        return {"policy": self.workers}
+
     def save_checkpoint(self, reason: str) -> Path:
         """Checkpoint the last completed step atomically; `reason` (periodic, final, ...) is recorded."""
         state = {
@@ -136,11 +140,11 @@ class OfflineController:
             "world_size": self.config.world_size,
             "total_steps": self.config.trainer.total_steps,
         }
-        return save_run_checkpoint(self.config, self.run, self.completed_steps, reason, {"policy": self.workers}, state)
+        return save_run_checkpoint(self.config, self.run, self.completed_steps, reason, self.checkpoint_groups(), state)
 
     def load_checkpoint(self, ckpt: checkpoint.Checkpoint) -> None:
         """Restore every worker's shards, optimizer, schedule and RNG, then the data position and step."""
-        load_worker_shards(ckpt, len(self.rows), {"policy": self.workers})
+        load_worker_shards(ckpt, len(self.rows), self.checkpoint_groups())
         self.sampler.load_state_dict(ckpt.state["sampler"])
         set_rng_state(torch.load(ckpt.path / checkpoint.RNG_FILE, weights_only=True))
         self.completed_steps = ckpt.state["step"]
