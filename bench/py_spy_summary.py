@@ -2,6 +2,7 @@
 `bench/vllm_rollout.py --profile`), per process, per thread and per function; with `--vs`, against another.
 
   python bench/py_spy_summary.py PROFILE.txt [--vs OTHER.txt] [--top 25] [--rate 200] [--process EngineCore]
+      [--imports]
 
 PROFILE is py-spy's raw (collapsed) output: one stack a line, `frame;frame;... count`, each process's frames
 after its `process PID:"command"` frame (`--subprocesses` nests a child's under its parent's). A process is named
@@ -12,6 +13,10 @@ thread's busy seconds in the profiled window, idle threads not sampled. Function
 sample counts once for every function on its stack), named without line numbers so the call sites of one
 function add up. Made to read a like-for-like step's profile against one without rollout log-probs: which process
 and thread the extra seconds are in (docs/benchmarks.md, "Where rollout log-probs cost").
+--imports adds, per process, the seconds inside each module's import (its `<module>` frame, inclusive: a package's
+import holds its submodules'), to read a start-up's profile (`py-spy record --subprocesses -- python3 ...`): which
+imports each process pays. A child that multiprocessing spawned and that has not named itself yet (vLLM's engine
+core while it imports) is `mp-spawn`.
 """
 
 from __future__ import annotations
@@ -33,12 +38,15 @@ class Profile:
     processes: Counter = field(default_factory=Counter)
     threads: Counter = field(default_factory=Counter)
     functions: dict[str, Counter] = field(default_factory=lambda: defaultdict(Counter))
+    imports: dict[str, Counter] = field(default_factory=lambda: defaultdict(Counter))  # process -> module file
 
 
 def process_name(frame: str) -> str:
     """`process 4129:"ray::PolicyWorker"` -> `ray::PolicyWorker`; a command's first word, without its folder."""
     match = _PROCESS.match(frame)
     command = match.group("command") if match else frame
+    if "multiprocessing.spawn" in command:
+        return "mp-spawn"
     words = command.split()
     first = words[0] if words else command
     if first.endswith(("python", "python3")) or re.search(r"python3?\.\d+$", first):
@@ -54,13 +62,30 @@ def function_name(frame: str) -> str:
     return f"{match.group('function')} ({match.group('file').rsplit('/', 1)[-1]})"
 
 
+def split_frames(stack: str) -> list[str]:
+    """A stack's frames: split at `;`, except inside a process frame's quoted command (`python -c "a; b"`)."""
+    frames: list[str] = []
+    for piece in stack.split(";"):
+        if frames and frames[-1].startswith("process ") and not _PROCESS.match(frames[-1]):
+            frames[-1] += ";" + piece  # the command's closing quote is still to come
+        else:
+            frames.append(piece)
+    return frames
+
+
+def module_file(frame: str) -> str | None:
+    """`<module> (vllm/config/__init__.py:12)` -> `vllm/config/__init__.py`; None for any other frame."""
+    match = _FRAME.match(frame)
+    return match.group("file") if match and match.group("function") == "<module>" else None
+
+
 def read(path: Path) -> Profile:
     profile = Profile()
     for line in path.read_text().splitlines():
         stack, _, count = line.rpartition(" ")
         if not stack or not count.isdigit():
             continue
-        frames = stack.split(";")
+        frames = split_frames(stack)
         starts = [i for i, frame in enumerate(frames) if frame.startswith("process ")]
         own = frames[starts[-1] + 1 :] if starts else frames
         name = process_name(frames[starts[-1]]) if starts else "?"
@@ -69,6 +94,8 @@ def read(path: Path) -> Profile:
         profile.threads[(name, function_name(own[0]) if own else "(no Python frame)")] += samples
         for function in {function_name(frame) for frame in own}:
             profile.functions[name][function] += samples
+        for module in {module_file(frame) for frame in own} - {None, "<string>"}:
+            profile.imports[name][module] += samples
     return profile
 
 
@@ -83,9 +110,11 @@ def seconds(samples: int, rate: float) -> str:
     return f"{samples / rate:.2f}"
 
 
-def summary(profile: Profile, other: Profile | None, *, top: int, rate: float, keep: str | None) -> str:
-    """The report: processes, then each kept process's threads and functions (with `other`: side by side, sorted
-    by the difference)."""
+def summary(
+    profile: Profile, other: Profile | None, *, top: int, rate: float, keep: str | None, imports: bool = False
+) -> str:
+    """The report: processes, then each kept process's threads and functions, and with `imports` its imports (with
+    `other`: side by side, sorted by the difference)."""
 
     def rows(mine: Counter, theirs: Counter | None, keys: list) -> list[tuple[str, ...]]:
         if theirs is None:
@@ -123,6 +152,12 @@ def summary(profile: Profile, other: Profile | None, *, top: int, rate: float, k
                 ("function", *header[1:]),
             ),
         ]
+        if imports:
+            theirs = other.imports[name] if other else None
+            out += [
+                f"\n== {name}: imports, inclusive",
+                table(rows(profile.imports[name], theirs, ranked(profile.imports[name], theirs)), ("module", *header[1:])),
+            ]
     return "\n".join(out)
 
 
@@ -133,9 +168,10 @@ def main() -> None:
     parser.add_argument("--top", type=int, default=25, help="rows a table")
     parser.add_argument("--rate", type=float, default=200, help="py-spy's samples a second (rlkit's bench: 200)")
     parser.add_argument("--process", help="only processes whose name contains this")
+    parser.add_argument("--imports", action="store_true", help="also each process's seconds in each module's import")
     args = parser.parse_args()
     other = read(args.vs) if args.vs else None
-    print(summary(read(args.profile), other, top=args.top, rate=args.rate, keep=args.process))
+    print(summary(read(args.profile), other, top=args.top, rate=args.rate, keep=args.process, imports=args.imports))
 
 
 if __name__ == "__main__":

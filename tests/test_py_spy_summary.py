@@ -58,3 +58,26 @@ def test_names_a_command_by_its_program_and_a_frame_by_its_file():
     assert process_name('process 2:"/root/site/ray/core/src/ray/raylet/raylet --a=b"') == "raylet"
     assert function_name("Worker.main_loop (ray/_private/worker.py:1069)") == "Worker.main_loop (worker.py)"
     assert function_name("<module> (<string>:1)") == "<module> (<string>)"
+
+
+def test_a_command_with_semicolons_is_one_process_and_imports_sum_per_module(tmp_path):
+    """multiprocessing's spawned child runs `python -c "from multiprocessing.spawn import spawn_main; spawn_main(..)"`:
+    the `;` inside its quoted command does not split the frame; it is `mp-spawn` until it names itself. A module's
+    import counts every sample under its `<module>` frame (a package's holds its submodules'), once a sample."""
+    child = 'process 20:"/usr/bin/python3 -B -c from multiprocessing.spawn import spawn_main; spawn_main(pipe_handle=9)"'
+    path = tmp_path / "startup.txt"
+    path.write_text("\n".join([
+        f"{DRIVER};{child};<module> (<string>:1);<module> (vllm/__init__.py:3);<module> (torch/__init__.py:9) 150",
+        f"{DRIVER};{child};<module> (<string>:1);<module> (vllm/__init__.py:4);<module> (vllm/config/__init__.py:1) 50",
+        f"{DRIVER};{child};<module> (<string>:1);<module> (vllm/__init__.py:3);<module> (vllm/__init__.py:7) 20",
+        f"{DRIVER};<module> (bench/rlkit_grpo.py:30);<module> (torch/__init__.py:9) 100",
+    ]))
+    profile = read(path)
+    assert dict(profile.processes) == {"rlkit_grpo.py": 100, "mp-spawn": 220}
+    assert dict(profile.imports["mp-spawn"]) == {"vllm/__init__.py": 220, "torch/__init__.py": 150,
+                                                "vllm/config/__init__.py": 50}
+    report = summary(profile, None, top=5, rate=100, keep="spawn", imports=True)
+    imports = report.split("== mp-spawn: imports, inclusive")[1].splitlines()
+    assert [line.split("|")[0].strip() for line in imports[3:6]] == [
+        "vllm/__init__.py", "torch/__init__.py", "vllm/config/__init__.py"]
+    assert imports[3].split("|")[1].strip() == "2.20"
