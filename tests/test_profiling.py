@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from rlkit.core.cluster.phases import PhaseReporter, profiled_step
-from rlkit.core.cluster.profiling import device_busy_seconds
+from rlkit.core.cluster.profiling import device_busy_seconds, summary_lines
 from rlkit.recipes.loader import ConfigError, load_config
 
 
@@ -70,6 +70,23 @@ def test_device_busy_is_the_union_of_kernel_intervals_over_streams() -> None:
     events = [event(2, 1), event(0, 1), event(1.2, 0.2), event(0.5, 1), event(0, 9, cpu), event(4, 0)]
     profile = SimpleNamespace(profiler=SimpleNamespace(kineto_results=SimpleNamespace(events=lambda: events)))
     assert device_busy_seconds(profile) == pytest.approx(2.5)
+
+
+def test_the_logs_summary_is_a_line_a_phase_longest_first(tmp_path) -> None:
+    def write(stem: str, phase: str, wall: float, busy: float | None, top: list) -> None:
+        entries = [{"name": name, "calls": calls, "self_seconds": seconds} for name, calls, seconds in top]
+        summary = {"phase": phase, "wall_seconds": wall, "device_busy_seconds": busy, "top": entries}
+        (tmp_path / f"{stem}.json").write_text(json.dumps(summary))
+
+    gemm = "sm90_xmma_gemm_bf16bf16_bf16f32_f32_tn_n_tilesize128x128x64_warpgroupsize1x1x1_execute"
+    write("rank0-generate", "generate", 1.5, 0.3, [("aten::mm", 10, 0.2)])
+    write("rank0-update_actor", "update_actor", 4.0, 3.8, [(gemm, 1200, 1.6), ("triton_red_fused_0", 600, 0.4)])
+    write("rank1-update_actor", "update_actor", 9.0, None, [])  # another rank's: not in rank 0's lines
+    assert summary_lines(tmp_path, top=2) == [
+        f"update_actor: 4.000 s, device busy 3.800 s (95%); top: {gemm[:57]}... 1.600 s x1200, "
+        "triton_red_fused_0 0.400 s x600",
+        "generate: 1.500 s, device busy 0.300 s (20%); top: aten::mm 0.200 s x10",
+    ]
 
 
 class Group:

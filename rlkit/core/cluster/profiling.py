@@ -103,3 +103,22 @@ def device_busy_seconds(profile: Any) -> float:
         elif stop > end:
             busy, end = busy + stop - end, stop
     return busy / 1e9
+
+
+def summary_lines(folder: Path, rank: int = 0, top: int = 3) -> list[str]:
+    """One line a phase of rank `rank`'s profiles in `folder`, longest first: its wall and device-busy seconds and
+    its `top` ops or kernels by self device time (CPU time on a CPU), for the run's log."""
+    lines = []
+    summaries = [json.loads(path.read_text()) for path in folder.glob(f"rank{rank}-*.json")]
+    for phase in sorted(summaries, key=lambda summary: -summary["wall_seconds"]):
+        wall, busy = phase["wall_seconds"], phase["device_busy_seconds"]
+        busy_text = "" if busy is None else f", device busy {busy:.3f} s ({busy / max(wall, 1e-9):.0%})"
+        heads = ", ".join(
+            f"{_short(entry['name'])} {entry['self_seconds']:.3f} s x{entry['calls']}" for entry in phase["top"][:top]
+        )
+        lines.append(f"{phase['phase']}: {wall:.3f} s{busy_text}; top: {heads}")
+    return lines
+
+
+def _short(name: str, width: int = 60) -> str:
+    return name if len(name) <= width else name[: width - 3] + "..."

@@ -14,6 +14,7 @@ from rich.logging import RichHandler
 from rlkit.console import make_console
 from rlkit.core.cluster.failures import RunFailure, continue_hint
 from rlkit.core.cluster.phases import profiled_step
+from rlkit.core.cluster.profiling import summary_lines
 from rlkit.core.controller import invariants
 from rlkit.core.controller.controller import Controller
 from rlkit.core.controller.interrupt import (
@@ -113,6 +114,8 @@ def run_training(config: RLConfig, run: RunDir, inputs: RunInputs, resume_from: 
                     metrics = controller.step(step)
                 if profile is not None:
                     logger.info("step %d profiled: per phase and rank, a table and a Chrome trace in %s", step, profile)
+                    for line in summary_lines(profile):
+                        logger.info("  rank 0 %s", line)
                 startup = controller.startup.finish()  # the first step's start-up parts, {} after: docs/startup.md
                 metrics.update(startup)
                 check_weight_sync(metrics, config.rollout, step)  # a stale rollout engine stops the run here
