@@ -224,7 +224,7 @@ def main() -> None:
 
     os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
     from rlkit.core.cluster.phases import profiled_step
-    from rlkit.core.cluster.profiling import step_folder
+    from rlkit.core.cluster.profiling import step_folder, summary_lines
     from rlkit.core.controller.controller import Controller
     from rlkit.core.rollout.sync_check import check_weight_sync
     from rlkit.core.state.run_dir import RunDir
@@ -273,6 +273,8 @@ def main() -> None:
                 steps.append(controller.step(step))
             if args.torch_profile and step == args.torch_profile_step:
                 shutil.copytree(step_folder(controller.run.path, step), args.torch_profile, dirs_exist_ok=True)
+                for line in summary_lines(Path(args.torch_profile)):
+                    print(f"[{args.label}] step {step} profiled, rank 0 {line}", flush=True)
             steps[-1].update(controller.startup.finish())  # step 1's start-up parts, as a training run logs them
             check_weight_sync(steps[-1], config.rollout, step)  # as a training run does
             result["steps"] = steps
