@@ -112,6 +112,21 @@ def test_profiled_step_arms_the_groups_for_the_steps_named_and_disarms_them_afte
         assert group.calls == [("profile_phases", (str(tmp_path / "profile" / "step3"),)), ("profile_phases", (None,))]
 
 
+def test_a_failed_step_s_error_is_not_replaced_by_a_worker_that_cannot_be_disarmed(tmp_path) -> None:
+    class Dead(Group):
+        def call(self, method, *args, **kwargs) -> list:
+            if args == (None,):
+                raise RuntimeError("worker 0 died")
+            return super().call(method, *args, **kwargs)
+
+    group = Dead()
+    with pytest.raises(ValueError, match="the step's own error"), profiled_step(lambda: {"policy": group}, tmp_path,
+                                                                                 2, [2]):
+        raise ValueError("the step's own error")
+    with pytest.raises(RuntimeError, match="worker 0 died"), profiled_step(lambda: {"policy": group}, tmp_path, 2, [2]):
+        pass  # a step that succeeded: the failed disarm is the error
+
+
 def test_profile_steps_take_one_step_or_a_list_inside_the_run() -> None:
     assert load_config("grpo-demo", ["trainer.profile_steps=3"]).trainer.profile_steps == [3]
     assert load_config("grpo-demo", ["trainer.profile_steps=[2,5]"]).trainer.profile_steps == [2, 5]

@@ -136,17 +136,23 @@ def profiled_step(
 ) -> Iterator[Path | None]:
     """Step `step` with every worker of the groups `groups()` returns profiling its phases into RUN/profile/step<N>/
     (rlkit.core.cluster.profiling) when `step` is one of `steps` (trainer.profile_steps); yields that folder, or None
-    for a step not profiled. The workers are disarmed after the step, also when it raises."""
+    for a step not profiled. The workers are disarmed after the step, also when it raises; then a worker that cannot
+    be reached (the step's failure may be its death) leaves the step's own error to say so."""
     if step not in steps:
         yield None
         return
     folder = step_folder(run_path, step)
-    armed = []
+    armed, failed = [], True
     try:
         for name, group in groups().items():
             group.call(PhaseReporter.profile_phases, str(folder), phase=f"start profiling ({name})")
             armed.append((name, group))
         yield folder
+        failed = False
     finally:
         for name, group in armed:
-            group.call(PhaseReporter.profile_phases, None, phase=f"stop profiling ({name})")
+            try:
+                group.call(PhaseReporter.profile_phases, None, phase=f"stop profiling ({name})")
+            except Exception:
+                if not failed:
+                    raise
