@@ -24,10 +24,11 @@ def test_grpo_demo_learns_through_the_cli(tmp_path):
     validation on the task's test split (before training, every 20 steps, at the end) rises with it.
     On the path a user's first run takes: its own local Ray cluster (no shared_ray mark). 50 of the recipe's 120
     steps: on 2 cores (2026-12-06, in-process) the reward's first 5 steps averaged 0.028 and steps 46-50 0.474,
-    validation 0.0 at step 0 and 0.633 at step 40."""
+    validation 0.0 at step 0 and 0.633 at step 40. Step 2 runs under the profiler (trainer.profile_steps), armed in
+    the Ray worker (tests/test_profiling.py shows in-process that a profiled step trains as without)."""
     proc = subprocess.run(
         [sys.executable, "-m", "rlkit.cli.main", "train", "grpo-demo", "trainer.total_steps=50",
-         f"trainer.runs_dir={tmp_path}", "trainer.logger=[jsonl]", "--run-id", "learn"],
+         f"trainer.runs_dir={tmp_path}", "trainer.logger=[jsonl]", "trainer.profile_steps=[2]", "--run-id", "learn"],
         capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0, proc.stderr[-3000:]
     records = [json.loads(line) for line in (tmp_path / "learn" / "metrics.jsonl").read_text().splitlines()]
@@ -46,6 +47,11 @@ def test_grpo_demo_learns_through_the_cli(tmp_path):
     responses = (tmp_path / "learn" / "validation" / "step_00000050.jsonl").read_text().splitlines()
     assert len(responses) == 128 * (1 + 4)  # the test split, greedy + trainer.val_n=4 samples each
     assert "val/reward/mean@1 " in proc.stderr + proc.stdout  # the summary line: first -> last
+    profiled = {p.name for p in (tmp_path / "learn" / "profile").iterdir()}
+    assert profiled == {"step2"}
+    assert {"rank0-generate.txt", "rank0-update_actor.txt", "rank0-update_actor.trace.json.gz"} <= {
+        p.name for p in (tmp_path / "learn" / "profile" / "step2").iterdir()}
+    assert "step 2 profiled" in proc.stderr and "rank 0 update_actor: " in proc.stderr
     run_cli_in_process("plot", "learn", "--runs-dir", str(tmp_path))
     assert (tmp_path / "learn" / "plot.png").is_file()
 
