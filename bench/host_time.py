@@ -55,24 +55,19 @@ def gpu_busy(run: Callable[[], Any]) -> dict[str, float]:
     import torch
     from torch.profiler import ProfilerActivity, profile
 
+    from rlkit.core.cluster.profiling import device_busy_seconds
+
     began = time.perf_counter()
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
         run()
         torch.cuda.synchronize()
     wall = time.perf_counter() - began
+    busy = device_busy_seconds(prof)  # the trainer's profiler's union (trainer.profile_steps)
     intervals = sorted((e.start_ns(), e.start_ns() + e.duration_ns()) for e in prof.profiler.kineto_results.events()
                        if e.device_type() == torch.autograd.DeviceType.CUDA and e.duration_ns() > 0)
-    busy, end = 0, None
-    for start, stop in intervals:  # union of intervals
-        if end is None or start > end:
-            busy += stop - start
-            end = stop
-        elif stop > end:
-            busy += stop - end
-            end = stop
     span = (intervals[-1][1] - intervals[0][0]) / 1e9 if intervals else 0.0
-    return {"wall_seconds": round(wall, 3), "gpu_busy_seconds": round(busy / 1e9, 3),
-            "gpu_busy_fraction": round(busy / 1e9 / wall, 3), "gpu_span_seconds": round(span, 3),
+    return {"wall_seconds": round(wall, 3), "gpu_busy_seconds": round(busy, 3),
+            "gpu_busy_fraction": round(busy / wall, 3), "gpu_span_seconds": round(span, 3),
             "kernels": len(intervals)}
 
 
