@@ -68,10 +68,14 @@ def test_process_start_time_from_proc():
     # pid (command with ") " in it) then fields 3..; field 22 (starttime) is 250 ticks after boot
     fields = ["S"] + ["0"] * 18 + ["250"] + ["0"] * 10
     stat = "4242 (python ) x) " + " ".join(fields)
-    start = process_start_time(stat, "cpu 1 2 3\nbtime 1700000000\nprocesses 9\n")
-    assert start is not None and abs(start - (1_700_000_000 + 250 / os.sysconf("SC_CLK_TCK"))) < 1e-6
-    assert process_start_time("garbage", "btime 1") is None
-    assert process_start_time() is not None  # this Linux process's own
+    tick = 1 / os.sysconf("SC_CLK_TCK")
+    # booted 1,000.5 s ago, started 250 ticks after boot: it has run 1000.5 - 250 ticks
+    start = process_start_time(stat, "1000.50 3000.00\n", now=1_700_000_000.0)
+    assert start is not None and abs(start - (1_700_000_000.0 - (1000.5 - 250 * tick))) < 1e-6
+    assert process_start_time("garbage", "1.0 2.0") is None
+    assert process_start_time(stat, "") is None
+    own = process_start_time()  # this Linux process's own: before now, and not by more than the test run's age
+    assert own is not None and 0 < time.time() - own < 24 * 3600
 
 
 VLLM_026_LINES = [  # the wording of older releases (takes, seconds, "GiB and")

@@ -23,20 +23,22 @@ _IMPORTED_AT = time.time()  # the fallback launch time: where the process start 
 _launch_taken = False
 
 
-def process_start_time(stat: str | None = None, proc_stat: str | None = None) -> float | None:
+def process_start_time(stat: str | None = None, uptime: str | None = None, now: float | None = None) -> float | None:
     """When this process started (seconds since the epoch), from Linux's /proc; None elsewhere.
 
     /proc/self/stat's 22nd field is the start in clock ticks after boot (the fields after the
-    command name, which may hold spaces, are split after its closing parenthesis); /proc/stat's
-    `btime` is the boot time.
+    command name, which may hold spaces, are split after its closing parenthesis); /proc/uptime's
+    first field is the seconds since boot now, so the process has run for their difference. Not
+    /proc/stat's `btime` plus the ticks: btime is whole seconds and drifts from the wall clock as it is
+    adjusted, which put the launch 1.0 s early on the development machine (every start-up 1 s longer).
     """
     try:
+        now = time.time() if now is None else now
         stat = stat if stat is not None else Path("/proc/self/stat").read_text()
-        proc_stat = proc_stat if proc_stat is not None else Path("/proc/stat").read_text()
+        uptime = uptime if uptime is not None else Path("/proc/uptime").read_text()
         ticks = int(stat.rsplit(")", 1)[1].split()[19])
-        boot = next(int(line.split()[1]) for line in proc_stat.splitlines() if line.startswith("btime "))
-        return boot + ticks / os.sysconf("SC_CLK_TCK")
-    except (OSError, ValueError, IndexError, StopIteration):
+        return now - (float(uptime.split()[0]) - ticks / os.sysconf("SC_CLK_TCK"))
+    except (OSError, ValueError, IndexError):
         return None
 
 
