@@ -75,6 +75,55 @@ def test_cpu_attention_paths_match_a_block_diagonal_causal_mask_values_and_gradi
     assert all(torch.allclose(g, w, atol=1e-12) for g, w in zip(grads, want_grads))
 
 
+def test_grouped_query_attention_attends_each_query_head_to_its_groups_kv_head():
+    """K/V with fewer heads (Qwen2.5-0.5B: 14 query heads, 2 kv heads) through the packed forward: query head h
+    attends with kv head h // (H / Hkv), as transformers' repeat_kv lays them out; values and gradients."""
+    torch.manual_seed(0)
+    q = torch.randn(1, 4, 7, 8, dtype=torch.float64, requires_grad=True)
+    k, v = (torch.randn(1, 2, 7, 8, dtype=torch.float64, requires_grad=True) for _ in range(2))
+    cu = torch.tensor([0, 3, 7], dtype=torch.int32)
+    got = packed_attention.packed_attention_forward(None, q, k, v, None, cu_seq_lens_q=cu, max_length_q=4)[0][0]
+    heads = [_block_diagonal_causal(q[0].transpose(0, 1)[:, [h]], k[0].transpose(0, 1)[:, [h // 2]],
+                                    v[0].transpose(0, 1)[:, [h // 2]], torch.tensor([0, 0, 0, 1, 1, 1, 1]))
+             for h in range(4)]
+    want = torch.cat(heads, dim=1)
+    assert torch.allclose(got, want, atol=1e-12)
+    weights = torch.randn(7, 4, 8, dtype=torch.float64)
+    grads = torch.autograd.grad((got * weights).sum(), [q, k, v])
+    want_grads = torch.autograd.grad((want * weights).sum(), [q, k, v])
+    assert all(torch.allclose(g, w, atol=1e-12) for g, w in zip(grads, want_grads))
+
+
+def _gqa_kernel(q, k, v, cu, max_len, scale):  # a kernel that reads each kv head for its group of query heads
+    return packed_attention.per_sequence_attention(q, *packed_attention._repeat_kv(k, v, q.shape[1]), cu, scale)
+
+
+def _equal_heads_kernel(q, k, v, cu, max_len, scale):  # torch 2.11's front end, were it to refuse fewer kv heads
+    if k.shape[1] != q.shape[1]:
+        raise RuntimeError("number of heads in key/value must equal the query's")
+    return packed_attention.per_sequence_attention(q, k, v, cu, scale)
+
+
+def _interleaved_kernel(q, k, v, cu, max_len, scale):  # a wrong grouping: query head h with kv head h % Hkv
+    groups = q.shape[1] // k.shape[1]
+    return packed_attention.per_sequence_attention(q, k.repeat(1, groups, 1), v.repeat(1, groups, 1), cu, scale)
+
+
+@pytest.mark.parametrize("kernel, takes", [(_gqa_kernel, True), (_equal_heads_kernel, False),
+                                           (_interleaved_kernel, False)])
+def test_the_kernel_gets_kv_with_fewer_heads_only_where_its_self_check_passes(monkeypatch, kernel, takes):
+    """The varlen kernel's grouped-query self-check (once per device and head counts): a kernel that computes the
+    reference's result from unrepeated K/V gets them; one that refuses them, or groups the heads otherwise, gets
+    K/V repeated. (On a CPU the check runs the stand-in kernels; on a GPU the real one.)"""
+    monkeypatch.setattr(packed_attention, "_varlen_kernel", kernel)
+    monkeypatch.setattr(packed_attention, "_gqa_ok", {})
+    q, k = torch.zeros(5, 4, 8), torch.zeros(5, 2, 8)
+    assert packed_attention._kernel_takes_gqa(q, k) is takes
+    assert list(packed_attention._gqa_ok.values()) == [takes]  # remembered: checked once
+    monkeypatch.setattr(packed_attention, "_kernel_ok", {})
+    assert packed_attention._kernel_usable(q) is True  # with equal heads every stand-in agrees
+
+
 def test_cpu_attention_pads_a_small_batch_and_loops_over_a_large_one(monkeypatch):
     calls = []
     monkeypatch.setattr(packed_attention, "padded_attention", lambda *a: calls.append("padded"))

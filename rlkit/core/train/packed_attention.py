@@ -20,6 +20,8 @@ import torch.nn.functional as F
 NAME = "rlkit_varlen"
 logger = logging.getLogger(__name__)
 _kernel_ok: dict[torch.device, bool] = {}
+_gqa_ok: dict[tuple[torch.device, int, int], bool] = {}  # (device, query heads, kv heads) -> the kernel takes them
+MAX_KERNEL_ERROR = 2e-2  # relative, bf16
 # The padded batch's attention scores (sequences x heads x longest^2, fp32) above this take one call per sequence:
 # padding a few long sequences' batch to their length would cost more than the loop.
 PADDED_SCORES_MAX_BYTES = 256 << 20
@@ -56,9 +58,9 @@ def packed_attention_forward(
     Without boundaries (an unpacked call, e.g. a debugging forward over unpadded rows) each
     row is one causal sequence; padded rows must be packed instead, as no mask is applied.
     """
-    groups = query.shape[1] // key.shape[1]
     cu_seq_lens = kwargs.get("cu_seq_lens_q")
     if cu_seq_lens is None:
+        groups = query.shape[1] // key.shape[1]
         out = F.scaled_dot_product_attention(
             query,
             key.repeat_interleave(groups, dim=1),
@@ -70,9 +72,10 @@ def packed_attention_forward(
     if query.shape[0] != 1:
         raise ValueError(f"{NAME} expects one packed row, got a batch of {query.shape[0]}")
     max_len = int(kwargs["max_length_q"])
-    q = query[0].transpose(0, 1).contiguous()  # [T, H, D]
-    k = key[0].transpose(0, 1).repeat_interleave(groups, dim=1)
-    v = value[0].transpose(0, 1).repeat_interleave(groups, dim=1)
+    # squeeze, not [0]: backward through a view stays a view (select's backward allocates and copies)
+    q = query.squeeze(0).transpose(0, 1).contiguous()  # [T, H, D]
+    k = key.squeeze(0).transpose(0, 1).contiguous()  # [T, Hkv, D]: repeated to H heads only where a path needs it
+    v = value.squeeze(0).transpose(0, 1).contiguous()
     out = _attend(q, k, v, cu_seq_lens, max_len, scaling)
     return out.unsqueeze(0), None
 
@@ -80,11 +83,24 @@ def packed_attention_forward(
 def _attend(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seq_lens: torch.Tensor, max_len: int, scale: float | None
 ) -> torch.Tensor:
+    """q [T, H, D], k/v [T, Hkv, D] (H a multiple of Hkv) -> [T, H, D]."""
     if q.is_cuda and _kernel_usable(q):
+        if k.shape[1] != q.shape[1] and not _kernel_takes_gqa(q, k):
+            k, v = _repeat_kv(k, v, q.shape[1])
         return _varlen_kernel(q, k, v, cu_seq_lens, max_len, scale)
+    k, v = _repeat_kv(k, v, q.shape[1])
     if (len(cu_seq_lens) - 1) * q.shape[1] * max_len * max_len * 4 <= PADDED_SCORES_MAX_BYTES:
         return padded_attention(q, k, v, cu_seq_lens, max_len, scale)
     return per_sequence_attention(q, k, v, cu_seq_lens, scale)
+
+
+def _repeat_kv(k: torch.Tensor, v: torch.Tensor, heads: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Grouped-query attention's K/V [T, Hkv, D] repeated to the query's heads [T, H, D] (each kv head serves
+    H / Hkv query heads in a row, as transformers' repeat_kv)."""
+    groups = heads // k.shape[1]
+    if groups == 1:
+        return k, v
+    return k.repeat_interleave(groups, dim=1), v.repeat_interleave(groups, dim=1)
 
 
 def padded_attention(
@@ -125,40 +141,68 @@ def _varlen_kernel(
     from torch.nn.attention.varlen import varlen_attn
 
     cu = cu_seq_lens.to(device=q.device, dtype=torch.int32)
-    # PyTorch 2.11 takes is_causal=; later versions spell causality as window_size=(-1, 0).
+    # PyTorch 2.11 takes is_causal=; later versions spell causality as window_size=(-1, 0), and take K/V with fewer
+    # heads than the query only when told (enable_gqa).
     params = inspect.signature(varlen_attn).parameters
-    causal = {"window_size": (-1, 0)} if "window_size" in params else {"is_causal": True}
-    return varlen_attn(q, k, v, cu, cu, max_len, max_len, scale=scale, **causal)
+    options: dict = {"window_size": (-1, 0)} if "window_size" in params else {"is_causal": True}
+    if k.shape[1] != q.shape[1] and "enable_gqa" in params:
+        options["enable_gqa"] = True
+    return varlen_attn(q, k, v, cu, cu, max_len, max_len, scale=scale, **options)
 
 
 def _kernel_usable(q: torch.Tensor) -> bool:
     """Check the varlen kernel once per device against the reference path; remember the verdict."""
-    if q.device in _kernel_ok:
-        return _kernel_ok[q.device]
+    if q.device not in _kernel_ok:
+        error = _kernel_error(q.device, q.dtype, q.shape[1], q.shape[1], q.shape[2])
+        if isinstance(error, str):
+            logger.warning("varlen attention kernel unavailable (%s); using per-sequence SDPA", error)
+        elif error >= MAX_KERNEL_ERROR:
+            logger.warning(
+                "varlen attention kernel disagrees with SDPA (rel. error %.3g); using per-sequence SDPA", error
+            )
+        _kernel_ok[q.device] = not isinstance(error, str) and error < MAX_KERNEL_ERROR
+    return _kernel_ok[q.device]
+
+
+def _kernel_takes_gqa(q: torch.Tensor, k: torch.Tensor) -> bool:
+    """Whether the kernel computes grouped-query attention from K/V with fewer heads than the query, forward and
+    backward, as the reference does with them repeated: checked once per device and head counts. Flash attention
+    itself reads each kv head for its group of query heads; where the kernel or its PyTorch front end does not,
+    K and V are repeated (on an H100 repeating them, and summing their gradients back, took ~0.2 s of a 0.5B
+    model's update, 2026-12-07's profile)."""
+    key = (q.device, q.shape[1], k.shape[1])
+    if key not in _gqa_ok:
+        error = _kernel_error(q.device, q.dtype, q.shape[1], k.shape[1], q.shape[2])
+        _gqa_ok[key] = not isinstance(error, str) and error < MAX_KERNEL_ERROR
+        logger.info(
+            "varlen attention kernel %s K/V of %d heads for %d query heads (%s)",
+            "takes" if _gqa_ok[key] else "does not take",
+            k.shape[1],
+            q.shape[1],
+            error if isinstance(error, str) else f"rel. error {error:.3g}",
+        )
+    return _gqa_ok[key]
+
+
+def _kernel_error(device: torch.device, dtype: torch.dtype, heads: int, kv_heads: int, dim: int) -> float | str:
+    """The kernel's largest relative error against per-sequence SDPA (output and the three gradients) on two
+    sequences of random q [96, heads, dim] and k/v [96, kv_heads, dim]; why not, where it fails or is missing."""
     try:
-        gen = torch.Generator(device=q.device).manual_seed(0)
-        shape = (96, q.shape[1], q.shape[2])
-        inputs = [torch.randn(shape, device=q.device, dtype=q.dtype, generator=gen) for _ in range(3)]
-        cu = torch.tensor([0, 40, 96], dtype=torch.int32, device=q.device)
+        gen = torch.Generator(device=device).manual_seed(0)
+        shapes = [(96, heads, dim), (96, kv_heads, dim), (96, kv_heads, dim)]
+        inputs = [torch.randn(shape, device=device, dtype=dtype, generator=gen) for shape in shapes]
+        cu = torch.tensor([0, 40, 96], dtype=torch.int32, device=device)
         with torch.enable_grad():  # training needs the kernel's backward too
             leaves = [t.clone().requires_grad_() for t in inputs]
             got = _varlen_kernel(*leaves, cu, 56, None)
             got.float().square().sum().backward()
             grads = [t.grad for t in leaves]
             leaves = [t.clone().requires_grad_() for t in inputs]
-            want = per_sequence_attention(*leaves, cu, None)
+            want = per_sequence_attention(leaves[0], *_repeat_kv(leaves[1], leaves[2], heads), cu, None)
             want.float().square().sum().backward()
-        error = max(
-            float((a.float() - b.float()).norm() / b.float().norm())
+        return max(
+            float((a.detach().float() - b.detach().float()).norm() / b.detach().float().norm())
             for a, b in zip([got, *grads], [want, *(t.grad for t in leaves)])
         )
-        ok = error < 2e-2
-        if not ok:
-            logger.warning(
-                "varlen attention kernel disagrees with SDPA (rel. error %.3g); using per-sequence SDPA", error
-            )
-    except Exception as exc:  # missing op, unsupported dtype/arch: the reference path still works
-        logger.warning("varlen attention kernel unavailable (%s); using per-sequence SDPA", exc)
-        ok = False
-    _kernel_ok[q.device] = ok
-    return ok
+    except Exception as exc:  # missing op, unsupported dtype/arch or head counts: the reference path still works
+        return f"{type(exc).__name__}: {exc}"
