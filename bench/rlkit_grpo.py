@@ -31,6 +31,10 @@ from dataclasses import replace
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+if __name__ == "__main__":  # as the `rlkit` command, before torch, transformers and vLLM are imported (docs/startup.md)
+    from rlkit.core.bytecode import keep_bytecode
+
+    keep_bytecode()
 
 from bench.host_time import NvmlSampler, busy_within  # noqa: E402
 from bench.workload import (  # noqa: E402

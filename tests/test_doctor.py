@@ -213,5 +213,7 @@ def test_an_engine_package_without_bytecode_warns_where_python_may_not_write_it(
     assert warned.level == "warn" and "PYTHONDONTWRITEBYTECODE is set and vllm has no .pyc" in warned.found
     assert warned.fix.startswith(f"python -m compileall -q -j 0 {init.parent} ")
     assert doctor.bytecode_finding("vllm", init, dont_write=False).level == "ok"
+    kept = doctor.bytecode_finding("vllm", init, dont_write=True, kept_in="/cache/pycache")
+    assert kept.level == "ok" and "rlkit's processes keep their bytecode in /cache/pycache" in kept.found
     py_compile.compile(str(init), cfile=cache_from_source(str(init)))
     assert doctor.bytecode_finding("vllm", init, dont_write=True) == doctor.Finding("ok", "bytecode", "vllm compiled")

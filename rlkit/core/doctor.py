@@ -265,22 +265,32 @@ def check_bytecode(config: RLConfig) -> list[Finding]:
     spec = importlib.util.find_spec(config.rollout.name)
     if spec is None or spec.origin is None:  # not installed: the version check says so
         return []
-    return [bytecode_finding(config.rollout.name, Path(spec.origin), bool(sys.flags.dont_write_bytecode))]
+    dont_write = bool(sys.flags.dont_write_bytecode)
+    return [bytecode_finding(config.rollout.name, Path(spec.origin), dont_write, kept_in=sys.pycache_prefix)]
 
 
-def bytecode_finding(package: str, init_file: Path, dont_write: bool) -> Finding:
+def bytecode_finding(package: str, init_file: Path, dont_write: bool, kept_in: str | None = None) -> Finding:
     """Without a package's .pyc and with PYTHONDONTWRITEBYTECODE set, every process that imports it compiles its
     source again, each time: rlkit's worker and each vLLM engine process (measured on a lent H100 host whose
-    image sets it, 2026-12-06: `import vllm.v1.engine.core` 17-21 s, every time). `init_file`: its __init__.py."""
+    image sets it, 2026-12-06: `import vllm.v1.engine.core` 17-21 s, every time). `init_file`: its __init__.py;
+    `kept_in`: the bytecode folder this process writes to (the `rlkit` command's, rlkit.core.bytecode), if any."""
     compiled = Path(importlib.util.cache_from_source(str(init_file))).exists()
     if compiled or not dont_write:
         return Finding("ok", "bytecode", f"{package} compiled" if compiled else "Python writes .pyc as it imports")
+    if kept_in:
+        return Finding(
+            "ok",
+            "bytecode",
+            f"PYTHONDONTWRITEBYTECODE is set and {package} has no .pyc: rlkit's processes keep their bytecode in "
+            f"{kept_in} (the next run compiles it there once)",
+        )
     return Finding(
         "warn",
         "bytecode",
         f"PYTHONDONTWRITEBYTECODE is set and {package} has no .pyc: every process that imports it (rlkit's workers, "
         "each engine process) compiles its source again, ~15-20 s a start",
-        f"python -m compileall -q -j 0 {init_file.parent} (once), or unset PYTHONDONTWRITEBYTECODE",
+        f"python -m compileall -q -j 0 {init_file.parent} (once), or unset PYTHONDONTWRITEBYTECODE, or let the `rlkit` "
+        "command keep the bytecode (RLKIT_BYTECODE_CACHE unset; docs/startup.md)",
     )
 
 
