@@ -5,11 +5,11 @@
 
 Every kernel, copy and memset on the device is traced back to the host op that launched it (its runtime call's
 correlation id, then the ops open on that thread at the call), and counted under the innermost of those ops that is
-not aten's, the runtime's or inductor's own calls: an autograd node (`CompiledFunctionBackward`, `SelectedLogProbsBackward`),
-a compiled region, an FSDP hook, a module; layer numbers are folded (`model.layers.N`). Each family's time is split
-into matrix multiplies (cuBLAS/cuBLASLt/CUTLASS/nvjet kernels) and the rest, so a reader sees at once what runs at
-the GEMMs' rate and what is memory-bound around them. A second table lists the kernels themselves, by time.
-Read on 2026-12-07's H100 profile of the 0.5B update (docs/benchmarks.md).
+not aten's, the runtime's or inductor's own calls: an autograd node (`CompiledFunctionBackward`,
+`SelectedLogProbsBackward`), a compiled region, an FSDP hook; layer numbers are folded (`model.layers.N`).
+Each family's time is split into matrix multiplies (cuBLAS/cuBLASLt/CUTLASS/nvjet kernels) and the rest, so a
+reader sees at once what runs at the GEMMs' rate and what is memory-bound around them. A second table lists the
+kernels themselves, by time. Read on 2026-12-07's H100 profile of the 0.5B update (docs/benchmarks.md).
 """
 
 from __future__ import annotations

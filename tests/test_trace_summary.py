@@ -22,7 +22,8 @@ def _launch(ts, correlation, tid=1):
 
 
 def _device(cat, name, dur, correlation):
-    return {"cat": cat, "name": name, "ts": 1000 + correlation, "dur": dur, "tid": 7, "args": {"correlation": correlation}}
+    return {"cat": cat, "name": name, "ts": 1000 + correlation, "dur": dur, "tid": 7,
+            "args": {"correlation": correlation}}
 
 
 TRACE = [
