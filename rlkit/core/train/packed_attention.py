@@ -3,7 +3,8 @@
 transformers builds no mask for an attention implementation it does not know, and passes
 the model's extra forward keywords down to it; rlkit passes the packed batch's boundaries
 (`cu_seq_lens_q`, `max_length_q`). On CUDA the boundaries go to PyTorch's variable-length
-flash-attention kernel (`torch.nn.attention.varlen.varlen_attn`); elsewhere, or where
+flash-attention kernel (`torch.nn.attention.varlen.varlen_attn`), with grouped-query K/V of fewer heads
+unrepeated where the kernel's own self-check shows it takes them; elsewhere, or where
 that kernel is missing or fails its first self-check, the sequences are laid out as a padded
 batch for one causal `scaled_dot_product_attention` call (one call per sequence when that
 batch would be too large). All attend only within a sequence.
@@ -168,8 +169,9 @@ def _kernel_takes_gqa(q: torch.Tensor, k: torch.Tensor) -> bool:
     """Whether the kernel computes grouped-query attention from K/V with fewer heads than the query, forward and
     backward, as the reference does with them repeated: checked once per device and head counts. Flash attention
     itself reads each kv head for its group of query heads; where the kernel or its PyTorch front end does not,
-    K and V are repeated (on an H100 repeating them, and summing their gradients back, took ~0.2 s of a 0.5B
-    model's update, 2026-12-07's profile)."""
+    K and V are repeated. On an H100 with torch 2.11 it takes them (relative error 4e-5), and a 0.5B model's update
+    spent ~0.15 s less on the device without the repeat and its gradient sums (the kernel's own backward 23 ms more;
+    docs/benchmarks.md, 2026-12-07)."""
     key = (q.device, q.shape[1], k.shape[1])
     if key not in _gqa_ok:
         error = _kernel_error(q.device, q.dtype, q.shape[1], k.shape[1], q.shape[2])
