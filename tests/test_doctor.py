@@ -217,3 +217,35 @@ def test_an_engine_package_without_bytecode_warns_where_python_may_not_write_it(
     assert kept.level == "ok" and "rlkit's processes keep their bytecode in /cache/pycache" in kept.found
     py_compile.compile(str(init), cfile=cache_from_source(str(init)))
     assert doctor.bytecode_finding("vllm", init, dont_write=True) == doctor.Finding("ok", "bytecode", "vllm compiled")
+
+
+def test_bytecode_is_checked_for_torch_transformers_and_the_engine(tmp_path, monkeypatch) -> None:
+    """The lent H100s' image: the carried vLLM compiled, torch not. Each package gets its own finding, so the one
+    without .pyc is named; another engine (hf) is not looked for."""
+    import importlib.util
+    import py_compile
+    import sys
+    from types import SimpleNamespace
+
+    specs = {}
+    for name in ("torch", "transformers", "vllm"):
+        init = tmp_path / name / "__init__.py"
+        init.parent.mkdir()
+        init.write_text("x = 1\n")
+        specs[name] = SimpleNamespace(origin=str(init))
+    for name in ("transformers", "vllm"):
+        py_compile.compile(specs[name].origin, cfile=importlib.util.cache_from_source(specs[name].origin))
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name: specs.get(name))
+    flags = {key: getattr(sys.flags, key) for key in dir(sys.flags) if not key.startswith(("_", "n_")) and
+             not callable(getattr(sys.flags, key))}
+    monkeypatch.setattr(sys, "flags", SimpleNamespace(**{**flags, "dont_write_bytecode": 1}))  # as under -B
+    monkeypatch.setattr(sys, "pycache_prefix", None)
+    found = doctor.check_bytecode(load_config("grpo", [], require_inputs=False))
+    assert [(f.level, f.found.split(":")[0]) for f in found] == [
+        ("warn", "PYTHONDONTWRITEBYTECODE is set and torch has no .pyc"),
+        ("ok", "transformers compiled"),
+        ("ok", "vllm compiled"),
+    ]
+    hf = doctor.check_bytecode(load_config("grpo", ["rollout.name=hf"], require_inputs=False))
+    assert [f.found.split(":")[0] for f in hf] == ["PYTHONDONTWRITEBYTECODE is set and torch has no .pyc",
+                                                   "transformers compiled"]

@@ -259,14 +259,18 @@ def check_devices(config: RLConfig, gpus: list[environment.GPU]) -> list[Finding
 
 # -- bytecode --------------------------------------------------------------------------------
 def check_bytecode(config: RLConfig) -> list[Finding]:
-    """The rollout engine's package compiled (.pyc) where Python may not write it (PYTHONDONTWRITEBYTECODE)."""
-    if config.rollout.name not in ("vllm", "sglang"):
-        return []
-    spec = importlib.util.find_spec(config.rollout.name)
-    if spec is None or spec.origin is None:  # not installed: the version check says so
-        return []
-    dont_write = bool(sys.flags.dont_write_bytecode)
-    return [bytecode_finding(config.rollout.name, Path(spec.origin), dont_write, kept_in=sys.pycache_prefix)]
+    """torch, transformers and the rollout engine's package compiled (.pyc) where Python may not write it
+    (PYTHONDONTWRITEBYTECODE): a finding a package. On the lent H100s' image (2026-12-07) the carried vLLM was
+    compiled and torch was not: every process compiled torch's source at every start."""
+    engine = [config.rollout.name] if config.rollout.name in ("vllm", "sglang") else []
+    findings = []
+    for package in ["torch", "transformers", *engine]:
+        spec = importlib.util.find_spec(package)
+        if spec is None or spec.origin is None:  # not installed: the version check says so
+            continue
+        dont_write = bool(sys.flags.dont_write_bytecode)
+        findings.append(bytecode_finding(package, Path(spec.origin), dont_write, kept_in=sys.pycache_prefix))
+    return findings
 
 
 def bytecode_finding(package: str, init_file: Path, dont_write: bool, kept_in: str | None = None) -> Finding:
