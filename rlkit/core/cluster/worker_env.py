@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+from rlkit.core.bytecode import cache_root
 from rlkit.recipes.schema import RLConfig
 
 WORKER_ENV = {
@@ -30,7 +31,7 @@ COMPILE_CACHES = {"TORCHINDUCTOR_CACHE_DIR": "inductor", "TRITON_CACHE_DIR": "tr
 
 def compile_cache_root() -> Path:
     """$RLKIT_CACHE/compile (RLKIT_CACHE: ~/.cache/rlkit unless set, the tiny model's folder too)."""
-    return Path(os.environ.get("RLKIT_CACHE", Path.home() / ".cache" / "rlkit")) / "compile"
+    return cache_root() / "compile"
 
 
 def worker_env(config: RLConfig) -> dict[str, str]:

@@ -172,9 +172,10 @@ def resolve_model_path(spec: str, key: str = "model.path") -> str:
         name = spec[len(TINY_PREFIX) :]
         if name != "tiny-qwen2":
             raise UserError(f"{key}={spec!r}: the only built-in model is 'rlkit:tiny-qwen2'")
+        from rlkit.core.bytecode import cache_root
         from rlkit.core.tiny import build_tiny_qwen2, is_current
 
-        cache = Path(os.environ.get("RLKIT_CACHE", Path.home() / ".cache" / "rlkit")) / name
+        cache = cache_root() / name
         if not is_current(cache):
             build_tiny_qwen2(cache)
         return str(cache)
