@@ -140,7 +140,7 @@ def test_an_entropy_the_loss_does_not_differentiate_costs_no_entropy_term(monkey
     model = _tiny_model(tiny_model_dir, tied=True)
     calls = []
     grad_kernel = logprobs._kernels["grad"]
-    monkeypatch.setitem(logprobs._kernels, "grad", lambda *args: calls.append(args[-1]) or grad_kernel(*args))
+    monkeypatch.setitem(logprobs._kernels, "grad", lambda *args: calls.append(args[-2]) or grad_kernel(*args))
     packed = packing.pack(padded_batch([[5, 6]], [[7, 8]], prompt_width=2, response_width=2))
     log_probs, entropy = fsdp.packed_log_probs(model, packed, temperature=1.0, with_entropy=True, fused_head=fused)
     assert entropy.abs().sum() > 0 and not entropy.requires_grad
