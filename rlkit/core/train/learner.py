@@ -16,6 +16,7 @@ from typing import Callable
 
 import torch
 import torch.distributed as dist
+from torch.distributed.fsdp import FSDPModule
 
 from rlkit.core.batch import Batch
 from rlkit.core.train import packing
@@ -68,7 +69,9 @@ def optimize(
 
     for minibatch, norm in zip(minibatches, norms):
         model.optimizer.zero_grad(set_to_none=True)
-        for rows in micro_batches(minibatch, micro_batch_tokens, group):
+        planned = micro_batches(minibatch, micro_batch_tokens, group)
+        for index, rows in enumerate(planned):
+            hold_between_micro_batches(model.module, last=index == len(planned) - 1)
             loss, metrics = micro_step(minibatch.select(rows), norm)
             # FSDP2 averages gradients over ranks; the normalisers are already global, so undo it.
             (loss * world).backward()
@@ -86,6 +89,18 @@ def optimize(
     out = {k: v / steps if k in per_update or k == "grad_norm" else v / tokens for k, v in totals.items()}
     out["lr"] = model.learning_rate
     return out
+
+
+def hold_between_micro_batches(module: torch.nn.Module, *, last: bool) -> None:
+    """On one rank, FSDP2 keeps a mini-batch's working state from one micro-batch to the next: the compute-dtype
+    parameters it cast for the first forward, and the gradients unsharded, summed in fp32 (its reduce dtype), until
+    the last backward reduces them once. Otherwise every micro-batch's forward casts every parameter again and every
+    backward "reduce-scatters" (on one rank: copies and casts) every gradient into the shards: ~0.24 s of an H100's
+    3.7 s update of a 0.5B model in 18 micro-batches (2026-12-07). On one rank the held state is no larger than the
+    sharded one it stands for; across ranks it would be a whole model's per rank, so there the default stays."""
+    if dist.get_world_size() == 1 and isinstance(module, FSDPModule):
+        module.set_requires_gradient_sync(last)
+        module.set_reshard_after_backward(last)
 
 
 def all_reduce_sums(sums: dict[str, torch.Tensor]) -> dict[str, float]:
