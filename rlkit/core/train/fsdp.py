@@ -17,7 +17,7 @@ from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 from torch.distributed.tensor import DTensor
 
-from rlkit.core.train import logprobs, packed_attention
+from rlkit.core.train import logprobs, packed_attention, packed_layout
 from rlkit.core.train.compiled import compiled
 from rlkit.core.train.packing import PackedBatch
 
@@ -54,6 +54,7 @@ def load_model(path: str, *, value_head: bool = False, gradient_checkpointing: b
         )
     else:
         model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32, attn_implementation=attention)
+    packed_layout.convert(model)  # before LoRA and sharding: q/k/v stay [tokens, heads, dim] on a packed row
     if gradient_checkpointing:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     model.config.use_cache = False

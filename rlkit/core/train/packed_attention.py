@@ -81,6 +81,14 @@ def packed_attention_forward(
     return out.unsqueeze(0), None
 
 
+def attend(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seq_lens: torch.Tensor, max_len: int, scale: float | None
+) -> torch.Tensor:
+    """Causal attention within each packed sequence: q [T, H, D], k/v [T, Hkv, D] -> [T, H, D]; outside compiled
+    graphs once `register` has run (rlkit.core.train.packed_layout calls it with q/k/v already in this layout)."""
+    return _attend(q, k, v, cu_seq_lens, max_len, scale)
+
+
 def _attend(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seq_lens: torch.Tensor, max_len: int, scale: float | None
 ) -> torch.Tensor:

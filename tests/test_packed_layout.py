@@ -1,0 +1,95 @@
+"""rlkit.core.train.packed_layout: Llama, Qwen2 and Qwen3 attention kept [tokens, heads, dim] on a packed row gives
+transformers' own values, forward and backward, and leaves every other call to the module's own forward."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+from test_packing import padded_batch
+
+from rlkit.core.train import fsdp, packed_attention, packed_layout, packing
+
+SHAPE = dict(vocab_size=96, hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
+             num_key_value_heads=2, max_position_embeddings=64)
+
+
+def _model(family: str) -> torch.nn.Module:
+    from transformers import AutoModelForCausalLM, LlamaConfig, Qwen2Config, Qwen3Config
+
+    config = {"llama": LlamaConfig, "qwen2": Qwen2Config, "qwen3": Qwen3Config}[family](**SHAPE)
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(config, attn_implementation=packed_attention.register())
+    for name, param in model.named_parameters():  # non-trivial norms and biases: every term of the forward counts
+        if name.endswith(("norm.weight", "bias")):
+            torch.nn.init.uniform_(param, 0.5, 1.5)
+    return model
+
+
+def _packed() -> packing.PackedBatch:
+    return packing.pack(padded_batch([[5, 6, 7], [8], [9, 10]], [[11, 12], [13, 14, 15], [16]], prompt_width=3,
+                                     response_width=3))
+
+
+def _logits_and_grads(model: torch.nn.Module) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    model.zero_grad()
+    logits = fsdp.packed_outputs(model, _packed())
+    (logits * torch.linspace(-1, 1, logits.shape[-1])).sum().backward()
+    return logits.detach(), {name: p.grad.clone() for name, p in model.named_parameters()}
+
+
+@pytest.mark.parametrize("family", ["llama", "qwen2", "qwen3"])
+def test_the_packed_layout_gives_transformers_values_bit_for_bit(family: str) -> None:
+    own = _model(family)
+    packed = copy.deepcopy(own)
+    assert packed_layout.convert(packed) == 2
+    assert type(packed.model.layers[0].self_attn).__name__.startswith("Packed")
+    want_logits, want_grads = _logits_and_grads(own)
+    got_logits, got_grads = _logits_and_grads(packed)
+    assert torch.equal(got_logits, want_logits)
+    for name, grad in want_grads.items():
+        if name.endswith(("q_norm.weight", "k_norm.weight")):  # a sum over tokens and heads, added in another order
+            torch.testing.assert_close(got_grads[name], grad, rtol=1e-5, atol=1e-7, msg=name)
+        else:
+            assert torch.equal(got_grads[name], grad), name
+    assert [n for n, _ in packed.named_parameters()] == list(want_grads)  # the checkpoint's names unchanged
+
+
+def test_a_call_that_is_not_one_packed_row_runs_the_modules_own_forward() -> None:
+    """A batch of rows without boundaries (an unpacked debugging forward): each row one causal sequence."""
+    own = _model("qwen2")
+    packed = copy.deepcopy(own)
+    packed_layout.convert(packed)
+    ids = torch.tensor([[5, 6, 7, 8], [9, 10, 11, 12]])
+    assert torch.equal(packed(input_ids=ids).logits, own(input_ids=ids).logits)
+
+
+def test_models_load_converted_and_lora_adapters_run_inside_the_packed_forward(tiny_model_dir) -> None:
+    from peft import LoraConfig, get_peft_model
+
+    model = fsdp.load_model(tiny_model_dir)
+    attention = [m for m in model.modules() if packed_layout.supported(m) or type(m).__name__.startswith("Packed")]
+    assert attention and all(type(m).__name__.startswith("Packed") for m in attention)
+    settings = LoraConfig(r=4, target_modules=["q_proj", "v_proj"], init_lora_weights=False)
+    torch.manual_seed(1)
+    with_adapters = get_peft_model(copy.deepcopy(model), settings)
+    logits = fsdp.packed_outputs(with_adapters, _packed())
+    with with_adapters.disable_adapter():
+        base = fsdp.packed_outputs(with_adapters, _packed())
+    assert not torch.allclose(logits, base)  # the adapters changed q and v through the packed forward
+    assert torch.equal(base, fsdp.packed_outputs(model, _packed()))
+
+
+def test_a_compiled_layer_traces_the_packed_forward() -> None:
+    """As the trainer compiles each decoder layer (dynamic shapes): the packed forward inside the graph, the packed
+    attention outside it, the eager values."""
+    from rlkit.core.train.compiled import compiled
+
+    model = _model("qwen2")
+    packed_layout.convert(model)
+    want, _ = _logits_and_grads(model)
+    for layer in model.model.layers:
+        layer.forward = compiled(layer.forward)
+    got, _ = _logits_and_grads(model)
+    torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5)
