@@ -64,9 +64,10 @@ def test_one_rank_holds_cast_weights_and_fp32_gradients_between_micro_batches(wo
     x = torch.linspace(-1, 1, 20).view(5, 4)
     batch = Batch({"x": x, "attention_mask": torch.ones(5, 1, dtype=torch.long)})
 
-    def run(hold: bool) -> tuple[list[torch.Tensor], list[bool]]:
+    def run(hold: bool) -> tuple[list[torch.Tensor], list[bool], list[bool]]:
         net, model = _sharded_pair()
         lasts: list[bool] = []
+        reduced: list[bool] = []  # at each micro-step: whether the shards hold a gradient yet
         original = learner.hold_between_micro_batches
 
         def spy(module: torch.nn.Module, *, last: bool) -> None:
@@ -77,15 +78,18 @@ def test_one_rank_holds_cast_weights_and_fp32_gradients_between_micro_batches(wo
         monkeypatch.setattr(learner, "hold_between_micro_batches", spy)
 
         def micro_step(mb: Batch, norm: dict[str, float]) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+            reduced.append(any(p.grad is not None for p in net.parameters()))
             loss = net(mb["x"]).float().square().sum() / norm["num_tokens"]
             return loss, {"loss": loss, "tokens": torch.tensor(float(len(mb["x"])))}
 
         optimize(model, [batch], [{"num_tokens": 5.0}], micro_step, grad_clip=100.0, micro_batch_tokens=2)
-        return [p.detach().full_tensor().clone() for p in net.parameters()], lasts
+        return [p.detach().full_tensor().clone() for p in net.parameters()], lasts, reduced
 
-    held, lasts = run(hold=True)
-    default, _ = run(hold=False)
+    held, lasts, reduced_held = run(hold=True)
+    default, _, reduced_default = run(hold=False)
     assert lasts == [False, False, True]  # 5 one-token rows, 2 tokens a micro-batch
+    # held: nothing reaches the shards before the last backward; by default every backward reduces into them
+    assert reduced_held == [False, False, False] and reduced_default == [False, True, True]
     for a, b in zip(held, default):
         assert torch.equal(a, b)
     assert not torch.equal(held[0], _sharded_pair()[0][0].weight.detach().full_tensor())  # the step moved them

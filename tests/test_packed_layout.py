@@ -40,13 +40,18 @@ def _logits_and_grads(model: torch.nn.Module) -> tuple[torch.Tensor, dict[str, t
 
 
 @pytest.mark.parametrize("family", ["llama", "qwen2", "qwen3"])
-def test_the_packed_layout_gives_transformers_values_bit_for_bit(family: str) -> None:
+def test_the_packed_layout_gives_transformers_values_bit_for_bit(family: str, monkeypatch) -> None:
     own = _model(family)
     packed = copy.deepcopy(own)
     assert packed_layout.convert(packed) == 2
     assert type(packed.model.layers[0].self_attn).__name__.startswith("Packed")
     want_logits, want_grads = _logits_and_grads(own)
+    calls = []
+    attend = packed_attention.attend
+    monkeypatch.setattr(packed_attention, "attend", lambda q, *rest: calls.append(tuple(q.shape)) or attend(q, *rest))
     got_logits, got_grads = _logits_and_grads(packed)
+    head_dim = packed.model.layers[0].self_attn.head_dim  # 16; Qwen3's config sets its own (128)
+    assert calls == [(12, 4, head_dim)] * 2  # each layer's query came [tokens, heads, dim] through the packed forward
     assert torch.equal(got_logits, want_logits)
     for name, grad in want_grads.items():
         if name.endswith(("q_norm.weight", "k_norm.weight")):  # a sum over tokens and heads, added in another order
