@@ -7,6 +7,7 @@ phases between a rollout and a weight sync; here they run back to back, so a ker
 a minute of device time and its figures compare only with another run of this script on the same card.
 
   python bench/update_alone.py --workdir DIR --out result.json [--steps 4] [--trace DIR] [--tiny]
+      [--attention transformers]
 
 Steps after the first (which compiles) are the figures; `--trace` profiles one more update (torch.profiler, a
 Chrome trace for bench/trace_summary.py).
@@ -29,7 +30,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from bench.workload import SHAPES, prepared  # noqa: E402
 from rlkit.core.batch import Batch  # noqa: E402
 from rlkit.core.cluster.device_worker import free_port  # noqa: E402
-from rlkit.core.train import fsdp, packing  # noqa: E402
+from rlkit.core.train import fsdp, packed_layout, packing  # noqa: E402
 from rlkit.core.train.learner import micro_batches, optimize  # noqa: E402
 from rlkit.core.train.model import TrainableModel  # noqa: E402
 
@@ -43,6 +44,9 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--steps", type=int, default=4, help="steps, the first compiling (default 4)")
     parser.add_argument("--micro-batch-tokens", type=int, default=22528, help="the lanes' budget on an H100")
     parser.add_argument("--trace", default=None, help="a folder for one more update's torch.profiler trace")
+    parser.add_argument("--attention", choices=("packed", "transformers"), default="packed",
+                        help="packed: rlkit's (rlkit.core.train.packed_layout); transformers: its own attention "
+                             "forward, the packed layout undone (an A/B of the two in one call)")
     return parser.parse_args(argv)
 
 
@@ -57,6 +61,16 @@ def rollout_batch(rows: int, prompt: int, response: int, vocab: int) -> Batch:
                   "advantages": advantages})
 
 
+def load(path: str, attention: str) -> torch.nn.Module:
+    """The model as the trainer loads it; with `attention="transformers"`, its attention modules' own classes back."""
+    model = fsdp.load_model(path)
+    if attention == "transformers":
+        for module in model.modules():
+            if type(module).__module__ == packed_layout.__name__:
+                module.__class__ = type(module).__bases__[0]
+    return model
+
+
 def run(args: argparse.Namespace) -> dict:
     workload, workdir = prepared(args.workdir, args.tiny, args.shape)
     device = torch.device("cuda", 0) if torch.cuda.is_available() else torch.device("cpu")
@@ -64,9 +78,10 @@ def run(args: argparse.Namespace) -> dict:
     dtype = fsdp.compute_dtype("auto", device)
     started = time.perf_counter()
     path = str(workdir / "model")
-    policy = fsdp.shard_model(fsdp.load_model(path), device=device, compute_dtype=dtype, compile=device.type == "cuda")
+    policy = fsdp.shard_model(load(path, args.attention), device=device, compute_dtype=dtype,
+                              compile=device.type == "cuda")
     model = TrainableModel(policy, torch.optim.AdamW(policy.parameters(), lr=1e-6), scheduler=None)
-    reference = fsdp.shard_model(fsdp.load_model(path), device=device, compute_dtype=dtype,
+    reference = fsdp.shard_model(load(path, args.attention), device=device, compute_dtype=dtype,
                                  compile=device.type == "cuda").eval().requires_grad_(False)
     load_s = time.perf_counter() - started
     batch = rollout_batch(workload.sequences, workload.prompt_tokens, workload.response_tokens, workload.vocab)
@@ -89,10 +104,16 @@ def run(args: argparse.Namespace) -> dict:
     def update() -> dict[str, float]:
         return optimize(model, [batch], [norm], micro_step, grad_clip=1.0, micro_batch_tokens=args.micro_batch_tokens)
 
-    result: dict = {"shape": "tiny" if args.tiny else args.shape, "device": torch.cuda.get_device_name(device)
-                    if device.type == "cuda" else "cpu", "torch": torch.__version__,
-                    "micro_batch_tokens": args.micro_batch_tokens, "load_s": round(load_s, 2), "ref_s": [],
-                    "update_s": []}
+    result: dict = {
+        "shape": "tiny" if args.tiny else args.shape,
+        "attention": sorted({type(m.self_attn).__name__ for m in policy.model.layers}),
+        "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
+        "torch": torch.__version__,
+        "micro_batch_tokens": args.micro_batch_tokens,
+        "load_s": round(load_s, 2),
+        "ref_s": [],
+        "update_s": [],
+    }
     for _ in range(args.steps):
         for key, phase in (("ref_s", reference_pass), ("update_s", update)):
             sync()

@@ -23,3 +23,12 @@ def test_the_tiny_workload_runs_its_passes_and_writes_their_times(tmp_path: Path
     assert math.isfinite(result["metrics"]["grad_norm"]) and result["metrics"]["grad_norm"] > 0
     assert abs(result["metrics"]["entropy"] - math.log(512)) < 0.5
     assert (tmp_path / "trace" / "update.trace.json").stat().st_size > 0
+
+
+def test_transformers_attention_gives_the_packed_layouts_update(tmp_path: Path) -> None:
+    """The A/B switch: transformers' own attention forward (the packed layout undone) computes the same update."""
+    args = ["--tiny", "--workdir", str(tmp_path / "w"), "--steps", "2", "--micro-batch-tokens", "48"]
+    packed = main([*args, "--out", str(tmp_path / "p.json")])
+    own = main([*args, "--out", str(tmp_path / "t.json"), "--attention", "transformers"])
+    assert (packed["attention"], own["attention"]) == (["PackedQwen2Attention"], ["Qwen2Attention"])
+    assert own["metrics"] == packed["metrics"]
