@@ -7,7 +7,7 @@ phases between a rollout and a weight sync; here they run back to back, so a ker
 a minute of device time and its figures compare only with another run of this script on the same card.
 
   python bench/update_alone.py --workdir DIR --out result.json [--steps 4] [--trace DIR] [--tiny]
-      [--attention transformers]
+      [--attention transformers] [--logprob-kernels chunks]
 
 Steps after the first (which compiles) are the figures; `--trace` profiles one more update (torch.profiler, a
 Chrome trace for bench/trace_summary.py).
@@ -30,7 +30,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from bench.workload import SHAPES, prepared  # noqa: E402
 from rlkit.core.batch import Batch  # noqa: E402
 from rlkit.core.cluster.device_worker import free_port  # noqa: E402
-from rlkit.core.train import fsdp, packed_layout, packing  # noqa: E402
+from rlkit.core.train import fsdp, logprobs, packed_layout, packing  # noqa: E402
 from rlkit.core.train.learner import micro_batches, optimize  # noqa: E402
 from rlkit.core.train.model import TrainableModel  # noqa: E402
 
@@ -47,6 +47,9 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--attention", choices=("packed", "transformers"), default="packed",
                         help="packed: rlkit's (rlkit.core.train.packed_layout); transformers: its own attention "
                              "forward, the packed layout undone (an A/B of the two in one call)")
+    parser.add_argument("--logprob-kernels", choices=("default", "chunks"), default="default",
+                        help="default: rlkit's (the Triton pair over the whole logits on CUDA, rlkit.core.train."
+                             "logprob_triton); chunks: the compiled chunk kernels everywhere (an A/B in one call)")
     return parser.parse_args(argv)
 
 
@@ -76,6 +79,7 @@ def run(args: argparse.Namespace) -> dict:
     device = torch.device("cuda", 0) if torch.cuda.is_available() else torch.device("cpu")
     sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
     dtype = fsdp.compute_dtype("auto", device)
+    triton_kernels = logprobs._whole_logits_kernels(torch.empty(0, device=device)) is not None
     started = time.perf_counter()
     path = str(workdir / "model")
     policy = fsdp.shard_model(load(path, args.attention), device=device, compute_dtype=dtype,
@@ -107,6 +111,7 @@ def run(args: argparse.Namespace) -> dict:
     result: dict = {
         "shape": "tiny" if args.tiny else args.shape,
         "attention": sorted({type(m.self_attn).__name__ for m in policy.model.layers}),
+        "logprob_kernels": "triton" if triton_kernels else "chunks",
         "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
         "torch": torch.__version__,
         "micro_batch_tokens": args.micro_batch_tokens,
@@ -147,9 +152,13 @@ def main(argv: list[str] | None = None) -> dict:
     if torch.cuda.is_available():
         torch.cuda.set_device(0)
     dist.init_process_group(backend, rank=0, world_size=1)
+    whole_logits_kernels = logprobs._whole_logits_kernels
+    if args.logprob_kernels == "chunks":
+        logprobs._whole_logits_kernels = lambda logits: None
     try:
         result = run(args)
     finally:
+        logprobs._whole_logits_kernels = whole_logits_kernels
         dist.destroy_process_group()
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(result, indent=1))

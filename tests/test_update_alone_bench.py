@@ -32,3 +32,13 @@ def test_transformers_attention_gives_the_packed_layouts_update(tmp_path: Path) 
     own = main([*args, "--out", str(tmp_path / "t.json"), "--attention", "transformers"])
     assert (packed["attention"], own["attention"]) == (["PackedQwen2Attention"], ["Qwen2Attention"])
     assert own["metrics"] == packed["metrics"]
+
+
+def test_the_chunked_log_prob_kernels_are_what_a_cpu_runs_either_way(tmp_path: Path) -> None:
+    """`--logprob-kernels chunks` (the Triton pair's A/B on a GPU) records the kernels that ran: on a CPU the chunks,
+    as by default."""
+    args = ["--tiny", "--workdir", str(tmp_path / "w"), "--steps", "1", "--micro-batch-tokens", "48"]
+    default = main([*args, "--out", str(tmp_path / "d.json")])
+    chunks = main([*args, "--out", str(tmp_path / "c.json"), "--logprob-kernels", "chunks"])
+    assert (default["logprob_kernels"], chunks["logprob_kernels"]) == ("chunks", "chunks")
+    assert chunks["metrics"] == default["metrics"]

@@ -10,13 +10,17 @@ The bf16 logits themselves, and their gradient, are still K x V (3 GB each at th
 `LinearSelectedLogProbs` (actor.fused_lm_head) takes the LM head's input and weight instead and
 computes each chunk's logits from them, in forward and again in backward, so no K x V tensor
 exists at all; both share the chunk math (`_chunked_stats`, `_chunked_grad_logits`).
+
+On CUDA tensors `SelectedLogProbs` runs two Triton kernels over the whole logits instead of the chunks
+(rlkit.core.train.logprob_triton: no fp32 copy, one read of the logits in forward): `_whole_logits_kernels`.
 """
 
 from __future__ import annotations
 
 import functools
+import importlib.util
 from contextlib import contextmanager
-from typing import Callable, Iterator
+from typing import Any, Callable, Iterator
 
 import torch
 
@@ -120,6 +124,16 @@ def _chunks(tokens: int, vocab: int) -> Iterator[slice]:
         yield slice(start, start + step)
 
 
+def _whole_logits_kernels(logits: torch.Tensor) -> Any:
+    """rlkit.core.train.logprob_triton where it runs (CUDA tensors, triton importable: it comes with CUDA torch);
+    None elsewhere (CPUs): the chunked kernels."""
+    if not logits.is_cuda or importlib.util.find_spec("triton") is None:
+        return None
+    from rlkit.core.train import logprob_triton
+
+    return logprob_triton
+
+
 LogitsOf = Callable[[slice], torch.Tensor]  # rows -> their logits [k, V] in the compute dtype
 
 
@@ -172,8 +186,12 @@ class SelectedLogProbs(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, logits: torch.Tensor, targets: torch.Tensor, temperature: float, with_entropy: bool):
-        vocab = logits.shape[-1]
-        log_probs, lse, entropy = _chunked_stats(logits.__getitem__, targets, vocab, temperature, with_entropy)
+        whole = _whole_logits_kernels(logits)
+        if whole is not None:
+            log_probs, lse, entropy = whole.stats(logits, targets, temperature, with_entropy)
+        else:
+            vocab = logits.shape[-1]
+            log_probs, lse, entropy = _chunked_stats(logits.__getitem__, targets, vocab, temperature, with_entropy)
         ctx.save_for_backward(logits, targets, lse, entropy)
         ctx.set_materialize_grads(False)  # an entropy the loss leaves out gets None: no entropy term in backward
         ctx.temperature, ctx.with_entropy = temperature, with_entropy
@@ -182,6 +200,22 @@ class SelectedLogProbs(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad_log_probs: torch.Tensor | None, grad_entropy: torch.Tensor | None):
         logits, targets, lse, entropy = ctx.saved_tensors
+        whole = _whole_logits_kernels(logits)
+        if whole is not None:
+            grad_logits = logits.new_empty(logits.shape)  # contiguous: the kernel writes rows of unit stride
+            zeros = torch.zeros_like(lse)
+            whole.grad_logits(
+                logits,
+                targets,
+                lse,
+                entropy,
+                zeros if grad_log_probs is None else grad_log_probs,
+                zeros if grad_entropy is None else grad_entropy,
+                ctx.temperature,
+                ctx.with_entropy and grad_entropy is not None,
+                grad_logits,
+            )
+            return grad_logits, None, None, None
         grad_logits = torch.empty_like(logits)
         for _ in _chunked_grad_logits(
             logits.__getitem__,
