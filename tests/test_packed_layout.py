@@ -4,11 +4,15 @@ transformers' own values, forward and backward, and leaves every other call to t
 from __future__ import annotations
 
 import copy
+from typing import Any
 
 import pytest
 import torch
+import torch.distributed as dist
 from test_packing import padded_batch
+from torch.fx.experimental.symbolic_shapes import is_concrete_int
 
+from rlkit.core.cluster.device_worker import free_port
 from rlkit.core.train import fsdp, packed_attention, packed_layout, packing
 
 SHAPE = dict(vocab_size=96, hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
@@ -98,3 +102,32 @@ def test_a_compiled_layer_traces_the_packed_forward() -> None:
         layer.forward = compiled(layer.forward)
     got, _ = _logits_and_grads(model)
     torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5)
+
+
+def test_under_fsdp_the_compiled_layer_sees_the_head_dim_as_a_constant() -> None:
+    """Dynamo makes an int attribute of a module under FSDP2 a symbolic input (dynamic shapes): a head_dim read from the
+    module made the rotary kernels divide every index by it at run time (3x slower on an H100). The packed forward
+    reads it from its class's table: the graph's inputs hold no int but the token counts, and cos/sin are
+    [1, tokens, head_dim] with head_dim a number."""
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{free_port()}", rank=0, world_size=1)
+    try:
+        model = _model("qwen2")
+        packed_layout.convert(model)
+        fsdp.shard_model(model, device=torch.device("cpu"), compute_dtype="float32", compile=False)
+        graphs: list[dict[str, Any]] = []
+
+        def recording(gm: torch.fx.GraphModule, example_inputs: list) -> object:
+            graphs.append({n.name: n.meta.get("example_value") for n in gm.graph.nodes if n.op == "placeholder"})
+            return gm.forward
+
+        layer = model.model.layers[0]
+        layer.forward = torch.compile(layer.forward, dynamic=True, backend=recording)
+        fsdp.packed_outputs(model, _packed())
+    finally:
+        dist.destroy_process_group()
+    attention = next(inputs for inputs in graphs if "l_position_embeddings_0_" in inputs)
+    cos = attention["l_position_embeddings_0_"]
+    assert is_concrete_int(cos.shape[-1]) and cos.shape[-1] == 16
+    assert not is_concrete_int(cos.shape[1])  # the tokens stay dynamic
+    int_inputs = [name for name, value in attention.items() if isinstance(value, torch.SymInt)]
+    assert all("head_dim" not in name for name in int_inputs), int_inputs

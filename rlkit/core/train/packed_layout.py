@@ -43,21 +43,26 @@ def convert(model: torch.nn.Module) -> int:
     count = 0
     for module in model.modules():
         if supported(module):
-            module.__class__ = packed_class(type(module))
+            module.__class__ = packed_class(type(module), module.head_dim)
             count += 1
     return count
 
 
-_packed_classes: dict[type, type] = {}
+_packed_classes: dict[tuple[type, int], type] = {}
+# packed class -> the head_dim of its modules. Read from here, not from the module: dynamo makes an int attribute of a
+# module under FSDP2 a symbolic input of the compiled layer (with dynamic shapes), and a symbolic head_dim made each
+# index of the rotary embedding's kernels a 64-bit division by it at run time: 0.10 ms a layer and micro-batch forward
+# (and as long backward) where moving the bytes takes 0.03 (an H100, 2026-12-07). A global's ints are specialized.
+_head_dims: dict[type, int] = {}
 
 
-def packed_class(base: type) -> type:
-    """`base` with `packed_forward` as its forward (one subclass per attention class)."""
-    if base not in _packed_classes:
-        _packed_classes[base] = type(
-            f"Packed{base.__name__}", (base,), {"forward": packed_forward, "__module__": __name__}
-        )
-    return _packed_classes[base]
+def packed_class(base: type, head_dim: int) -> type:
+    """`base` with `packed_forward` as its forward, for modules of `head_dim` (one subclass per class and head_dim)."""
+    if (base, head_dim) not in _packed_classes:
+        packed = type(f"Packed{base.__name__}", (base,), {"forward": packed_forward, "__module__": __name__})
+        _packed_classes[base, head_dim] = packed
+        _head_dims[packed] = head_dim
+    return _packed_classes[base, head_dim]
 
 
 def rotate_half(x: torch.Tensor) -> torch.Tensor:
@@ -80,7 +85,7 @@ def packed_forward(
         own_forward = super(type(module), module).forward
         return own_forward(hidden_states, position_embeddings, attention_mask, past_key_values, **kwargs)
     tokens = hidden_states.shape[1]
-    shape = (tokens, -1, module.head_dim)
+    shape = (tokens, -1, _head_dims[type(module)])
     query = module.q_proj(hidden_states).view(shape)
     key = module.k_proj(hidden_states).view(shape)
     value = module.v_proj(hidden_states).view(shape)
