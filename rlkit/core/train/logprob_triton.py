@@ -1,8 +1,9 @@
 """Log-probs and entropy of chosen tokens over whole [K, V] logits in two Triton kernels (CUDA tensors).
 
 The chunked kernels (rlkit.core.train.logprobs, compiled by inductor) read each chunk of bf16 logits twice in
-forward (the max, then the sums) and work a chunk of 441 tokens at a time from the host: 14.7 ms forward and
-backward over one micro-batch's 4.5 GB of logits on an H100 (2026-12-07), 1.0-1.4 TB/s of its 3.35.
+forward (the max, then the sums) and work a chunk of 441 tokens at a time from the host: 14.7-16.8 ms forward and
+backward over one micro-batch's 4.5 GB of logits on an H100 (2026-12-07), 1.0-1.4 TB/s of its 3.35. These two take
+5.2 ms (the reference pass's forward 5.4 -> 1.6 ms; docs/benchmarks.md, 2026-12-07 09:01).
 
 - `stats`: one program a row reads it once. The max and the two sums (exp(x - max), exp(x - max) * x) run online:
   when a block raises the max, the sums so far are scaled by exp(old max - new max), so the sums need no second

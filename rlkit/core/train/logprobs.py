@@ -124,10 +124,15 @@ def _chunks(tokens: int, vocab: int) -> Iterator[slice]:
         yield slice(start, start + step)
 
 
+@functools.cache
+def _triton_importable() -> bool:
+    return importlib.util.find_spec("triton") is not None
+
+
 def _whole_logits_kernels(logits: torch.Tensor) -> Any:
     """rlkit.core.train.logprob_triton where it runs (CUDA tensors, triton importable: it comes with CUDA torch);
     None elsewhere (CPUs): the chunked kernels."""
-    if not logits.is_cuda or importlib.util.find_spec("triton") is None:
+    if not logits.is_cuda or not _triton_importable():
         return None
     from rlkit.core.train import logprob_triton
 
