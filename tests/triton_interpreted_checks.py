@@ -119,3 +119,15 @@ def test_rows_of_a_wider_tensor_are_read_in_place() -> None:
     want_lp, want_ent = reference(logits, targets, 1.0)
     torch.testing.assert_close(picked.double(), want_lp, rtol=0, atol=2e-6)
     torch.testing.assert_close(entropy.double(), want_ent, rtol=0, atol=2e-6)
+
+
+def test_sum_of_squared_probabilities_by_hand_and_over_blocks(triton_on_cpu) -> None:
+    # softmax([0, ln 3]) = [1/4, 3/4]: 1/16 + 9/16; at T = 2 the logits [2 ln 3, 0] give the same
+    assert logprobs.sum_squared_probs(torch.tensor([[0.0, math.log(3)]])).tolist() == pytest.approx([0.625])
+    assert logprobs.sum_squared_probs(torch.tensor([[2 * math.log(3), 0.0]]), 2.0).tolist() == pytest.approx([0.625])
+    torch.manual_seed(3)
+    logits = torch.randn(4, 50) * 3
+    logits[0, 49] = 40.0  # the max in the last block: the squares so far rescaled by its factor squared
+    want = (logits.double() / 0.7).softmax(-1).pow(2).sum(-1)
+    torch.testing.assert_close(logprobs.sum_squared_probs(logits, 0.7).double(), want, rtol=1e-5, atol=1e-7)
+    assert len(triton_on_cpu) == 3

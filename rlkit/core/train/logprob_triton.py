@@ -10,6 +10,7 @@ backward over one micro-batch's 4.5 GB of logits on an H100 (2026-12-07), 1.0-1.
   pass (the online softmax).
 - `grad_logits`: one program a (row, block of the vocabulary), elementwise: it reads the logits once and writes
   the gradient once, in the logits' dtype, into the tensor backward returns.
+- `sum_squared`: each row's sum of squared probabilities (the optimal token baseline's), online as `stats`.
 
 No fp32 copy of the logits exists and the host launches two kernels a micro-batch instead of a loop over chunks.
 The formulas are the chunked kernels' (logprobs._stats, logprobs._grad_logits); only the order of the sums differs.
@@ -82,6 +83,26 @@ def _grad_rows(
     tl.store(out + row * out_row_stride + columns, (grad / temperature).to(out.dtype.element_ty), mask=inside)
 
 
+@triton.jit
+def _squared_rows(logits, row_stride, squared_out, vocab, temperature, BLOCK: tl.constexpr):
+    row = tl.program_id(0).to(tl.int64)
+    start = logits + row * row_stride
+    top = float("-inf")
+    total = 0.0  # sum of exp(x - top)
+    squares = 0.0  # sum of exp(x - top)^2 = exp(2 (x - top)): rescaled by the square of the max's factor
+    for offset in range(0, vocab, BLOCK):
+        columns = offset + tl.arange(0, BLOCK)
+        x = tl.load(start + columns, mask=columns < vocab, other=float("-inf")).to(tl.float32) / temperature
+        new_top = tl.maximum(top, tl.max(x, axis=0))
+        rescale = tl.exp(top - new_top)
+        weights = tl.exp(x - new_top)
+        total = total * rescale + tl.sum(weights, axis=0)
+        squares = squares * rescale * rescale + tl.sum(weights * weights, axis=0)
+        top = new_top
+    # sum p^2 = sum exp(2 (x - top)) / (sum exp(x - top))^2; the largest weight is 1, so neither sum underflows
+    tl.store(squared_out + row, squares / (total * total))
+
+
 def _rows_contiguous(logits: torch.Tensor) -> torch.Tensor:
     return logits if logits.stride(-1) == 1 else logits.contiguous()
 
@@ -123,3 +144,16 @@ def grad_logits(
             grad_log_probs.contiguous(), grad_entropy.contiguous(), out, out.stride(0), vocab, float(temperature),
             WITH_ENTROPY=with_entropy, BLOCK=block, num_warps=GRAD_WARPS,
         )  # fmt: skip
+
+
+def sum_squared(logits: torch.Tensor, temperature: float) -> torch.Tensor:
+    """sum_v softmax(logits / T)_v^2 per row [K], in fp32 (logprobs.sum_squared_probs on CUDA)."""
+    logits = _rows_contiguous(logits)
+    rows, vocab = logits.shape
+    out = logits.new_empty(rows, dtype=torch.float32)
+    if rows:
+        _squared_rows[(rows,)](
+            logits, logits.stride(0), out, vocab, float(temperature),
+            BLOCK=min(STATS_BLOCK, triton.next_power_of_2(vocab)), num_warps=STATS_WARPS,
+        )  # fmt: skip
+    return out

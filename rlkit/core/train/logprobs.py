@@ -316,9 +316,13 @@ def linear_selected_log_probs(
 def sum_squared_probs(logits: torch.Tensor, temperature: float = 1.0) -> torch.Tensor:
     """sum_v softmax(logits / T)_v^2 per row [K], in fp32, a chunk of rows at a time (no gradient).
 
-    Computed as exp(logsumexp(2x) - 2 logsumexp(x)): no probability is squared, so none underflows first.
+    The chunks compute it as exp(logsumexp(2x) - 2 logsumexp(x)): no probability is squared, so none underflows
+    first. On CUDA one Triton kernel's online pass a row instead (logprob_triton.sum_squared; not yet timed on a GPU).
     The optimal token baseline's gradient-energy proxy reads it (rlkit.core.algos.optimal_token_baseline).
     """
+    whole = _whole_logits_kernels(logits)
+    if whole is not None:
+        return whole.sum_squared(logits, temperature)
     out = logits.new_empty(logits.shape[0], dtype=torch.float32)
     for part in _chunks(logits.shape[0], logits.shape[-1]):
         x = logits[part].float() / temperature
