@@ -48,8 +48,8 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
                         help="packed: rlkit's (rlkit.core.train.packed_layout); transformers: its own attention "
                              "forward, the packed layout undone (an A/B of the two in one call)")
     parser.add_argument("--logprob-kernels", choices=("default", "chunks"), default="default",
-                        help="default: rlkit's (the Triton pair over the whole logits on CUDA, rlkit.core.train."
-                             "logprob_triton); chunks: the compiled chunk kernels everywhere (an A/B in one call)")
+                        help="default: rlkit's (Triton's on CUDA, rlkit.core.train.logprob_triton, the logits whole); "
+                             "chunks: torch's compiled chunk kernels everywhere (an A/B in one call)")
     return parser.parse_args(argv)
 
 
@@ -79,7 +79,7 @@ def run(args: argparse.Namespace) -> dict:
     device = torch.device("cuda", 0) if torch.cuda.is_available() else torch.device("cpu")
     sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
     dtype = fsdp.compute_dtype("auto", device)
-    triton_kernels = logprobs._whole_logits_kernels(torch.empty(0, device=device)) is not None
+    _, copies = logprobs._kernels_on(device)
     started = time.perf_counter()
     path = str(workdir / "model")
     policy = fsdp.shard_model(load(path, args.attention), device=device, compute_dtype=dtype,
@@ -111,7 +111,7 @@ def run(args: argparse.Namespace) -> dict:
     result: dict = {
         "shape": "tiny" if args.tiny else args.shape,
         "attention": sorted({type(m.self_attn).__name__ for m in policy.model.layers}),
-        "logprob_kernels": "triton" if triton_kernels else "chunks",
+        "logprob_kernels": "chunks" if copies else "triton",
         "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
         "torch": torch.__version__,
         "micro_batch_tokens": args.micro_batch_tokens,
@@ -152,13 +152,13 @@ def main(argv: list[str] | None = None) -> dict:
     if torch.cuda.is_available():
         torch.cuda.set_device(0)
     dist.init_process_group(backend, rank=0, world_size=1)
-    whole_logits_kernels = logprobs._whole_logits_kernels
+    kernels_on = logprobs._kernels_on
     if args.logprob_kernels == "chunks":
-        logprobs._whole_logits_kernels = lambda logits: None
+        logprobs._kernels_on = lambda device: (logprobs._kernels, True)
     try:
         result = run(args)
     finally:
-        logprobs._whole_logits_kernels = whole_logits_kernels
+        logprobs._kernels_on = kernels_on
         dist.destroy_process_group()
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(result, indent=1))

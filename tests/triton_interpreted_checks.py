@@ -26,11 +26,16 @@ def small_blocks(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 @pytest.fixture
-def triton_on_cpu(monkeypatch: pytest.MonkeyPatch) -> list[torch.Tensor]:
-    """`selected_log_probs` takes the Triton path for CPU tensors too; the logits it was taken for, listed."""
-    taken: list[torch.Tensor] = []
-    monkeypatch.setattr(logprobs, "_whole_logits_kernels", lambda logits: taken.append(logits) or logprob_triton)
-    return taken
+def triton_on_cpu(monkeypatch: pytest.MonkeyPatch) -> list[tuple[str, int]]:
+    """logprobs takes logprob_triton's kernels for CPU tensors too (as for CUDA ones); each call, (kernel, rows)."""
+    calls: list[tuple[str, int]] = []
+
+    def counted(name: str, kernel):
+        return lambda logits, *rest: calls.append((name, logits.shape[0])) or kernel(logits, *rest)
+
+    counted_kernels = {name: counted(name, kernel) for name, kernel in logprob_triton.KERNELS.items()}
+    monkeypatch.setattr(logprobs, "_kernels_on", lambda device: (counted_kernels, False))
+    return calls
 
 
 def reference(logits: torch.Tensor, targets: torch.Tensor, temperature: float) -> tuple[torch.Tensor, torch.Tensor]:
@@ -68,7 +73,7 @@ def test_selected_log_probs_take_the_triton_path_and_match_log_softmax(triton_on
     weights_lp, weights_ent = torch.randn(7), torch.randn(7)
     log_probs, entropy = logprobs.selected_log_probs(logits, targets, temperature=0.7, with_entropy=True)
     ((log_probs * weights_lp).sum() + (entropy * weights_ent).sum()).backward()
-    assert len(triton_on_cpu) == 2  # forward and backward
+    assert triton_on_cpu == [("stats", 7), ("grad", 7)]  # the whole logits, one call each way
 
     leaf = logits.detach().double().requires_grad_()
     want_lp, want_ent = reference(leaf, targets, 0.7)
@@ -130,4 +135,27 @@ def test_sum_of_squared_probabilities_by_hand_and_over_blocks(triton_on_cpu) -> 
     logits[0, 49] = 40.0  # the max in the last block: the squares so far rescaled by its factor squared
     want = (logits.double() / 0.7).softmax(-1).pow(2).sum(-1)
     torch.testing.assert_close(logprobs.sum_squared_probs(logits, 0.7).double(), want, rtol=1e-5, atol=1e-7)
-    assert len(triton_on_cpu) == 3
+    assert [name for name, _ in triton_on_cpu] == ["squared"] * 3
+
+
+def test_the_fused_heads_chunks_take_the_triton_kernels(triton_on_cpu, monkeypatch) -> None:
+    """actor.fused_lm_head: each chunk's logits (hidden @ weight^T) exist alone, so the chunks stay (3 tokens here);
+    the kernels on them are Triton's, and the gradients of hidden and weight are log_softmax's."""
+    monkeypatch.setattr(logprobs, "CHUNK_ELEMENTS", 3 * 50)
+    torch.manual_seed(4)
+    hidden = torch.randn(7, 8, requires_grad=True)
+    weight = torch.randn(50, 8, requires_grad=True)
+    targets = torch.randint(0, 50, (7,))
+    weights_lp, weights_ent = torch.randn(7), torch.randn(7)
+    log_probs, entropy = logprobs.linear_selected_log_probs(hidden, weight, targets, 0.7, with_entropy=True)
+    loss = (log_probs * weights_lp).sum() + (entropy * weights_ent).sum()
+    grad_hidden, grad_weight = torch.autograd.grad(loss, (hidden, weight))
+    assert triton_on_cpu == [("stats", 3), ("stats", 3), ("stats", 1), ("grad", 3), ("grad", 3), ("grad", 1)]
+
+    leaves = hidden.detach().double().requires_grad_(), weight.detach().double().requires_grad_()
+    want_lp, want_ent = reference(leaves[0] @ leaves[1].T, targets, 0.7)
+    want = torch.autograd.grad((want_lp * weights_lp).sum() + (want_ent * weights_ent).sum(), leaves)
+    torch.testing.assert_close(log_probs.double(), want_lp.detach(), rtol=0, atol=1e-5)
+    torch.testing.assert_close(entropy.double(), want_ent.detach(), rtol=0, atol=1e-5)
+    torch.testing.assert_close(grad_hidden.double(), want[0], rtol=1e-4, atol=1e-5)
+    torch.testing.assert_close(grad_weight.double(), want[1], rtol=1e-4, atol=1e-5)

@@ -157,3 +157,7 @@ def sum_squared(logits: torch.Tensor, temperature: float) -> torch.Tensor:
             BLOCK=min(STATS_BLOCK, triton.next_power_of_2(vocab)), num_warps=STATS_WARPS,
         )  # fmt: skip
     return out
+
+
+# As logprobs' chunk kernels are named (logprobs._kernels_on hands these out on CUDA).
+KERNELS = {"stats": stats, "grad": grad_logits, "squared": sum_squared}

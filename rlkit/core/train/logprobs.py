@@ -11,8 +11,9 @@ The bf16 logits themselves, and their gradient, are still K x V (3 GB each at th
 computes each chunk's logits from them, in forward and again in backward, so no K x V tensor
 exists at all; both share the chunk math (`_chunked_stats`, `_chunked_grad_logits`).
 
-On CUDA tensors `SelectedLogProbs` runs two Triton kernels over the whole logits instead of the chunks
-(rlkit.core.train.logprob_triton: no fp32 copy, one read of the logits in forward): `_whole_logits_kernels`.
+On CUDA the chunk kernels are rlkit.core.train.logprob_triton's (`_kernels_on`): they copy nothing to fp32 and read
+each row once in forward, so `SelectedLogProbs` gives them the whole logits as one chunk; the fused head's chunks
+take them too.
 """
 
 from __future__ import annotations
@@ -108,8 +109,15 @@ def _grad_logits(
     out.copy_(x)
 
 
-# The chunk kernels; `use_compiled_kernels` swaps in fused (torch.compile) versions.
-_kernels = {"stats": _stats, "grad": _grad_logits}
+def _sum_squared(logits: torch.Tensor, temperature: float) -> torch.Tensor:
+    """sum_v softmax(x)_v^2 of one chunk as exp(logsumexp(2x) - 2 logsumexp(x)): no probability is squared, so
+    none underflows first."""
+    x = logits.float() / temperature
+    return torch.exp(torch.logsumexp(2 * x, dim=-1) - 2 * torch.logsumexp(x, dim=-1))
+
+
+# The chunk kernels in torch; `use_compiled_kernels` swaps in fused (torch.compile) versions of the first two.
+_kernels = {"stats": _stats, "grad": _grad_logits, "squared": _sum_squared}
 
 
 def use_compiled_kernels() -> None:
@@ -118,36 +126,47 @@ def use_compiled_kernels() -> None:
     _kernels["grad"] = compiled(_grad_logits)
 
 
-def _chunks(tokens: int, vocab: int) -> Iterator[slice]:
-    step = _chunk_tokens(vocab)
-    for start in range(0, tokens, step):
-        yield slice(start, start + step)
-
-
 @functools.cache
 def _triton_importable() -> bool:
     return importlib.util.find_spec("triton") is not None
 
 
-def _whole_logits_kernels(logits: torch.Tensor) -> Any:
-    """rlkit.core.train.logprob_triton where it runs (CUDA tensors, triton importable: it comes with CUDA torch);
-    None elsewhere (CPUs): the chunked kernels."""
-    if not logits.is_cuda or not _triton_importable():
-        return None
+def _kernels_on(device: torch.device) -> tuple[dict[str, Callable[..., Any]], bool]:
+    """(the chunk kernels for tensors on `device`, whether they copy a chunk to fp32). On CUDA, where triton comes
+    with torch, rlkit.core.train.logprob_triton's: they read the logits in their dtype and copy nothing, so logits
+    that exist whole are one chunk; elsewhere torch's (`_kernels`), on fp32 copies of a chunk at a time."""
+    if device.type != "cuda" or not _triton_importable():
+        return _kernels, True
     from rlkit.core.train import logprob_triton
 
-    return logprob_triton
+    return logprob_triton.KERNELS, False
+
+
+def _chunks(tokens: int, step: int) -> Iterator[slice]:
+    for start in range(0, tokens, step):
+        yield slice(start, start + step)
+
+
+def _step(tokens: int, vocab: int, copies: bool, whole: bool) -> int:
+    """Tokens a chunk: all of them where the logits exist `whole` and the kernels copy nothing, else as many as
+    CHUNK_ELEMENTS holds (the fused head's logits exist a chunk at a time: its memory bound)."""
+    return max(1, tokens) if whole and not copies else _chunk_tokens(vocab)
 
 
 LogitsOf = Callable[[slice], torch.Tensor]  # rows -> their logits [k, V] in the compute dtype
 
 
-def _chunked_stats(logits_of: LogitsOf, targets: torch.Tensor, vocab: int, temperature: float, with_entropy: bool):
-    """(log p(target), log-sum-exp, entropy or zeros), [K] each in fp32, one chunk of logits at a time."""
+def _chunked_stats(
+    logits_of: LogitsOf, targets: torch.Tensor, vocab: int, temperature: float, with_entropy: bool, whole: bool
+):
+    """(log p(target), log-sum-exp, entropy or zeros), [K] each in fp32, one chunk of logits at a time (`whole`:
+    the logits exist whole, `_step`)."""
+    kernels, copies = _kernels_on(targets.device)
     out = [targets.new_empty(targets.shape[0], dtype=torch.float32) for _ in range(3)]
-    for part in _chunks(targets.shape[0], vocab):
-        for whole, chunk in zip(out, _kernels["stats"](logits_of(part), targets[part], temperature, with_entropy)):
-            whole[part] = chunk
+    for part in _chunks(targets.shape[0], _step(targets.shape[0], vocab, copies, whole)):
+        stats = kernels["stats"](logits_of(part), targets[part], temperature, with_entropy)
+        for vector, chunk in zip(out, stats):
+            vector[part] = chunk
     return out
 
 
@@ -162,17 +181,19 @@ def _chunked_grad_logits(
     temperature: float,
     with_entropy: bool,
     out_of: LogitsOf,
+    whole: bool,
 ) -> Iterator[tuple[slice, torch.Tensor]]:
-    """(rows, d(loss)/d(their logits)) chunk by chunk, each written into `out_of(rows)` and yielded. A gradient
-    autograd left as None (an output the loss does not read) counts as zeros; an entropy the loss leaves out adds
-    no entropy term."""
+    """(rows, d(loss)/d(their logits)) chunk by chunk, each written into `out_of(rows)` (rows of unit stride) and
+    yielded. A gradient autograd left as None (an output the loss does not read) counts as zeros; an entropy the
+    loss leaves out adds no entropy term."""
+    kernels, copies = _kernels_on(targets.device)
     zeros = torch.zeros_like(lse)
     with_entropy = with_entropy and grad_entropy is not None
     grad_log_probs = zeros if grad_log_probs is None else grad_log_probs
     grad_entropy = zeros if grad_entropy is None else grad_entropy
-    for part in _chunks(targets.shape[0], vocab):
+    for part in _chunks(targets.shape[0], _step(targets.shape[0], vocab, copies, whole)):
         out = out_of(part)
-        _kernels["grad"](
+        kernels["grad"](
             logits_of(part),
             targets[part],
             lse[part],
@@ -191,12 +212,10 @@ class SelectedLogProbs(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, logits: torch.Tensor, targets: torch.Tensor, temperature: float, with_entropy: bool):
-        whole = _whole_logits_kernels(logits)
-        if whole is not None:
-            log_probs, lse, entropy = whole.stats(logits, targets, temperature, with_entropy)
-        else:
-            vocab = logits.shape[-1]
-            log_probs, lse, entropy = _chunked_stats(logits.__getitem__, targets, vocab, temperature, with_entropy)
+        vocab = logits.shape[-1]
+        log_probs, lse, entropy = _chunked_stats(
+            logits.__getitem__, targets, vocab, temperature, with_entropy, whole=True
+        )
         ctx.save_for_backward(logits, targets, lse, entropy)
         ctx.set_materialize_grads(False)  # an entropy the loss leaves out gets None: no entropy term in backward
         ctx.temperature, ctx.with_entropy = temperature, with_entropy
@@ -205,23 +224,7 @@ class SelectedLogProbs(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad_log_probs: torch.Tensor | None, grad_entropy: torch.Tensor | None):
         logits, targets, lse, entropy = ctx.saved_tensors
-        whole = _whole_logits_kernels(logits)
-        if whole is not None:
-            grad_logits = logits.new_empty(logits.shape)  # contiguous: the kernel writes rows of unit stride
-            zeros = torch.zeros_like(lse)
-            whole.grad_logits(
-                logits,
-                targets,
-                lse,
-                entropy,
-                zeros if grad_log_probs is None else grad_log_probs,
-                zeros if grad_entropy is None else grad_entropy,
-                ctx.temperature,
-                ctx.with_entropy and grad_entropy is not None,
-                grad_logits,
-            )
-            return grad_logits, None, None, None
-        grad_logits = torch.empty_like(logits)
+        grad_logits = logits.new_empty(logits.shape)  # contiguous: the kernels write rows of unit stride
         for _ in _chunked_grad_logits(
             logits.__getitem__,
             targets,
@@ -233,6 +236,7 @@ class SelectedLogProbs(torch.autograd.Function):
             ctx.temperature,
             ctx.with_entropy,
             out_of=grad_logits.__getitem__,  # each chunk's gradient lands in its rows of the whole
+            whole=True,
         ):
             pass
         return grad_logits, None, None, None
@@ -249,7 +253,9 @@ class LinearSelectedLogProbs(torch.autograd.Function):
         ctx, hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor, temperature: float, with_entropy: bool
     ):
         logits_of = functools.partial(_head_logits, hidden, weight)
-        log_probs, lse, entropy = _chunked_stats(logits_of, targets, weight.shape[0], temperature, with_entropy)
+        log_probs, lse, entropy = _chunked_stats(
+            logits_of, targets, weight.shape[0], temperature, with_entropy, whole=False
+        )
         ctx.save_for_backward(hidden, weight, targets, lse, entropy)
         ctx.set_materialize_grads(False)
         ctx.temperature, ctx.with_entropy = temperature, with_entropy
@@ -276,6 +282,7 @@ class LinearSelectedLogProbs(torch.autograd.Function):
             ctx.temperature,
             ctx.with_entropy,
             out_of=lambda part: scratch[: min(part.stop, targets.shape[0]) - part.start],
+            whole=False,
         ):
             if grad_hidden is not None:
                 grad_hidden[part] = grad @ weight
@@ -314,19 +321,14 @@ def linear_selected_log_probs(
 
 @torch.no_grad()
 def sum_squared_probs(logits: torch.Tensor, temperature: float = 1.0) -> torch.Tensor:
-    """sum_v softmax(logits / T)_v^2 per row [K], in fp32, a chunk of rows at a time (no gradient).
-
-    The chunks compute it as exp(logsumexp(2x) - 2 logsumexp(x)): no probability is squared, so none underflows
-    first. On CUDA one Triton kernel's online pass a row instead (logprob_triton.sum_squared; not yet timed on a GPU).
+    """sum_v softmax(logits / T)_v^2 per row [K], in fp32, a chunk of rows at a time (no gradient; on CUDA one
+    Triton pass over the whole, logprob_triton.sum_squared, not yet timed on a GPU).
     The optimal token baseline's gradient-energy proxy reads it (rlkit.core.algos.optimal_token_baseline).
     """
-    whole = _whole_logits_kernels(logits)
-    if whole is not None:
-        return whole.sum_squared(logits, temperature)
+    kernels, copies = _kernels_on(logits.device)
     out = logits.new_empty(logits.shape[0], dtype=torch.float32)
-    for part in _chunks(logits.shape[0], logits.shape[-1]):
-        x = logits[part].float() / temperature
-        out[part] = torch.exp(torch.logsumexp(2 * x, dim=-1) - 2 * torch.logsumexp(x, dim=-1))
+    for part in _chunks(logits.shape[0], _step(logits.shape[0], logits.shape[-1], copies, whole=True)):
+        out[part] = kernels["squared"](logits[part], temperature)
     return out
 
 

@@ -30,8 +30,8 @@ SEQUENCES = ((7, 16), (9, 21))
 # The log-prob kernels' chunks during the warm-up: the 37 response tokens as 12 + 12 + 12 + 1, so that the kernels
 # are traced on chunks shorter than the logits they are cut from (as a real batch's are: 441 tokens a chunk of a
 # 152k vocabulary) and on a chunk of one token, a size dynamo compiles apart (a batch of 441 n + 1 tokens ends so).
-# On CUDA the passes take the Triton kernels over the whole logits instead (rlkit.core.train.logprob_triton), which
-# the warm-up's first call compiles for the real vocabulary and row stride; the chunks are then the fused head's.
+# On CUDA the kernels are Triton's (rlkit.core.train.logprob_triton), given the whole logits as one chunk (the fused
+# head's chunks as they come); the warm-up's first calls compile them for the real vocabulary and row stride.
 CHUNK_ROWS = 12
 # Memory the compile's own work may hold at once beyond the passes' tensors (autotuning, workspaces).
 COMPILE_HEADROOM_BYTES = 1 << 30
