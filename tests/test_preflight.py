@@ -235,6 +235,34 @@ def test_prompt_plus_response_longer_than_the_models_context_names_both_keys(tmp
             "model.path=rlkit:tiny-qwen2 handles at most 256 (its config.json)") in line
 
 
+def test_a_sliding_window_shorter_than_prompt_plus_response_is_refused(tmp_path, tiny_model_dir):
+    """The tiny Qwen2 with sliding-window layers of 40 tokens: the engine would honour the window, rlkit's packed
+    training attention would not."""
+    model = _broken_model(tmp_path, tiny_model_dir, "sliding")
+    config = json.loads((model / "config.json").read_text())
+    config.update(use_sliding_window=True, sliding_window=40, max_window_layers=0)
+    config.pop("layer_types", None)  # transformers derives them from the three above
+    (model / "config.json").write_text(json.dumps(config))
+    line = _one_line_error(_train(tmp_path, f"model.path={model}", "data.max_prompt_length=32",
+                                  "data.max_response_length=16"))
+    assert (f"model.path={model} attends within a sliding window of 40 tokens on some of its layers" in line
+            and "data.max_prompt_length=32 + data.max_response_length=16 = 48 tokens" in line
+            and "lower the two so that they add up to at most 40" in line)
+
+
+def test_which_configs_slide() -> None:
+    from transformers import Gemma2Config, LlamaConfig, MistralConfig, Qwen2Config
+
+    assert model_checks.sliding_window(MistralConfig(sliding_window=4096)) == 4096  # every layer: no layer_types
+    assert model_checks.sliding_window(MistralConfig(sliding_window=None)) is None
+    assert model_checks.sliding_window(Gemma2Config(sliding_window=1024)) == 1024  # every other layer
+    assert model_checks.sliding_window(Qwen2Config(sliding_window=4096)) is None  # use_sliding_window off
+    assert model_checks.sliding_window(Qwen2Config(use_sliding_window=True, sliding_window=4096)) == 4096
+    assert model_checks.sliding_window(LlamaConfig()) is None
+    assert model_checks.check_sliding_window(Gemma2Config(sliding_window=1024), "g", 512, 512) == (
+        "sliding window 1024 >= 1024 tokens")
+
+
 def test_safetensors_header_check(tmp_path):
     import torch
     from safetensors.torch import save_file

@@ -235,5 +235,36 @@ def check_context(config: Any, spec: str, max_prompt_length: int, max_response_l
     return f"context: {total} of {limit if limit is not None else 'unknown'} tokens"
 
 
+def sliding_window(config: Any) -> int | None:
+    """The window of the model's sliding-window attention layers, where it has any, or None. transformers marks
+    them in `layer_types` (Gemma 2/3, Qwen2/3 with use_sliding_window); a config without `layer_types` (Mistral)
+    slides on every layer when it sets `sliding_window`."""
+    text = config.get_text_config() if hasattr(config, "get_text_config") else config
+    window = getattr(text, "sliding_window", None)
+    if not isinstance(window, int):
+        return None
+    layer_types = getattr(text, "layer_types", None)
+    return window if not layer_types or "sliding_attention" in layer_types else None
+
+
+def check_sliding_window(config: Any, spec: str, max_prompt_length: int, max_response_length: int) -> str | None:
+    """A sequence longer than the model's sliding window would be trained with attention the model does not have:
+    rlkit's packed attention (rlkit.core.train.packed_attention) attends to the whole sequence, while the rollout
+    engine honours the window, so the trainer's log-probs would be another model's."""
+    window = sliding_window(config)
+    if window is None:
+        return None
+    total = max_prompt_length + max_response_length
+    if total > window:
+        raise UserError(
+            f"model.path={spec} attends within a sliding window of {window} tokens on some of its layers (its "
+            f"config.json: sliding_window), which rlkit's packed training attention does not implement: with "
+            f"data.max_prompt_length={max_prompt_length} + data.max_response_length={max_response_length} = "
+            f"{total} tokens the trainer would let every token see the whole sequence, not the model's window (the "
+            f"rollout engine keeps to it); lower the two so that they add up to at most {window}"
+        )
+    return f"sliding window {window} >= {total} tokens"
+
+
 def _first_line(exc: BaseException) -> str:
     return (str(exc).strip().splitlines() or [type(exc).__name__])[0]

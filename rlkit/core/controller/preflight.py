@@ -101,9 +101,10 @@ class Preflight:
                 )
             self.checked.append(f"{key}={spec}: " + ", ".join(found))
             return path, None
-        found.append(
-            model_checks.check_context(model_config, spec, cfg.data.max_prompt_length, cfg.data.max_response_length)
-        )
+        lengths = (cfg.data.max_prompt_length, cfg.data.max_response_length)
+        found.append(model_checks.check_context(model_config, spec, *lengths))
+        window = model_checks.check_sliding_window(model_config, spec, *lengths)
+        found += [window] if window else []
         tokenizer = model_checks.load_tokenizer(path, spec, key)
         self.checked.append(f"{key}={spec}: " + ", ".join(found + ["tokenizer"]))
         return path, tokenizer
