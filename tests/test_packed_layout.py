@@ -131,3 +131,24 @@ def test_under_fsdp_the_compiled_layer_sees_the_head_dim_as_a_constant() -> None
     assert not is_concrete_int(cos.shape[1])  # the tokens stay dynamic
     int_inputs = [name for name, value in attention.items() if isinstance(value, torch.SymInt)]
     assert all("head_dim" not in name for name in int_inputs), int_inputs
+
+
+def test_a_qwen2_sliding_window_layer_refuses_a_sequence_longer_than_its_window() -> None:
+    """Qwen2 with use_sliding_window: its sliding layers' packed forward raises on a packed row whose longest
+    sequence (here 5 tokens) passes the window, and computes as before where the window holds them all."""
+    from transformers import AutoModelForCausalLM, Qwen2Config
+
+    def model(window: int) -> torch.nn.Module:
+        config = Qwen2Config(**SHAPE, use_sliding_window=True, sliding_window=window, max_window_layers=1)
+        torch.manual_seed(0)
+        built = AutoModelForCausalLM.from_config(config, attn_implementation=packed_attention.register())
+        packed_layout.convert(built)
+        return built
+
+    assert [layer.self_attn.sliding_window for layer in model(4).model.layers] == [None, 4]
+    with pytest.raises(ValueError, match="a sequence of 5 tokens is longer than the layer's sliding window of 4"):
+        fsdp.packed_outputs(model(4), _packed())
+    torch.manual_seed(0)
+    full = AutoModelForCausalLM.from_config(Qwen2Config(**SHAPE), attn_implementation=packed_attention.register())
+    packed_layout.convert(full)
+    torch.testing.assert_close(fsdp.packed_outputs(model(5), _packed()), fsdp.packed_outputs(full, _packed()))

@@ -124,6 +124,24 @@ def test_the_kernel_gets_kv_with_fewer_heads_only_where_its_self_check_passes(mo
     assert packed_attention._kernel_usable(q) is True  # with equal heads every stand-in agrees
 
 
+def test_attention_the_packed_kernel_does_not_compute_is_refused():
+    """A sliding window shorter than a packed sequence (sequences of 3 and 4 tokens: a window of 3 is too short,
+    one of 4 changes nothing) and capped logits (Gemma 2) raise instead of computing another model's attention."""
+    torch.manual_seed(0)
+    q, k, v = (torch.randn(1, 2, 7, 8) for _ in range(3))
+    cu = torch.tensor([0, 3, 7], dtype=torch.int32)
+    packed = dict(cu_seq_lens_q=cu, max_length_q=4)
+    plain = packed_attention.packed_attention_forward(None, q, k, v, None, **packed)[0]
+    windowed = packed_attention.packed_attention_forward(None, q, k, v, None, sliding_window=4, **packed)[0]
+    assert torch.equal(windowed, plain)
+    with pytest.raises(ValueError, match="a sequence of 4 tokens is longer than the layer's sliding window of 3"):
+        packed_attention.packed_attention_forward(None, q, k, v, None, sliding_window=3, **packed)
+    with pytest.raises(ValueError, match="a sequence of 7 tokens is longer than the layer's sliding window of 4"):
+        packed_attention.packed_attention_forward(None, q, k, v, None, sliding_window=4)  # unpacked: one row
+    with pytest.raises(ValueError, match=r"does not cap attention logits \(softcap=50.0"):
+        packed_attention.packed_attention_forward(None, q, k, v, None, softcap=50.0, **packed)
+
+
 def test_cpu_attention_pads_a_small_batch_and_loops_over_a_large_one(monkeypatch):
     calls = []
     monkeypatch.setattr(packed_attention, "padded_attention", lambda *a: calls.append("padded"))

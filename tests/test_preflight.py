@@ -259,8 +259,11 @@ def test_which_configs_slide() -> None:
     assert model_checks.sliding_window(Qwen2Config(sliding_window=4096)) is None  # use_sliding_window off
     assert model_checks.sliding_window(Qwen2Config(use_sliding_window=True, sliding_window=4096)) == 4096
     assert model_checks.sliding_window(LlamaConfig()) is None
-    assert model_checks.check_sliding_window(Gemma2Config(sliding_window=1024), "g", 512, 512) == (
-        "sliding window 1024 >= 1024 tokens")
+    assert model_checks.check_attention(Gemma2Config(sliding_window=1024, attn_logit_softcapping=None), "g", 512,
+                                        512) == "sliding window 1024 >= 1024 tokens"
+    with pytest.raises(UserError, match=r"model.path=g caps its attention logits \(its config.json: "
+                                        r"attn_logit_softcapping=50.0\)"):
+        model_checks.check_attention(Gemma2Config(), "g", 16, 16)
 
 
 def test_safetensors_header_check(tmp_path):

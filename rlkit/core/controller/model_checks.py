@@ -247,10 +247,18 @@ def sliding_window(config: Any) -> int | None:
     return window if not layer_types or "sliding_attention" in layer_types else None
 
 
-def check_sliding_window(config: Any, spec: str, max_prompt_length: int, max_response_length: int) -> str | None:
-    """A sequence longer than the model's sliding window would be trained with attention the model does not have:
-    rlkit's packed attention (rlkit.core.train.packed_attention) attends to the whole sequence, while the rollout
-    engine honours the window, so the trainer's log-probs would be another model's."""
+def check_attention(config: Any, spec: str, max_prompt_length: int, max_response_length: int) -> str | None:
+    """Attention rlkit's packed training attention (rlkit.core.train.packed_attention) does not compute: capped
+    logits, and a sliding window shorter than a sequence (it attends to the whole sequence). The rollout engine
+    keeps to the model's, so the trainer's log-probs would be another model's."""
+    text = config.get_text_config() if hasattr(config, "get_text_config") else config
+    softcap = getattr(text, "attn_logit_softcapping", None)
+    if softcap is not None:
+        raise UserError(
+            f"model.path={spec} caps its attention logits (its config.json: attn_logit_softcapping={softcap}), "
+            "which rlkit's packed training attention does not implement: the trainer would compute another "
+            "model's log-probs than the rollout engine samples from; use a model without it"
+        )
     window = sliding_window(config)
     if window is None:
         return None

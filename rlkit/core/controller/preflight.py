@@ -103,7 +103,7 @@ class Preflight:
             return path, None
         lengths = (cfg.data.max_prompt_length, cfg.data.max_response_length)
         found.append(model_checks.check_context(model_config, spec, *lengths))
-        window = model_checks.check_sliding_window(model_config, spec, *lengths)
+        window = model_checks.check_attention(model_config, spec, *lengths)
         found += [window] if window else []
         tokenizer = model_checks.load_tokenizer(path, spec, key)
         self.checked.append(f"{key}={spec}: " + ", ".join(found + ["tokenizer"]))

@@ -59,8 +59,14 @@ def packed_attention_forward(
     Without boundaries (an unpacked call, e.g. a debugging forward over unpadded rows) each
     row is one causal sequence; padded rows must be packed instead, as no mask is applied.
     """
+    if kwargs.get("softcap") is not None:
+        raise ValueError(
+            f"{NAME} does not cap attention logits (softcap={kwargs['softcap']}, the model's attn_logit_softcapping): "
+            "it would compute another model's attention"
+        )
     cu_seq_lens = kwargs.get("cu_seq_lens_q")
     if cu_seq_lens is None:
+        check_window(query.shape[2], kwargs.get("sliding_window"))
         groups = query.shape[1] // key.shape[1]
         out = F.scaled_dot_product_attention(
             query,
@@ -77,22 +83,46 @@ def packed_attention_forward(
     q = query.squeeze(0).transpose(0, 1).contiguous()  # [T, H, D]
     k = key.squeeze(0).transpose(0, 1).contiguous()  # [T, Hkv, D]: repeated to H heads only where a path needs it
     v = value.squeeze(0).transpose(0, 1).contiguous()
-    out = _attend(q, k, v, cu_seq_lens, max_len, scaling)
+    out = _attend(q, k, v, cu_seq_lens, max_len, scaling, kwargs.get("sliding_window"))
     return out.unsqueeze(0), None
 
 
+def check_window(longest: int, sliding_window: int | None) -> None:
+    """A layer's sliding window (transformers' `sliding_window`: a token sees that many, itself included) changes
+    nothing for sequences no longer than it; a longer one this attention would let see the whole sequence. rlkit's
+    preflight refuses such runs first (rlkit.core.controller.model_checks.check_attention)."""
+    if sliding_window is not None and longest > sliding_window:
+        raise ValueError(
+            f"{NAME}: a sequence of {longest} tokens is longer than the layer's sliding window of {sliding_window} "
+            "tokens, which this attention does not implement"
+        )
+
+
 def attend(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seq_lens: torch.Tensor, max_len: int, scale: float | None
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    cu_seq_lens: torch.Tensor,
+    max_len: int,
+    scale: float | None,
+    sliding_window: int | None = None,
 ) -> torch.Tensor:
     """Causal attention within each packed sequence: q [T, H, D], k/v [T, Hkv, D] -> [T, H, D]; outside compiled
     graphs once `register` has run (rlkit.core.train.packed_layout calls it with q/k/v already in this layout)."""
-    return _attend(q, k, v, cu_seq_lens, max_len, scale)
+    return _attend(q, k, v, cu_seq_lens, max_len, scale, sliding_window)
 
 
 def _attend(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seq_lens: torch.Tensor, max_len: int, scale: float | None
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    cu_seq_lens: torch.Tensor,
+    max_len: int,
+    scale: float | None,
+    sliding_window: int | None = None,
 ) -> torch.Tensor:
     """q [T, H, D], k/v [T, Hkv, D] (H a multiple of Hkv) -> [T, H, D]."""
+    check_window(max_len, sliding_window)  # here, outside compiled graphs: no guard on the lengths
     if q.is_cuda and _kernel_usable(q):
         if k.shape[1] != q.shape[1] and not _kernel_takes_gqa(q, k):
             k, v = _repeat_kv(k, v, q.shape[1])

@@ -94,7 +94,9 @@ def packed_forward(
     cos, sin = (t.squeeze(0).unsqueeze(1) for t in position_embeddings)  # [1, T, D] -> [T, 1, D]
     query = query * cos + rotate_half(query) * sin
     key = key * cos + rotate_half(key) * sin
+    # Qwen2/3's sliding-window layers have `sliding_window` (None on the others): refused where it would matter
+    window = getattr(module, "sliding_window", None)
     out = packed_attention.attend(
-        query, key, value, kwargs["cu_seq_lens_q"], int(kwargs["max_length_q"]), module.scaling
+        query, key, value, kwargs["cu_seq_lens_q"], int(kwargs["max_length_q"]), module.scaling, window
     )
     return module.o_proj(out.reshape(1, tokens, -1)), None
