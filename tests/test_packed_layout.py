@@ -20,9 +20,10 @@ SHAPE = dict(vocab_size=96, hidden_size=64, intermediate_size=96, num_hidden_lay
 
 
 def _model(family: str) -> torch.nn.Module:
-    from transformers import AutoModelForCausalLM, LlamaConfig, Qwen2Config, Qwen3Config
+    from transformers import AutoModelForCausalLM, LlamaConfig, MistralConfig, Qwen2Config, Qwen3Config
 
-    config = {"llama": LlamaConfig, "qwen2": Qwen2Config, "qwen3": Qwen3Config}[family](**SHAPE)
+    families = {"llama": LlamaConfig, "mistral": MistralConfig, "qwen2": Qwen2Config, "qwen3": Qwen3Config}
+    config = families[family](**SHAPE)  # Mistral's sliding window: 4096 tokens, longer than every sequence here
     torch.manual_seed(0)
     model = AutoModelForCausalLM.from_config(config, attn_implementation=packed_attention.register())
     for name, param in model.named_parameters():  # non-trivial norms and biases: every term of the forward counts
@@ -43,7 +44,7 @@ def _logits_and_grads(model: torch.nn.Module) -> tuple[torch.Tensor, dict[str, t
     return logits.detach(), {name: p.grad.clone() for name, p in model.named_parameters()}
 
 
-@pytest.mark.parametrize("family", ["llama", "qwen2", "qwen3"])
+@pytest.mark.parametrize("family", ["llama", "mistral", "qwen2", "qwen3"])
 def test_the_packed_layout_gives_transformers_values_bit_for_bit(family: str, monkeypatch) -> None:
     own = _model(family)
     packed = copy.deepcopy(own)
@@ -133,10 +134,11 @@ def test_under_fsdp_the_compiled_layer_sees_the_head_dim_as_a_constant() -> None
     assert all("head_dim" not in name for name in int_inputs), int_inputs
 
 
-def test_a_qwen2_sliding_window_layer_refuses_a_sequence_longer_than_its_window() -> None:
+def test_a_sliding_window_layer_refuses_a_sequence_longer_than_its_window() -> None:
     """Qwen2 with use_sliding_window: its sliding layers' packed forward raises on a packed row whose longest
-    sequence (here 5 tokens) passes the window, and computes as before where the window holds them all."""
-    from transformers import AutoModelForCausalLM, Qwen2Config
+    sequence (here 5 tokens) passes the window, and computes as before where the window holds them all; Mistral's
+    layers keep to its config's window."""
+    from transformers import AutoModelForCausalLM, MistralConfig, Qwen2Config
 
     def model(window: int) -> torch.nn.Module:
         config = Qwen2Config(**SHAPE, use_sliding_window=True, sliding_window=window, max_window_layers=1)
@@ -148,6 +150,11 @@ def test_a_qwen2_sliding_window_layer_refuses_a_sequence_longer_than_its_window(
     assert [layer.self_attn.sliding_window for layer in model(4).model.layers] == [None, 4]
     with pytest.raises(ValueError, match="a sequence of 5 tokens is longer than the layer's sliding window of 4"):
         fsdp.packed_outputs(model(4), _packed())
+    mistral = AutoModelForCausalLM.from_config(MistralConfig(**SHAPE, sliding_window=4),
+                                               attn_implementation=packed_attention.register())
+    assert packed_layout.convert(mistral) == 2  # its config's window, on every layer
+    with pytest.raises(ValueError, match="a sequence of 5 tokens is longer than the layer's sliding window of 4"):
+        fsdp.packed_outputs(mistral, _packed())
     torch.manual_seed(0)
     full = AutoModelForCausalLM.from_config(Qwen2Config(**SHAPE), attn_implementation=packed_attention.register())
     packed_layout.convert(full)

@@ -7,8 +7,9 @@ on a transposed view: in an H100's profile of the 0.5B update its compiled kerne
 backward a layer and micro-batch (~0.4 TB/s, 0.19 s of the update), and one layer compiled with the rotation in the
 projection's own layout spent ~0.19 ms less on the device (docs/benchmarks.md, 2026-12-07 07:09).
 
-`convert` makes each such attention module (`SUPPORTED`) a subclass whose forward does the same operations in that
-layout: the projections viewed as [tokens, heads, head_dim], Qwen3's per-head norms, `q * cos + rotate_half(q) * sin`
+`convert` makes each such attention module (`SUPPORTED`: Llama, Mistral, Qwen2, Qwen3) a subclass whose forward
+does the same operations in that layout: the projections viewed as [tokens, heads, head_dim], Qwen3's per-head norms,
+`q * cos + rotate_half(q) * sin`
 with cos/sin as [tokens, 1, head_dim], the packed attention, the output projection. Each value is computed by the same
 operation on the same operands as transformers' forward, so eager results are identical; a call that is not one packed
 row (no sequence boundaries, a batch, a KV cache) runs the module's own forward. Applied where the model loads, before
@@ -28,6 +29,7 @@ from rlkit.core.train import packed_attention
 # (a model that changes the rotation) keeps it
 SUPPORTED = {
     "transformers.models.llama.modeling_llama": "LlamaAttention",
+    "transformers.models.mistral.modeling_mistral": "MistralAttention",  # Llama's, with its config's sliding window
     "transformers.models.qwen2.modeling_qwen2": "Qwen2Attention",
     "transformers.models.qwen3.modeling_qwen3": "Qwen3Attention",
 }
@@ -94,9 +96,16 @@ def packed_forward(
     cos, sin = (t.squeeze(0).unsqueeze(1) for t in position_embeddings)  # [1, T, D] -> [T, 1, D]
     query = query * cos + rotate_half(query) * sin
     key = key * cos + rotate_half(key) * sin
-    # Qwen2/3's sliding-window layers have `sliding_window` (None on the others): refused where it would matter
-    window = getattr(module, "sliding_window", None)
     out = packed_attention.attend(
-        query, key, value, kwargs["cu_seq_lens_q"], int(kwargs["max_length_q"]), module.scaling, window
+        query, key, value, kwargs["cu_seq_lens_q"], int(kwargs["max_length_q"]), module.scaling, _window(module)
     )
     return module.o_proj(out.reshape(1, tokens, -1)), None
+
+
+def _window(module: torch.nn.Module) -> int | None:
+    """The layer's sliding window, refused where a sequence is longer (packed_attention.check_window): Qwen2/3's
+    sliding layers carry `sliding_window` (None on the others), Mistral passes its config's on every layer, Llama has
+    none."""
+    if hasattr(module, "sliding_window"):
+        return module.sliding_window
+    return getattr(module.config, "sliding_window", None)
