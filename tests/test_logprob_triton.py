@@ -19,6 +19,28 @@ def test_cpu_tensors_take_torchs_chunk_kernels() -> None:
     assert logprobs._kernels_on(torch.device("cpu")) == (logprobs._kernels, True)
 
 
+def test_a_cuda_device_where_triton_does_not_build_keeps_torchs_kernels(monkeypatch, caplog) -> None:
+    """The probe fails (here: no CUDA on this machine; on a GPU, no C compiler for Triton's launcher): a warning
+    once, torch's kernels, and no second probe. Where it runs, the Triton kernels, whole logits one chunk."""
+    probes = []
+    probe = logprobs._probe_triton
+    monkeypatch.setattr(logprobs, "_probe_triton", lambda device: probes.append(device) or probe(device))
+    monkeypatch.setattr(logprobs, "_triton_ok", {})
+    cuda = torch.device("cuda", 0)
+    with caplog.at_level("WARNING", logger=logprobs.__name__):
+        assert logprobs._kernels_on(cuda) == (logprobs._kernels, True)
+        assert logprobs._kernels_on(cuda) == (logprobs._kernels, True)
+    assert probes == [cuda]
+    assert [r.message.split(" (")[0] for r in caplog.records] == ["Triton log-prob kernels unavailable on cuda:0"]
+
+    pytest.importorskip("triton")
+    from rlkit.core.train import logprob_triton
+
+    monkeypatch.setattr(logprobs, "_probe_triton", lambda device: None)
+    monkeypatch.setattr(logprobs, "_triton_ok", {})
+    assert logprobs._kernels_on(cuda) == (logprob_triton.KERNELS, False)
+
+
 def test_the_kernels_under_tritons_interpreter() -> None:
     """tests/triton_interpreted_checks.py in a child pytest with TRITON_INTERPRET=1 (set before triton's import)."""
     pytest.importorskip("triton")

@@ -19,13 +19,15 @@ take them too.
 from __future__ import annotations
 
 import functools
-import importlib.util
+import logging
 from contextlib import contextmanager
 from typing import Any, Callable, Iterator
 
 import torch
 
 from rlkit.core.train.compiled import compiled
+
+logger = logging.getLogger(__name__)
 
 # fp32 elements of one chunk of logits (2^26 floats = 256 MiB): V=152k gives 441 tokens a chunk.
 CHUNK_ELEMENTS = 1 << 26
@@ -126,16 +128,37 @@ def use_compiled_kernels() -> None:
     _kernels["grad"] = compiled(_grad_logits)
 
 
-@functools.cache
-def _triton_importable() -> bool:
-    return importlib.util.find_spec("triton") is not None
+# device -> whether the Triton kernels compiled and ran there (`_triton_works`)
+_triton_ok: dict[torch.device, bool] = {}
+
+
+def _probe_triton(device: torch.device) -> None:
+    """The stats kernel on one row of two logits: Triton compiles its launcher with the host's C compiler and the
+    kernel for the GPU, either of which may be missing or fail."""
+    from rlkit.core.train import logprob_triton
+
+    logprob_triton.stats(torch.zeros(1, 2, device=device), torch.zeros(1, dtype=torch.long, device=device), 1.0, False)
+
+
+def _triton_works(device: torch.device) -> bool:
+    """Whether the Triton kernels run on `device`, probed once per device. model.compile=false needs no compiler
+    (no inductor), so where Triton cannot build its kernels the log-prob passes keep torch's, with a warning."""
+    if device not in _triton_ok:
+        try:
+            _probe_triton(device)
+            _triton_ok[device] = True
+        except Exception as exc:  # no triton, no C compiler, a GPU Triton does not support
+            logger.warning("Triton log-prob kernels unavailable on %s (%s); using torch's chunk kernels", device, exc)
+            _triton_ok[device] = False
+    return _triton_ok[device]
 
 
 def _kernels_on(device: torch.device) -> tuple[dict[str, Callable[..., Any]], bool]:
     """(the chunk kernels for tensors on `device`, whether they copy a chunk to fp32). On CUDA, where triton comes
     with torch, rlkit.core.train.logprob_triton's: they read the logits in their dtype and copy nothing, so logits
-    that exist whole are one chunk; elsewhere torch's (`_kernels`), on fp32 copies of a chunk at a time."""
-    if device.type != "cuda" or not _triton_importable():
+    that exist whole are one chunk; elsewhere (or where they do not build) torch's (`_kernels`), on fp32 copies of a
+    chunk at a time."""
+    if device.type != "cuda" or not _triton_works(device):
         return _kernels, True
     from rlkit.core.train import logprob_triton
 
