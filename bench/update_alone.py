@@ -7,7 +7,7 @@ phases between a rollout and a weight sync; here they run back to back, so a ker
 a minute of device time and its figures compare only with another run of this script on the same card.
 
   python bench/update_alone.py --workdir DIR --out result.json [--steps 4] [--trace DIR] [--tiny]
-      [--attention transformers] [--logprob-kernels chunks]
+      [--attention transformers] [--logprob-kernels chunks] [--attention-kernel break]
 
 Steps after the first (which compiles) are the figures; `--trace` profiles one more update (torch.profiler, a
 Chrome trace for bench/trace_summary.py).
@@ -30,7 +30,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from bench.workload import SHAPES, prepared  # noqa: E402
 from rlkit.core.batch import Batch  # noqa: E402
 from rlkit.core.cluster.device_worker import free_port  # noqa: E402
-from rlkit.core.train import fsdp, logprobs, packed_layout, packing  # noqa: E402
+from rlkit.core.train import fsdp, logprobs, packed_attention, packed_layout, packing  # noqa: E402
 from rlkit.core.train.learner import micro_batches, optimize  # noqa: E402
 from rlkit.core.train.model import TrainableModel  # noqa: E402
 
@@ -50,6 +50,9 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--logprob-kernels", choices=("default", "chunks"), default="default",
                         help="default: rlkit's (Triton's on CUDA, rlkit.core.train.logprob_triton, the logits whole); "
                              "chunks: torch's compiled chunk kernels everywhere (an A/B in one call)")
+    parser.add_argument("--attention-kernel", choices=("in-graph", "break"), default="in-graph",
+                        help="in-graph: the varlen kernel a node of each compiled layer's graph (rlkit's); break: "
+                             "kept out of the graphs, each layer split around it (rlkit's before 2026-12-07; an A/B)")
     return parser.parse_args(argv)
 
 
@@ -127,6 +130,11 @@ def run(args: argparse.Namespace) -> dict:
             sync()
             result[key].append(round(time.perf_counter() - began, 4))
     result["metrics"] = metrics
+    if device.type == "cuda":  # what was compiled: one graph a layer and mode, or the pieces between graph breaks
+        from torch._dynamo.utils import counters
+
+        result["compiled_graphs"] = counters["stats"]["unique_graphs"]
+        result["graph_breaks"] = sum(counters["graph_break"].values())
     later = {key: result[key][1:] or result[key] for key in ("ref_s", "update_s")}
     result["mean_after_first"] = {key: round(sum(v) / len(v), 4) for key, v in later.items()}
     if device.type == "cuda":
@@ -152,13 +160,15 @@ def main(argv: list[str] | None = None) -> dict:
     if torch.cuda.is_available():
         torch.cuda.set_device(0)
     dist.init_process_group(backend, rank=0, world_size=1)
-    kernels_on = logprobs._kernels_on
+    kernels_on, attend = logprobs._kernels_on, packed_attention.attend
     if args.logprob_kernels == "chunks":
         logprobs._kernels_on = lambda device: (logprobs._kernels, True)
+    if args.attention_kernel == "break":
+        packed_attention.attend = torch.compiler.disable(attend)
     try:
         result = run(args)
     finally:
-        logprobs._kernels_on = kernels_on
+        logprobs._kernels_on, packed_attention.attend = kernels_on, attend
         dist.destroy_process_group()
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(result, indent=1))

@@ -117,11 +117,13 @@ def test_the_kernel_gets_kv_with_fewer_heads_only_where_its_self_check_passes(mo
     K/V repeated. (On a CPU the check runs the stand-in kernels; on a GPU the real one.)"""
     monkeypatch.setattr(packed_attention, "_varlen_kernel", kernel)
     monkeypatch.setattr(packed_attention, "_gqa_ok", {})
-    q, k = torch.zeros(5, 4, 8), torch.zeros(5, 2, 8)
-    assert packed_attention._kernel_takes_gqa(q, k) is takes
-    assert list(packed_attention._gqa_ok.values()) == [takes]  # remembered: checked once
     monkeypatch.setattr(packed_attention, "_kernel_ok", {})
-    assert packed_attention._kernel_usable(q) is True  # with equal heads every stand-in agrees
+    cpu = torch.device("cpu")
+    packed_attention._check_kernel(cpu, torch.float32, 4, 2, 8)
+    assert packed_attention._kernel_ok == {cpu: True}  # with equal heads every stand-in agrees
+    assert packed_attention._gqa_ok == {(cpu, 4, 2): takes}
+    monkeypatch.setattr(packed_attention, "_kernel_error", lambda *a: pytest.fail("checked again"))
+    packed_attention._check_kernel(cpu, torch.float32, 4, 2, 8)  # remembered: checked once
 
 
 def test_attention_the_packed_kernel_does_not_compute_is_refused():
@@ -150,9 +152,9 @@ def test_cpu_attention_pads_a_small_batch_and_loops_over_a_large_one(monkeypatch
     cu = torch.tensor([0, 3, 7])
     # 2 sequences x 2 heads x 4^2 scores x 4 bytes = 256 bytes.
     monkeypatch.setattr(packed_attention, "PADDED_SCORES_MAX_BYTES", 256)
-    packed_attention._attend(q, q, q, cu, 4, None)
+    packed_attention.attend(q, q, q, cu, 4, None)
     monkeypatch.setattr(packed_attention, "PADDED_SCORES_MAX_BYTES", 255)
-    packed_attention._attend(q, q, q, cu, 4, None)
+    packed_attention.attend(q, q, q, cu, 4, None)
     assert calls == ["padded", "per_sequence"]
 
 
@@ -257,18 +259,72 @@ def test_compiled_chunk_kernels_match_eager_and_write_into_the_whole_gradient(mo
     torch.testing.assert_close(torch.cat(stored_in), results[1][2])
 
 
-def test_registered_packed_attention_stays_out_of_compiled_graphs():
-    """After `register` (what a training worker calls), compiling a layer breaks the graph at the packed
-    attention (data-dependent boundaries) and still gives the eager result."""
+def _layer(q, k, v, cu, max_len):
+    return packed_attention.packed_attention_forward(None, q * 2, k, v, None, cu_seq_lens_q=cu,
+                                                     max_length_q=max_len)[0]
+
+
+def test_without_the_kernel_the_packed_attention_stays_out_of_compiled_graphs():
+    """After `register` (what a training worker calls), where the varlen kernel is not used (a CPU) compiling a
+    layer breaks the graph at the fallback (data-dependent shapes) and still gives the eager result."""
     torch.manual_seed(0)
-    q, k, v = (torch.randn(1, 2, 7, 8) for _ in range(3))
-    cu = torch.tensor([0, 3, 7], dtype=torch.int32)
-
-    def layer(q, k, v):
-        return packed_attention.packed_attention_forward(None, q * 2, k, v, None, cu_seq_lens_q=cu, max_length_q=4)[0]
-
+    inputs = [torch.randn(1, 2, 7, 8) for _ in range(3)] + [torch.tensor([0, 3, 7], dtype=torch.int32), 4]
     packed_attention.register()
-    explained = torch._dynamo.explain(layer)(q, k, v)
+    explained = torch._dynamo.explain(_layer)(*inputs)
     reasons = [str(b.reason) for b in explained.break_reasons]
-    assert reasons and all("torch.compiler.disable()`d function" in r and "_attend" in r for r in reasons), reasons
-    assert torch.allclose(torch.compile(layer, backend="eager")(q, k, v), layer(q, k, v))
+    assert reasons and all("torch.compiler.disable()`d function" in r and "_fallback" in r for r in reasons), reasons
+    assert torch.allclose(torch.compile(_layer, backend="eager")(*inputs), _layer(*inputs))
+
+
+def _masked_varlen(q, k, v, cu_q, cu_k, max_q, max_k, *, scale=None, is_causal=False, enable_gqa=False):
+    """A stand-in for varlen_attn that a trace can follow: one SDPA over all tokens, masked to each sequence."""
+    sequence = (torch.arange(q.shape[0])[:, None] >= cu_q[None, 1:]).sum(-1)  # [T]: each token's sequence
+    mask = (sequence[:, None] == sequence[None, :]).tril()
+    out = torch.nn.functional.scaled_dot_product_attention(q.transpose(0, 1), k.transpose(0, 1), v.transpose(0, 1),
+                                                           attn_mask=mask, scale=scale, enable_gqa=enable_gqa)
+    return out.transpose(0, 1)
+
+
+def test_with_the_kernel_a_compiled_layer_is_one_graph_for_every_batch(monkeypatch):
+    """Where the kernel's self-checks passed (before the compile, as `prepare` runs them on a GPU), the kernel is a
+    node of the layer's graph: no break, the reference's result, and one compile for packed rows of other lengths
+    and longest sequences (the longest is a symbolic size of the graph, not a constant)."""
+    cpu = torch.device("cpu")
+    monkeypatch.setattr(packed_attention, "KERNEL_DEVICES", {"cpu"})
+    monkeypatch.setattr(packed_attention, "_varlen", (_masked_varlen, frozenset({"scale", "is_causal", "enable_gqa"})))
+    monkeypatch.setattr(packed_attention, "_kernel_ok", {cpu: True})
+    monkeypatch.setattr(packed_attention, "_gqa_ok", {(cpu, 4, 2): True})
+    monkeypatch.setattr(packed_attention, "_check_kernel", lambda *a: pytest.fail("checked in the trace"))
+    packed_attention.register()
+    torch.manual_seed(0)
+    counter = torch._dynamo.testing.CompileCounter()
+    compiled = torch.compile(_layer, backend=counter, dynamic=True)
+    for bounds in ([0, 3, 7], [0, 5, 9], [0, 2, 6, 8]):
+        q, k, v = torch.randn(1, 4, bounds[-1], 8), torch.randn(1, 2, bounds[-1], 8), torch.randn(1, 2, bounds[-1], 8)
+        cu, longest = torch.tensor(bounds, dtype=torch.int32), max(b - a for a, b in zip(bounds, bounds[1:]))
+        want = packed_attention.per_sequence_attention(
+            q[0].transpose(0, 1) * 2, *packed_attention._repeat_kv(k[0].transpose(0, 1), v[0].transpose(0, 1), 4),
+            cu, None)
+        torch.testing.assert_close(compiled(q, k, v, cu, longest)[0], want)
+    assert counter.frame_count == 1
+    assert torch._dynamo.explain(_layer)(q, k, v, cu, longest).graph_break_count == 0
+
+
+def test_torchs_varlen_kernel_traces_into_one_graph_forward_and_backward(monkeypatch):
+    """The real op (torch.nn.attention.varlen), not a stand-in: traced on meta tensors (its registered shapes, no
+    flash attention needed), forward and backward, one compile for three rows' lengths and longest sequences."""
+    meta = torch.device("meta")
+    monkeypatch.setattr(packed_attention, "KERNEL_DEVICES", {"meta"})
+    monkeypatch.setattr(packed_attention, "_kernel_ok", {meta: True})
+    monkeypatch.setattr(packed_attention, "_gqa_ok", {(meta, 14, 2): True})
+    packed_attention._find_varlen()
+    packed_attention.register()
+    counter = torch._dynamo.testing.CompileCounterWithBackend("aot_eager")
+    compiled = torch.compile(_layer, backend=counter, dynamic=True)
+    for tokens, longest in ((768, 300), (1500, 700), (999, 999)):
+        q, k, v = (torch.empty(1, heads, tokens, 64, device=meta, dtype=torch.bfloat16, requires_grad=True)
+                   for heads in (14, 2, 2))
+        out = compiled(q, k, v, torch.empty(3, dtype=torch.int32, device=meta), longest)
+        out.float().sum().backward()
+        assert out.shape == (1, tokens, 14, 64) and k.grad.shape == k.shape
+    assert counter.frame_count == 1

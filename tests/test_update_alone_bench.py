@@ -42,3 +42,16 @@ def test_the_chunked_log_prob_kernels_are_what_a_cpu_runs_either_way(tmp_path: P
     chunks = main([*args, "--out", str(tmp_path / "c.json"), "--logprob-kernels", "chunks"])
     assert (default["logprob_kernels"], chunks["logprob_kernels"]) == ("chunks", "chunks")
     assert chunks["metrics"] == default["metrics"]
+
+
+def test_the_attention_kernels_graph_break_switch_computes_the_same_update_and_is_undone(tmp_path: Path) -> None:
+    """`--attention-kernel break` (the A/B of the kernel inside each compiled layer's graph) keeps the attention out of
+    compiled graphs for its run only, and the update's numbers are the same."""
+    from rlkit.core.train import packed_attention
+
+    attend = packed_attention.attend
+    args = ["--tiny", "--workdir", str(tmp_path / "w"), "--steps", "1", "--micro-batch-tokens", "48"]
+    default = main([*args, "--out", str(tmp_path / "d.json")])
+    broken = main([*args, "--out", str(tmp_path / "b.json"), "--attention-kernel", "break"])
+    assert broken["metrics"] == default["metrics"]
+    assert packed_attention.attend is attend

@@ -75,6 +75,7 @@ def shard_model(
     reshard = dist.get_world_size() > 1
     if compile:  # one code object serves every layer of actor and reference, in several modes
         torch._dynamo.config.recompile_limit = max(64, torch._dynamo.config.recompile_limit)
+        packed_attention.prepare(model.config, device, DTYPES[compute_dtype])  # the kernel's checks before a trace
     for layer in _decoder_layers(model):
         fully_shard(layer, mesh=mesh, mp_policy=policy, reshard_after_forward=reshard)
         if compile:  # the layer's forward only: FSDP's hooks stay eager, parameter names unchanged

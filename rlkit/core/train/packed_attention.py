@@ -8,12 +8,18 @@ unrepeated where the kernel's own self-check shows it takes them; elsewhere, or 
 that kernel is missing or fails its first self-check, the sequences are laid out as a padded
 batch for one causal `scaled_dot_product_attention` call (one call per sequence when that
 batch would be too large). All attend only within a sequence.
+
+In a compiled decoder layer the kernel is one more node of the layer's graph (a registered op; the batch's longest
+sequence a symbolic size), so a layer's forward and backward are one graph each. The self-checks and the fallbacks
+(data-dependent shapes, a loop over the boundaries) stay out of graphs; `prepare` runs the checks before the compile,
+so that the first trace finds their verdicts.
 """
 
 from __future__ import annotations
 
 import inspect
 import logging
+from typing import Callable
 
 import torch
 import torch.nn.functional as F
@@ -22,6 +28,7 @@ NAME = "rlkit_varlen"
 logger = logging.getLogger(__name__)
 _kernel_ok: dict[torch.device, bool] = {}
 _gqa_ok: dict[tuple[torch.device, int, int], bool] = {}  # (device, query heads, kv heads) -> the kernel takes them
+KERNEL_DEVICES = {"cuda"}  # device types the varlen kernel is checked on (flash attention is CUDA's)
 MAX_KERNEL_ERROR = 2e-2  # relative, bf16
 # The padded batch's attention scores (sequences x heads x longest^2, fp32) above this take one call per sequence:
 # padding a few long sequences' batch to their length would cost more than the loop.
@@ -31,17 +38,29 @@ PADDED_SCORES_MAX_BYTES = 256 << 20
 def register() -> str:
     """Make `attn_implementation='rlkit_varlen'` available to transformers models; returns the name.
 
-    Here, not at import, `_attend` is kept out of compiled graphs (data-dependent boundaries and a
-    one-time check): torch.compiler.disable imports torch._dynamo (~0.5 s), which the controller,
-    importing this module through the worker classes, never uses.
+    Here, not at import, the fallbacks (data-dependent shapes) and the one-time self-checks are kept out of
+    compiled graphs: torch.compiler.disable imports torch._dynamo (~0.5 s), which the controller, importing this
+    module through the worker classes, never uses.
     """
-    global _attend
+    global _fallback, _check_kernel
     from transformers import AttentionInterface
 
-    if not getattr(_attend, "_torchdynamo_disable", False):
-        _attend = torch.compiler.disable(_attend)
+    if not getattr(_fallback, "_torchdynamo_disable", False):
+        _fallback = torch.compiler.disable(_fallback)
+        _check_kernel = torch.compiler.disable(_check_kernel)
     AttentionInterface.register(NAME, packed_attention_forward)
     return NAME
+
+
+def prepare(config: object, device: torch.device, dtype: torch.dtype) -> None:
+    """Run the varlen kernel's self-checks for a model of `config` (transformers') on `device` now, before its
+    layers are compiled: a trace that met a check would leave the graph there and compile again once it ran."""
+    text = config.get_text_config() if hasattr(config, "get_text_config") else config
+    heads = text.num_attention_heads
+    kv_heads = getattr(text, "num_key_value_heads", None) or heads
+    head_dim = getattr(text, "head_dim", None) or text.hidden_size // heads
+    if device.type in KERNEL_DEVICES:
+        _check_kernel(device, dtype, heads, kv_heads, head_dim)
 
 
 def packed_attention_forward(
@@ -83,7 +102,7 @@ def packed_attention_forward(
     q = query.squeeze(0).transpose(0, 1).contiguous()  # [T, H, D]
     k = key.squeeze(0).transpose(0, 1).contiguous()  # [T, Hkv, D]: repeated to H heads only where a path needs it
     v = value.squeeze(0).transpose(0, 1).contiguous()
-    out = _attend(q, k, v, cu_seq_lens, max_len, scaling, kwargs.get("sliding_window"))
+    out = attend(q, k, v, cu_seq_lens, max_len, scaling, kwargs.get("sliding_window"))
     return out.unsqueeze(0), None
 
 
@@ -107,26 +126,24 @@ def attend(
     scale: float | None,
     sliding_window: int | None = None,
 ) -> torch.Tensor:
-    """Causal attention within each packed sequence: q [T, H, D], k/v [T, Hkv, D] -> [T, H, D]; outside compiled
-    graphs once `register` has run (rlkit.core.train.packed_layout calls it with q/k/v already in this layout)."""
-    return _attend(q, k, v, cu_seq_lens, max_len, scale, sliding_window)
+    """Causal attention within each packed sequence: q [T, H, D], k/v [T, Hkv, D] (H a multiple of Hkv) ->
+    [T, H, D] (rlkit.core.train.packed_layout calls it with q/k/v already in this layout)."""
+    check_window(max_len, sliding_window)
+    if q.device.type in KERNEL_DEVICES:
+        key = (q.device, q.shape[1], k.shape[1])
+        if q.device not in _kernel_ok or key not in _gqa_ok:
+            _check_kernel(q.device, q.dtype, q.shape[1], k.shape[1], q.shape[2])
+        if _kernel_ok[q.device]:
+            if k.shape[1] != q.shape[1] and not _gqa_ok[key]:
+                k, v = _repeat_kv(k, v, q.shape[1])
+            return _varlen_kernel(q, k, v, cu_seq_lens, max_len, scale)
+    return _fallback(q, k, v, cu_seq_lens, max_len, scale)
 
 
-def _attend(
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    cu_seq_lens: torch.Tensor,
-    max_len: int,
-    scale: float | None,
-    sliding_window: int | None = None,
+def _fallback(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seq_lens: torch.Tensor, max_len: int, scale: float | None
 ) -> torch.Tensor:
-    """q [T, H, D], k/v [T, Hkv, D] (H a multiple of Hkv) -> [T, H, D]."""
-    check_window(max_len, sliding_window)  # here, outside compiled graphs: no guard on the lengths
-    if q.is_cuda and _kernel_usable(q):
-        if k.shape[1] != q.shape[1] and not _kernel_takes_gqa(q, k):
-            k, v = _repeat_kv(k, v, q.shape[1])
-        return _varlen_kernel(q, k, v, cu_seq_lens, max_len, scale)
+    """Without the kernel: one padded SDPA batch, or one call per sequence where that batch would be too large."""
     k, v = _repeat_kv(k, v, q.shape[1])
     if (len(cu_seq_lens) - 1) * q.shape[1] * max_len * max_len * 4 <= PADDED_SCORES_MAX_BYTES:
         return padded_attention(q, k, v, cu_seq_lens, max_len, scale)
@@ -177,51 +194,58 @@ def per_sequence_attention(
 def _varlen_kernel(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seq_lens: torch.Tensor, max_len: int, scale: float | None
 ) -> torch.Tensor:
-    from torch.nn.attention.varlen import varlen_attn
-
+    varlen_attn, params = _varlen or _find_varlen()
     cu = cu_seq_lens.to(device=q.device, dtype=torch.int32)
     # PyTorch 2.11 takes is_causal=; later versions spell causality as window_size=(-1, 0), and take K/V with fewer
     # heads than the query only when told (enable_gqa).
-    params = inspect.signature(varlen_attn).parameters
     options: dict = {"window_size": (-1, 0)} if "window_size" in params else {"is_causal": True}
     if k.shape[1] != q.shape[1] and "enable_gqa" in params:
         options["enable_gqa"] = True
     return varlen_attn(q, k, v, cu, cu, max_len, max_len, scale=scale, **options)
 
 
-def _kernel_usable(q: torch.Tensor) -> bool:
-    """Check the varlen kernel once per device against the reference path; remember the verdict."""
-    if q.device not in _kernel_ok:
-        error = _kernel_error(q.device, q.dtype, q.shape[1], q.shape[1], q.shape[2])
+# varlen_attn and the names of its parameters, found once (by the self-check, outside compiled graphs: a trace
+# reads them as constants)
+_varlen: tuple[Callable[..., torch.Tensor], frozenset[str]] | None = None
+
+
+def _find_varlen() -> tuple[Callable[..., torch.Tensor], frozenset[str]]:
+    global _varlen
+    from torch.nn.attention.varlen import varlen_attn
+
+    _varlen = varlen_attn, frozenset(inspect.signature(varlen_attn).parameters)
+    return _varlen
+
+
+def _check_kernel(device: torch.device, dtype: torch.dtype, heads: int, kv_heads: int, dim: int) -> None:
+    """The varlen kernel's self-checks against the reference path, each once: whether it works on `device` (equal
+    head counts), and whether it takes K/V of `kv_heads` heads for `heads` query heads unrepeated.
+
+    The second: flash attention itself reads each kv head for its group of query heads; where the kernel or its
+    PyTorch front end does not, K and V are repeated. On an H100 with torch 2.11 it takes them (relative error 4e-5),
+    and a 0.5B model's update spent ~0.15 s less on the device without the repeat and its gradient sums (the
+    kernel's own backward 23 ms more; docs/benchmarks.md, 2026-12-07)."""
+    if device not in _kernel_ok:
+        error = _kernel_error(device, dtype, heads, heads, dim)
         if isinstance(error, str):
             logger.warning("varlen attention kernel unavailable (%s); using per-sequence SDPA", error)
         elif error >= MAX_KERNEL_ERROR:
             logger.warning(
                 "varlen attention kernel disagrees with SDPA (rel. error %.3g); using per-sequence SDPA", error
             )
-        _kernel_ok[q.device] = not isinstance(error, str) and error < MAX_KERNEL_ERROR
-    return _kernel_ok[q.device]
-
-
-def _kernel_takes_gqa(q: torch.Tensor, k: torch.Tensor) -> bool:
-    """Whether the kernel computes grouped-query attention from K/V with fewer heads than the query, forward and
-    backward, as the reference does with them repeated: checked once per device and head counts. Flash attention
-    itself reads each kv head for its group of query heads; where the kernel or its PyTorch front end does not,
-    K and V are repeated. On an H100 with torch 2.11 it takes them (relative error 4e-5), and a 0.5B model's update
-    spent ~0.15 s less on the device without the repeat and its gradient sums (the kernel's own backward 23 ms more;
-    docs/benchmarks.md, 2026-12-07)."""
-    key = (q.device, q.shape[1], k.shape[1])
+        _kernel_ok[device] = not isinstance(error, str) and error < MAX_KERNEL_ERROR
+    key = (device, heads, kv_heads)
     if key not in _gqa_ok:
-        error = _kernel_error(q.device, q.dtype, q.shape[1], k.shape[1], q.shape[2])
+        error = _kernel_error(device, dtype, heads, kv_heads, dim) if kv_heads != heads else 0.0
         _gqa_ok[key] = not isinstance(error, str) and error < MAX_KERNEL_ERROR
-        logger.info(
-            "varlen attention kernel %s K/V of %d heads for %d query heads (%s)",
-            "takes" if _gqa_ok[key] else "does not take",
-            k.shape[1],
-            q.shape[1],
-            error if isinstance(error, str) else f"rel. error {error:.3g}",
-        )
-    return _gqa_ok[key]
+        if kv_heads != heads:
+            logger.info(
+                "varlen attention kernel %s K/V of %d heads for %d query heads (%s)",
+                "takes" if _gqa_ok[key] else "does not take",
+                kv_heads,
+                heads,
+                error if isinstance(error, str) else f"rel. error {error:.3g}",
+            )
 
 
 def _kernel_error(device: torch.device, dtype: torch.dtype, heads: int, kv_heads: int, dim: int) -> float | str:
