@@ -135,6 +135,11 @@ CONFIGS: dict[str, tuple[list[str], int, int]] = {
     "rlkit-1gpu-defaults-replicas2-logprobs-streaming": ([RLKIT, "--defaults", "--override", "rollout.vllm.replicas=2",
                                                          "--override", "rollout.vllm.streaming=true",
                                                          "--rollout-is-cap", "2"], 1, 240),
+    # the same on three streamed replicas: vLLM's per-token log-prob work (each engine core's loop, each client's
+    # decoding) spread over one more engine (59.0k -> 67.0k tok/s batched on 2026-12-05, not yet streamed)
+    "rlkit-1gpu-defaults-replicas3-logprobs-streaming": ([RLKIT, "--defaults", "--override", "rollout.vllm.replicas=3",
+                                                         "--override", "rollout.vllm.streaming=true",
+                                                         "--rollout-is-cap", "2"], 1, 260),
     # the like-for-like lane with vLLM's prefix cache off: on a single turn its bookkeeping at every decode step was
     # ~10% of the engine loop's time (2026-12-06), against the prefill of 7 of each prompt's 8 samples it saves
     "rlkit-1gpu-defaults-replicas2-logprobs-streaming-nocache": (
