@@ -102,6 +102,7 @@ def main() -> None:
     result: dict = {"label": args.label, "args": vars(args), "tokens_per_turn": per_turn, "response_tokens": response,
                     "status": "starting"}
     out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)  # run directly, not only under run_all (which makes it)
     start = time.perf_counter()
     controller = Controller(config, RunDir.create(config))
     result["setup_seconds"] = time.perf_counter() - start

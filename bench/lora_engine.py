@@ -56,6 +56,7 @@ def main() -> None:
                               "lora": {"rank": RANK, "alpha": ALPHA, "target_modules": "all-linear"},
                               "merged": {}, "adapter": {}}
     out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)  # run directly, not only under run_all (which makes it)
 
     def save(status: str) -> None:
         """The JSON as it stands, after every measurement: a run stopped by a time limit keeps what it measured."""

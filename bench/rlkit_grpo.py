@@ -242,6 +242,7 @@ def main() -> None:
     train_gpus = config.world_size
     result: dict = {"label": args.label, "args": vars(args), "train_gpus": train_gpus, "status": "starting"}
     out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)  # run directly, not only under run_all (which makes it)
 
     def save() -> None:
         out.write_text(json.dumps(result, indent=1))
