@@ -92,8 +92,8 @@ def test_models_load_converted_and_lora_adapters_run_inside_the_packed_forward(t
 
 
 def test_a_compiled_layer_traces_the_packed_forward() -> None:
-    """As the trainer compiles each decoder layer (dynamic shapes): the packed forward inside the graph, the packed
-    attention outside it, the eager values."""
+    """As the trainer compiles each decoder layer (dynamic shapes): the packed forward inside the graph (on a CPU the
+    attention's fallback outside it), the eager values."""
     from rlkit.core.train.compiled import compiled
 
     model = _model("qwen2")
