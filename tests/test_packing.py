@@ -297,7 +297,9 @@ def test_with_the_kernel_a_compiled_layer_is_one_graph_for_every_batch(monkeypat
     monkeypatch.setattr(packed_attention, "_check_kernel", lambda *a: pytest.fail("checked in the trace"))
     packed_attention.register()
     torch.manual_seed(0)
-    counter = torch._dynamo.testing.CompileCounter()
+    from torch._dynamo.testing import CompileCounter
+
+    counter = CompileCounter()
     compiled = torch.compile(_layer, backend=counter, dynamic=True)
     for bounds in ([0, 3, 7], [0, 5, 9], [0, 2, 6, 8]):
         q, k, v = torch.randn(1, 4, bounds[-1], 8), torch.randn(1, 2, bounds[-1], 8), torch.randn(1, 2, bounds[-1], 8)
@@ -319,7 +321,9 @@ def test_torchs_varlen_kernel_traces_into_one_graph_forward_and_backward(monkeyp
     monkeypatch.setattr(packed_attention, "_gqa_ok", {(meta, 14, 2): True})
     packed_attention._find_varlen()
     packed_attention.register()
-    counter = torch._dynamo.testing.CompileCounterWithBackend("aot_eager")
+    from torch._dynamo.testing import CompileCounterWithBackend
+
+    counter = CompileCounterWithBackend("aot_eager")
     compiled = torch.compile(_layer, backend=counter, dynamic=True)
     for tokens, longest in ((768, 300), (1500, 700), (999, 999)):
         q, k, v = (torch.empty(1, heads, tokens, 64, device=meta, dtype=torch.bfloat16, requires_grad=True)
@@ -328,3 +332,33 @@ def test_torchs_varlen_kernel_traces_into_one_graph_forward_and_backward(monkeyp
         out.float().sum().backward()
         assert out.shape == (1, tokens, 14, 64) and k.grad.shape == k.shape
     assert counter.frame_count == 1
+
+
+def test_prepare_runs_the_kernels_checks_for_the_models_heads_before_a_compile(monkeypatch):
+    """`prepare` (shard_model calls it when it compiles) checks the kernel once with the model's head counts and head
+    dimension, only on a device the kernel runs on; a config without head counts leaves the check to the first call."""
+    from transformers import Qwen2Config, Qwen3Config
+
+    calls = []
+    monkeypatch.setattr(packed_attention, "_check_kernel", lambda *args: calls.append(args))
+    cuda, cpu = torch.device("cuda", 0), torch.device("cpu")
+    packed_attention.prepare(Qwen2Config(hidden_size=896, num_attention_heads=14, num_key_value_heads=2), cuda,
+                             torch.bfloat16)
+    packed_attention.prepare(Qwen3Config(hidden_size=64, num_attention_heads=4, num_key_value_heads=4, head_dim=128),
+                             cuda, torch.bfloat16)
+    packed_attention.prepare(Qwen2Config(hidden_size=896, num_attention_heads=14), cpu, torch.float32)
+    packed_attention.prepare(object(), cuda, torch.bfloat16)
+    assert calls == [(cuda, torch.bfloat16, 14, 2, 64), (cuda, torch.bfloat16, 4, 4, 128)]
+
+
+def test_without_a_working_kernel_no_grouped_query_check_runs(monkeypatch):
+    """Where the kernel fails its first check (a missing op, an old GPU), the grouped-query check is not run: every
+    call takes the fallback, which repeats K/V itself."""
+    checked = []
+    monkeypatch.setattr(packed_attention, "_kernel_error", lambda *args: checked.append(args) or "RuntimeError: no")
+    monkeypatch.setattr(packed_attention, "_kernel_ok", {})
+    monkeypatch.setattr(packed_attention, "_gqa_ok", {})
+    gpu = torch.device("cuda", 0)
+    packed_attention._check_kernel(gpu, torch.bfloat16, 14, 2, 64)
+    assert len(checked) == 1 and packed_attention._kernel_ok == {gpu: False}
+    assert packed_attention._gqa_ok == {(gpu, 14, 2): False}

@@ -56,11 +56,12 @@ def prepare(config: object, device: torch.device, dtype: torch.dtype) -> None:
     """Run the varlen kernel's self-checks for a model of `config` (transformers') on `device` now, before its
     layers are compiled: a trace that met a check would leave the graph there and compile again once it ran."""
     text = config.get_text_config() if hasattr(config, "get_text_config") else config
-    heads = text.num_attention_heads
+    heads = getattr(text, "num_attention_heads", None)
+    if device.type not in KERNEL_DEVICES or not heads:  # a config without it: the first call checks, as uncompiled
+        return
     kv_heads = getattr(text, "num_key_value_heads", None) or heads
     head_dim = getattr(text, "head_dim", None) or text.hidden_size // heads
-    if device.type in KERNEL_DEVICES:
-        _check_kernel(device, dtype, heads, kv_heads, head_dim)
+    _check_kernel(device, dtype, heads, kv_heads, head_dim)
 
 
 def packed_attention_forward(
@@ -235,17 +236,20 @@ def _check_kernel(device: torch.device, dtype: torch.dtype, heads: int, kv_heads
             )
         _kernel_ok[device] = not isinstance(error, str) and error < MAX_KERNEL_ERROR
     key = (device, heads, kv_heads)
-    if key not in _gqa_ok:
-        error = _kernel_error(device, dtype, heads, kv_heads, dim) if kv_heads != heads else 0.0
-        _gqa_ok[key] = not isinstance(error, str) and error < MAX_KERNEL_ERROR
-        if kv_heads != heads:
-            logger.info(
-                "varlen attention kernel %s K/V of %d heads for %d query heads (%s)",
-                "takes" if _gqa_ok[key] else "does not take",
-                kv_heads,
-                heads,
-                error if isinstance(error, str) else f"rel. error {error:.3g}",
-            )
+    if key in _gqa_ok:
+        return
+    if kv_heads == heads or not _kernel_ok[device]:  # nothing to check: no fewer kv heads, or no kernel at all
+        _gqa_ok[key] = kv_heads == heads
+        return
+    error = _kernel_error(device, dtype, heads, kv_heads, dim)
+    _gqa_ok[key] = not isinstance(error, str) and error < MAX_KERNEL_ERROR
+    logger.info(
+        "varlen attention kernel %s K/V of %d heads for %d query heads (%s)",
+        "takes" if _gqa_ok[key] else "does not take",
+        kv_heads,
+        heads,
+        error if isinstance(error, str) else f"rel. error {error:.3g}",
+    )
 
 
 def _kernel_error(device: torch.device, dtype: torch.dtype, heads: int, kv_heads: int, dim: int) -> float | str:
