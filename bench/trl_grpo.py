@@ -16,7 +16,9 @@ head, no dropout; TRL's reference is then the base with the adapters off, as rlk
 --vllm uses TRL's colocated vLLM (its defaults: CUDA graphs, no sleep mode); --vllm-server
 TRL's two-GPU setup: `trl vllm-serve` on the second visible GPU, the trainer on the first
 (weights sent to the server over NCCL after each step); without either, transformers
-generate. A step is timed from one optimizer step's end to the next; the start-up from the process's
+generate. --bytecode keeps Python's bytecode where the machine writes none, in the folder and the way the `rlkit`
+command does (rlkit/core/bytecode.py; lent GPU images set PYTHONDONTWRITEBYTECODE): start-up against rlkit's with
+bytecode on both sides (docs/startup.md). A step is timed from one optimizer step's end to the next; the start-up from the process's
 launch to the end of the first optimizer step (`startup`, as rlkit's `startup/launch_to_first_step_s`);
 `peak_gpu_memory_gib` is the most nvidia-smi showed on this process's GPU (None without one).
 """
@@ -36,6 +38,10 @@ from dataclasses import replace
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+if __name__ == "__main__" and "--bytecode" in sys.argv:  # before TRL, transformers and vLLM are imported
+    from rlkit.core.bytecode import keep_bytecode
+
+    keep_bytecode()
 
 from bench.reward import trl_reward  # noqa: E402
 from bench.rlkit_grpo import GpuMemoryPeak  # noqa: E402
@@ -67,6 +73,8 @@ def build_parser() -> argparse.ArgumentParser:
                         help="TRL's server mode: `trl vllm-serve` on the second visible GPU, the trainer on the first")
     parser.add_argument("--steps", type=int, default=4)
     parser.add_argument("--warmup", type=int, default=1)
+    parser.add_argument("--bytecode", action="store_true",
+                        help="keep Python's bytecode as the rlkit command does where the machine writes none")
     return parser
 
 

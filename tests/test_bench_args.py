@@ -41,16 +41,22 @@ def test_run_all_caches_per_config_and_the_start_up_lines() -> None:
         "rlkit-1gpu-defaults-again": {"startup": {"launch_to_first_step_s": 30.0}},
         "trl-1gpu-vllm-again": {"status": "timed out"},
         "rlkit-1gpu-start-replicas2-streaming": {"startup": {"launch_to_first_step_s": 40.0}},
+        "rlkit-1gpu-start-replicas2-streaming-again": {"startup": {"launch_to_first_step_s": 44.0}},
+        "trl-1gpu-vllm-bytecode-again": {"startup": {"launch_to_first_step_s": 43.5}},
     }}
     assert startup_lines(results)[2:] == [
         "- rlkit-1gpu-defaults: launch to first step 52.5 s (ray_init 4.0, workers_setup 30.0)",
         "- trl-1gpu-vllm: launch to first step 45.0 s (launch_to_train_begin 20.0)",
         "- rlkit-1gpu-defaults-again: launch to first step 30.0 s",
         "- rlkit-1gpu-start-replicas2-streaming: launch to first step 40.0 s",
+        "- rlkit-1gpu-start-replicas2-streaming-again: launch to first step 44.0 s",
+        "- trl-1gpu-vllm-bytecode-again: launch to first step 43.5 s",
         "- rlkit-1gpu-defaults vs trl-1gpu-vllm: rlkit 52.5 s, TRL 45.0 s to the end of the first step: "
         "rlkit slower by 7.5 s",
         "- rlkit-1gpu-start-replicas2-streaming vs trl-1gpu-vllm: rlkit 40.0 s, TRL 45.0 s to the end of the first "
         "step: rlkit faster by 5.0 s",
+        "- rlkit-1gpu-start-replicas2-streaming-again vs trl-1gpu-vllm-bytecode-again: rlkit 44.0 s, TRL 43.5 s to "
+        "the end of the first step: rlkit slower by 0.5 s",
     ]
 
 
