@@ -18,9 +18,9 @@ TRL's two-GPU setup: `trl vllm-serve` on the second visible GPU, the trainer on 
 (weights sent to the server over NCCL after each step); without either, transformers
 generate. --bytecode keeps Python's bytecode where the machine writes none, in the folder and the way the `rlkit`
 command does (rlkit/core/bytecode.py; lent GPU images set PYTHONDONTWRITEBYTECODE): start-up against rlkit's with
-bytecode on both sides (docs/startup.md). A step is timed from one optimizer step's end to the next; the start-up from the process's
-launch to the end of the first optimizer step (`startup`, as rlkit's `startup/launch_to_first_step_s`);
-`peak_gpu_memory_gib` is the most nvidia-smi showed on this process's GPU (None without one).
+bytecode on both sides (docs/startup.md). A step is timed from one optimizer step's end to the next; the start-up
+from the process's launch to the end of the first optimizer step (`startup`, as rlkit's
+`startup/launch_to_first_step_s`); `peak_gpu_memory_gib` is the most nvidia-smi showed on this process's GPU (None without one).
 """
 
 from __future__ import annotations
