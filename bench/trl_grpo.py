@@ -20,7 +20,8 @@ generate. --bytecode keeps Python's bytecode where the machine writes none, in t
 command does (rlkit/core/bytecode.py; lent GPU images set PYTHONDONTWRITEBYTECODE): start-up against rlkit's with
 bytecode on both sides (docs/startup.md). A step is timed from one optimizer step's end to the next; the start-up
 from the process's launch to the end of the first optimizer step (`startup`, as rlkit's
-`startup/launch_to_first_step_s`); `peak_gpu_memory_gib` is the most nvidia-smi showed on this process's GPU (None without one).
+`startup/launch_to_first_step_s`); `peak_gpu_memory_gib` is the most nvidia-smi showed on this process's GPU
+(None without one).
 """
 
 from __future__ import annotations
