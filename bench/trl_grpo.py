@@ -35,6 +35,7 @@ import subprocess
 import sys
 import time
 import urllib.request
+from contextlib import nullcontext
 from dataclasses import replace
 from pathlib import Path
 
@@ -47,6 +48,7 @@ if __name__ == "__main__" and "--bytecode" in sys.argv:  # before TRL, transform
 from bench.reward import trl_reward  # noqa: E402
 from bench.rlkit_grpo import GpuMemoryPeak  # noqa: E402
 from bench.workload import SHAPES, Workload, prepared  # noqa: E402
+from rlkit.core.rollout.engine_start import start_parts, vllm_info_lines  # noqa: E402
 from rlkit.core.startup import process_start_time  # noqa: E402
 
 LAUNCH = process_start_time() or time.time()  # as rlkit's start-up clock counts: from the process's launch
@@ -146,11 +148,14 @@ def main() -> None:
                     "settings": {k: v for k, v in settings.items() if k != "output_dir"}, "lora": lora}
     out = Path(args.out)
     ends: list[float] = []
+    engine_parts: dict[str, float] = {}
 
     class StepTimes(TrainerCallback):
         def on_train_begin(self, *_, **__):
             ends.append(time.perf_counter())
-            result["startup"] = {"launch_to_train_begin_s": round(time.time() - LAUNCH, 3)}
+            result["startup"] = {"launch_to_train_begin_s": round(time.time() - LAUNCH, 3),
+                                 "trainer_build_s": round(result["setup_seconds"], 3),
+                                 **{key: round(seconds, 3) for key, seconds in engine_parts.items()}}
 
         def on_step_end(self, *_, **__):
             ends.append(time.perf_counter())
@@ -169,12 +174,17 @@ def main() -> None:
         return memory.peak_mib / 1024 if memory.peak_mib else None
 
     memory.start()
-    start = time.perf_counter()
-    trainer = GRPOTrainer(model=str(workdir / "model"), reward_funcs=trl_reward, args=config,
-                          train_dataset=Dataset.from_dict({"prompt": prompts}),
-                          processing_class=AutoTokenizer.from_pretrained(workdir / "model"),
-                          callbacks=[StepTimes()], peft_config=peft_config)
+    start, began = time.perf_counter(), time.time()
+    # The colocated engine's start, part by part, read from vLLM's INFO lines as rlkit reads its own engines'
+    # (rlkit/core/rollout/engine_start.py; TRL leaves vLLM's screen at WARNING, which stays so)
+    with vllm_info_lines() if args.vllm else nullcontext([]) as lines:
+        trainer = GRPOTrainer(model=str(workdir / "model"), reward_funcs=trl_reward, args=config,
+                              train_dataset=Dataset.from_dict({"prompt": prompts}),
+                              processing_class=AutoTokenizer.from_pretrained(workdir / "model"),
+                              callbacks=[StepTimes()], peft_config=peft_config)
     result["setup_seconds"] = time.perf_counter() - start
+    # before_weights_load counts from the trainer's construction: TRL's model loads come before its engine's
+    engine_parts.update(start_parts(lines, began, time.time()))
     try:
         trainer.train()
         result["status"] = "done"
