@@ -86,10 +86,11 @@ CONFIGS: dict[str, tuple[list[str], int, int]] = {
     "vllm-rollout-1gpu-block64": ([ROLLOUT, "--engine-kwargs", "{block_size: 64}", "--ways", TWO_WAYS], 1, 150),
     "rlkit-1gpu-defaults-replicas2": ([RLKIT, "--defaults", "--override", "rollout.vllm.replicas=2"], 1, 240),
     # Start-up alone (two steps: step 1 with its start-up, one more): a first start on a machine, then the next
+    # (fresh H100 / H200 on 2026-12-07: 103 / 154 s, again 51 / 65 s)
     "rlkit-1gpu-start-replicas2-streaming": ([RLKIT, "--defaults", "--override", "rollout.vllm.replicas=2",
-                                             "--override", "rollout.vllm.streaming=true", "--steps", "2"], 1, 200),
+                                             "--override", "rollout.vllm.streaming=true", "--steps", "2"], 1, 180),
     "rlkit-1gpu-start-replicas2-streaming-again": ([RLKIT, "--defaults", "--override", "rollout.vllm.replicas=2",
-                                                   "--override", "rollout.vllm.streaming=true", "--steps", "2"], 1, 150),
+                                                   "--override", "rollout.vllm.streaming=true", "--steps", "2"], 1, 100),
     "rlkit-1gpu-defaults-replicas3": ([RLKIT, "--defaults", "--override", "rollout.vllm.replicas=3"], 1, 280),
     "rlkit-1gpu-defaults-replicas2-logprobs": ([RLKIT, "--defaults", "--override", "rollout.vllm.replicas=2",
                                                "--rollout-is-cap", "2"], 1, 240),
@@ -121,8 +122,9 @@ CONFIGS: dict[str, tuple[list[str], int, int]] = {
     "trl-1gpu-vllm": ([TRL, "--vllm"], 1, 330),
     # TRL with Python's bytecode kept as rlkit keeps its own (lent images write none): start-up with bytecode on both
     # sides, against rlkit-1gpu-start-replicas2-streaming(-again); the first compiles TRL's packages into the folder
-    "trl-1gpu-vllm-bytecode": ([TRL, "--vllm", "--bytecode", "--steps", "2"], 1, 200),
-    "trl-1gpu-vllm-bytecode-again": ([TRL, "--vllm", "--bytecode", "--steps", "2"], 1, 150),
+    # (H100 / H200 on 2026-12-07: 121 / 126 s, again 64 / 98 s)
+    "trl-1gpu-vllm-bytecode": ([TRL, "--vllm", "--bytecode", "--steps", "2"], 1, 150),
+    "trl-1gpu-vllm-bytecode-again": ([TRL, "--vllm", "--bytecode", "--steps", "2"], 1, 110),
     "trl-2gpu-vllm-server": ([TRL, "--vllm-server"], 2, 400),  # its vLLM server on one GPU, the trainer on the other
     "trl-1gpu-hf": ([TRL, "--steps", "2"], 1, 150),
     "agent-1gpu-3turns-cudagraphs-compile": ([AGENT, "--compile", "--cuda-graphs", "--turns", "3"], 1, 240),
