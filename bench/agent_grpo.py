@@ -3,10 +3,16 @@ bench/rlkit_grpo.py, each response split into `--turns` policy turns with an env
 message between them (bench/agent_env.py), so tokens/s compare with the single-turn workload.
 
   python bench/agent_grpo.py --workdir /tmp/bench --out result.json [--turns 3] [--cuda-graphs] [--compile] [--tiny]
+      [--host-profile DIR [--py-spy-step 3] [--py-spy-seconds 10]]
 
 Shape: the response holds `--turns` turns of equal length (EOS ignored, so every turn runs to
 its limit) and `--turns - 1` environment answers of `--message-chars` characters plus the chat
 template's turn boundary, 512 tokens in all (the single-turn workload's response length).
+
+Each step's rollout records the GPU's busy share (nvidia-smi, as bench/rlkit_grpo.py), and `--host-profile DIR`
+writes py-spy's stacks of every process (rlkit's worker with the agent loop and vLLM's clients, each engine core)
+during step `--py-spy-step`'s first `--py-spy-seconds` to DIR/py-spy-step.txt: where a turn boundary's time goes
+(bench/py_spy_summary.py reads it).
 """
 
 from __future__ import annotations
@@ -17,11 +23,13 @@ import json
 import os
 import sys
 import time
+from contextlib import ExitStack
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench.rlkit_grpo import overrides, summarize, with_defaults  # noqa: E402
+from bench.host_time import NvmlSampler, busy_within, py_spy  # noqa: E402
+from bench.rlkit_grpo import overrides, rollout_windows, summarize, with_defaults  # noqa: E402
 from bench.workload import H200_BF16_PEAK_FLOPS, prepared  # noqa: E402
 
 CHATML = ("{% for m in messages %}{{ '<|im_start|>' + m['role'] + '\n' + m['content'] + '<|im_end|>\n' }}{% endfor %}"
@@ -81,6 +89,9 @@ def main() -> None:
     parser.add_argument("--peak-flops", type=float, default=H200_BF16_PEAK_FLOPS)
     parser.add_argument("--override", action="append", default=[], metavar="KEY=VALUE",
                         help="a further recipe override, last (repeatable), e.g. rollout.vllm.prefix_caching=false")
+    parser.add_argument("--host-profile", metavar="DIR", help="py-spy stacks of every process during one step, in DIR")
+    parser.add_argument("--py-spy-step", type=int, default=3)
+    parser.add_argument("--py-spy-seconds", type=float, default=10.0, help="how long py-spy samples that step")
     args = with_defaults(parser.parse_args())
 
     os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
@@ -103,21 +114,34 @@ def main() -> None:
                     "status": "starting"}
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)  # run directly, not only under run_all (which makes it)
+    utilisation = NvmlSampler().start()  # the GPU's busy share in each step's rollout
     start = time.perf_counter()
     controller = Controller(config, RunDir.create(config))
     result["setup_seconds"] = time.perf_counter() - start
     steps: list[dict] = []
+    step_began: list[float] = []
     try:
         for step in range(1, args.steps + 1):
-            steps.append(controller.step(step))
+            step_began.append(time.time())
+            with ExitStack() as around:
+                if args.host_profile and step == args.py_spy_step:
+                    Path(args.host_profile).mkdir(parents=True, exist_ok=True)
+                    around.enter_context(py_spy(Path(args.host_profile) / "py-spy-step.txt", args.py_spy_seconds,
+                                                subprocesses=True))
+                steps.append(controller.step(step))
             measured = steps[args.warmup:] or steps
             result.update(status=f"{step}/{args.steps} steps", steps=steps,
                           summary=summarize(measured, workload, config.world_size, args.peak_flops))
+            windows = rollout_windows(step_began, steps)
+            result["rollout_nvml_busy_by_step"] = {i + 1: busy_within(utilisation.samples, [window])
+                                                   for i, window in enumerate(windows)}
+            result["summary"]["rollout"].update(busy_within(utilisation.samples, windows[args.warmup:] or windows))
             out.write_text(json.dumps(result, indent=1))
             print(f"[{args.label}] step {step}: {steps[-1]['timing/step']:.2f} s, "
                   f"{steps[-1]['agent/turns_mean']:.1f} turns", flush=True)
         result["status"] = "done"
     finally:
+        utilisation.stop()
         out.write_text(json.dumps(result, indent=1))
         controller.close()
 
