@@ -114,10 +114,10 @@ def main() -> None:
                     "status": "starting"}
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)  # run directly, not only under run_all (which makes it)
-    utilisation = NvmlSampler().start()  # the GPU's busy share in each step's rollout
     start = time.perf_counter()
     controller = Controller(config, RunDir.create(config))
     result["setup_seconds"] = time.perf_counter() - start
+    utilisation = NvmlSampler().start()  # the GPU's busy share in each step's rollout; stopped below
     steps: list[dict] = []
     step_began: list[float] = []
     try:
